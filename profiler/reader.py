@@ -1,0 +1,143 @@
+"""Trace reader. Every way a directory can fail to be a trace ends in one `TraceError` whose
+message says what is wrong and where, never a traceback from pyarrow or json.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from profiler.schema import KINDS, META_REQUIRED, SCHEMA_VERSION, TABLES
+
+
+class TraceError(Exception):
+    """A directory that cannot be read as a trace of this version."""
+
+
+@dataclass
+class Trace:
+    path: Path
+    meta: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    tokens: pd.DataFrame
+    counters: pd.DataFrame
+    graphs: dict[int, dict]
+    complete: bool
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def kind(self) -> str:
+        return self.meta.get("kind", "measured")
+
+    @property
+    def system(self) -> str:
+        return self.meta.get("system", "?")
+
+
+def read_meta(path: Path) -> dict:
+    meta_file = path / "meta.json"
+    if not meta_file.is_file():
+        raise TraceError(f"{path}: no meta.json (not a solm trace directory)")
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TraceError(f"{meta_file}: not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+    if not isinstance(meta, dict):
+        raise TraceError(f"{meta_file}: expected a JSON object")
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise TraceError(f"{path}: schema version {version!r}, this solm reads version {SCHEMA_VERSION}")
+    missing = [k for k in META_REQUIRED if k not in meta]
+    if missing:
+        raise TraceError(f"{meta_file}: missing keys {', '.join(missing)}")
+    if meta["kind"] not in KINDS:
+        raise TraceError(f"{meta_file}: kind {meta['kind']!r} is not one of {', '.join(KINDS)}")
+    return meta
+
+
+def read_table(file: Path, name: str) -> pa.Table:
+    if not file.is_file():
+        raise TraceError(f"{file.parent}: missing {file.name}")
+    try:
+        table = pq.read_table(file)
+    except (pa.ArrowException, OSError) as e:
+        raise TraceError(f"{file}: unreadable Parquet ({str(e).splitlines()[0]})") from None
+    expected = TABLES[name]
+    missing = [f.name for f in expected if f.name not in table.column_names]
+    if missing:
+        raise TraceError(f"{file}: missing columns {', '.join(missing)}")
+    try:
+        return table.select(expected.names).cast(expected)
+    except (pa.ArrowException, ValueError) as e:
+        raise TraceError(f"{file}: column types do not match schema v{SCHEMA_VERSION} ({str(e).splitlines()[0]})") from None
+
+
+def read_parts(path: Path) -> tuple[dict[str, pa.Table], dict[str, dict]]:
+    """Merge the committed per-request parts of an unfinished (or closing) trace."""
+    parts = path / "parts"
+    tables: dict[str, list[pa.Table]] = {"requests": [], "steps": [], "tokens": []}
+    graphs: dict[str, dict] = {}
+    for req in sorted(parts.glob("request-*.parquet")):
+        tag = req.stem.split("-", 1)[1]
+        tables["requests"].append(read_table(req, "requests"))
+        tables["steps"].append(read_table(parts / f"steps-{tag}.parquet", "steps"))
+        tables["tokens"].append(read_table(parts / f"tokens-{tag}.parquet", "tokens"))
+        graphs[str(int(tag))] = _read_json(parts / f"graph-{tag}.json")
+    merged = {
+        name: pa.concat_tables(ts) if ts else TABLES[name].empty_table() for name, ts in tables.items()
+    }
+    return merged, graphs
+
+
+def _read_json(file: Path) -> dict:
+    if not file.is_file():
+        raise TraceError(f"{file.parent}: missing {file.name}")
+    try:
+        doc = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TraceError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise TraceError(f"{file}: expected a JSON object")
+    return doc
+
+
+def read_trace(path: str | Path) -> Trace:
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"{p}: no such directory")
+    if not p.is_dir():
+        raise TraceError(f"{p}: not a directory (a trace is a directory with meta.json and Parquet tables)")
+    meta = read_meta(p)
+    complete = bool(meta.get("complete", True)) and (p / "requests.parquet").exists()
+    if complete:
+        tables = {name: read_table(p / f"{name}.parquet", name) for name in ("requests", "steps", "tokens")}
+        graphs = _read_json(p / "graph.json")
+    elif (p / "parts").is_dir():
+        tables, graphs = read_parts(p)
+    else:
+        raise TraceError(f"{p}: trace is incomplete and has no committed parts")
+    try:
+        graphs_by_id = {int(k): v for k, v in graphs.items()}
+    except ValueError:
+        raise TraceError(f"{p}: graph.json keys must be request ids") from None
+    counters_file = p / "counters.parquet"
+    counters = read_table(counters_file, "counters") if counters_file.exists() else TABLES["counters"].empty_table()
+    return Trace(
+        path=p,
+        meta=meta,
+        requests=tables["requests"].to_pandas(),
+        steps=tables["steps"].to_pandas(),
+        tokens=tables["tokens"].to_pandas(),
+        counters=counters.to_pandas(),
+        graphs=graphs_by_id,
+        complete=complete,
+    )

@@ -1,0 +1,115 @@
+"""Trace writer, atomic per request.
+
+Each finished request is committed as its own part files under `parts/` (steps, tokens, graph,
+then the request row last: the request part is the commit marker), each written to a temporary
+name and renamed into place. Counters are snapshotted at every commit. A run cut short therefore
+keeps every finished request, and `read_trace` can read it. `close()` merges the parts into the
+final tables, marks meta.json complete and removes `parts/`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from profiler.schema import SCHEMA_VERSION, TABLES
+
+PARTS = "parts"
+
+
+def _atomic_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, doc: dict) -> None:
+    _atomic_bytes(path, (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+def table_from_rows(name: str, rows: list[dict]) -> pa.Table:
+    """Rows (dicts) to a table of the schema; missing columns raise with the table's name."""
+    schema = TABLES[name]
+    cols = {}
+    for field in schema:
+        try:
+            cols[field.name] = [r[field.name] for r in rows]
+        except KeyError:
+            raise KeyError(f"{name} row lacks column {field.name!r}") from None
+    return pa.Table.from_pydict(cols, schema=schema)
+
+
+def write_table(path: Path, table: pa.Table) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+class TraceWriter:
+    def __init__(self, out_dir: str | Path, meta: dict, overwrite: bool = False) -> None:
+        self.dir = Path(out_dir)
+        if self.dir.exists() and any(self.dir.iterdir()):
+            if not overwrite:
+                raise FileExistsError(f"{self.dir} exists and is not empty (choose another --out or pass --force)")
+            shutil.rmtree(self.dir)
+        (self.dir / PARTS).mkdir(parents=True, exist_ok=True)
+        self.meta = {**meta, "schema_version": SCHEMA_VERSION, "complete": False}
+        write_json(self.dir / "meta.json", self.meta)
+        self.n_committed = 0
+        self._ids: set[int] = set()
+
+    def add_request(self, request_row: dict, step_rows: list[dict], token_rows: list[dict], graph: dict) -> None:
+        rid = int(request_row["request_id"])
+        if rid in self._ids:
+            raise ValueError(f"request {rid} already written")
+        parts = self.dir / PARTS
+        tag = f"{rid:08d}"
+        write_table(parts / f"steps-{tag}.parquet", table_from_rows("steps", step_rows))
+        write_table(parts / f"tokens-{tag}.parquet", table_from_rows("tokens", token_rows))
+        write_json(parts / f"graph-{tag}.json", graph)
+        write_table(parts / f"request-{tag}.parquet", table_from_rows("requests", [request_row]))
+        self._ids.add(rid)
+        self.n_committed += 1
+
+    def set_counters(self, rows: list[dict]) -> None:
+        write_table(self.dir / "counters.parquet", table_from_rows("counters", rows))
+
+    def close(self, extra_meta: dict | None = None) -> Path:
+        from profiler.reader import read_parts  # the reader owns merging parts
+
+        tables, graphs = read_parts(self.dir)
+        for name in ("requests", "steps", "tokens"):
+            write_table(self.dir / f"{name}.parquet", tables[name])
+        if not (self.dir / "counters.parquet").exists():
+            self.set_counters([])
+        write_json(self.dir / "graph.json", graphs)
+        self.meta.update(extra_meta or {})
+        self.meta.update({"complete": True, "n_requests": self.n_committed})
+        write_json(self.dir / "meta.json", self.meta)
+        shutil.rmtree(self.dir / PARTS, ignore_errors=True)
+        return self.dir
+
+
+def write_trace(out_dir: str | Path, meta: dict, tables: dict[str, pa.Table], graphs: dict, overwrite: bool = True) -> Path:
+    """Write a whole trace at once (the simulator's output). Same layout, complete from the start."""
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{out} exists and is not empty")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, schema in TABLES.items():
+        t = tables.get(name, schema.empty_table())
+        write_table(out / f"{name}.parquet", t.cast(schema) if t.schema != schema else t)
+    write_json(out / "graph.json", {str(k): v for k, v in graphs.items()})
+    n = tables["requests"].num_rows if "requests" in tables else 0
+    write_json(out / "meta.json", {**meta, "schema_version": SCHEMA_VERSION, "complete": True, "n_requests": n})
+    return out

@@ -1,0 +1,179 @@
+"""Capture: run an engine over a task's held-out prompts and write a trace (format v1).
+
+This is where the runtime meets the profiler: the engine yields steps, the recorder times them,
+counters are sampled in the background, and each finished request is committed to the trace at
+once (a capture cut short keeps every finished request).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from profiler.counters import CounterSampler
+from profiler.recorder import Recorder, make_timer
+from profiler.writer import TraceWriter
+from runtime.checkpoint import REPO_ROOT, load_model
+from runtime.engines import Completion, GenerationConfig, Request, get_engine
+from runtime.model import TinyLM
+from runtime.sampling import SamplingConfig
+from runtime.tasks import Example, get_task
+from runtime.tokenizer import Tokenizer
+
+
+
+@dataclass
+class CaptureConfig:
+    system: str = "sequential"
+    model: str = ""  # "": the system's shipped model
+    task: str = ""  # "": the system's default task
+    n: int = 8
+    split: str = "test"
+    device: str = "cpu"
+    seed: int = 0
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    page_size: int = 16
+    counters_interval_s: float = 0.05
+    knobs: dict = field(default_factory=dict)  # engine-specific settings
+
+    def resolved(self) -> "CaptureConfig":
+        """Fill in the system's shipped model and default task (the engine class names them)."""
+        engine = get_engine(self.system)
+        return CaptureConfig(**{**asdict(self), "model": self.model or engine.default_model,
+                                "task": self.task or engine.default_task})
+
+
+def solm_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("solm")
+    except Exception:  # not installed: running from a checkout
+        return "0.1.0+checkout"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def device_meta(device: str, sampler: CounterSampler) -> dict:
+    info = {"type": "cuda" if device.startswith("cuda") else "cpu", "torch": torch.__version__,
+            "cuda": torch.version.cuda or "", **sampler.meta()}
+    if info["type"] == "cuda":
+        idx = torch.device(device).index or 0
+        info["name"] = torch.cuda.get_device_name(idx)
+        info["memory_bytes"] = torch.cuda.get_device_properties(idx).total_memory
+        if sampler.source == "nvml":
+            try:
+                info["driver"] = sampler._nvml.nvmlSystemGetDriverVersion()
+            except Exception:
+                info["driver"] = ""
+    else:
+        info["name"] = f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+        info["threads"] = torch.get_num_threads()
+    return info
+
+
+def model_meta(model: TinyLM, spec: str, info: dict) -> dict:
+    c = model.cfg
+    dtype = model.embed.weight.dtype
+    return {
+        "name": spec if not Path(spec).is_dir() else Path(spec).name, "preset": c.name,
+        "n_layers": c.n_layers, "d_model": c.d_model, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads,
+        "d_ff": c.d_ff, "vocab_size": c.vocab_size, "dtype": str(dtype).replace("torch.", ""),
+        "dtype_bytes": torch.empty((), dtype=dtype).element_size(), "params": model.num_parameters(),
+        "kv_bytes_per_token": model.kv_bytes_per_token, "trained": bool(info.get("trained", True)),
+        "checkpoint_info": info,
+    }
+
+
+def request_row(ex: Example, c: Completion, rec, quality: float, arrival_s: float) -> dict:
+    return {
+        "request_id": c.request_id, "prompt": ex.prompt, "reference": ex.answer,
+        "prompt_tokens": c.prompt_tokens, "output_tokens": len(c.output_ids), "output_text": c.text,
+        "quality_score": quality, "arrival_s": arrival_s, "start_s": rec.start_s,
+        "ttft_s": rec.first_token_s - arrival_s, "e2e_s": rec.end_s - arrival_s, "steps": c.steps,
+        "critical_path_tokens": c.critical_path_tokens, "theoretical_speedup": c.theoretical_speedup,
+        "peak_live_kv_tokens": c.peak_live_kv_tokens, "peak_kv_bytes": c.peak_kv_bytes,
+        "status": c.status, "stop_reason": c.stop_reason, "error": c.error, "events": json.dumps(c.events),
+    }
+
+
+def token_rows(c: Completion, tok: Tokenizer) -> list[dict]:
+    return [
+        {"request_id": c.request_id, "token_index": i, "token_id": t.token_id, "token_text": tok.token_text(t.token_id),
+         "stream": t.stream, "step_index": t.step_index, "position_id": t.position_id, "kv_slot": t.kv_slot,
+         "kind": t.kind, "visible_streams": list(t.visible_streams), "evicted_at_step": t.evicted_at_step}
+        for i, t in enumerate(c.tokens)
+    ]
+
+
+def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progress: bool = True) -> Path:
+    cfg = cfg.resolved()
+    if cfg.n < 1:
+        raise ValueError(f"--n must be >= 1, got {cfg.n}")
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda asked for, but torch sees no CUDA device")
+    engine_cls = get_engine(cfg.system)
+    task = get_task(cfg.task)
+    model, info = load_model(cfg.model, cfg.device, seed=cfg.seed)
+    tok = Tokenizer()
+    gen_cfg = GenerationConfig(max_tokens=cfg.max_tokens, page_size=cfg.page_size,
+                               sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.seed))
+    engine = engine_cls(model, tok, gen_cfg, **cfg.knobs)
+    examples = task.examples(cfg.split, cfg.n, cfg.seed)
+
+    timer = make_timer(cfg.device)
+    origin = timer.now()
+    sampler = CounterSampler(cfg.counters_interval_s, origin=origin, use_nvml=cfg.device.startswith("cuda"))
+    memory_fn = (lambda: torch.cuda.memory_allocated()) if cfg.device.startswith("cuda") else None
+    recorder = Recorder(timer, memory_fn, origin=origin)
+    meta = {
+        "kind": "measured", "system": cfg.system, "knobs": {**cfg.knobs, "max_tokens": cfg.max_tokens,
+        "temperature": cfg.temperature, "top_p": cfg.top_p, "page_size": cfg.page_size},
+        "task": cfg.task, "split": cfg.split, "model": model_meta(model, cfg.model, info),
+        "device": device_meta(cfg.device, sampler),
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cores": os.cpu_count(),
+                 "python": platform.python_version()},
+        "solm_version": solm_version(), "git_commit": git_commit(), "seed": cfg.seed,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timer": timer.name,
+        "counters_source": sampler.source, "nvml": sampler.source == "nvml", "nvml_reason": sampler.reason,
+    }
+    writer = TraceWriter(out, meta, overwrite=overwrite)
+    sampler.start()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(examples), desc=f"capture {cfg.system}", unit="req", file=None, leave=False)
+    try:
+        for rid, ex in enumerate(examples):
+            arrival = recorder.now_s()
+            rec = recorder.run(engine.run(Request(rid, ex.prompt)))
+            c: Completion = rec.result
+            quality = task.score(ex, c.text) if c.status != "error" else 0.0
+            writer.add_request(request_row(ex, c, rec, quality, arrival), rec.step_rows, token_rows(c, tok), c.graph)
+            writer.set_counters(sampler.snapshot())
+            if bar:
+                bar.update(1)
+    finally:
+        if bar:
+            bar.close()
+        rows = sampler.stop()
+    writer.set_counters(rows)
+    return writer.close({"wall_s": recorder.now_s(), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+

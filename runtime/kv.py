@@ -1,0 +1,182 @@
+"""Slot-addressed, paged KV store.
+
+A *slot* is the address of one token's keys and values in every layer. Slots are grouped in pages
+of `page_size`; slot `s` lives in page `s // page_size` at offset `s % page_size`. Engines choose
+slots explicitly (`allocate(n)` hands out free ones, page by page), write K/V into them through
+`TinyLM.forward`, and free them when a token dies (TIP, eviction baselines). A page whose slots
+are all free is released: its tensor is dropped, so `bytes_allocated` goes down for real, and its
+page id goes back to a free list so later tokens reuse it.
+
+Layout of one page (legend as in `runtime.model`):
+    k, v: (L, Hkv, P, D)   L layers, Hkv kv heads, P = page_size slots, D head dim
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Shape and dtype of the KV of one token; the simulator uses the same byte arithmetic."""
+
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def bytes_per_token(self) -> int:
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * elem
+
+
+class PagedKVStore:
+    """K/V for every layer, addressed by slot, allocated and freed in pages."""
+
+    def __init__(
+        self,
+        layout: KVLayout,
+        page_size: int = 16,
+        device: str | torch.device = "cpu",
+        max_pages: int | None = None,
+    ) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.layout = layout
+        self.page_size = page_size
+        self.device = torch.device(device)
+        self.max_pages = max_pages
+        self._k: dict[int, torch.Tensor] = {}  # page id -> (L, Hkv, P, D)
+        self._v: dict[int, torch.Tensor] = {}
+        self._used: dict[int, set[int]] = {}  # page id -> offsets holding a live token
+        self._free_page_ids: list[int] = []
+        self._next_page_id = 0
+        self._open_page: int | None = None  # page that allocate() fills next
+        self._next_offset = 0
+        self.pages_allocated_total = 0
+        self.pages_freed_total = 0
+
+    # ----------------------------------------------------------------- accounting
+    @property
+    def page_bytes(self) -> int:
+        return self.layout.bytes_per_token * self.page_size
+
+    @property
+    def live_tokens(self) -> int:
+        return sum(len(u) for u in self._used.values())
+
+    @property
+    def pages_held(self) -> int:
+        return len(self._k)
+
+    @property
+    def bytes_allocated(self) -> int:
+        """Bytes of K/V tensors actually held (whole pages, live or not)."""
+        return sum(t.numel() * t.element_size() for t in self._k.values()) * 2
+
+    @property
+    def num_slots(self) -> int:
+        """Size of the slot address space (highest page id ever used + 1, times page size)."""
+        return self._next_page_id * self.page_size
+
+    def is_live(self, slot: int) -> bool:
+        page, off = divmod(slot, self.page_size)
+        return off in self._used.get(page, ())
+
+    def live_slots(self) -> list[int]:
+        return sorted(p * self.page_size + o for p, used in self._used.items() for o in used)
+
+    # ----------------------------------------------------------------- allocation
+    def _new_page(self) -> int:
+        if self.max_pages is not None and len(self._k) >= self.max_pages:
+            raise MemoryError(
+                f"KV store full: {len(self._k)} pages of {self.page_size} slots held (max_pages={self.max_pages})"
+            )
+        page = self._free_page_ids.pop(0) if self._free_page_ids else self._next_page_id
+        if page == self._next_page_id:
+            self._next_page_id += 1
+        L, H, D = self.layout.n_layers, self.layout.n_kv_heads, self.layout.head_dim
+        shape = (L, H, self.page_size, D)
+        self._k[page] = torch.zeros(shape, dtype=self.layout.dtype, device=self.device)
+        self._v[page] = torch.zeros(shape, dtype=self.layout.dtype, device=self.device)
+        self._used[page] = set()
+        self.pages_allocated_total += 1
+        return page
+
+    def allocate(self, n: int) -> list[int]:
+        """Hand out `n` fresh slots, filling the open page before taking a new one."""
+        slots: list[int] = []
+        for _ in range(n):
+            if self._open_page is None or self._next_offset >= self.page_size or self._open_page not in self._k:
+                self._open_page = self._new_page()
+                self._next_offset = 0
+            slots.append(self._open_page * self.page_size + self._next_offset)
+            self._used[self._open_page].add(self._next_offset)
+            self._next_offset += 1
+        return slots
+
+    def free(self, slots: list[int] | tuple[int, ...]) -> int:
+        """Mark slots dead; release every page left with no live slot. Returns bytes released.
+
+        The open page is released too once it is empty, so a freed page never lingers.
+        """
+        touched: set[int] = set()
+        for s in slots:
+            page, off = divmod(int(s), self.page_size)
+            used = self._used.get(page)
+            if used is not None and off in used:
+                used.discard(off)
+                touched.add(page)
+        released = 0
+        for page in sorted(touched):
+            if not self._used[page]:
+                released += self._release(page)
+        return released
+
+    def _release(self, page: int) -> int:
+        nbytes = self.page_bytes
+        del self._k[page], self._v[page], self._used[page]
+        self._free_page_ids.append(page)
+        self._free_page_ids.sort()
+        if page == self._open_page:
+            self._open_page = None
+        self.pages_freed_total += 1
+        return nbytes
+
+    def reset(self) -> None:
+        for page in list(self._k):
+            self._release(page)
+        self._free_page_ids.clear()
+        self._next_page_id = 0
+        self._open_page = None
+
+    # ----------------------------------------------------------------- read / write
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v: (N, Hkv, D) for N tokens at `slots` (N,) in `layer`."""
+        pages = (slots // self.page_size).tolist()
+        offs = (slots % self.page_size).tolist()
+        for i, (p, o) in enumerate(zip(pages, offs)):
+            if p not in self._k:
+                raise KeyError(f"slot {int(slots[i])} is not allocated (page {p} is free)")
+            self._k[p][layer, :, o] = k[i].to(self.layout.dtype)
+            self._v[p][layer, :, o] = v[i].to(self.layout.dtype)
+
+    def gather_pages(self, pages: list[int], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of `pages` in `layer`, concatenated: each (Hkv, len(pages)*P, D)."""
+        missing = [p for p in pages if p not in self._k]
+        if missing:
+            raise KeyError(f"pages {missing} are not allocated")
+        k = torch.cat([self._k[p][layer] for p in pages], dim=1)
+        v = torch.cat([self._v[p][layer] for p in pages], dim=1)
+        return k, v
+
+    def perturb(self, slot: int, scale: float = 10.0) -> None:
+        """Overwrite one slot's K/V with large noise (tests use it to prove visibility is real)."""
+        page, off = divmod(slot, self.page_size)
+        g = torch.Generator().manual_seed(slot)
+        for t in (self._k[page], self._v[page]):
+            noise = torch.randn(t[:, :, off].shape, generator=g) * scale
+            t[:, :, off] = noise.to(t.dtype).to(t.device)

@@ -1,0 +1,255 @@
+"""TinyLM: a Llama-style decoder (RMSNorm, RoPE on explicit position ids, SwiGLU, grouped-query
+attention) with one inference primitive:
+
+    forward(tokens, positions, slots, visibility, kv) -> logits
+
+Every new token is computed at an explicit position id, its K/V are written into an explicit slot
+of a `PagedKVStore`, and each query row attends only to the slots its row of `visibility` allows.
+Causal decoding, thread isolation (PASTA), bidirectional spans (Planned Diffusion) and eviction
+(TIP) are all choices of `visibility`; the model never knows which system is running it.
+
+`forward_dense` is the same network over whole sequences with an explicit (B, T, T) mask, for
+training with exactly the visibility and positions the runtime will use.
+
+Tensor legend: B batch, T tokens in a call, N new tokens (T with B=1), H query heads,
+Hkv kv heads, D head dim, L layers, S slot address space, M gathered slots, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.kv import KVLayout, PagedKVStore
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny-4l"
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    d_ff: int = 0  # 0: derived as in Llama (8/3 d rounded up to a multiple of 32)
+    vocab_size: int = 0  # 0: the tokenizer's vocabulary
+    max_positions: int = 2048
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if self.vocab_size == 0:
+            from runtime.tokenizer import Tokenizer
+
+            self.vocab_size = Tokenizer().vocab_size
+        if self.d_ff == 0:
+            self.d_ff = 32 * math.ceil(8 * self.d_model / 3 / 32)
+        if self.d_model % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"{self.name}: d_model ({self.d_model}) must divide by n_heads ({self.n_heads}), "
+                f"and n_heads by n_kv_heads ({self.n_kv_heads})"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_name(cls, name: str) -> "ModelConfig":
+        if name not in PRESETS:
+            raise KeyError(f"unknown model preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
+        return cls(name=name, **PRESETS[name])
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, dict] = {
+    "tiny-2l": dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2),  # tests
+    "tiny-4l": dict(n_layers=4, d_model=128, n_heads=4, n_kv_heads=2),  # shipped models
+    "small-6l": dict(n_layers=6, d_model=256, n_heads=8, n_kv_heads=4),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin for explicit positions (B, T) -> each (B, 1, T, D/2)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    ang = positions.float()[..., None] * inv_freq  # (B, T, D/2)
+    return ang.cos()[:, None], ang.sin()[:, None]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on x (B, H, T, D)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+# kv_fn(layer, k, v) -> (K, V): where the attention's keys come from (the call itself, or the store)
+KVFn = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer, self.cfg = layer, cfg
+        D, H, Hkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.wqkv = nn.Linear(cfg.d_model, (H + 2 * Hkv) * D, bias=False)
+        self.wo = nn.Linear(H * D, cfg.d_model, bias=False)
+        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.w_gate_up = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)
+        self.w_down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (B, T, d)
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,  # (B, 1, T, M) bool, True = may attend
+        kv_fn: KVFn,
+        attn_out: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        H, Hkv, D = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
+        qkv = self.wqkv(self.input_layernorm(x))
+        q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+        q = apply_rope(q.view(B, T, H, D).transpose(1, 2), cos, sin)  # (B, H, T, D)
+        k = apply_rope(k.view(B, T, Hkv, D).transpose(1, 2), cos, sin)  # (B, Hkv, T, D)
+        v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        K, V = kv_fn(self.layer, k, v)  # (B, Hkv, M, D)
+        if attn_out is None:
+            y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, enable_gqa=True)
+        else:  # explicit softmax so the weights can be returned (H2O needs them)
+            rep = H // Hkv
+            Kr, Vr = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
+            scores = (q @ Kr.transpose(-1, -2)) / math.sqrt(D)  # (B, H, T, M)
+            w = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+            attn_out.append(w.sum(dim=(1, 2)))  # (B, M): attention each key received
+            y = w @ Vr
+        x = x + self.wo(y.transpose(1, 2).reshape(B, T, H * D))
+        gate, up = self.w_gate_up(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return x + self.w_down(F.silu(gate) * up)
+
+
+class TinyLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, seed: int = 0) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters(seed)
+
+    def reset_parameters(self, seed: int) -> None:
+        """Deterministic init from a seed (GPT-2 style: N(0, 0.02), residual outputs scaled)."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if p.dim() == 1:
+                    p.fill_(1.0)
+                    continue
+                std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("wo.weight", "w_down.weight")) else 0.02
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        return KVLayout(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim, self.embed.weight.dtype)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv_layout.bytes_per_token
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_kv_store(self, page_size: int = 16, max_pages: int | None = None) -> PagedKVStore:
+        return PagedKVStore(self.kv_layout, page_size, self.embed.weight.device, max_pages)
+
+    # ------------------------------------------------------------------ inference primitive
+    @torch.no_grad()
+    def forward(
+        self,
+        tokens: torch.Tensor,  # (N,) long
+        positions: torch.Tensor,  # (N,) long
+        slots: torch.Tensor,  # (N,) long: where each token's K/V is written
+        visibility: torch.Tensor,  # (N, S) bool: slots each query row may attend to
+        kv: PagedKVStore,
+        return_attention: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits (N, V) for new tokens. With `return_attention`, also the attention each slot
+        received, summed over layers, heads and query rows: (S,) float."""
+        dev = self.embed.weight.device
+        tokens, positions, slots = tokens.to(dev), positions.to(dev), slots.to(dev)
+        N = tokens.shape[0]
+        if visibility.dim() != 2 or visibility.shape[0] != N:
+            raise ValueError(f"visibility must be (N={N}, S) bool, got {tuple(visibility.shape)}")
+        if not bool(visibility.any(dim=1).all()):
+            raise ValueError("every query row must see at least one slot")
+        P = kv.page_size
+        S = max(kv.num_slots, visibility.shape[1])
+        vis = torch.zeros((N, S), dtype=torch.bool, device=dev)
+        vis[:, : visibility.shape[1]] = visibility.to(dev)
+        cols = vis.any(dim=0).nonzero().flatten()
+        pages = sorted(set((cols // P).tolist()))
+        page_slots = (torch.tensor(pages, device=dev)[:, None] * P + torch.arange(P, device=dev)).flatten()
+        mask = vis[:, page_slots][None, None]  # (1, 1, N, M)
+
+        def kv_fn(layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            kv.write(layer, slots, k[0].transpose(0, 1), v[0].transpose(0, 1))  # (N, Hkv, D)
+            K, V = kv.gather_pages(pages, layer)  # (Hkv, M, D)
+            return K[None], V[None]
+
+        cos, sin = rope_angles(positions[None], self.cfg.head_dim, self.cfg.rope_theta)
+        x = self.embed(tokens)[None]  # (1, N, d)
+        attn: list[torch.Tensor] | None = [] if return_attention else None
+        for block in self.layers:
+            x = block(x, cos, sin, mask, kv_fn, attn)
+        logits = self.lm_head(self.norm(x))[0].float()  # (N, V)
+        if not return_attention:
+            return logits
+        per_slot = torch.zeros(S, device=dev)
+        per_slot[page_slots] = torch.stack(attn).sum(0)[0].float()
+        return logits, per_slot
+
+    # ------------------------------------------------------------------ training path
+    def forward_dense(
+        self,
+        tokens: torch.Tensor,  # (B, T)
+        positions: torch.Tensor,  # (B, T)
+        mask: torch.Tensor,  # (B, T, T) bool: row t may attend to column s
+    ) -> torch.Tensor:
+        """Logits (B, T, V) over whole sequences, with the mask the runtime will reproduce."""
+        cos, sin = rope_angles(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        x = self.embed(tokens)
+
+        def kv_fn(layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return k, v
+
+        m = mask[:, None]  # (B, 1, T, T)
+        for block in self.layers:
+            x = block(x, cos, sin, m, kv_fn)
+        return self.lm_head(self.norm(x))
+
+
+def causal_mask(T: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    return torch.ones((T, T), dtype=torch.bool, device=device).tril()

@@ -1,0 +1,43 @@
+"""Token choice: greedy, or seeded temperature / nucleus (top-p) sampling.
+
+One `Sampler` per request: its generator is seeded from (seed, request id), so a request samples
+the same tokens however many other requests ran before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+class Sampler:
+    def __init__(self, cfg: SamplingConfig, request_id: int = 0) -> None:
+        self.cfg = cfg
+        self.gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + request_id)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (R, V) -> token ids (R,)."""
+        logits = logits.float().cpu()
+        if self.cfg.temperature == 0.0:
+            return logits.argmax(-1)
+        probs = (logits / self.cfg.temperature).softmax(-1)
+        if self.cfg.top_p < 1.0:
+            sorted_p, idx = probs.sort(-1, descending=True)
+            keep = sorted_p.cumsum(-1) - sorted_p < self.cfg.top_p  # always keeps the top token
+            sorted_p = sorted_p * keep
+            probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+        return torch.multinomial(probs, 1, generator=self.gen).squeeze(-1)

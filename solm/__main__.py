@@ -1,0 +1,5 @@
+import sys
+
+from solm.cli import main
+
+sys.exit(main())

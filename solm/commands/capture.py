@@ -1,0 +1,46 @@
+"""`solm capture`: run a system over a task's held-out prompts and write a trace directory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from runtime.capture import CaptureConfig, capture
+from runtime.engines import systems
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("capture", help="run a system on a task and record a trace")
+    p.add_argument("--system", default="sequential", help=f"one of: {', '.join(systems())}")
+    p.add_argument("--model", default="", help="checkpoint dir, shipped model name or preset (default: the system's shipped model)")
+    p.add_argument("--task", default="", help="task name (default: the system's default task)")
+    p.add_argument("--n", type=int, default=8, help="number of held-out prompts")
+    p.add_argument("--split", default="test", choices=["train", "test"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--page-size", type=int, default=16, help="KV page size in slots")
+    p.add_argument("--counters-hz", type=float, default=20.0, help="counter sampling rate")
+    p.add_argument("--out", required=True, help="trace directory to write")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--json", action="store_true", help="print only the JSON line")
+
+
+def run(args: argparse.Namespace) -> int:
+    from profiler.reader import read_trace
+    from profiler.summary import summarize
+
+    if args.counters_hz <= 0:
+        raise ValueError(f"--counters-hz must be > 0, got {args.counters_hz}")
+    cfg = CaptureConfig(system=args.system, model=args.model, task=args.task, n=args.n, split=args.split,
+                        device=args.device, seed=args.seed, max_tokens=args.max_tokens, temperature=args.temperature,
+                        top_p=args.top_p, page_size=args.page_size, counters_interval_s=1.0 / args.counters_hz)
+    out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
+    s = summarize(read_trace(out))
+    if not args.json:
+        print(f"captured {s['requests']} requests of {s['task']} with {s['system']} on {s['device']} -> {out}")
+        print(f"  quality {s['quality_mean']:.3f}  {s['tokens_per_s']:.1f} tokens/s  e2e p50 {s['e2e_s_p50']*1000:.1f} ms")
+    print(json.dumps(s))
+    return 0

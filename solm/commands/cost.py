@@ -1,0 +1,156 @@
+"""`solm cost`: predicted per-layer time of each operator of one forward pass.
+
+What: for a catalog model on a catalog part, the simulator's cost model (`simulator.cost`) with
+the A100-calibrated efficiencies (shipped in `simulator/data/a100_calibration.json`, carried to
+other parts by their efficiency priors) predicts the time of every operator of one layer for
+each requested token count, plus the whole pass.
+Why: the quickest way to see where a forward pass goes and how a part or model changes it,
+without a trace.
+
+    solm cost --model llama-3-8b --hardware a100-80g --tokens 1,512,4096
+    solm cost --model llama-3-70b --hardware h100-sxm --tp 4 --tokens 32 --kv-tokens 4096 \\
+        --groups 32 --json
+
+Query rows see `--kv-tokens` KV slots each (kv_tokens_read = tokens x K); without it each pass
+is a causal prefill from empty (row i sees i + 1 slots). `--groups G` says the rows come from G
+independent streams (G sequences decoding one token each: `--tokens G --groups G`).
+Output: a table, then one JSON line {"model", "hardware", "tensor_parallel", "calibration",
+"ops": [{"num_tokens", "kv_tokens_read", "op", "time_ms"}], "steps": [...]}; `--json` prints
+only the JSON line. Bad input: one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from simulator.cost import LAYER_OPS, CostModel
+from simulator.hardware import HARDWARE, get_hardware
+from simulator.models import MODELS, get_model
+
+PROG = "solm cost"
+
+
+class UsageError(Exception):
+    """A user mistake: reported as one line, never a traceback."""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `cost` on the top-level CLI's subparsers."""
+    parser = subparsers.add_parser(
+        "cost",
+        help="predicted per-layer time of each op of a forward pass",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("--model", required=True,
+                        help=f"catalog model: {', '.join(sorted(MODELS))}")
+    parser.add_argument("--hardware", required=True,
+                        help=f"catalog part: {', '.join(sorted(HARDWARE))}")
+    parser.add_argument("--tokens", default="1,512,4096",
+                        help="comma-separated query token counts of one pass (default 1,512,4096)")
+    parser.add_argument("--kv-tokens", type=str, default=None,
+                        help="KV slots each query row sees (default: causal prefill from empty)")
+    parser.add_argument("--groups", type=str, default="1",
+                        help="independent query streams in the pass (default 1)")
+    parser.add_argument("--tp", type=str, default="1", help="tensor-parallel degree (default 1)")
+    parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _int(text: str, flag: str, minimum: int) -> int:
+    try:
+        value = int(text.strip())
+    except (ValueError, AttributeError):
+        raise UsageError(f"{flag} must be an integer >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise UsageError(f"{flag} must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def _parse_tokens(text: str) -> list[int]:
+    parts = [part for part in str(text).split(",") if part.strip()]
+    if not parts:
+        raise UsageError(f"--tokens must be comma-separated positive integers, got {text!r}")
+    try:
+        return [_int(part, "--tokens", 1) for part in parts]
+    except UsageError:
+        raise UsageError(f"--tokens must be comma-separated positive integers, got {text!r}") \
+            from None
+
+
+def _lookup(kind: str, name: str) -> Any:
+    try:
+        return get_model(name) if kind == "model" else get_hardware(name)
+    except KeyError as error:
+        raise UsageError(str(error.args[0])) from None
+
+
+def predict(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's figures as a JSON-ready dict (UsageError for bad input)."""
+    model = _lookup("model", args.model)
+    hardware = _lookup("hardware", args.hardware)
+    tokens = _parse_tokens(args.tokens)
+    kv_per_row = None if args.kv_tokens is None else _int(args.kv_tokens, "--kv-tokens", 0)
+    groups = _int(args.groups, "--groups", 1)
+    tp = _int(args.tp, "--tp", 1)
+    if tp > 1 and model.n_heads % tp:
+        raise UsageError(f"--tp {tp} does not divide {model.name}'s {model.n_heads} heads")
+    cost = CostModel(hardware, model, tensor_parallel=tp)
+    ops: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
+    for n in tokens:
+        kv = n * (n + 1) // 2 if kv_per_row is None else n * kv_per_row
+        query_groups = min(groups, n)
+        for op, time_s in cost.op_times_s(n, kv, query_groups).items():
+            ops.append({"num_tokens": n, "kv_tokens_read": kv, "op": op,
+                        "time_ms": float(time_s) * 1e3})
+        steps.append({
+            "num_tokens": n, "kv_tokens_read": kv, "query_groups": query_groups,
+            "step_time_ms": float(cost.step_time_s(n, kv, query_groups)) * 1e3,
+            "bound": cost.bound(n, kv, query_groups),
+        })
+    return {"model": model.name, "hardware": hardware.name, "tensor_parallel": tp,
+            "n_layers": model.n_layers, "calibration": cost.params.source,
+            "ops": ops, "steps": steps}
+
+
+def _table(result: dict[str, Any]) -> str:
+    tokens = [step["num_tokens"] for step in result["steps"]]
+    time_ms = {(row["op"], row["num_tokens"]): row["time_ms"] for row in result["ops"]}
+    ops = [op for op in (*LAYER_OPS, "all_reduce") if (op, tokens[0]) in time_ms]
+    width = max(10, *(len(f"n={n}") for n in tokens))
+    header = f"{'op (ms per layer)':26s}" + "".join(f"{f'n={n}':>{width + 2}s}" for n in tokens)
+    lines = [
+        f"{result['model']} on {result['hardware']} (tp {result['tensor_parallel']}), "
+        f"efficiencies: {result['calibration']}",
+        header,
+        "-" * len(header),
+    ]
+    for op in ops:
+        lines.append(f"{op:26s}" + "".join(f"{time_ms[op, n]:{width + 2}.4f}" for n in tokens))
+    lines.append("-" * len(header))
+    layer_ms = {n: sum(time_ms[op, n] for op in ops) for n in tokens}
+    lines.append(f"{'layer total':26s}" + "".join(f"{layer_ms[n]:{width + 2}.4f}" for n in tokens))
+    lines.append(f"{'pass total (+ emb, lm_head)':26s}"
+                 + "".join(f"{step['step_time_ms']:{width + 2}.3f}" for step in result["steps"]))
+    lines.append(f"{'kv_tokens_read':26s}"
+                 + "".join(f"{step['kv_tokens_read']:{width + 2}d}" for step in result["steps"]))
+    lines.append(f"{'bound':26s}"
+                 + "".join(f"{step['bound']:>{width + 2}s}" for step in result["steps"]))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the table (unless --json) and the JSON line; 0 on success, 2 on bad input."""
+    try:
+        result = predict(args)
+    except UsageError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    if not args.json:
+        print(_table(result))
+    print(json.dumps(result))
+    return 0

@@ -1,0 +1,62 @@
+"""`solm train --system S`: train a system's tiny model with its recipe and write a checkpoint.
+
+The shipped checkpoints under checkpoints/ are produced by exactly this command (each
+checkpoint's config.json records the command, steps, loss and held-out quality).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a system's tiny model and write a checkpoint")
+    p.add_argument("--system", default="sequential")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's)")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--out", required=True, help="checkpoint directory to write")
+    p.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+    import time
+
+    import torch
+
+    from runtime.checkpoint import save_checkpoint
+    from runtime.evaluate import evaluate
+    from runtime.model import ModelConfig, TinyLM
+    from runtime.tokenizer import Tokenizer
+    from runtime.train.recipes import get_recipe
+    from runtime.train.sft import train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    recipe = get_recipe(args.system)
+    overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr)) if v is not None}
+    if any(v <= 0 for v in overrides.values()):
+        raise ValueError("--steps, --batch-size and --lr must be > 0")
+    cfg = dataclasses.replace(recipe.train, seed=args.seed, **overrides)
+    tok = Tokenizer()
+    model = TinyLM(ModelConfig.from_name(recipe.preset), seed=args.seed)
+    t0 = time.perf_counter()
+    log = train(model, recipe.sampler(tok, args.seed), cfg, tok.pad_id, progress=not args.json)
+    quality = evaluate(model, tok, args.system, recipe.tasks, recipe.eval_examples, recipe.max_tokens)
+    info = {
+        "system": args.system, "trained": True, "tasks": list(recipe.tasks), "preset": recipe.preset,
+        "train": dataclasses.asdict(cfg), "final_loss": round(log["final_loss"], 4),
+        "train_s": round(time.perf_counter() - t0, 1), "heldout_quality": {k: round(v, 4) for k, v in quality.items()},
+        "command": "solm " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("solm") else f"solm train --system {args.system} --out {args.out}",
+    }
+    save_checkpoint(model, args.out, info)
+    if not args.json:
+        print(f"trained {args.system} ({recipe.preset}, {model.num_parameters()} parameters) for {cfg.steps} steps "
+              f"in {info['train_s']} s; final loss {info['final_loss']}; held-out quality {info['heldout_quality']} -> {args.out}")
+    print(json.dumps({"system": args.system, "out": args.out, **{k: info[k] for k in ("final_loss", "train_s", "heldout_quality")}}))
+    return 0

@@ -1,0 +1,97 @@
+"""The command line as a user meets it: one JSON line at the end, one clear error line on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+REQUIRED = {"requests", "output_tokens", "quality_mean", "tokens_per_s", "ttft_s_p50", "e2e_s_mean", "e2e_s_p50",
+            "e2e_s_p99", "peak_kv_tokens", "peak_kv_bytes", "nvml"}
+
+
+def solm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "solm", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_inspect_json_fields(small_trace):
+    r = solm("inspect", str(small_trace), "--json")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1
+    s = json.loads(lines[0])
+    assert REQUIRED <= set(s) and s["requests"] == 3 and s["nvml"] is False
+
+
+def test_inspect_human_then_json(small_trace):
+    r = solm("inspect", str(small_trace), "--validate")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert "requests" in r.stdout and json.loads(lines[-1])["valid"] is True
+
+
+def _assert_one_line_error(r: subprocess.CompletedProcess, needle: str) -> None:
+    assert r.returncode == 2
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("solm inspect: error:") and needle in err[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_inspect_missing_dir(tmp_path):
+    _assert_one_line_error(solm("inspect", str(tmp_path / "nope")), "no such directory")
+
+
+def test_inspect_truncated_parquet(small_trace, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(small_trace, bad)
+    data = (bad / "steps.parquet").read_bytes()
+    (bad / "steps.parquet").write_bytes(data[: len(data) // 2])
+    _assert_one_line_error(solm("inspect", str(bad)), "unreadable Parquet")
+
+
+def test_inspect_wrong_schema_version(small_trace, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(small_trace, bad)
+    meta = json.loads((bad / "meta.json").read_text())
+    meta["schema_version"] = 2
+    (bad / "meta.json").write_text(json.dumps(meta))
+    _assert_one_line_error(solm("inspect", str(bad)), "schema version 2")
+
+
+def test_inspect_missing_column(small_trace, tmp_path):
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    bad = tmp_path / "bad"
+    shutil.copytree(small_trace, bad)
+    pq.write_table(pq.read_table(bad / "tokens.parquet").drop(["kv_slot"]), bad / "tokens.parquet")
+    _assert_one_line_error(solm("inspect", str(bad)), "missing columns kv_slot")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--system", "nope"], "unknown system"),
+    (["--model", "no-such-model"], "neither a checkpoint"),
+    (["--task", "nope", "--model", "tiny-2l"], "unknown task"),
+    (["--n", "0", "--model", "tiny-2l"], "--n must be"),
+    (["--device", "cuda", "--model", "tiny-2l"], "CUDA"),
+])
+def test_capture_bad_input(tmp_path, args, needle):
+    r = solm("capture", *args, "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_capture_then_inspect_end_to_end(tmp_path):
+    out = tmp_path / "cap"
+    r = solm("capture", "--system", "sequential", "--n", "2", "--max-tokens", "40", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    assert s["requests"] == 2 and s["quality_mean"] is not None
+    r2 = solm("capture", "--system", "sequential", "--n", "2", "--out", str(out))
+    assert r2.returncode == 2 and "--force" in r2.stderr

@@ -1,0 +1,117 @@
+"""Trace format v1: write, read back, validate; atomic per request; corrupt traces fail clearly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from profiler.reader import TraceError, read_trace
+from profiler.schema import SCHEMA_VERSION, TABLES
+from profiler.validate import problems, validate
+from profiler.writer import TraceWriter
+
+
+def _rows(rid: int, n_steps: int = 2) -> tuple[dict, list[dict], list[dict], dict]:
+    req = {f.name: None for f in TABLES["requests"]}
+    req.update(request_id=rid, prompt=f"p{rid}", reference="r", prompt_tokens=3, output_tokens=n_steps,
+               output_text="ab", quality_score=0.5, arrival_s=0.0, start_s=0.0, ttft_s=0.1, e2e_s=0.2,
+               steps=n_steps, critical_path_tokens=n_steps, theoretical_speedup=1.0, peak_live_kv_tokens=4,
+               peak_kv_bytes=64, status="ok", stop_reason="stop_token", error="", events="[]")
+    steps = [dict(request_id=rid, step_index=i, batch_index=i, phase="prefill" if i == 0 else "decode", start_s=0.1 * i,
+                  duration_s=0.1, streams="0", active_streams=1, query_tokens=3 if i == 0 else 1, kv_tokens_read=6,
+                  live_kv_tokens=3 + i, kv_bytes_allocated=64, emitted_tokens=1, evicted_tokens=0, freed_kv_bytes=0,
+                  device_memory_bytes=-1, note="") for i in range(n_steps)]
+    toks = [dict(request_id=rid, token_index=i, token_id=97 + i, token_text="ab"[i % 2], stream=0, step_index=i,
+                 position_id=3 + i, kv_slot=3 + i, kind="content", visible_streams=[-1, 0], evicted_at_step=-1)
+            for i in range(n_steps)]
+    graph = {"directed": True, "multigraph": False, "graph": {}, "nodes": [{"id": "prompt"}, {"id": "main:0"}],
+             "links": [{"source": "prompt", "target": "main:0"}]}
+    return req, steps, toks, graph
+
+
+META = {"kind": "measured", "system": "sequential", "model": {"name": "m"}, "device": {"name": "cpu"},
+        "created_at": "2026-01-01T00:00:00+00:00"}
+
+
+def test_roundtrip_equals_what_was_written(tmp_path):
+    w = TraceWriter(tmp_path / "t", META)
+    written = [_rows(i) for i in range(3)]
+    for r in written:
+        w.add_request(*r)
+    w.set_counters([{"t_s": 0.0, "source": "host", "gpu_memory_used_bytes": float("nan"), "gpu_utilization_percent": float("nan"),
+                     "power_w": float("nan"), "energy_mj": float("nan"), "sm_clock_mhz": float("nan"), "temperature_c": float("nan"),
+                     "cpu_percent": 50.0, "rss_bytes": 1e6}])
+    w.close()
+    t = read_trace(tmp_path / "t")
+    assert t.complete and t.meta["schema_version"] == SCHEMA_VERSION and not (tmp_path / "t" / "parts").exists()
+    exp_req = pd.DataFrame([r[0] for r in written])
+    pd.testing.assert_frame_equal(t.requests, exp_req[t.requests.columns], check_dtype=False)
+    exp_steps = pd.DataFrame([s for r in written for s in r[1]])
+    pd.testing.assert_frame_equal(t.steps, exp_steps[t.steps.columns], check_dtype=False)
+    assert t.tokens["visible_streams"].map(list).tolist() == [[-1, 0]] * 6
+    assert t.graphs[1] == written[1][3]
+    assert t.counters["cpu_percent"].tolist() == [50.0]
+    assert problems(t) == []
+
+
+def test_run_cut_short_keeps_finished_requests(tmp_path):
+    w = TraceWriter(tmp_path / "t", META)
+    w.add_request(*_rows(0))
+    w.add_request(*_rows(1))
+    # a third request half-written when the run died: its steps landed, its commit marker did not
+    (tmp_path / "t" / "parts" / "steps-00000002.parquet").write_bytes(b"garbage")
+    t = read_trace(tmp_path / "t")
+    assert not t.complete and t.requests["request_id"].tolist() == [0, 1] and len(t.steps) == 4
+
+
+def test_writer_refuses_to_clobber(tmp_path):
+    TraceWriter(tmp_path / "t", META)
+    with pytest.raises(FileExistsError):
+        TraceWriter(tmp_path / "t", META)
+    TraceWriter(tmp_path / "t", META, overwrite=True)
+
+
+def _complete(tmp_path):
+    w = TraceWriter(tmp_path / "t", META)
+    w.add_request(*_rows(0))
+    return w.close()
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda p: shutil.rmtree(p), "no such directory"),
+    (lambda p: (p / "meta.json").unlink(), "no meta.json"),
+    (lambda p: (p / "meta.json").write_text("{not json"), "not valid JSON"),
+    (lambda p: (p / "meta.json").write_text(json.dumps({**META, "schema_version": 99})), "schema version 99"),
+    (lambda p: (p / "steps.parquet").write_bytes((p / "steps.parquet").read_bytes()[:100]), "unreadable Parquet"),
+    (lambda p: pq.write_table(pq.read_table(p / "requests.parquet").drop(["e2e_s"]), p / "requests.parquet"), "missing columns e2e_s"),
+    (lambda p: (p / "tokens.parquet").unlink(), "missing tokens.parquet"),
+])
+def test_corrupt_traces_raise_one_clear_error(tmp_path, damage, match):
+    p = _complete(tmp_path)
+    damage(p)
+    with pytest.raises(TraceError, match=match):
+        read_trace(p)
+    assert validate(p) and match.split()[0] in validate(p)[0]
+
+
+def test_validator_catches_cross_table_problems(tmp_path):
+    w = TraceWriter(tmp_path / "t", META)
+    req, steps, toks, graph = _rows(0)
+    req["output_tokens"] = 5
+    w.add_request(req, steps, toks, graph)
+    t = read_trace(w.close())
+    assert any("output_tokens" in p for p in problems(t))
+
+
+def test_captured_trace_is_valid(small_trace):
+    t = read_trace(small_trace)
+    assert problems(t) == []
+    assert len(t.requests) == 3 and t.meta["counters_source"] == "host" and t.meta["nvml"] is False
+    assert t.meta["nvml_reason"]
+    assert (t.steps.groupby("request_id").size() == t.requests.set_index("request_id")["steps"]).all()
+    assert t.tokens["kv_slot"].ge(-1).all() and set(t.steps["phase"]) == {"prefill", "decode"}
+    assert (t.requests["ttft_s"] <= t.requests["e2e_s"]).all()

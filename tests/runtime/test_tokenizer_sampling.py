@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import torch
+from hypothesis import given, strategies as st
+
+from runtime.sampling import Sampler, SamplingConfig
+from runtime.tokenizer import BYTE_TOKENS, Tokenizer
+
+
+def test_tags_are_single_tokens(tok):
+    ids = tok.encode('a<promise topic="x" tokens="10"/><async>b</async><sync/><reg_3>')
+    assert tok.token_id("<promise") in ids and tok.token_id("<sync/>") in ids and tok.token_id("<reg_3>") in ids
+    assert tok.decode(ids) == 'a<promise topic="x" tokens="10"/><async>b</async><sync/><reg_3>'
+
+
+@given(st.text(max_size=60))
+def test_roundtrip_any_text(s):
+    tok = Tokenizer()
+    assert tok.decode(tok.encode(s)) == s
+
+
+@given(st.lists(st.integers(min_value=0, max_value=BYTE_TOKENS + 200), max_size=40))
+def test_decode_never_raises(ids):
+    assert isinstance(Tokenizer().decode(ids), str)
+
+
+def test_seeded_sampling_is_reproducible():
+    logits = torch.randn(4, 50)
+    cfg = SamplingConfig(temperature=0.8, top_p=0.9, seed=3)
+    a = [Sampler(cfg, request_id=5)(logits) for _ in range(1)]
+    b = [Sampler(cfg, request_id=5)(logits) for _ in range(1)]
+    assert torch.equal(a[0], b[0])
+    s1, s2 = Sampler(cfg, 5), Sampler(cfg, 5)
+    assert [s1(logits).tolist() for _ in range(5)] == [s2(logits).tolist() for _ in range(5)]
+    assert torch.equal(Sampler(SamplingConfig())(logits), logits.argmax(-1))
+
+
+def test_top_p_keeps_only_the_nucleus():
+    logits = torch.tensor([[10.0, 9.0, -10.0, -10.0]])
+    s = Sampler(SamplingConfig(temperature=1.0, top_p=0.5, seed=0))
+    assert {int(s(logits)[0]) for _ in range(50)} == {0}
