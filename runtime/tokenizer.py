@@ -21,14 +21,16 @@ BYTE_TOKENS = 256
 SPECIAL_TOKENS: tuple[str, ...] = (
     # control
     "<bos>", "<eos>", "<pad>", "<sep>", "[MASK]", "[PAD]",
-    # PASTA-LANG (the promise's attributes are written as bytes between the two halves)
-    "<promise", "/>", "<async>", "</async>", "<sync/>",
+    # PASTA-LANG. A promise `<promise topic="T" tokens="N"/>` is `<promise topic="`, the topic's bytes,
+    # then one token for `" tokens="N"/>` when N is a multiple of 10 up to 100 (the coarse lengths the
+    # paper found best); any other N is spelled in bytes and still parses.
+    '<promise topic="', *(f'" tokens="{n}"/>' for n in range(10, 101, 10)), "<async>", "</async>", "<sync/>",
     # TIP thought registers (R <= 16)
     *(f"<reg_{i}>" for i in range(16)),
     # Planned Diffusion plan language
     "<promise>", "-<topic>", "</topic>",
-    # reserved for later systems
-    *(f"<reserved_{i}>" for i in range(8)),
+    # reserved for later systems (rename in place; never reorder)
+    *(f"<reserved_{i}>" for i in range(16)),
 )
 
 
