@@ -134,7 +134,10 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
     tok = Tokenizer()
     gen_cfg = GenerationConfig(max_tokens=cfg.max_tokens, page_size=cfg.page_size,
                                sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.seed))
-    engine = engine_cls(model, tok, gen_cfg, **cfg.knobs)
+    try:
+        engine = engine_cls(model, tok, gen_cfg, **cfg.knobs)
+    except TypeError as e:  # an unknown knob for this engine
+        raise ValueError(f"bad knob for {cfg.system}: {e}") from None
     examples = task.examples(cfg.split, cfg.n, cfg.seed)
 
     timer = make_timer(cfg.device)

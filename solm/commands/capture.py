@@ -23,9 +23,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--page-size", type=int, default=16, help="KV page size in slots")
     p.add_argument("--counters-hz", type=float, default=20.0, help="counter sampling rate")
+    p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
+                   help="engine setting, repeatable (values parsed as JSON when they can be, e.g. --knob max_threads=4)")
     p.add_argument("--out", required=True, help="trace directory to write")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
+
+
+def parse_knobs(items: list[str]) -> dict:
+    knobs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--knob expects KEY=VALUE, got {item!r}")
+        try:
+            knobs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            knobs[key] = value
+    return knobs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--counters-hz must be > 0, got {args.counters_hz}")
     cfg = CaptureConfig(system=args.system, model=args.model, task=args.task, n=args.n, split=args.split,
                         device=args.device, seed=args.seed, max_tokens=args.max_tokens, temperature=args.temperature,
-                        top_p=args.top_p, page_size=args.page_size, counters_interval_s=1.0 / args.counters_hz)
+                        top_p=args.top_p, page_size=args.page_size, counters_interval_s=1.0 / args.counters_hz,
+                        knobs=parse_knobs(args.knob))
     out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
     s = summarize(read_trace(out))
     if not args.json:

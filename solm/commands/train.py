@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -52,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         "system": args.system, "trained": True, "tasks": list(recipe.tasks), "preset": recipe.preset,
         "train": dataclasses.asdict(cfg), "final_loss": round(log["final_loss"], 4),
         "train_s": round(time.perf_counter() - t0, 1), "heldout_quality": {k: round(v, 4) for k, v in quality.items()},
-        "command": "solm " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("solm") else f"solm train --system {args.system} --out {args.out}",
+        "command": f"solm train --system {args.system} --steps {cfg.steps} --batch-size {cfg.batch_size} --lr {cfg.lr} "
+                   f"--seed {args.seed} --out {args.out}",
     }
     save_checkpoint(model, args.out, info)
     if not args.json:
