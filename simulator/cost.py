@@ -1,0 +1,415 @@
+"""Cost model: the time of one forward pass from its query tokens and KV reads.
+
+What: each operator of a transformer layer (named as in the public vidur profiling data:
+`input_layernorm`, `attn_pre_proj`, `attn_rope`, `attn_prefill`/`attn_decode`, `attn_post_proj`,
+`post_attention_layernorm`, `mlp_up_proj`, `mlp_act`, `mlp_down_proj`, `add`), plus the per-pass
+`emb` and `lm_head`, costs
+
+    t = launches * launch_overhead_s * overhead_launches + smoothmax_p(t_compute, t_memory)
+    t_compute = FLOPs / (peak_flops_per_s * e_c(n)),  e_c(n) = compute_eff_max * n / (n + n_half)
+    t_memory  = bytes / (hbm_bytes_per_s * memory_eff)
+
+a roofline (Williams et al., CACM 2009) whose compute roof fills up with the token count n (GEMM
+tiles and waves are mostly empty at small n), smoothed at the ridge by a p-norm
+(smoothmax_p(a, b) = (a^p + b^p)^(1/p)) because real kernels bend rather than kink there. The four
+numbers per op family (`OpEfficiency`) are priors from `HardwareSpec` or fitted by
+`simulator.calibrate` on measured data. With tensor parallelism, weights and heads are sharded
+(norms, residual adds stay whole, as in the vidur data) and two ring all-reduces per layer are
+added.
+
+Attention is described by `num_tokens` query rows, `kv_tokens_read` (the sum over query rows of
+the KV slots each row can see, as the trace's `steps.parquet` records it) and `query_groups`, the
+number of independent streams the rows come in (1 for a prefill or one diffusion span, B for B
+sequences decoding one token each). Rows of one group share their KV, so a FlashAttention-style
+kernel loads each KV block once per tile of `q_tile_tokens` rows (Dao, FlashAttention-2, 2023);
+a lone row (decode) streams its whole visible KV. The pass is `attn_decode` when every group has
+one row, `attn_prefill` otherwise; the other key is 0. A mixed batch (a prefill chunk plus decode
+rows) is approximated by its mean rows per group. The attention efficiencies are priors
+(FlashAttention-2's reported A100 throughput): the public data holds no attention kernels.
+
+Why vectorised and cached: the replay calls `step_time_s` millions of times. Every term except
+attention depends only on the token counts, so it is cached per (tokens, logit tokens); the
+formulas are plain arithmetic that work on Python floats (scalar calls, a few microseconds) and on
+numpy arrays (a whole trace at once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from simulator.hardware import HARDWARE, HardwareSpec
+from simulator.models import ModelSpec
+
+Number = Union[float, np.ndarray]
+
+LAYER_OPS: tuple[str, ...] = (
+    "input_layernorm", "attn_pre_proj", "attn_rope", "attn_prefill", "attn_decode",
+    "attn_post_proj", "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj",
+    "add",
+)
+PASS_OPS: tuple[str, ...] = ("emb", "lm_head")
+# The op families whose efficiencies are fitted together. The two norms are the same kernel;
+# lm_head is a wide GEMM like the fused gate+up projection.
+OP_FAMILY: dict[str, str] = {
+    "input_layernorm": "norm", "post_attention_layernorm": "norm",
+    "attn_pre_proj": "qkv_proj", "attn_post_proj": "o_proj",
+    "mlp_up_proj": "up_proj", "mlp_down_proj": "down_proj", "lm_head": "up_proj",
+    "attn_rope": "rope", "mlp_act": "act", "add": "add", "emb": "emb",
+    "attn_prefill": "attention_prefill", "attn_decode": "attention_decode",
+}
+FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(OP_FAMILY.values()))
+MATMUL_FAMILIES: tuple[str, ...] = ("qkv_proj", "o_proj", "up_proj", "down_proj")
+RESIDUAL_ADDS_PER_LAYER = 2  # after attention and after the MLP (vidur times one of them)
+
+CALIBRATION_PATH = Path(__file__).parent / "data" / "a100_calibration.json"
+
+
+@dataclass(frozen=True)
+class OpEfficiency:
+    """Achieved efficiency of one op family (see the module docstring for the formula)."""
+
+    compute_eff_max: float  # fraction of peak FLOP/s reached at large token counts
+    compute_half_tokens: float  # tokens at which half of compute_eff_max is reached
+    memory_eff: float  # fraction of memory bandwidth reached
+    overhead_launches: float  # fixed cost per kernel, in units of the part's launch overhead
+
+    def __post_init__(self) -> None:
+        for name in ("compute_eff_max", "compute_half_tokens", "memory_eff"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"OpEfficiency.{name} must be > 0, got {getattr(self, name)!r}")
+        if not self.overhead_launches >= 0:
+            raise ValueError(f"OpEfficiency.overhead_launches must be >= 0, "
+                             f"got {self.overhead_launches!r}")
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Everything the cost model needs besides the hardware and model specs."""
+
+    families: Mapping[str, OpEfficiency]
+    smooth_p: float = 4.0  # sharpness of the roofline ridge (large = hard max)
+    q_tile_tokens: int = 128  # query rows sharing one KV load (FlashAttention-2 block size)
+    step_overhead_s: float = 0.0  # per forward pass: host scheduling, sampling (fit from traces)
+    interconnect_efficiency: float = 0.8  # NCCL ring all-reduce bus bandwidth / link bandwidth
+    source: str = "prior"
+
+    def __post_init__(self) -> None:
+        missing = [name for name in FAMILIES if name not in self.families]
+        if missing:
+            raise ValueError(f"CostParams lacks op families: {', '.join(missing)}")
+
+    @classmethod
+    def prior(cls, hardware: HardwareSpec) -> CostParams:
+        """Uncalibrated priors from the part's datasheet efficiencies."""
+        # GPU GEMMs need ~64+ rows to fill their tiles (the A100 fit gives ~73); CPU GEMM
+        # kernels (oneDNN, MKL) run near their vector peak from a few rows on.
+        half_tokens = 64.0 if hardware.kind == "gpu" else 2.0
+        matmul = OpEfficiency(hardware.matmul_efficiency, half_tokens,
+                              hardware.memory_efficiency, 1.0)
+        elementwise = OpEfficiency(0.1, 1.0, hardware.memory_efficiency, 1.0)
+        families = {name: matmul for name in MATMUL_FAMILIES}
+        families.update({name: elementwise for name in ("norm", "rope", "act", "add", "emb")})
+        # FlashAttention-2 forward reaches 50-73% of A100 peak (Dao 2023, section 4.1);
+        # decode attention is a bandwidth-bound stream over the KV cache.
+        families["attention_prefill"] = OpEfficiency(
+            0.6 * hardware.matmul_efficiency / 0.7, 128.0, hardware.memory_efficiency, 1.0)
+        families["attention_decode"] = OpEfficiency(
+            0.3, 1.0, hardware.memory_efficiency, 1.0)
+        return cls(families=families, source=f"prior({hardware.name})")
+
+    def scaled_to(self, hardware: HardwareSpec, reference: HardwareSpec) -> CostParams:
+        """Carry efficiencies fitted on `reference` to `hardware` by the ratio of their priors.
+
+        An assumption, not a measurement: a part whose GEMMs reach a smaller fraction of peak
+        (its `matmul_efficiency` prior) is assumed to do so for every op family alike.
+        """
+        compute_ratio = hardware.matmul_efficiency / reference.matmul_efficiency
+        memory_ratio = hardware.memory_efficiency / reference.memory_efficiency
+        families = {
+            name: dataclasses.replace(
+                eff,
+                compute_eff_max=min(eff.compute_eff_max * compute_ratio, 0.98),
+                memory_eff=min(eff.memory_eff * memory_ratio, 0.98),
+            )
+            for name, eff in self.families.items()
+        }
+        return dataclasses.replace(
+            self, families=families, source=f"{self.source} carried to {hardware.name}")
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["families"] = {name: dataclasses.asdict(eff) for name, eff in self.families.items()}
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CostParams:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {key: value for key, value in data.items() if key in known}
+        kwargs["families"] = {name: OpEfficiency(**eff) for name, eff in data["families"].items()}
+        return cls(**kwargs)
+
+
+@functools.lru_cache(maxsize=1)
+def load_a100_params() -> CostParams:
+    """The A100-calibrated params shipped in `simulator/data/a100_calibration.json`."""
+    with CALIBRATION_PATH.open(encoding="utf-8") as handle:
+        return CostParams.from_json(json.load(handle)["params"])
+
+
+def default_params(hardware: HardwareSpec) -> CostParams:
+    """A100 calibration carried to any GPU (`CostParams.scaled_to`); priors for CPUs."""
+    if hardware.kind != "gpu":
+        return CostParams.prior(hardware)
+    reference = HARDWARE["a100-80g"]
+    if hardware == reference:
+        return load_a100_params()
+    return load_a100_params().scaled_to(hardware, reference)
+
+
+# (flops, bytes, launches) of one op; arrays when the token counts are arrays.
+Work = tuple[Number, Number, Number]
+
+
+def layer_work(model: ModelSpec, num_tokens: Number, tensor_parallel: int = 1) -> dict[str, Work]:
+    """FLOPs and bytes of the non-attention ops of one layer on one shard, for n query tokens.
+
+    GEMM bytes = weights + input + output activations; elementwise bytes = reads + writes.
+    """
+    n, b, d = num_tokens, model.dtype_bytes, model.d_model
+    q = model.q_dim / tensor_parallel
+    kv = max(model.n_kv_heads // tensor_parallel, 1) * model.head_dim  # KV heads replicate
+    ff = model.d_ff / tensor_parallel
+    up = ff * (2 if model.gated_mlp else 1)
+
+    def gemm(k_dim: float, n_dim: float) -> Work:  # (n, k_dim) @ (k_dim, n_dim)
+        return 2 * n * k_dim * n_dim, b * (k_dim * n_dim + n * k_dim + n * n_dim), 1.0
+
+    norm = (5 * n * d, b * (2 * n * d + d), 1.0)  # square, mean, rsqrt, scale, weight
+    work = {
+        "input_layernorm": norm,
+        "attn_pre_proj": gemm(d, q + 2 * kv),
+        # rotate q and k in place; read the cos/sin rows of each position
+        "attn_rope": (3 * n * (q + kv), b * (2 * n * (q + kv) + 2 * n * model.head_dim), 1.0),
+        "attn_post_proj": gemm(q, d),
+        "post_attention_layernorm": (0.0, 0.0, 0.0) if model.parallel_attn_mlp else norm,
+        "mlp_up_proj": gemm(d, up),
+        # gated: act(gate) * up reads two (n, ff) tensors, writes one; plain: read one, write one
+        "mlp_act": (5 * n * ff, b * n * ff * (3 if model.gated_mlp else 2), 1.0),
+        "mlp_down_proj": gemm(ff, d),
+        "add": (RESIDUAL_ADDS_PER_LAYER * n * d, RESIDUAL_ADDS_PER_LAYER * b * 3 * n * d,
+                float(RESIDUAL_ADDS_PER_LAYER)),
+    }
+    return work
+
+
+def attention_work(model: ModelSpec, num_tokens: Number, kv_tokens_read: Number,
+                   query_groups: Number, q_tile_tokens: int,
+                   tensor_parallel: int = 1) -> Work:
+    """FLOPs and bytes of attention in one layer on one shard.
+
+    FLOPs: QK^T and PV, 2 x head_dim each per (query row, visible slot, query head). Bytes: read
+    Q, write O and the new K/V, and read the visible K/V once per tile of rows of one group.
+    """
+    n, b = num_tokens, model.dtype_bytes
+    heads = model.n_heads / tensor_parallel
+    kv_bytes_per_token = model.kv_bytes_per_token_per_layer * (
+        max(model.n_kv_heads // tensor_parallel, 1) / model.n_kv_heads)
+    rows_per_group = n / query_groups
+    if _is_array(rows_per_group):
+        rows_per_group = np.clip(rows_per_group, 1.0, q_tile_tokens)
+    else:  # builtins: numpy on scalars costs a microsecond per call
+        rows_per_group = min(max(rows_per_group, 1.0), q_tile_tokens)
+    flops = 4 * kv_tokens_read * model.head_dim * heads
+    bytes_ = (2 * n * heads * model.head_dim * b + n * kv_bytes_per_token
+              + kv_tokens_read * kv_bytes_per_token / rows_per_group)
+    return flops, bytes_, 1.0
+
+
+def pass_work(model: ModelSpec, num_tokens: Number, logit_tokens: Number,
+              tensor_parallel: int = 1) -> dict[str, Work]:
+    """Once per forward pass: embedding gather, final norm + lm_head over the logit rows."""
+    b, d, m = model.dtype_bytes, model.d_model, logit_tokens
+    vocab = model.vocab_size / tensor_parallel
+    return {
+        "emb": (0.0 * num_tokens, b * 2 * num_tokens * d, 1.0),
+        "lm_head": (2 * m * d * vocab + 5 * m * d,
+                    b * (d * vocab + m * d + m * vocab + 2 * m * d), 2.0),
+    }
+
+
+def roofline_s(work: Work, tokens: Number, eff: OpEfficiency, hardware: HardwareSpec
+               ) -> tuple[Number, Number, Number]:
+    """(fixed_s, compute_s, memory_s) of one op: the three terms of the module's formula."""
+    flops, bytes_, launches = work
+    compute_eff = eff.compute_eff_max * tokens / (tokens + eff.compute_half_tokens)
+    compute_s = flops / (hardware.peak_flops_per_s * compute_eff)
+    memory_s = bytes_ / (hardware.hbm_bytes_per_s * eff.memory_eff)
+    fixed_s = launches * hardware.launch_overhead_s * eff.overhead_launches
+    return fixed_s, compute_s, memory_s
+
+
+def op_time_s(work: Work, tokens: Number, eff: OpEfficiency, hardware: HardwareSpec,
+              smooth_p: float) -> Number:
+    """Seconds of one op: fixed cost + p-norm of the compute and memory times."""
+    fixed_s, compute_s, memory_s = roofline_s(work, tokens, eff, hardware)
+    return fixed_s + (compute_s**smooth_p + memory_s**smooth_p) ** (1.0 / smooth_p)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Forward-pass times of `model` on `hardware` (one tensor-parallel group of GPUs)."""
+
+    hardware: HardwareSpec
+    model: ModelSpec
+    params: CostParams = field(default=None)  # type: ignore[assignment]  # -> default_params
+    tensor_parallel: int = 1
+
+    def __post_init__(self) -> None:
+        if self.params is None:
+            object.__setattr__(self, "params", default_params(self.hardware))
+        if not isinstance(self.tensor_parallel, int) or self.tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be a positive int, "
+                             f"got {self.tensor_parallel!r}")
+        # cache per instance: (num_tokens, logit_tokens) -> seconds of everything but attention
+        object.__setattr__(self, "_dense_cache", functools.lru_cache(maxsize=65536)(
+            self._dense_time_s))
+
+    # ---- per-op breakdowns -------------------------------------------------------------
+    def _eff(self, op: str) -> OpEfficiency:
+        return self.params.families[OP_FAMILY[op]]
+
+    def _all_reduce_s(self, num_tokens: Number) -> Number:
+        """Two ring all-reduces of the (n, d_model) activations per layer (Megatron-LM)."""
+        tp = self.tensor_parallel
+        hw = self.hardware
+        bytes_ = num_tokens * self.model.d_model * self.model.dtype_bytes
+        per_direction_bytes_per_s = (hw.interconnect_bytes_per_s / 2
+                                     * self.params.interconnect_efficiency)
+        # ring: 2 (tp - 1) steps, each a hop latency, moving 2 (tp - 1) / tp of the bytes
+        one_s = (2 * (tp - 1) * hw.interconnect_latency_s
+                 + 2 * (tp - 1) / tp * bytes_ / per_direction_bytes_per_s)
+        return 2 * one_s
+
+    def op_times_s(self, num_tokens: Number, kv_tokens_read: Number,
+                   query_groups: Number = 1) -> dict[str, Number]:
+        """Seconds of each op in ONE layer (plus `all_reduce` when tensor_parallel > 1)."""
+        num_tokens, kv_tokens_read, query_groups = _check(num_tokens, kv_tokens_read, query_groups)
+        p = self.params
+        times = {
+            op: op_time_s(work, num_tokens, self._eff(op), self.hardware, p.smooth_p)
+            for op, work in layer_work(self.model, num_tokens, self.tensor_parallel).items()
+        }
+        is_decode = num_tokens <= query_groups
+        if _is_array(is_decode):
+            prefill_s = self._attention_s(num_tokens, kv_tokens_read, query_groups, "attn_prefill")
+            decode_s = self._attention_s(num_tokens, kv_tokens_read, query_groups, "attn_decode")
+            times["attn_prefill"] = np.where(is_decode, 0.0, prefill_s)
+            times["attn_decode"] = np.where(is_decode, decode_s, 0.0)
+        else:
+            op = "attn_decode" if is_decode else "attn_prefill"
+            times["attn_prefill"] = times["attn_decode"] = 0.0
+            times[op] = self._attention_s(num_tokens, kv_tokens_read, query_groups, op)
+        if self.tensor_parallel > 1:
+            times["all_reduce"] = self._all_reduce_s(num_tokens)
+        return {op: times[op] for op in (*LAYER_OPS, "all_reduce") if op in times}
+
+    def pass_op_times_s(self, num_tokens: Number, logit_tokens: Number | None = None
+                        ) -> dict[str, Number]:
+        """Seconds of the once-per-pass ops: emb, lm_head, step_overhead."""
+        logit_tokens = num_tokens if logit_tokens is None else logit_tokens
+        times = {
+            op: op_time_s(work, num_tokens if op == "emb" else logit_tokens, self._eff(op),
+                          self.hardware, self.params.smooth_p)
+            for op, work in pass_work(self.model, num_tokens, logit_tokens,
+                                      self.tensor_parallel).items()
+        }
+        times["step_overhead"] = self.params.step_overhead_s + 0.0 * num_tokens
+        return times
+
+    def bound(self, num_tokens: float, kv_tokens_read: float, query_groups: float = 1) -> str:
+        """"memory" or "compute": the roof holding more of one layer's time (ops summed)."""
+        works = layer_work(self.model, num_tokens, self.tensor_parallel)
+        attn_op = "attn_decode" if num_tokens <= query_groups else "attn_prefill"
+        works[attn_op] = attention_work(self.model, num_tokens, kv_tokens_read, query_groups,
+                                        self.params.q_tile_tokens, self.tensor_parallel)
+        compute_s = memory_s = 0.0
+        for op, work in works.items():
+            _, op_compute_s, op_memory_s = roofline_s(work, num_tokens, self._eff(op),
+                                                      self.hardware)
+            compute_s += float(op_compute_s)
+            memory_s += float(op_memory_s)
+        return "compute" if compute_s > memory_s else "memory"
+
+    # ---- whole passes ------------------------------------------------------------------
+    def _attention_s(self, num_tokens: Number, kv_tokens_read: Number, query_groups: Number,
+                     op: str) -> Number:
+        """Seconds of attention in one layer with the efficiencies of `op` (prefill/decode)."""
+        work = attention_work(self.model, num_tokens, kv_tokens_read, query_groups,
+                              self.params.q_tile_tokens, self.tensor_parallel)
+        return op_time_s(work, num_tokens, self._eff(op), self.hardware, self.params.smooth_p)
+
+    def _dense_time_s(self, num_tokens: Number, logit_tokens: Number) -> Number:
+        """All layers' non-attention ops + all-reduces + per-pass ops, in seconds."""
+        p = self.params
+        per_layer = 0.0
+        for op, work in layer_work(self.model, num_tokens, self.tensor_parallel).items():
+            per_layer = per_layer + op_time_s(work, num_tokens, self._eff(op), self.hardware,
+                                              p.smooth_p)
+        if self.tensor_parallel > 1:
+            per_layer = per_layer + self._all_reduce_s(num_tokens)
+        per_pass = sum(self.pass_op_times_s(num_tokens, logit_tokens).values())
+        return self.model.n_layers * per_layer + per_pass
+
+    def step_time_s(self, query_tokens: Number, kv_tokens_read: Number,
+                    query_groups: Number = 1, logit_tokens: Number | None = None) -> Number:
+        """Seconds of one forward pass: all layers, lm_head, fixed step overhead.
+
+        Scalars in, float out (cached, a few microseconds); arrays in, array out (vectorised).
+        `logit_tokens` (rows that need logits) defaults to all query rows.
+        """
+        if not (_is_array(query_tokens) or _is_array(kv_tokens_read) or _is_array(query_groups)
+                or _is_array(logit_tokens)):
+            if query_tokens < 1 or kv_tokens_read < 0 or query_groups < 1:
+                _check(query_tokens, kv_tokens_read, query_groups)  # raises with a clear line
+            dense = self._dense_cache(query_tokens,
+                                      query_tokens if logit_tokens is None else logit_tokens)
+            op = "attn_decode" if query_tokens <= query_groups else "attn_prefill"
+            attn = self._attention_s(query_tokens, kv_tokens_read, query_groups, op)
+            return dense + self.model.n_layers * attn
+        query_tokens, kv_tokens_read, query_groups = _check(query_tokens, kv_tokens_read,
+                                                            query_groups)
+        logit = query_tokens if logit_tokens is None else np.asarray(logit_tokens, dtype=float)
+        dense = self._dense_time_s(query_tokens, logit)
+        prefill_s = self._attention_s(query_tokens, kv_tokens_read, query_groups, "attn_prefill")
+        decode_s = self._attention_s(query_tokens, kv_tokens_read, query_groups, "attn_decode")
+        attn = np.where(query_tokens <= query_groups, decode_s, prefill_s)
+        return dense + self.model.n_layers * attn
+
+
+def _is_array(value: object) -> bool:
+    return isinstance(value, np.ndarray)
+
+
+def _check(num_tokens: Number, kv_tokens_read: Number, query_groups: Number
+           ) -> tuple[Number, Number, Number]:
+    """Validate counts (ValueError, one line); arrays become float arrays."""
+    arrays = any(_is_array(v) or isinstance(v, (list, tuple))
+                 for v in (num_tokens, kv_tokens_read, query_groups))
+    if arrays:
+        num_tokens, kv_tokens_read, query_groups = (
+            np.asarray(v, dtype=float) for v in (num_tokens, kv_tokens_read, query_groups))
+    if np.any(np.asarray(num_tokens) < 1):
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens!r}")
+    if np.any(np.asarray(kv_tokens_read) < 0):
+        raise ValueError(f"kv_tokens_read must be >= 0, got {kv_tokens_read!r}")
+    if np.any(np.asarray(query_groups) < 1):
+        raise ValueError(f"query_groups must be >= 1, got {query_groups!r}")
+    return num_tokens, kv_tokens_read, query_groups

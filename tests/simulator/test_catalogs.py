@@ -1,0 +1,145 @@
+"""Hardware and model catalogs: every listed entry exists, lookups fail helpfully, overrides
+validate, and the derived sizes match the public model cards."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from simulator.hardware import HARDWARE, HardwareSpec, get_hardware, host_cpu_spec, override
+from simulator.models import MODELS, ModelSpec, get_model
+
+PARTS = ("a100-40g", "a100-80g", "a10", "a40", "l4", "l40s", "h100-sxm", "h100-pcie", "h200",
+         "b200", "mi300x", "host-cpu")
+MODEL_NAMES = ("llama-2-7b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "gemma-7b", "qwen3-4b",
+               "qwen2.5-7b", "dream-7b", "phi-2")
+
+
+@pytest.mark.parametrize("name", PARTS)
+def test_every_part_exists_with_a_source(name: str) -> None:
+    spec = get_hardware(name)
+    assert spec.name == name
+    assert spec.source
+    assert spec.peak_flops_per_s > 0 and spec.hbm_bytes_per_s > 0 and spec.hbm_capacity_bytes > 0
+
+
+def test_datasheet_figures() -> None:
+    assert get_hardware("a100-80g").peak_flops_per_s == 312e12
+    assert get_hardware("a100-40g").hbm_bytes_per_s == 1.555e12
+    assert get_hardware("a100-80g").hbm_bytes_per_s == 2.039e12
+    assert get_hardware("h100-sxm").hbm_bytes_per_s == 3.35e12
+    assert get_hardware("h200").hbm_bytes_per_s == 4.8e12
+    assert get_hardware("h200").hbm_capacity_bytes == 141 * 2**30
+    assert get_hardware("b200").peak_flops_per_s == 2.25e15
+
+
+@pytest.mark.parametrize("lookup,table", [(get_hardware, HARDWARE), (get_model, MODELS)])
+def test_unknown_name_lists_the_valid_ones(lookup, table) -> None:
+    with pytest.raises(KeyError) as info:
+        lookup("no-such-thing")
+    message = str(info.value.args[0])
+    assert "no-such-thing" in message
+    for name in table:
+        assert name in message
+
+
+def test_override_makes_a_named_hypothetical_part() -> None:
+    faster = override("h100-sxm", hbm_bytes_per_s=6e12)
+    base = HARDWARE["h100-sxm"]
+    assert faster.hbm_bytes_per_s == 6e12
+    assert faster.name == "h100-sxm-custom"
+    assert faster.peak_flops_per_s == base.peak_flops_per_s
+    assert override("h100-sxm", name="h100-6tb").name == "h100-6tb"
+    assert base.hbm_bytes_per_s == 3.35e12  # the catalog entry is untouched
+
+
+@pytest.mark.parametrize("field,value", [
+    ("hbm_bytes_per_s", 0), ("hbm_bytes_per_s", -1e12), ("peak_flops_per_s", 0),
+    ("hbm_capacity_bytes", 0), ("interconnect_bytes_per_s", -5.0), ("memory_efficiency", 1.5),
+    ("launch_overhead_s", -1e-6),
+])
+def test_override_rejects_impossible_values(field: str, value: float) -> None:
+    with pytest.raises(ValueError) as info:
+        override("a100-80g", **{field: value})
+    message = str(info.value)
+    assert field in message and "\n" not in message
+
+
+def test_override_rejects_unknown_fields_and_parts() -> None:
+    with pytest.raises(ValueError, match="hbm_gbps"):
+        override("a100-80g", hbm_gbps=3.0)
+    with pytest.raises(KeyError):
+        override("a100-81g", hbm_bytes_per_s=3e12)
+
+
+def test_replace_on_a_spec_validates_too() -> None:
+    with pytest.raises(ValueError):
+        dataclasses.replace(HARDWARE["l4"], peak_flops_per_s=0.0)
+
+
+def test_host_cpu_spec_from_this_machine() -> None:
+    spec = host_cpu_spec(cores=4)
+    assert isinstance(spec, HardwareSpec) and spec.kind == "cpu"
+    assert spec.name == "host-cpu-4c"
+    assert spec.peak_flops_per_s == pytest.approx(2 * host_cpu_spec(cores=2).peak_flops_per_s)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_every_model_exists(name: str) -> None:
+    spec = get_model(name)
+    assert spec.name == name
+    assert spec.n_heads % spec.n_kv_heads == 0
+    assert spec.weight_bytes == spec.params * spec.dtype_bytes
+
+
+def test_kv_bytes_per_token() -> None:
+    # 2 (K and V) x 32 layers x 8 KV heads x 128 head_dim x 2 bytes (bf16)
+    assert get_model("llama-3-8b").kv_bytes_per_token == 131072
+    assert get_model("llama-2-7b").kv_bytes_per_token == 2 * 32 * 32 * 128 * 2
+    assert get_model("gemma-7b").head_dim == 256  # explicit, not 3072 / 16
+    assert get_model("qwen3-4b").head_dim == 128  # explicit, not 2560 / 32
+
+
+@pytest.mark.parametrize("name,billions", [
+    # parameter counts from the model cards / papers
+    ("llama-2-7b", 6.74), ("llama-2-70b", 68.98), ("llama-3-8b", 8.03), ("llama-3-70b", 70.55),
+    ("gemma-7b", 8.54), ("qwen3-4b", 4.02), ("qwen2.5-7b", 7.61), ("phi-2", 2.78),
+])
+def test_parameter_counts_match_the_model_cards(name: str, billions: float) -> None:
+    assert get_model(name).params / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_phi2_is_plain_mlp_with_parallel_blocks() -> None:
+    phi = get_model("phi-2")
+    assert not phi.gated_mlp and phi.parallel_attn_mlp and phi.norms_per_layer == 1
+
+
+def test_dream_is_qwen25_shaped() -> None:
+    dream, qwen = get_model("dream-7b"), get_model("qwen2.5-7b")
+    assert dataclasses.replace(dream, name=qwen.name) == qwen
+
+
+def test_from_trace_meta() -> None:
+    meta = {"schema_version": 1, "model": {
+        "name": "tiny-2l", "n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 2,
+        "d_ff": 192, "vocab_size": 294, "dtype_bytes": 4, "params": 136256, "trained": False}}
+    spec = ModelSpec.from_trace_meta(meta)
+    assert (spec.name, spec.n_layers, spec.head_dim, spec.dtype_bytes) == ("tiny-2l", 2, 16, 4)
+    assert spec.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
+    assert ModelSpec.from_trace_meta(meta["model"]) == spec  # the model dict alone works too
+    with_head_dim = {**meta["model"], "head_dim": 32}
+    assert ModelSpec.from_trace_meta(with_head_dim).head_dim == 32
+
+
+def test_from_trace_meta_names_missing_keys() -> None:
+    with pytest.raises(ValueError, match="d_ff, vocab_size"):
+        ModelSpec.from_trace_meta({"model": {"name": "x", "n_layers": 2, "d_model": 64,
+                                             "n_heads": 4, "n_kv_heads": 2, "dtype_bytes": 2}})
+
+
+def test_model_validation() -> None:
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        ModelSpec("bad", n_layers=2, d_model=64, n_heads=4, n_kv_heads=3, d_ff=128, vocab_size=10)
+    with pytest.raises(ValueError, match="n_layers"):
+        ModelSpec("bad", n_layers=0, d_model=64, n_heads=4, n_kv_heads=4, d_ff=128, vocab_size=10)
