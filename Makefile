@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 bench: $(STAMP)
-	$(PY) bench/run_all.py
+	$(PY) bench/run_all.py $(if $(QUICK),--quick,)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -22,6 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--page-size", type=int, default=16, help="KV page size in slots")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny models run best on 1)")
     p.add_argument("--counters-hz", type=float, default=20.0, help="counter sampling rate")
     p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
                    help="engine setting, repeatable (values parsed as JSON when they can be, e.g. --knob max_threads=4)")
@@ -47,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
     from profiler.reader import read_trace
     from profiler.summary import summarize
 
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    import torch
+
+    torch.set_num_threads(args.threads)
     if args.counters_hz <= 0:
         raise ValueError(f"--counters-hz must be > 0, got {args.counters_hz}")
     cfg = CaptureConfig(system=args.system, model=args.model, task=args.task, n=args.n, split=args.split,

@@ -1,0 +1,72 @@
+"""`make demo`: what solm does, end to end on this CPU, in a few minutes.
+
+Captures each system that has a shipped model on a handful of held-out prompts, inspects each
+trace, and tells you what to run next. Everything goes under out/demo/ (safe to delete).
+
+    .venv/bin/python bench/demo.py [--n 6] [--out out/demo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def solm(*args: str) -> dict:
+    """Run the real command line, show its human output, return its JSON line."""
+    print(f"\n$ solm {' '.join(args)}", flush=True)
+    r = subprocess.run([sys.executable, "-m", "solm", *args], cwd=ROOT, text=True, capture_output=True)
+    lines = r.stdout.strip().splitlines()
+    for line in lines[:-1]:
+        print(line)
+    if r.returncode != 0:
+        print(r.stderr.strip(), file=sys.stderr)
+        raise SystemExit(f"demo: `solm {args[0]}` failed with exit status {r.returncode}")
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=6, help="prompts per system")
+    ap.add_argument("--out", default="out/demo")
+    args = ap.parse_args()
+
+    from runtime.checkpoint import CHECKPOINTS_DIR
+    from runtime.engines import get_engine, systems
+
+    t0 = time.perf_counter()
+    out = ROOT / args.out
+    captured = []
+    for system in systems():
+        engine = get_engine(system)
+        if not engine.default_model or not (CHECKPOINTS_DIR / engine.default_model).is_dir():
+            print(f"\n(skipping {system}: no shipped model)")
+            continue
+        trace = out / system
+        solm("capture", "--system", system, "--n", str(args.n), "--out", str(trace), "--force")
+        summary = solm("inspect", str(trace), "--validate")
+        captured.append((system, trace, summary))
+
+    print(f"\ndemo: captured {len(captured)} system(s) in {time.perf_counter() - t0:.0f} s:")
+    for system, trace, s in captured:
+        print(f"  {system:<18} quality {s['quality_mean']:.3f}  {s['tokens_per_s']:.0f} tokens/s  "
+              f"e2e p50 {s['e2e_s_p50'] * 1000:.0f} ms  peak KV {s['peak_kv_bytes'] / 1024:.0f} KiB  -> {trace.relative_to(ROOT)}")
+    print("\nnext:")
+    print(f"  solm inspect {captured[0][1].relative_to(ROOT)}      # the summary again, any time" if captured else "")
+    print("  Parquet tables are plain files: pandas.read_parquet('out/demo/sequential/steps.parquet')")
+    extra = ROOT / "solm" / "commands"
+    if (extra / "simulate.py").exists():
+        print(f"  solm simulate {args.out}/sequential --hardware h100-sxm   # replay on hardware you do not have")
+    if (extra / "dashboard.py").exists():
+        print(f"  solm dashboard {args.out}                            # then open http://127.0.0.1:8501")
+
+
+if __name__ == "__main__":
+    main()
