@@ -1,0 +1,249 @@
+"""Workload: the forward passes each request of a trace needs, as the simulator replays them.
+
+What: for every request of a trace, the sequence of *pass demands* its dependence structure
+implied when it ran: per forward pass the query tokens (summed over the streams that had a query
+row in it), the KV slots those rows read, the streams (query groups), the live KV tokens after
+the pass and the KV it held in whole pages, the tokens it declared dead (TIP), its phase
+(`prefill`, `decode`, `plan`, `denoise`, `sync`) and how many output tokens it produced. No
+measured time is kept: the same structure is re-costed on another part and another model size,
+where KV bytes = tokens x that model's `kv_bytes_per_token`.
+
+Why this is the structure, not just the step log: the runtime batches the parallel streams of
+one request into one pass (PASTA threads, planned-diffusion spans), so a request with k threads
+already has fewer, wider passes than its sequential twin; TIP's evictions show as live KV that
+goes down; a diffusion round is as many `denoise` passes as its slowest span needs. Everything
+else (batching with other requests, queueing, preemption) is the simulator's to decide.
+
+Where each column comes from: `steps.parquet` (query tokens, KV read, active streams, live and
+allocated KV, evictions, phase), `tokens.parquet` (output tokens per pass: the tokens whose
+`step_index` is that pass; `emitted_tokens` where a request has no token rows), `requests.parquet`
+(prompt and output lengths, quality, arrival, status) and `graph.json` (kept for the simulated
+trace). Layout: flat numpy arrays, CSR-style (`offsets[r]:offsets[r + 1]` are request r's
+passes), so the replay indexes whole batches at once.
+
+    from simulator.workload import load_workload
+    w = load_workload("traces/sequential-tiny")
+    w.passes(0)[:2]   # [PassDemand(query_tokens=28, kv_tokens_read=406, ...), ...]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from profiler.reader import Trace, read_trace
+from profiler.schema import PHASES
+
+PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
+_PASS_FIELDS = ("query_tokens", "kv_tokens_read", "query_groups", "logit_tokens", "live_kv_tokens", "alloc_kv_tokens",
+                "evicted_tokens", "phase", "emits")
+
+
+class PassDemand(NamedTuple):
+    """One forward pass of one request, in tokens (model-independent)."""
+
+    query_tokens: int
+    kv_tokens_read: int
+    query_groups: int  # streams with a query row (active_streams)
+    live_kv_tokens: int  # after the pass
+    kv_tokens_delta: int  # live KV after minus before (negative: TIP freed more than it wrote)
+    alloc_kv_tokens: int  # KV held after the pass in whole pages, in tokens
+    evicted_tokens: int
+    phase: str
+    emits: int  # output tokens this pass produced
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Pass demands of every request of one trace (flat arrays, see the module docstring)."""
+
+    request_ids: np.ndarray  # (R,) source request ids
+    offsets: np.ndarray  # (R + 1,)
+    query_tokens: np.ndarray  # (P,) int64, one entry per pass of every request
+    kv_tokens_read: np.ndarray
+    query_groups: np.ndarray
+    logit_tokens: np.ndarray  # rows that need logits: every row of a denoise pass, else 1/stream
+    live_kv_tokens: np.ndarray
+    alloc_kv_tokens: np.ndarray
+    evicted_tokens: np.ndarray
+    phase: np.ndarray  # (P,) int8 codes into profiler.schema.PHASES
+    emits: np.ndarray
+    prompt_tokens: np.ndarray  # (R,)
+    output_tokens: np.ndarray
+    quality_score: np.ndarray  # (R,) float, NaN = not applicable
+    arrival_s: np.ndarray  # (R,) the trace's own arrival times, from its first request
+    status: tuple[str, ...]  # (R,) source status: ok, truncated, error
+    streams: np.ndarray | None = None  # (P,) object: the source's comma-separated stream ids
+    source: dict = field(default_factory=dict)  # path, system, task, model meta, device meta
+    graphs: dict = field(default_factory=dict, repr=False)  # request id -> node-link DAG
+    source_request_ids: np.ndarray | None = None  # (R,) set by `take`: which source request
+
+    # ---- shape ------------------------------------------------------------------------
+    @property
+    def n_requests(self) -> int:
+        return len(self.request_ids)
+
+    @property
+    def n_passes(self) -> np.ndarray:
+        """(R,) forward passes per request."""
+        return np.diff(self.offsets)
+
+    def passes(self, r: int) -> list[PassDemand]:
+        """Request r's passes (by position, not id) as readable records."""
+        lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
+        before = np.concatenate([[self.prompt_tokens[r]], self.live_kv_tokens[lo:hi - 1]]) if hi > lo else []
+        return [
+            PassDemand(int(self.query_tokens[i]), int(self.kv_tokens_read[i]), int(self.query_groups[i]),
+                       int(self.live_kv_tokens[i]), int(self.live_kv_tokens[i] - before[i - lo]),
+                       int(self.alloc_kv_tokens[i]), int(self.evicted_tokens[i]), PHASES[self.phase[i]],
+                       int(self.emits[i]))
+            for i in range(lo, hi)
+        ]
+
+    def peak_alloc_tokens(self) -> np.ndarray:
+        """(R,) the most KV each request holds at once (whole pages, tokens); 0 without passes."""
+        out = np.zeros(self.n_requests, dtype=np.int64)
+        has = self.n_passes > 0
+        if has.any():
+            out[has] = np.maximum.reduceat(self.alloc_kv_tokens, self.offsets[:-1][has])
+        return out
+
+    def total_passes(self) -> int:
+        return int(self.offsets[-1])
+
+    def source_ids(self) -> np.ndarray:
+        return self.request_ids if self.source_request_ids is None else self.source_request_ids
+
+    def take(self, positions) -> Workload:
+        """A workload of the requests at `positions` (repeats allowed), renumbered 0..N-1.
+
+        `w.take(np.arange(1000) % w.n_requests)` cycles a small trace into 1,000 requests, as
+        `vllm bench serve --num-prompts` samples a dataset; arrivals keep each request's own.
+        """
+        pos = np.asarray(positions, dtype=np.int64)
+        if pos.ndim != 1 or (len(pos) and (pos.min() < 0 or pos.max() >= self.n_requests)):
+            raise ValueError(f"take: positions must index 0..{self.n_requests - 1}")
+        lengths = self.n_passes[pos]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        flat = np.repeat(self.offsets[:-1][pos] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        per_pass = {name: getattr(self, name)[flat] for name in _PASS_FIELDS}
+        per_req = {name: getattr(self, name)[pos] for name in ("prompt_tokens", "output_tokens", "quality_score",
+                                                               "arrival_s")}
+        src = self.source_ids()[pos]
+        return Workload(request_ids=np.arange(len(pos), dtype=np.int64), offsets=offsets, **per_pass, **per_req,
+                        status=tuple(self.status[i] for i in pos),
+                        streams=None if self.streams is None else self.streams[flat], source=self.source,
+                        graphs=self.graphs, source_request_ids=src)
+
+    @property
+    def quality_mean(self) -> float:
+        q = self.quality_score[~np.isnan(self.quality_score)]
+        return float(q.mean()) if len(q) else float("nan")
+
+
+def from_trace(trace: Trace) -> Workload:
+    """The pass demands of every request of a read trace (measured or simulated)."""
+    req = trace.requests.sort_values("request_id", kind="stable").reset_index(drop=True)
+    steps = trace.steps.sort_values(["request_id", "step_index"], kind="stable").reset_index(drop=True)
+    ids = req["request_id"].to_numpy(np.int64)
+    pos = np.searchsorted(ids, steps["request_id"].to_numpy(np.int64))
+    if len(steps) and (np.any(pos >= len(ids)) or np.any(ids[np.minimum(pos, len(ids) - 1)] != steps["request_id"])):
+        raise ValueError(f"{trace.path}: steps.parquet has rows for requests not in requests.parquet")
+    counts = np.bincount(pos, minlength=len(ids)) if len(steps) else np.zeros(len(ids), np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def col(name: str) -> np.ndarray:
+        return steps[name].to_numpy(np.int64) if len(steps) else np.zeros(0, np.int64)
+
+    q, kv = col("query_tokens"), col("kv_tokens_read")
+    groups = np.where(q > 0, np.clip(col("active_streams"), 1, np.maximum(q, 1)), 0)  # a sync pass may have no rows
+    if np.any(q < 0) or np.any(kv < 0):
+        raise ValueError(f"{trace.path}: negative query_tokens or kv_tokens_read in steps.parquet")
+    unknown = set(steps["phase"]) - set(PHASES)
+    if unknown:
+        raise ValueError(f"{trace.path}: unknown phases {sorted(unknown)}; known: {', '.join(PHASES)}")
+    phase = steps["phase"].map(PHASE_CODE).to_numpy(np.int8) if len(steps) else np.zeros(0, np.int8)
+    live = col("live_kv_tokens")
+    kv_per_token = int((trace.meta.get("model") or {}).get("kv_bytes_per_token") or 0)
+    alloc = -(-col("kv_bytes_allocated") // kv_per_token) if kv_per_token > 0 else live.copy()
+    alloc = np.maximum(alloc, live)  # pages hold at least the live tokens
+    logit = np.where(phase == PHASE_CODE["denoise"], q, groups)
+    emits = _emits(trace, steps, pos, offsets, col("emitted_tokens"))
+    arrival = req["arrival_s"].to_numpy(float)
+    arrival = arrival - np.nanmin(arrival) if len(arrival) and np.isfinite(arrival).any() else np.zeros(len(req))
+    model, device = trace.meta.get("model") or {}, trace.meta.get("device") or {}
+    return Workload(
+        request_ids=ids, offsets=offsets, query_tokens=q, kv_tokens_read=kv, query_groups=groups,
+        logit_tokens=logit, live_kv_tokens=live, alloc_kv_tokens=alloc, evicted_tokens=col("evicted_tokens"),
+        phase=phase, emits=emits, prompt_tokens=req["prompt_tokens"].to_numpy(np.int64),
+        output_tokens=req["output_tokens"].to_numpy(np.int64), quality_score=req["quality_score"].to_numpy(float),
+        arrival_s=np.nan_to_num(arrival), status=tuple(req["status"].astype(str)),
+        streams=steps["streams"].to_numpy(object) if len(steps) else np.zeros(0, object),
+        source={"path": str(trace.path), "kind": trace.kind, "system": trace.system, "task": trace.meta.get("task"),
+                "knobs": trace.meta.get("knobs", {}), "model": model, "device": device},
+        graphs=trace.graphs,
+    )
+
+
+def _emits(trace: Trace, steps, pos: np.ndarray, offsets: np.ndarray, emitted_col: np.ndarray) -> np.ndarray:
+    """Output tokens per pass: counted from tokens.parquet where a request has token rows."""
+    emits = emitted_col.copy()
+    toks = trace.tokens
+    if not len(toks) or not len(steps):
+        return emits
+    ids = trace.requests["request_id"].sort_values().to_numpy(np.int64)
+    t_req = np.searchsorted(ids, toks["request_id"].to_numpy(np.int64))
+    t_step = toks["step_index"].to_numpy(np.int64)
+    n_pass = np.diff(offsets)
+    ok = (t_req < len(ids)) & (t_step >= 0) & (t_step < n_pass[np.minimum(t_req, len(ids) - 1)])
+    counted = np.bincount(offsets[t_req[ok]] + t_step[ok], minlength=len(emits))
+    has_tokens = np.zeros(len(ids), bool)
+    has_tokens[t_req[ok]] = True
+    use = has_tokens[pos]
+    emits[use] = counted[use]
+    return emits
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read a trace directory and return its workload."""
+    return from_trace(read_trace(path))
+
+
+def uniform(n_requests: int, prompt_tokens: int, output_tokens: int, page_size: int = 16) -> Workload:
+    """A synthetic sequential workload: every request one prefill, then one decode per token.
+
+    For what-if questions without a trace ("1,000 requests x 500 tokens") and benchmarks. The
+    prefill of p tokens reads p (p + 1) / 2 KV slots (causal); decode i reads p + i.
+    """
+    if n_requests < 1 or prompt_tokens < 1 or output_tokens < 1:
+        raise ValueError("uniform workload needs n_requests, prompt_tokens and output_tokens >= 1")
+    p, n = prompt_tokens, output_tokens
+    step = np.arange(n, dtype=np.int64)
+    live_one = p + step  # after pass i: the prompt plus the i tokens written by decodes so far
+    q_one = np.where(step == 0, p, 1)
+    kv_one = np.where(step == 0, p * (p + 1) // 2, live_one)
+    alloc_one = -(-live_one // page_size) * page_size
+    phase_one = np.where(step == 0, PHASE_CODE["prefill"], PHASE_CODE["decode"]).astype(np.int8)
+    tile = lambda a: np.tile(a, n_requests)  # noqa: E731
+    ones = np.ones(n * n_requests, np.int64)
+    return Workload(
+        request_ids=np.arange(n_requests, dtype=np.int64), offsets=np.arange(n_requests + 1, dtype=np.int64) * n,
+        query_tokens=tile(q_one), kv_tokens_read=tile(kv_one), query_groups=ones, logit_tokens=ones,
+        live_kv_tokens=tile(live_one), alloc_kv_tokens=tile(alloc_one), evicted_tokens=0 * ones,
+        phase=tile(phase_one), emits=ones.copy(), prompt_tokens=np.full(n_requests, p, np.int64),
+        output_tokens=np.full(n_requests, n, np.int64), quality_score=np.full(n_requests, np.nan),
+        arrival_s=np.zeros(n_requests), status=("ok",) * n_requests, streams=None,
+        source={"path": "", "kind": "synthetic", "system": "sequential", "task": f"uniform {p}+{n}",
+                "knobs": {}, "model": {}, "device": {}},
+        graphs={int(r): _chain_graph(p, n) for r in range(n_requests)},
+    )
+
+
+def _chain_graph(prompt_tokens: int, output_tokens: int) -> dict:
+    return {"directed": True, "multigraph": False, "graph": {},
+            "nodes": [{"id": "prompt", "kind": "prompt", "stream": -1, "tokens": prompt_tokens},
+                      {"id": "main:0", "kind": "main", "stream": 0, "tokens": output_tokens}],
+            "links": [{"source": "prompt", "target": "main:0"}]}

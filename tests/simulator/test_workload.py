@@ -1,0 +1,77 @@
+"""The workload: pass demands read from a trace's structure, independent of its timings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.workload import PassDemand, from_trace, load_workload, uniform
+from tests.simulator.toy_traces import pasta, planned_diffusion, seq, tip, write_toy_trace
+
+
+def test_sequential_passes_exact(tmp_path):
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3)], [4]))
+    assert w.passes(0) == [
+        PassDemand(4, 10, 1, 4, 0, 16, 0, "prefill", 1),
+        PassDemand(1, 5, 1, 5, 1, 16, 0, "decode", 1),
+        PassDemand(1, 6, 1, 6, 1, 16, 0, "decode", 1),
+    ]
+    assert w.logit_tokens.tolist() == [1, 1, 1]  # one logit row per stream outside denoise passes
+
+
+def test_measured_capture(small_trace):
+    from profiler.reader import read_trace
+
+    trace = read_trace(small_trace)
+    w = from_trace(trace)
+    assert w.n_requests == len(trace.requests)
+    assert w.n_passes.tolist() == trace.requests.sort_values("request_id")["steps"].tolist()
+    assert w.emits.sum() == trace.requests["output_tokens"].sum()  # counted from tokens.parquet
+    assert np.all(w.alloc_kv_tokens >= w.live_kv_tokens)
+    assert w.source["kind"] == "measured" and w.source["model"]["name"]
+
+
+def test_pasta_has_fewer_wider_passes_than_its_sequential_twin(tmp_path):
+    k, length = 4, 10
+    w = load_workload(write_toy_trace(tmp_path / "t", [pasta(8, k, length), seq(8, 2 + k * length)], [8, 8]))
+    assert w.emits[w.offsets[0]:w.offsets[1]].sum() == w.emits[w.offsets[1]:].sum() == 2 + k * length
+    assert w.n_passes.tolist() == [2 + length, 2 + k * length]
+    assert w.query_groups[w.offsets[0] + 1] == k
+
+
+def test_tip_holds_less_kv_than_its_sequential_twin(tmp_path):
+    w = load_workload(write_toy_trace(tmp_path / "t", [tip(8, 6, 10), seq(8, 60)], [8, 8]))
+    peak = w.peak_alloc_tokens()
+    assert peak[0] < peak[1]
+    assert w.evicted_tokens[: w.offsets[1]].sum() == 40  # steps 2..5 each kill the step before the last
+    assert min(d.kv_tokens_delta for d in w.passes(0)) == -9
+
+
+def test_planned_diffusion_round_is_its_longest_span(tmp_path):
+    spans = [10, 30, 20]
+    w = load_workload(write_toy_trace(tmp_path / "t", [planned_diffusion(8, 4, spans)], [8]))
+    phases = [d.phase for d in w.passes(0)]
+    assert phases.count("denoise") == max(spans)
+    denoise = [d for d in w.passes(0) if d.phase == "denoise"]
+    assert denoise[0].query_tokens == sum(spans) and denoise[0].emits == 3
+    # a denoise pass needs logits for every row
+    assert w.logit_tokens[w.phase == 3].tolist() == w.query_tokens[w.phase == 3].tolist()
+
+
+def test_take_cycles_and_renumbers(tmp_path):
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), seq(4, 5)], [4, 4]))
+    t = w.take(np.arange(5) % 2)
+    assert t.n_requests == 5 and t.request_ids.tolist() == [0, 1, 2, 3, 4]
+    assert t.source_ids().tolist() == [0, 1, 0, 1, 0]
+    assert t.n_passes.tolist() == [3, 5, 3, 5, 3]
+    assert t.passes(2) == w.passes(0)
+    with pytest.raises(ValueError):
+        w.take([2])
+
+
+def test_uniform():
+    w = uniform(3, 10, 4)
+    assert w.total_passes() == 12 and w.passes(1)[0] == PassDemand(10, 55, 1, 10, 0, 16, 0, "prefill", 1)
+    assert w.passes(1)[3].kv_tokens_read == 13
+    with pytest.raises(ValueError):
+        uniform(0, 1, 1)
