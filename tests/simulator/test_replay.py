@@ -1,0 +1,212 @@
+"""SimPy replay: exact timelines on toy traces with round numbers on a made-up part (1 s per pass)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import simulator.replay as replay_mod
+from profiler.reader import read_trace
+from profiler.validate import problems
+from simulator.models import ModelSpec
+from simulator.replay import ReplayConfig, replay
+from simulator.simtrace import write_simulated_trace
+from simulator.workload import load_workload, uniform
+from tests.simulator.toy_traces import (BLOCK_BYTES, MODEL_META, LinearCost, one_second_cost, pasta,
+                                        planned_diffusion, seq, tip, toy_part, write_toy_trace)
+
+MODEL = ModelSpec.from_trace_meta(MODEL_META)
+
+
+def run(w, config=ReplayConfig(), hardware=None, cost=None):
+    hw = hardware or toy_part()
+    return replay(w, hw, MODEL, config, cost=cost or one_second_cost(hw, MODEL))
+
+
+def test_exact_timeline_continuous_batching(tmp_path):
+    # A: prefill + 2 decodes, arrives at 0; B: prefill + 1 decode, arrives at 0.5 and joins at the next boundary
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), seq(4, 2)], [4, 4], arrivals=[0.0, 0.5]))
+    res = run(w, ReplayConfig(max_seqs=2))
+    assert res.timeline() == [
+        (0, "arrive", 0.0), (0, "admit", 0.0), (1, "arrive", 0.5), (0, "first_token", 1.0), (1, "admit", 1.0),
+        (1, "first_token", 2.0), (0, "finish", 3.0), (1, "finish", 3.0)]
+    m = res.metrics
+    assert (m["passes"], m["duration_s"], m["mean_ttft_ms"], m["mean_e2el_ms"]) == (3, 3.0, 1250.0, 2750.0)
+    assert m["mean_itl_ms"] == 1000.0 and m["mean_tpot_ms"] == 1000.0
+    assert m["request_throughput"] == 2 / 3 and m["output_throughput"] == 5 / 3
+
+
+def test_exact_timeline_one_sequence_at_a_time(tmp_path):
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), seq(4, 2)], [4, 4], arrivals=[0.0, 0.5]))
+    res = run(w, ReplayConfig(max_seqs=1))
+    assert res.timeline() == [
+        (0, "arrive", 0.0), (0, "admit", 0.0), (1, "arrive", 0.5), (0, "first_token", 1.0), (0, "finish", 3.0),
+        (1, "admit", 3.0), (1, "first_token", 4.0), (1, "finish", 5.0)]
+    assert res.requests["e2e_s"].tolist() == [3.0, 4.5]
+
+
+def test_token_dependent_cost_timeline(tmp_path):
+    # LinearCost: 1 s + 0.25 s per query token of the batch
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 2), seq(8, 2)], [4, 8]))
+    res = run(w, ReplayConfig(max_seqs=2), cost=LinearCost())
+    # pass 1: prefills 4 + 8 = 12 tokens -> 4 s; pass 2: two decodes -> 1.5 s
+    assert [e for e in res.timeline() if e[1] in ("first_token", "finish")] == [
+        (0, "first_token", 4.0), (1, "first_token", 4.0), (0, "finish", 5.5), (1, "finish", 5.5)]
+
+
+def test_token_cap_splits_batches(tmp_path):
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(6, 2), seq(6, 2)], [6, 6]))
+    res = run(w, ReplayConfig(max_batch_tokens=8))  # both prefills (12 tokens) do not fit one pass
+    assert [e for e in res.timeline() if e[1] == "admit"] == [(0, "admit", 0.0), (1, "admit", 1.0)]
+
+
+def test_small_pool_preempts_and_recomputes(tmp_path):
+    # prompt 14, 6 tokens: KV grows from 1 block (<= 16 tokens) to 2; a 3-block pool cannot hold both at 2
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(14, 6), seq(14, 6)], [14, 14]))
+    res = run(w, ReplayConfig(kv_capacity_bytes=3 * BLOCK_BYTES))
+    assert res.timeline() == [
+        (0, "arrive", 0.0), (1, "arrive", 0.0), (0, "admit", 0.0), (1, "admit", 0.0), (0, "first_token", 1.0),
+        (1, "first_token", 1.0), (1, "preempt", 3.0), (0, "finish", 6.0), (1, "admit", 6.0), (1, "finish", 10.0)]
+    assert res.metrics["preemptions"] == 1 and res.metrics["completed"] == 2
+    assert res.metrics["peak_kv_bytes"] == 2 * BLOCK_BYTES
+    assert res.requests["steps"].tolist() == [6, 7]  # B: 6 passes + 1 rebuild
+    out = write_simulated_trace(res, tmp_path / "sim")
+    steps = read_trace(out).steps
+    rebuild = steps[steps["note"] != ""]
+    assert len(rebuild) == 1 and rebuild.iloc[0]["query_tokens"] == 16 and rebuild.iloc[0]["start_s"] == 6.0
+
+
+def test_small_pool_queues_without_dropping(tmp_path):
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(14, 2)] * 3, [14] * 3))
+    res = run(w, ReplayConfig(kv_capacity_bytes=1 * BLOCK_BYTES))
+    assert [e for e in res.timeline() if e[1] == "finish"] == [(0, "finish", 2.0), (1, "finish", 4.0),
+                                                               (2, "finish", 6.0)]
+    assert res.metrics["completed"] == 3 and res.metrics["preemptions"] == 0
+
+
+def test_request_larger_than_pool_gets_error_row(tmp_path):
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 2), seq(40, 2), seq(4, 2)], [4, 40, 4]))
+    res = run(w, ReplayConfig(kv_capacity_bytes=2 * BLOCK_BYTES))
+    rows = res.requests
+    assert rows["status"].tolist() == ["ok", "error", "ok"]
+    assert "more than the whole pool" in rows.loc[1, "error"] and "toy-part" in rows.loc[1, "error"]
+    assert res.metrics["completed"] == 2 and res.metrics["failed"] == 1
+    trace = read_trace(write_simulated_trace(res, tmp_path / "sim"))
+    assert len(trace.requests) == 3 and trace.requests.loc[1, "status"] == "error"
+
+
+def test_pool_from_device_memory_minus_weights(tmp_path):
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(14, 6)] * 2, [14] * 2))
+    hw = toy_part(capacity_bytes=MODEL.weight_bytes + 3 * BLOCK_BYTES)
+    res = run(w, ReplayConfig(memory_utilization=1.0), hardware=hw)
+    assert res.kv_capacity_bytes == 3 * BLOCK_BYTES and res.metrics["preemptions"] == 1
+    with pytest.raises(ValueError, match="leave no room for KV"):
+        run(w, ReplayConfig(memory_utilization=1.0), hardware=toy_part(capacity_bytes=MODEL.weight_bytes))
+
+
+def test_pasta_costs_fewer_passes_than_sequential_twin(tmp_path):
+    k, length = 4, 10
+    w = load_workload(write_toy_trace(tmp_path / "t", [pasta(8, k, length), seq(8, 2 + k * length)], [8, 8]))
+    res = run(w, ReplayConfig(max_seqs=1))
+    e2e = res.requests["e2e_s"].tolist()
+    assert e2e[0] == 2 + length and e2e[1] - e2e[0] == 2 + k * length  # 12 passes, then 42 after them
+    assert res.requests["steps"].tolist() == [12, 42]
+
+
+def test_tip_holds_less_kv_than_sequential_twin(tmp_path):
+    a = run(load_workload(write_toy_trace(tmp_path / "a", [tip(8, 6, 10)], [8])))
+    b = run(load_workload(write_toy_trace(tmp_path / "b", [seq(8, 60)], [8])))
+    assert a.metrics["peak_kv_bytes"] == 2 * BLOCK_BYTES and b.metrics["peak_kv_bytes"] == 5 * BLOCK_BYTES
+    assert a.metrics["duration_s"] == b.metrics["duration_s"] == 60.0
+    steps = read_trace(write_simulated_trace(a, tmp_path / "sim")).steps
+    assert steps["evicted_tokens"].sum() == 40
+
+
+def test_planned_diffusion_round_takes_longest_span_steps(tmp_path):
+    spans = [10, 30, 20]
+    res = run(load_workload(write_toy_trace(tmp_path / "t", [planned_diffusion(8, 4, spans)], [8])))
+    assert res.metrics["duration_s"] == 4 + max(spans)  # 4 plan passes, then one pass per denoise step
+    steps = read_trace(write_simulated_trace(res, tmp_path / "sim")).steps
+    assert (steps["phase"] == "denoise").sum() == max(spans)
+    assert res.metrics["total_output_tokens"] == 4 + sum(spans)
+
+
+def test_simulated_trace_is_valid_and_says_what_it_is(small_trace, tmp_path):
+    from simulator.hardware import get_hardware
+    from simulator.models import get_model
+
+    trace = read_trace(small_trace)
+    res = replay(load_workload(small_trace), get_hardware("h100-sxm"), get_model("llama-3-8b"),
+                 ReplayConfig(rate=4.0, num_requests=7))
+    out = read_trace(write_simulated_trace(res, tmp_path / "sim"))
+    assert problems(out) == []
+    meta = out.meta
+    assert meta["kind"] == "simulated" and meta["simulation"]["hardware"] == "h100-sxm"
+    assert meta["model"]["name"] == "llama-3-8b" and meta["simulation"]["source_trace"] == str(small_trace)
+    assert meta["simulation"]["batch"]["rate"] == 4.0 and meta["simulation"]["arrival"] == "poisson"
+    q = trace.requests.set_index("request_id")["quality_score"]
+    assert out.requests["quality_score"].tolist() == [q[i % 3] for i in range(7)]  # copied, never invented
+    assert len(out.tokens) == sum(trace.requests.set_index("request_id")["output_tokens"][i % 3] for i in range(7))
+    assert json.dumps(res.metrics)  # JSON-ready
+
+
+def test_stretches_equal_pass_by_pass(monkeypatch):
+    """Planning stretches of passes gives the timeline a pass-by-pass loop gives."""
+    w = uniform(40, 30, 25)
+    from simulator.hardware import get_hardware
+    from simulator.models import get_model
+
+    def go():
+        return replay(w, get_hardware("l4"), get_model("llama-3-8b"),
+                      ReplayConfig(rate=6.0, max_seqs=8, kv_capacity_bytes=20 * 16 * get_model("llama-3-8b").kv_bytes_per_token))
+
+    fast = go()
+    monkeypatch.setattr(replay_mod, "MAX_STRETCH_PASSES", 1)
+    slow = go()
+    assert fast.metrics["preemptions"] > 0 and fast.metrics["passes"] == slow.metrics["passes"]
+    a, b = fast.timeline(), slow.timeline()
+    assert [e[:2] for e in a] == [e[:2] for e in b]  # same events in the same order
+    assert np.allclose([e[2] for e in a], [e[2] for e in b], rtol=1e-12)  # summed in another order
+    for key, v in fast.metrics.items():
+        if isinstance(v, float):
+            assert math.isclose(v, slow.metrics[key], rel_tol=1e-9), key
+
+
+def test_arrival_modes(tmp_path):
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 2)] * 4, [4] * 4))
+    closed = run(w, ReplayConfig(concurrency=1))
+    assert closed.requests["arrival_s"].tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert closed.requests["e2e_s"].tolist() == [2.0] * 4
+    burst = run(w, ReplayConfig(rate=math.inf))
+    assert burst.requests["arrival_s"].tolist() == [0.0] * 4 and burst.metrics["passes"] == 2
+    p1, p2 = run(w, ReplayConfig(rate=0.5, seed=3)), run(w, ReplayConfig(rate=0.5, seed=3))
+    assert p1.requests["arrival_s"].tolist() == p2.requests["arrival_s"].tolist()
+    assert p1.requests["arrival_s"].iloc[0] == 0.0 and p1.requests["arrival_s"].is_monotonic_increasing
+
+
+def test_sjf_lets_the_short_job_pass(tmp_path):
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 2), seq(4, 20), seq(4, 2)], [4] * 3,
+                                      arrivals=[0.0, 0.5, 0.5]))
+    fcfs = run(w, ReplayConfig(max_seqs=1))
+    sjf = run(w, ReplayConfig(max_seqs=1, scheduler="sjf"))
+    assert fcfs.requests["e2e_s"].tolist() == [2.0, 21.5, 23.5]
+    assert sjf.requests["e2e_s"].tolist() == [2.0, 23.5, 3.5]
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"rate": -1.0}, "rate must be > 0"), ({"rate": float("nan")}, "rate must be > 0"),
+    ({"concurrency": 0}, "concurrency"), ({"max_seqs": 0}, "max-seqs"), ({"max_batch_tokens": -5}, "max-batch-tokens"),
+    ({"kv_capacity_bytes": 0}, "KV capacity"), ({"memory_utilization": 0.0}, "memory utilization"),
+    ({"rate": 1.0, "concurrency": 2}, "not both"),
+])
+def test_bad_settings(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        ReplayConfig(**kwargs)
+
+
+def test_unknown_scheduler_lists_the_valid_ones():
+    with pytest.raises(KeyError, match="fcfs, sjf"):
+        ReplayConfig(scheduler="lottery")
