@@ -1,0 +1,123 @@
+"""Validation: replay a measured trace on its own hardware and model, and report the error.
+
+What: the cost model is calibrated (`simulator.calibrate.fit_cost_params_to_steps`) on the
+measured steps of half of the trace's requests (even positions) and checked on the other half:
+- `step_time_mape_percent`: mean absolute percentage error of each held-out forward pass's
+  predicted time against its measured `duration_s`;
+- `request_latency_mape_percent`: the held-out requests replayed as they were captured (`solm
+  capture` runs one request at a time: a closed loop of one client, batches of one) against their
+  measured end-to-end latency (`e2e_s`), and the same for TTFT.
+
+Two facts of the capturing runtime are mirrored, each measured on the calibration half only: the
+runtime computes logits for every query row (vLLM only for the last row of each sequence), and
+the host spends a little time between passes (the recorder's bookkeeping), added per pass.
+
+    from simulator.validation import validate
+    validate("traces/sequential-tiny")["request_latency_mape_percent"]
+
+Why "its own hardware": the trace's `meta.json` names the device; a CPU capture is the host CPU
+(`simulator.hardware.host_cpu_spec`), a GPU capture the catalog part of that name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from profiler.reader import Trace, read_trace
+from simulator.calibrate import fit_cost_params_to_steps
+from simulator.cost import CostModel
+from simulator.hardware import HARDWARE, HardwareSpec, get_hardware, host_cpu_spec
+from simulator.models import ModelSpec
+from simulator.replay import ReplayConfig, replay
+from simulator.workload import from_trace
+
+# Substrings of CUDA device names -> catalog parts, most specific first.
+_CUDA_NAMES: tuple[tuple[str, str], ...] = (
+    ("H100 PCIe", "h100-pcie"), ("H100", "h100-sxm"), ("H200", "h200"), ("B200", "b200"),
+    ("L40S", "l40s"), ("L4", "l4"), ("A100", "a100"), ("A10", "a10"), ("A40", "a40"), ("MI300X", "mi300x"),
+)
+
+
+def trace_hardware(meta: dict) -> HardwareSpec:
+    """The catalog part (or this host's CPU spec) a measured trace ran on; KeyError if none matches."""
+    device = meta.get("device") or {}
+    if device.get("type") == "cpu":
+        cores = device.get("threads") or (meta.get("host") or {}).get("cores")
+        return host_cpu_spec(int(cores) if cores else None)
+    name = str(device.get("name", ""))
+    for needle, part in _CUDA_NAMES:
+        if needle.lower() in name.lower():
+            if part == "a100":
+                part = "a100-80g" if int(device.get("memory_bytes") or 80 * 2**30) > 48 * 2**30 else "a100-40g"
+            return get_hardware(part)
+    raise KeyError(f"trace device {name!r} matches no catalog part ({', '.join(sorted(HARDWARE))}); "
+                   f"pass --hardware")
+
+
+def _step_arrays(trace: Trace, request_ids) -> np.ndarray:
+    s = trace.steps[trace.steps["request_id"].isin(request_ids) & (trace.steps["query_tokens"] > 0)]
+    return s[["query_tokens", "kv_tokens_read", "duration_s", "active_streams"]].to_numpy(float)
+
+
+def _host_gap_s(trace: Trace, request_ids) -> float:
+    """Median time between the end of one pass and the start of the next within a request."""
+    s = trace.steps[trace.steps["request_id"].isin(request_ids)].sort_values(["request_id", "step_index"])
+    end = (s["start_s"] + s["duration_s"]).to_numpy()
+    start, rid = s["start_s"].to_numpy(), s["request_id"].to_numpy()
+    same = rid[1:] == rid[:-1]
+    gaps = (start[1:] - end[:-1])[same]
+    return float(max(np.median(gaps), 0.0)) if len(gaps) else 0.0
+
+
+def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    ok = measured > 0
+    return float(np.mean(np.abs(predicted[ok] / measured[ok] - 1)) * 100) if ok.any() else float("nan")
+
+
+def validate(path: str | Path, hardware: HardwareSpec | str | None = None) -> dict:
+    """Calibrate on even requests, check on odd ones; figures as a dict (see the module doc)."""
+    trace = read_trace(path)
+    if trace.kind != "measured":
+        raise ValueError(f"{trace.path}: validate needs a measured trace, this one is {trace.kind}")
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(trace.meta)
+    model = ModelSpec.from_trace_meta(trace.meta)
+    req = trace.requests.sort_values("request_id").reset_index(drop=True)
+    usable = req[(req["status"] != "error") & (req["steps"] > 0)]
+    if len(usable) < 2:
+        raise ValueError(f"{trace.path}: validation needs at least 2 requests with forward passes "
+                         f"(one to calibrate on, one to check), found {len(usable)}")
+    calib_ids = usable["request_id"].to_numpy()[0::2]
+    check_ids = usable["request_id"].to_numpy()[1::2]
+    calib = _step_arrays(trace, calib_ids)
+    if len(calib) < 4:
+        raise ValueError(f"{trace.path}: the calibration half has {len(calib)} forward passes; need >= 4")
+    params = fit_cost_params_to_steps(hw, model, calib)
+    gap_s = _host_gap_s(trace, calib_ids)
+    cost = CostModel(hw, model, params)
+
+    check = _step_arrays(trace, check_ids)
+    predicted = np.asarray(cost.step_time_s(check[:, 0], check[:, 1], check[:, 3]), float)
+    step_mape = _mape(predicted, check[:, 2])
+
+    w = from_trace(trace)
+    w = dataclasses.replace(w, logit_tokens=w.query_tokens.copy())  # the runtime computes every row's logits
+    positions = np.flatnonzero(np.isin(w.request_ids, check_ids))
+    per_pass = dataclasses.replace(params, step_overhead_s=params.step_overhead_s + gap_s)
+    res = replay(w.take(positions), hw, model, ReplayConfig(concurrency=1, max_seqs=1, memory_utilization=1.0),
+                 cost=CostModel(hw, model, per_pass))
+    measured = req.set_index("request_id").loc[check_ids]
+    sim = res.requests
+    return {
+        "trace": str(trace.path), "system": trace.system, "hardware": hw.name, "model": model.name,
+        "calibration_requests": int(len(calib_ids)), "check_requests": int(len(check_ids)),
+        "calibration_steps": int(len(calib)), "check_steps": int(len(check)),
+        "step_time_mape_percent": step_mape,
+        "step_time_median_ape_percent": float(np.median(np.abs(predicted / check[:, 2] - 1)) * 100),
+        "request_latency_mape_percent": _mape(sim["e2e_s"].to_numpy(), measured["e2e_s"].to_numpy()),
+        "ttft_mape_percent": _mape(sim["ttft_s"].to_numpy(), measured["ttft_s"].to_numpy()),
+        "measured_e2e_s_mean": float(measured["e2e_s"].mean()), "simulated_e2e_s_mean": float(sim["e2e_s"].mean()),
+        "host_gap_s": gap_s, "step_overhead_s": float(params.step_overhead_s), "cost_params": params.source,
+    }
