@@ -1,0 +1,258 @@
+"""Sweeps: every combination of trace x hardware x model x max-seqs x arrival, and its Pareto front.
+
+What: each configuration is one replay (`simulator.replay`); its row holds the settings, the
+`vllm bench serve` metrics, the quality copied from the trace, and `pareto`: True where no other
+row is at least as good on every objective (quality up, mean E2E latency down, output throughput
+up, peak KV bytes down) and better on one. A configuration that cannot run (weights larger than
+the part's memory) is a row with its error, not a crash.
+
+How: a local process pool by default (one worker per core, workloads sent once per worker);
+`backend="ray"` runs the same chunks as Ray tasks, on an existing cluster (`address`) or on a
+local instance bound to loopback. Each finished chunk is appended to `results.jsonl` in the output
+directory at once, so an interrupted sweep keeps what it finished and a rerun with the same
+`out` skips it; `sweep.parquet` is written at the end (and on interrupt) with the Pareto marks.
+
+    from simulator.sweep import sweep
+    table = sweep(["traces/sequential-tiny"], hardware=["a100-80g", "h100-sxm"], max_seqs=[1, 8, 32],
+                  rates=[1, 10, float("inf")], out="runs/sweep1")
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simulator.hardware import get_hardware
+from simulator.models import ModelSpec, get_model
+from simulator.replay import ReplayConfig, replay
+from simulator.workload import Workload, load_workload
+
+RESULTS_JSONL = "results.jsonl"
+RESULTS_PARQUET = "sweep.parquet"
+SETTINGS = ("trace", "hardware", "model", "max_seqs", "rate", "concurrency", "max_batch_tokens", "num_requests",
+            "scheduler", "seed")
+# (column, +1 to maximise / -1 to minimise)
+OBJECTIVES: tuple[tuple[str, int], ...] = (("quality_mean", 1), ("mean_e2el_ms", -1), ("output_throughput", 1),
+                                           ("peak_kv_bytes", -1))
+
+
+def grid(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] = ("",),
+         max_seqs: Sequence[int] = (256,), rates: Sequence[float | None] = (None,),
+         concurrency: Sequence[int | None] = (None,), max_batch_tokens: int = 8192, num_requests: int | None = None,
+         scheduler: str = "fcfs", seed: int = 0) -> list[dict]:
+    """Every combination, as plain dicts (model "" = the trace's own). Bad names fail here, before any work."""
+    for h in hardware:
+        get_hardware(h)
+    for m in models:
+        if m:
+            get_model(m)
+    arrivals = [(r, None) for r in rates if r is not None] + [(None, c) for c in concurrency if c is not None]
+    arrivals = arrivals or [(None, None)]
+    configs = []
+    for t, h, m, s, (r, c) in itertools.product(traces, hardware, models, max_seqs, arrivals):
+        cfg = {"trace": str(t), "hardware": h, "model": m, "max_seqs": int(s), "rate": r, "concurrency": c,
+               "max_batch_tokens": int(max_batch_tokens), "num_requests": num_requests, "scheduler": scheduler,
+               "seed": int(seed)}
+        _replay_config(cfg)  # ValueError for a bad setting, before any work
+        configs.append(cfg)
+    return configs
+
+
+def _replay_config(cfg: dict) -> ReplayConfig:
+    return ReplayConfig(max_seqs=cfg["max_seqs"], max_batch_tokens=cfg["max_batch_tokens"],
+                        rate=None if cfg["rate"] is None else float(cfg["rate"]), concurrency=cfg["concurrency"],
+                        num_requests=cfg["num_requests"], scheduler=cfg["scheduler"], seed=cfg["seed"])
+
+
+def config_key(cfg: dict) -> str:
+    return json.dumps({k: cfg[k] for k in SETTINGS}, sort_keys=True)
+
+
+def run_one(cfg: dict, workloads: dict[str, Workload]) -> dict:
+    """One configuration's row: settings, metrics, quality from the trace, status."""
+    w = workloads[cfg["trace"]]
+    row = {**cfg, "key": config_key(cfg), "system": w.source.get("system"), "status": "ok", "error": ""}
+    try:
+        model = get_model(cfg["model"]) if cfg["model"] else ModelSpec.from_trace_meta(w.source["model"])
+        row["model"] = model.name
+        res = replay(w, get_hardware(cfg["hardware"]), model, _replay_config(cfg))
+        row.update(res.metrics)
+        row["quality_mean"] = w.quality_mean  # from the trace (NaN: not scored), never from the simulation
+    except (ValueError, KeyError) as e:
+        row.update(status="error", error=str(e.args[0] if isinstance(e, KeyError) and e.args else e))
+    return row
+
+
+def run_chunk(configs: list[dict], workloads: dict[str, Workload] | None = None) -> list[dict]:
+    return [run_one(c, workloads if workloads is not None else _WORKER_WORKLOADS) for c in configs]
+
+
+_WORKER_WORKLOADS: dict[str, Workload] = {}
+
+
+def _init_worker(workloads: dict[str, Workload]) -> None:
+    global _WORKER_WORKLOADS
+    _WORKER_WORKLOADS = workloads
+
+
+def pareto_mask(table: pd.DataFrame, objectives: Sequence[tuple[str, int]] = OBJECTIVES) -> np.ndarray:
+    """True for rows no other ok row dominates (NaN counts as worst; errors are never optimal)."""
+    ok = (table["status"] == "ok").to_numpy() if "status" in table else np.ones(len(table), bool)
+    cols = [c for c, _ in objectives if c in table]
+    x = np.stack([table[c].astype(float).to_numpy() * s for c, s in objectives if c in table], axis=1) \
+        if cols else np.zeros((len(table), 0))
+    x = np.where(np.isnan(x), -np.inf, x)[ok]
+    ge = (x[:, None, :] >= x[None, :, :]).all(-1)  # ge[i, j]: i at least as good as j everywhere
+    gt = (x[:, None, :] > x[None, :, :]).any(-1)
+    dominated = (ge & gt).any(0)
+    out = np.zeros(len(table), bool)
+    out[np.flatnonzero(ok)] = ~dominated
+    return out
+
+
+def _chunks(items: list, n: int) -> list[list]:
+    return [items[i:i + n] for i in range(0, len(items), n)]
+
+
+def _append(path: Path, rows: Iterable[dict]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, default=_jsonable) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _jsonable(x):
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    return str(x)
+
+
+def read_results(out: str | Path) -> pd.DataFrame:
+    """The rows finished so far (results.jsonl), with Pareto marks; empty if none."""
+    path = Path(out) / RESULTS_JSONL
+    if not path.exists():
+        return pd.DataFrame()
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip().endswith("}")]
+    table = pd.DataFrame(rows).drop_duplicates("key", keep="last").reset_index(drop=True) if rows else pd.DataFrame()
+    if len(table):
+        table["pareto"] = pareto_mask(table)
+    return table
+
+
+def _write_parquet(table: pd.DataFrame, out: Path) -> None:
+    if len(table):
+        tmp = out / f".{RESULTS_PARQUET}.tmp"
+        table.to_parquet(tmp, index=False)
+        os.replace(tmp, out / RESULTS_PARQUET)
+
+
+def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] = ("",),
+          max_seqs: Sequence[int] = (256,), rates: Sequence[float | None] = (None,),
+          concurrency: Sequence[int | None] = (None,), max_batch_tokens: int = 8192,
+          num_requests: int | None = None, scheduler: str = "fcfs", seed: int = 0, backend: str = "local",
+          address: str | None = None, workers: int | None = None, out: str | Path | None = None,
+          progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """Run the grid; return the table (and write it under `out`). See the module docstring."""
+    if backend not in ("local", "ray"):
+        raise ValueError(f"unknown backend {backend!r}; valid: local, ray")
+    workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    configs = grid(traces, hardware, models, max_seqs, rates, concurrency, max_batch_tokens, num_requests,
+                   scheduler, seed)
+    order = {config_key(c): i for i, c in enumerate(configs)}
+    workloads = {str(t): load_workload(t) for t in dict.fromkeys(traces)}
+    out_dir = Path(out) if out is not None else None
+    done: list[dict] = []
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        finished = read_results(out_dir)
+        keys = set(finished["key"]) if len(finished) else set()
+        done = [r for r in finished.drop(columns="pareto").to_dict("records") if r["key"] in order] if len(finished) else []
+        configs = [c for c in configs if config_key(c) not in keys]
+    total = len(configs) + len(done)
+    size = max(1, min(25, math.ceil(len(configs) / (workers * 8)))) if configs else 1
+    chunks = _chunks(configs, size)
+
+    def finished_chunk(rows: list[dict]) -> None:
+        done.extend(rows)
+        if out_dir is not None:
+            _append(out_dir / RESULTS_JSONL, rows)
+        if progress:
+            progress(len(done), total)
+
+    try:
+        if not chunks:
+            pass
+        elif backend == "ray":
+            _run_ray(chunks, workloads, address, workers, finished_chunk)
+        elif workers == 1:
+            for chunk in chunks:
+                finished_chunk(run_chunk(chunk, workloads))
+        else:
+            with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(workloads,)) as pool:
+                pending = {pool.submit(run_chunk, chunk) for chunk in chunks}
+                try:
+                    while pending:
+                        ready, pending = wait(pending, return_when=FIRST_COMPLETED)
+                        for fut in ready:
+                            finished_chunk(fut.result())
+                except BaseException:
+                    for fut in pending:
+                        fut.cancel()
+                    raise
+    finally:
+        table = _table(done, order)
+        if out_dir is not None:
+            _write_parquet(table, out_dir)
+    return table
+
+
+def _table(rows: list[dict], order: dict[str, int]) -> pd.DataFrame:
+    """Rows in grid order (whatever order they finished in), Pareto marked."""
+    if not rows:
+        return pd.DataFrame(columns=[*SETTINGS, "status", "error", "pareto"])
+    table = pd.DataFrame(rows).drop_duplicates("key", keep="last")
+    table = table.assign(_o=table["key"].map(order)).sort_values("_o", kind="stable").drop(columns="_o")
+    table = table.reset_index(drop=True)
+    table["pareto"] = pareto_mask(table)
+    return table
+
+
+def _run_ray(chunks: list[list[dict]], workloads: dict[str, Workload], address: str | None, workers: int,
+             finished_chunk: Callable[[list[dict]], None]) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--backend ray needs the ray package (pip install ray)") from None
+    started = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        else:  # a local instance bound to loopback only
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+            ray.init(include_dashboard=False, object_store_memory=100 * 1024**2, num_cpus=workers,
+                     _node_ip_address="127.0.0.1", log_to_driver=False)
+        started = True
+    try:
+        task = ray.remote(run_chunk)
+        ref = ray.put(workloads)
+        pending = [task.remote(chunk, ref) for chunk in chunks]
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for r in ready:
+                finished_chunk(ray.get(r))
+    finally:
+        if started:
+            ray.shutdown()
