@@ -1,0 +1,114 @@
+"""`solm simulate TRACE --hardware H`: replay a trace's structure on another part, model and batch settings.
+
+What: the trace's per-request forward passes (`simulator.workload`) are served by a SimPy model of
+one device (`simulator.replay`): continuous batching under `--max-seqs` / `--max-batch-tokens`, a
+paged KV pool of the part's memory minus the weights, arrivals from the trace, a Poisson `--rate`
+or a closed loop of `--concurrency` clients. Prints `vllm bench serve`-style metrics, then one
+JSON line; `--out DIR` also writes the simulated trace (format v1, kind "simulated").
+
+    solm simulate traces/sequential-tiny --hardware h100-sxm --model llama-3-8b --rate 8 --num-requests 200
+    solm simulate traces/sequential-tiny --hardware h100-sxm --set hbm_bytes_per_s=6e12 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+
+def add_batch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-batch-tokens", type=int, default=8192, help="cap on query tokens in one pass (default 8192)")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="replay this many requests, cycling through the trace's (default: the trace's count)")
+    p.add_argument("--scheduler", default="fcfs", help="batching policy: fcfs (default), sjf")
+    p.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (default 0)")
+
+
+def parse_set(items: list[str] | None) -> dict:
+    """`--set FIELD=VALUE` pairs (numbers parsed) for a hypothetical part."""
+    fields = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects FIELD=VALUE, got {item!r}")
+        try:
+            fields[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+        except ValueError:
+            fields[key.strip()] = value
+    return fields
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="replay a trace on hypothetical hardware, model and batch settings",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("trace", help="trace directory (measured or simulated)")
+    p.add_argument("--hardware", required=True, help="catalog part (solm cost --help lists them)")
+    p.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                   help="override a field of the part, e.g. hbm_bytes_per_s=6e12 (repeatable)")
+    p.add_argument("--model", default="", help="catalog model (default: the trace's own)")
+    p.add_argument("--max-seqs", type=int, default=256, help="cap on sequences in one pass (default 256)")
+    arrival = p.add_mutually_exclusive_group()
+    arrival.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (inf: all at once)")
+    arrival.add_argument("--concurrency", type=int, default=None, help="closed loop of C clients")
+    add_batch_args(p)
+    p.add_argument("--block-size", type=int, default=16, help="KV page size in tokens (default 16)")
+    p.add_argument("--memory-utilization", type=float, default=0.9,
+                   help="share of device memory for weights + KV (default 0.9, as vLLM)")
+    p.add_argument("--out", default=None, help="write the simulated trace here")
+    p.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+    p.add_argument("--json", action="store_true", help="print only the JSON line")
+
+
+def simulate(args: argparse.Namespace) -> tuple[dict, object]:
+    from simulator.hardware import get_hardware, override
+    from simulator.models import ModelSpec, get_model
+    from simulator.replay import ReplayConfig, replay
+    from simulator.simtrace import write_simulated_trace
+    from simulator.workload import from_trace
+    from profiler.reader import read_trace
+
+    fields = parse_set(args.set)
+    hardware = override(args.hardware, **fields) if fields else get_hardware(args.hardware)
+    config = ReplayConfig(max_seqs=args.max_seqs, max_batch_tokens=args.max_batch_tokens, block_size=args.block_size,
+                          memory_utilization=args.memory_utilization, rate=args.rate, concurrency=args.concurrency,
+                          num_requests=args.num_requests, scheduler=args.scheduler, seed=args.seed)
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and any(out.iterdir()) and not args.force:
+        raise FileExistsError(f"{out} exists and is not empty (choose another --out or pass --force)")
+    trace = read_trace(args.trace)
+    model = get_model(args.model) if args.model else ModelSpec.from_trace_meta(trace.meta)
+    result = replay(from_trace(trace), hardware, model, config)
+    figures = {"trace": str(trace.path), "system": trace.system, "hardware": hardware.name, "model": model.name,
+               "arrival": config.arrival, "rate": args.rate, "concurrency": args.concurrency,
+               "max_seqs": config.max_seqs, "max_batch_tokens": config.max_batch_tokens, **result.metrics}
+    if out is not None:
+        figures["out"] = str(write_simulated_trace(result, out, source=trace))
+    return figures, result
+
+
+def _ms(x) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+
+
+def run(args: argparse.Namespace) -> int:
+    figures, result = simulate(args)
+    if not args.json:
+        f = figures
+        print(f"{f['trace']}: {f['system']} replayed on {f['hardware']} with {f['model']} "
+              f"({f['arrival']} arrivals, max-seqs {f['max_seqs']}, max-batch-tokens {f['max_batch_tokens']})")
+        print(f"  requests        {f['completed']} completed, {f['failed']} failed; {f['passes']} passes, "
+              f"{f['preemptions']} preemptions; duration {f['duration_s']:.3f} s")
+        for row in result.requests[result.requests["status"] == "error"].head(3).itertuples():
+            print(f"  error           request {row.request_id}: {row.error}")
+        print(f"  throughput      {_ms(f['request_throughput'])} req/s, {_ms(f['output_throughput'])} output tokens/s")
+        for name in ("ttft", "tpot", "itl", "e2el"):
+            print(f"  {name + ' ms':15s} mean {_ms(f[f'mean_{name}_ms'])}  median {_ms(f[f'median_{name}_ms'])}  "
+                  f"p99 {_ms(f[f'p99_{name}_ms'])}")
+        print(f"  peak KV         {f['peak_kv_bytes'] / 2**20:.2f} MiB of {f['kv_capacity_bytes'] / 2**30:.2f} GiB pool")
+        print(f"  quality mean    {_ms(f['quality_mean'])} (from the source trace)")
+        if "out" in f:
+            print(f"  simulated trace {f['out']}")
+    print(json.dumps(figures))
+    return 0

@@ -1,0 +1,95 @@
+"""`solm sweep TRACE... --hardware a,b`: every combination of settings, and its Pareto front.
+
+What: trace x hardware x model x max-seqs x arrival (rates and/or concurrencies), each a replay;
+a Parquet table (`OUT/sweep.parquet`) with `pareto` marking the rows no other row beats on
+quality (from the trace), mean E2E latency, output throughput and peak KV bytes at once. Runs on
+a local process pool, or with `--backend ray` on a Ray cluster (`--address`) or a local Ray
+bound to loopback. Finished configurations are appended to `OUT/results.jsonl` as they finish:
+an interrupted sweep keeps them, and the same command resumes where it stopped.
+
+    solm sweep traces/sequential-tiny --hardware a100-80g,h100-sxm,h200 --model llama-3-8b \
+        --max-seqs 1,8,32 --rate 1,10,inf --num-requests 200 --out runs/sweep1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from solm.commands.simulate import add_batch_args
+
+
+def _list(text: str, flag: str, kind=str) -> list:
+    items = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not items:
+        raise ValueError(f"{flag} needs a comma-separated list, got {text!r}")
+    try:
+        return [kind(x) for x in items]
+    except ValueError:
+        raise ValueError(f"{flag} must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="simulate every combination of settings; Pareto front",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("traces", nargs="+", help="trace directories")
+    p.add_argument("--hardware", required=True, help="comma-separated catalog parts")
+    p.add_argument("--model", default="", help="comma-separated catalog models (default: each trace's own)")
+    p.add_argument("--max-seqs", default="256", help="comma-separated sequence caps (default 256)")
+    p.add_argument("--rate", default=None, help="comma-separated Poisson rates, requests/s (inf allowed)")
+    p.add_argument("--concurrency", default=None, help="comma-separated closed-loop client counts")
+    add_batch_args(p)
+    p.add_argument("--backend", default="local", choices=("local", "ray"), help="process pool (default) or Ray")
+    p.add_argument("--address", default=None, help="Ray cluster address (default: start a local one on loopback)")
+    p.add_argument("--workers", type=int, default=None, help="parallel workers (default: one per core)")
+    p.add_argument("--out", default=None, help="directory for results.jsonl and sweep.parquet")
+    p.add_argument("--json", action="store_true", help="print only the JSON line")
+
+
+def run(args: argparse.Namespace) -> int:
+    from simulator.sweep import sweep
+
+    models = _list(args.model, "--model") if args.model else [""]
+    rates = _list(args.rate, "--rate", float) if args.rate else []
+    conc = _list(args.concurrency, "--concurrency", int) if args.concurrency else []
+    bar = None
+
+    def progress(done: int, total: int) -> None:  # the bar appears with the first finished chunk
+        nonlocal bar
+        if bar is None:
+            from tqdm import tqdm
+
+            bar = tqdm(desc="sweep", unit="config", total=total, file=sys.stderr, leave=False)
+        bar.n = done
+        bar.refresh()
+
+    t0 = time.perf_counter()
+    try:
+        table = sweep(args.traces, _list(args.hardware, "--hardware"), models, _list(args.max_seqs, "--max-seqs", int),
+                      rates or [None], conc or [None], args.max_batch_tokens, args.num_requests, args.scheduler,
+                      args.seed, args.backend, args.address, args.workers, args.out,
+                      None if args.json else progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    wall = time.perf_counter() - t0
+    ok = table[table["status"] == "ok"] if len(table) else table
+    front = table[table["pareto"]] if len(table) else table
+    figures = {"configs": int(len(table)), "ok": int(len(ok)), "errors": int(len(table) - len(ok)),
+               "pareto": int(len(front)), "wall_s": wall, "backend": args.backend,
+               "out": f"{args.out}/sweep.parquet" if args.out else None}
+    if not args.json:
+        print(f"sweep: {figures['configs']} configurations ({figures['errors']} errors) in {wall:.1f} s on "
+              f"{args.backend}; {figures['pareto']} Pareto-optimal")
+        cols = ["trace", "hardware", "model", "max_seqs", "rate", "concurrency", "mean_e2el_ms", "output_throughput",
+                "peak_kv_bytes", "quality_mean"]
+        if len(front):
+            print(front[[c for c in cols if c in front]].to_string(index=False, max_rows=20))
+        for err in table.loc[table["status"] == "error", "error"].drop_duplicates().head(3) if len(table) else []:
+            print(f"  error: {err}")
+        if args.out:
+            print(f"  table: {figures['out']}")
+    print(json.dumps(figures))
+    return 0
