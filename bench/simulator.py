@@ -1,0 +1,119 @@
+"""Simulator benchmark: how right (validation against measured CPU traces, cost model against the
+public A100 per-op data) and how fast (a 1,000 x 500-token replay, a 1,000-configuration sweep).
+
+What it measures:
+- `request_latency_mape_percent`, `step_time_mape_percent`: `simulator.validation.validate` on
+  every measured CPU trace shipped in traces/ (mean over traces); when none is shipped yet, on a
+  small sequential capture made here (said in the output).
+- `replay_1000x500_s`: wall time of `replay` (SimPy run + metrics) of 1,000 requests x 500
+  generated tokens (100-token prompts) under continuous batching (max-seqs 256) on h100-sxm with
+  llama-3-8b, Poisson arrivals at 20 requests/s; `replay_1000x500_burst_s` with all at t = 0.
+- `sweep_1000_s`: a 1,000-configuration sweep (5 parts x 4 models x 5 max-seqs x 10 rates) of
+  one trace (cycled to 32 requests) on the local process pool, one worker per core.
+- `a100_op_mape_percent`: held-out median APE per op family of the cost model against the vidur
+  A100 profiles (`simulator.calibrate.a100_op_errors`), and its median over families.
+
+Last line: one JSON object {"bench": "simulator", ...}.
+
+    .venv/bin/python bench/simulator.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from simulator.hardware import get_hardware  # noqa: E402
+from simulator.models import get_model  # noqa: E402
+from simulator.replay import ReplayConfig, replay  # noqa: E402
+from simulator.sweep import sweep  # noqa: E402
+from simulator.validation import validate  # noqa: E402
+from simulator.workload import uniform  # noqa: E402
+
+
+def measured_cpu_traces() -> list[Path]:
+    out = []
+    for meta in sorted((ROOT / "traces").glob("*/meta.json")):
+        m = json.loads(meta.read_text())
+        if m.get("kind") == "measured" and (m.get("device") or {}).get("type") == "cpu":
+            out.append(meta.parent)
+    return out
+
+
+def capture_here(tmp: Path, n: int) -> Path:
+    out = tmp / "sequential-tiny4l"
+    cmd = [sys.executable, "-m", "solm", "capture", "--system", "sequential", "--model", "tiny-4l", "--n", str(n),
+           "--max-tokens", "48", "--out", str(out), "--json"]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
+    return out
+
+
+def time_replay(rate: float, reps: int) -> float:
+    w = uniform(1000, 100, 500)
+    hw, model = get_hardware("h100-sxm"), get_model("llama-3-8b")
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        res = replay(w, hw, model, ReplayConfig(rate=rate, max_seqs=256))
+        best = min(best, time.perf_counter() - t0)
+    assert res.metrics["completed"] == 1000 and res.metrics["total_output_tokens"] == 500_000
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    reps = 1 if args.quick else 3
+    with tempfile.TemporaryDirectory() as tmp:
+        traces = measured_cpu_traces()
+        source = "traces/"
+        if not traces:
+            traces, source = [capture_here(Path(tmp), 8 if args.quick else 16)], "captured here (no shipped CPU trace)"
+        checks = [validate(t) for t in traces]
+        for v in checks:
+            print(f"validate {v['trace']}: step MAPE {v['step_time_mape_percent']:.1f}%, request latency MAPE "
+                  f"{v['request_latency_mape_percent']:.1f}% ({v['check_requests']} held-out requests)")
+
+        replay_s = time_replay(20.0, reps)
+        burst_s = time_replay(float("inf"), reps)
+        print(f"replay 1000 x 500 tokens: {replay_s:.2f} s (Poisson 20 req/s), {burst_s:.2f} s (all at t=0)")
+
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        t0 = time.perf_counter()
+        table = sweep([str(traces[0])], hardware=["a100-80g", "h100-sxm", "h200", "l40s", "mi300x"],
+                      models=["llama-3-8b", "qwen3-4b", "gemma-7b", "llama-2-7b"], max_seqs=[1, 4, 16, 64, 256],
+                      rates=list(np.geomspace(0.5, 256, 10)), num_requests=32, workers=workers,
+                      out=Path(tmp) / "sweep")
+        sweep_s = time.perf_counter() - t0
+        print(f"sweep of {len(table)} configurations on {workers} workers: {sweep_s:.1f} s "
+              f"({int(table['pareto'].sum())} Pareto-optimal)")
+
+    from simulator.calibrate import a100_op_errors
+
+    ops = a100_op_errors()
+    print("A100 held-out median APE per op family: " + ", ".join(f"{k} {v:.1f}%" for k, v in ops.items()))
+    print(json.dumps({
+        "bench": "simulator", "quick": args.quick, "validation_traces": [str(t) for t in traces],
+        "validation_source": source,
+        "request_latency_mape_percent": float(np.mean([v["request_latency_mape_percent"] for v in checks])),
+        "step_time_mape_percent": float(np.mean([v["step_time_mape_percent"] for v in checks])),
+        "replay_1000x500_s": replay_s, "replay_1000x500_burst_s": burst_s,
+        "sweep_1000_s": sweep_s, "sweep_configs": int(len(table)), "sweep_workers": workers,
+        "a100_op_mape_percent": ops, "a100_op_mape_percent_median": float(np.median(list(ops.values()))),
+    }))
+
+
+if __name__ == "__main__":
+    main()
