@@ -1,0 +1,52 @@
+"""solm dashboard entry point: `solm dashboard DIR... [--port P]`, or directly
+`streamlit run dashboard/app.py -- DIR...` (the trace folders may also come from the environment
+variable SOLM_TRACE_DIRS, separated by the OS path separator).
+
+What: a multipage Streamlit app (Overview, Pareto, Timeline, Dependence graph, What-if, Diff)
+over the traces found in the given folders; the folders can be edited in the sidebar.
+Why thin: every page only lays out widgets; frames come from `dashboard.data`, figures from
+`dashboard.figures` (style item 14).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `streamlit run` puts only dashboard/ on the path
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from dashboard.views import _shared  # noqa: E402
+
+PAGES = [
+    ("views/overview.py", "Overview", "overview", ":material/table:"),
+    ("views/pareto.py", "Pareto", "pareto", ":material/scatter_plot:"),
+    ("views/timeline.py", "Timeline", "timeline", ":material/view_timeline:"),
+    ("views/graph.py", "Dependence graph", "graph", ":material/account_tree:"),
+    ("views/whatif.py", "What-if", "whatif", ":material/tune:"),
+    ("views/diff.py", "Diff", "diff", ":material/compare_arrows:"),
+]
+
+
+def initial_roots() -> list[str]:
+    env = os.environ.get("SOLM_TRACE_DIRS")
+    if env:
+        return [p for p in env.split(os.pathsep) if p]
+    args = [a for a in sys.argv[1:] if Path(a).is_dir()]
+    return args or [os.getcwd()]
+
+
+st.set_page_config(page_title="solm dashboard", layout="wide")
+if "roots" not in st.session_state:
+    st.session_state["roots"] = "\n".join(initial_roots())
+with st.sidebar:
+    st.text_area("Trace folders (one per line)", key="roots", height=90,
+                 help="trace directories, or folders holding traces (searched two levels deep)")
+    traces, errors = _shared.load()
+    st.caption(f"{len(traces)} trace(s) loaded" + (f", {len(errors)} unreadable" if len(errors) else ""))
+nav = st.navigation([st.Page(p, title=t, icon=i, default=(u == "overview")) for p, t, u, i in PAGES])
+nav.run()

@@ -1,0 +1,354 @@
+"""Dashboard data: pure pandas over traces (no `st.*` here; the pages cache and lay out).
+
+Every function takes traces (`profiler.reader.Trace`) or paths and returns DataFrames or plain
+dicts that `dashboard.figures` draws. Loading never fails as a whole: an unreadable or foreign
+directory becomes an error row while the other traces load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pandas as pd
+
+from profiler.diff import TraceDiff, METRICS
+from profiler.reader import Trace, TraceError, read_trace
+from profiler.summary import summarize
+
+TRACE_MARKERS = ("meta.json", "requests.parquet", "steps.parquet", "graph.json")
+COUNTER_COLUMNS = ("gpu_memory_used_bytes", "gpu_utilization_percent", "power_w", "energy_mj", "sm_clock_mhz",
+                   "temperature_c", "cpu_percent", "rss_bytes")
+
+
+# ---- finding and loading ---------------------------------------------------------------------
+def find_trace_dirs(roots: list[str | Path], depth: int = 2) -> list[Path]:
+    """Trace directories under `roots`: a root that is a trace, or folders below it (to `depth`
+    levels) that hold any trace file. Folders that only look like traces are kept so the
+    Overview can say why they do not load."""
+    found: list[Path] = []
+
+    def walk(p: Path, level: int) -> None:
+        if any((p / m).exists() for m in TRACE_MARKERS):
+            found.append(p)
+            return
+        if level >= depth:
+            return
+        try:
+            children = sorted(c for c in p.iterdir() if c.is_dir() and not c.name.startswith("."))
+        except OSError:
+            return
+        for c in children:
+            walk(c, level + 1)
+
+    for r in roots:
+        walk(Path(r), 0)
+    return list(dict.fromkeys(p.resolve() for p in found))
+
+
+def signature(paths: list[Path]) -> tuple:
+    """A cache key that changes when a trace is rewritten (paths and meta.json mtimes)."""
+    out = []
+    for p in paths:
+        try:
+            out.append((str(p), (p / "meta.json").stat().st_mtime_ns))
+        except OSError:
+            out.append((str(p), 0))
+    return tuple(out)
+
+
+def load_traces(paths: list[str | Path]) -> tuple[list[Trace], pd.DataFrame]:
+    """(traces that read, error rows `path`, `error`)."""
+    traces, errors = [], []
+    for p in paths:
+        try:
+            traces.append(read_trace(p))
+        except TraceError as e:
+            errors.append({"path": str(p), "error": str(e)})
+        except Exception as e:  # a foreign file the reader did not anticipate: still one row
+            errors.append({"path": str(p), "error": f"{type(e).__name__}: {e}"})
+    return traces, pd.DataFrame(errors, columns=["path", "error"])
+
+
+# ---- labels ----------------------------------------------------------------------------------
+def knobs_label(meta: dict) -> str:
+    knobs = meta.get("knobs") or {}
+    skip = {"temperature", "top_p", "page_size", "max_tokens"}
+    parts = [f"{k}={v}" for k, v in sorted(knobs.items()) if k not in skip and not isinstance(v, (dict, list))]
+    return ",".join(parts)
+
+
+def hardware_label(trace: Trace) -> str:
+    sim = trace.meta.get("simulation") or {}
+    hw = sim.get("hardware") if isinstance(sim, dict) else None
+    if hw:
+        return str(hw.get("name", hw)) if isinstance(hw, dict) else str(hw)
+    dev = trace.meta.get("device", {})
+    return str(dev.get("name", "?")) if isinstance(dev, dict) else str(dev)
+
+
+def trace_label(trace: Trace) -> str:
+    k = knobs_label(trace.meta)
+    return f"{trace.system}{' ' + k if k else ''} · {trace.kind} · {trace.name}"
+
+
+# ---- overview and Pareto ---------------------------------------------------------------------
+def overview_table(traces: list[Trace], errors: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for t in traces:
+        s = summarize(t)
+        rows.append({
+            "status": "ok" if t.complete else "incomplete", "trace": t.name, "kind": t.kind, "system": t.system,
+            "knobs": knobs_label(t.meta), "model": s["model"], "device": hardware_label(t),
+            "date": str(t.meta.get("created_at", ""))[:19].replace("T", " "), "requests": s["requests"],
+            "quality": s["quality_mean"], "e2e_ms_p50": None if s["e2e_s_p50"] is None else s["e2e_s_p50"] * 1e3,
+            "tokens_per_s": s["tokens_per_s"], "peak_kv_bytes": s["peak_kv_bytes"], "path": str(t.path), "error": "",
+        })
+    for e in errors.itertuples():
+        rows.append({"status": "error", "trace": Path(e.path).name, "path": e.path, "error": e.error})
+    cols = ["status", "trace", "kind", "system", "knobs", "model", "device", "date", "requests", "quality",
+            "e2e_ms_p50", "tokens_per_s", "peak_kv_bytes", "path", "error"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def pareto_points(traces: list[Trace]) -> pd.DataFrame:
+    """One point per trace: quality, latency and memory figures, labelled by system and knobs."""
+    rows = []
+    for t in traces:
+        s = summarize(t)
+        rows.append({
+            "label": trace_label(t), "trace": t.name, "path": str(t.path), "kind": t.kind, "system": t.system,
+            "knobs": knobs_label(t.meta), "hardware": hardware_label(t), "quality": s["quality_mean"],
+            "e2e_ms_mean": None if s["e2e_s_mean"] is None else s["e2e_s_mean"] * 1e3,
+            "e2e_ms_p50": None if s["e2e_s_p50"] is None else s["e2e_s_p50"] * 1e3,
+            "ttft_ms_p50": None if s["ttft_s_p50"] is None else s["ttft_s_p50"] * 1e3,
+            "tokens_per_s": s["tokens_per_s"], "peak_kv_bytes": s["peak_kv_bytes"],
+            "mean_live_kv_tokens": s["mean_live_kv_tokens"],
+        })
+    return pd.DataFrame(rows, columns=["label", "trace", "path", "kind", "system", "knobs", "hardware", "quality",
+                                       "e2e_ms_mean", "e2e_ms_p50", "ttft_ms_p50", "tokens_per_s", "peak_kv_bytes",
+                                       "mean_live_kv_tokens"])
+
+
+def pareto_front(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """Rows not dominated for lower `x` and higher `y`, sorted by `x` (NaN rows are skipped)."""
+    d = df.dropna(subset=[x, y]).sort_values([x, y], ascending=[True, False])
+    keep, best = [], -np.inf
+    for idx, yv in zip(d.index, d[y]):
+        if yv > best:
+            keep.append(idx)
+            best = yv
+    return d.loc[keep]
+
+
+# ---- one request: timeline, KV, counters, graph -----------------------------------------------
+def request_ids(trace: Trace) -> list[int]:
+    return [int(r) for r in trace.requests["request_id"].tolist()]
+
+
+def gantt_frame(trace: Trace, rid: int) -> pd.DataFrame:
+    """One row per (forward pass, stream with a query row): stream, start/end in ms, phase."""
+    s = trace.steps.loc[trace.steps["request_id"] == rid]
+    rows = []
+    for r in s.itertuples(index=False):
+        for stream in str(r.streams).split(","):
+            if stream.strip() == "":
+                continue
+            rows.append({"stream": f"stream {int(stream)}", "stream_id": int(stream), "phase": r.phase,
+                         "start_ms": r.start_s * 1e3, "duration_ms": r.duration_s * 1e3,
+                         "end_ms": (r.start_s + r.duration_s) * 1e3, "step_index": int(r.step_index),
+                         "query_tokens": int(r.query_tokens)})
+    return pd.DataFrame(rows, columns=["stream", "stream_id", "phase", "start_ms", "duration_ms", "end_ms",
+                                       "step_index", "query_tokens"])
+
+
+def kv_frame(trace: Trace, rid: int) -> pd.DataFrame:
+    """Live KV tokens and bytes held after each pass of a request, against time (ms)."""
+    s = trace.steps.loc[trace.steps["request_id"] == rid].sort_values("start_s")
+    return pd.DataFrame({"t_ms": (s["start_s"] + s["duration_s"]).to_numpy() * 1e3,
+                         "live_kv_tokens": s["live_kv_tokens"].to_numpy(),
+                         "kv_bytes_allocated": s["kv_bytes_allocated"].to_numpy(),
+                         "evicted_tokens": s["evicted_tokens"].to_numpy()})
+
+
+def counters_frame(trace: Trace, rid: int | None = None) -> pd.DataFrame:
+    """Counter samples in long form (t_ms, counter, value), within the request's window if given."""
+    c = trace.counters
+    if rid is not None and len(c):
+        s = trace.steps.loc[trace.steps["request_id"] == rid]
+        if len(s):
+            lo, hi = s["start_s"].min(), (s["start_s"] + s["duration_s"]).max()
+            pad = max(0.05, 0.1 * (hi - lo))
+            c = c.loc[(c["t_s"] >= lo - pad) & (c["t_s"] <= hi + pad)]
+    cols = [k for k in COUNTER_COLUMNS if k in c and c[k].notna().any()]
+    if not cols:
+        return pd.DataFrame(columns=["t_ms", "counter", "value"])
+    long = c.assign(t_ms=c["t_s"] * 1e3).melt(id_vars=["t_ms"], value_vars=cols, var_name="counter")
+    return long.dropna(subset=["value"]).reset_index(drop=True)
+
+
+def graph_layout(graph: dict | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Nodes (id, kind, stream, tokens, x, y) layered by dependence depth; edges as segments."""
+    node_cols = ["id", "kind", "stream", "tokens", "x", "y"]
+    edge_cols = ["source", "target", "x0", "y0", "x1", "y1"]
+    if not graph or not graph.get("nodes"):
+        return pd.DataFrame(columns=node_cols), pd.DataFrame(columns=edge_cols)
+    g = nx.node_link_graph(graph, edges="links") if "links" in graph else nx.node_link_graph(graph)
+    try:
+        layers = list(nx.topological_generations(g))
+    except nx.NetworkXUnfeasible:  # a cycle: fall back to one node per layer
+        layers = [[n] for n in g.nodes]
+    pos = {}
+    for x, layer in enumerate(layers):
+        layer = sorted(layer, key=lambda n: (g.nodes[n].get("stream", 0), str(n)))
+        for i, n in enumerate(layer):
+            pos[n] = (x, i - (len(layer) - 1) / 2)
+    nodes = pd.DataFrame([{"id": str(n), "kind": d.get("kind", "?"), "stream": d.get("stream"),
+                           "tokens": d.get("tokens", 0), "x": pos[n][0], "y": pos[n][1]}
+                          for n, d in g.nodes(data=True)], columns=node_cols)
+    edges = pd.DataFrame([{"source": str(s), "target": str(t), "x0": pos[s][0], "y0": pos[s][1],
+                           "x1": pos[t][0], "y1": pos[t][1]} for s, t in g.edges], columns=edge_cols)
+    return nodes, edges
+
+
+# ---- diff ------------------------------------------------------------------------------------
+def diff_overall_table(d: TraceDiff) -> pd.DataFrame:
+    rows = [{"metric": m, **d.overall["metrics"][m]} for m, _ in METRICS]
+    return pd.DataFrame(rows, columns=["metric", "a", "b", "delta", "ratio"])
+
+
+def diff_requests_table(d: TraceDiff) -> pd.DataFrame:
+    r = d.requests
+    out = pd.DataFrame({"a_id": r["a_id"], "b_id": r["b_id"], "e2e_ms_a": r["e2e_s_a"] * 1e3,
+                        "e2e_ms_b": r["e2e_s_b"] * 1e3, "speedup": r["speedup"], "steps_a": r["steps_a"],
+                        "steps_b": r["steps_b"], "peak_kv_bytes_a": r["peak_kv_bytes_a"],
+                        "peak_kv_bytes_b": r["peak_kv_bytes_b"], "quality_a": r["quality_score_a"],
+                        "quality_b": r["quality_score_b"]})
+    out["text_similarity"] = [d.text[int(i)]["similarity"] for i in r["a_id"]]
+    out["graph_identical"] = [d.graphs[int(i)]["identical"] for i in r["a_id"]]
+    return out
+
+
+def diff_text_ops(d: TraceDiff, a_id: int) -> pd.DataFrame:
+    return pd.DataFrame(d.text[a_id]["ops"], columns=["op", "a", "b"])
+
+
+def diff_graph_rows(d: TraceDiff, a_id: int) -> pd.DataFrame:
+    g = d.graphs[a_id]
+    rows = [{"change": "added", "chunk": n, "detail": ""} for n in g["added"]]
+    rows += [{"change": "removed", "chunk": n, "detail": ""} for n in g["removed"]]
+    rows += [{"change": "length", "chunk": c["chunk"], "detail": f"{c['a_tokens']} -> {c['b_tokens']} tokens"}
+             for c in g["changed_length"]]
+    rows += [{"change": "dependence", "chunk": c["chunk"],
+              "detail": f"{c['a_depends_on']} -> {c['b_depends_on']}"} for c in g["changed_dependence"]]
+    return pd.DataFrame(rows, columns=["change", "chunk", "detail"])
+
+
+def json_cell(x) -> str:
+    return json.dumps(x, default=str)
+
+
+# ---- what-if ---------------------------------------------------------------------------------
+def whatif_recost(trace: Trace, hardware: str, model: str | None = None) -> pd.DataFrame:
+    """Every forward pass of `trace` re-costed on `hardware` (and `model`, default the trace's),
+    keeping its structure: requests one after another as captured, no batching across requests.
+    The What-if page uses it where the SimPy replay is not available. Per request: e2e, ttft."""
+    from simulator.cost import CostModel
+    from simulator.hardware import get_hardware
+    from simulator.models import ModelSpec, get_model
+
+    spec = get_model(model) if model else ModelSpec.from_trace_meta(trace.meta)
+    cm = CostModel(get_hardware(hardware), spec)
+    s = trace.steps.sort_values(["request_id", "step_index"])
+    q = s["query_tokens"].clip(lower=1).to_numpy(dtype=float)
+    groups = np.minimum(s["active_streams"].clip(lower=1).to_numpy(dtype=float), q)
+    kv = np.maximum(s["kv_tokens_read"].to_numpy(dtype=float), q)
+    dur = np.asarray(cm.step_time_s(q, kv, groups), dtype=float) if len(s) else np.zeros(0)
+    per = pd.DataFrame({"request_id": s["request_id"].to_numpy(), "duration_s": dur,
+                        "emitted": s["emitted_tokens"].to_numpy()})
+    agg = per.groupby("request_id").agg(e2e_s=("duration_s", "sum"))
+    first = per.groupby("request_id")["duration_s"].first().rename("ttft_s")
+    req = trace.requests.set_index("request_id")
+    out = agg.join(first).reindex(req.index)
+    out["quality_score"] = req["quality_score"]
+    out["output_tokens"] = req["output_tokens"]
+    out["peak_kv_bytes"] = req["peak_live_kv_tokens"] * spec.kv_bytes_per_token
+    return out.reset_index()
+
+
+def replay_available() -> bool:
+    """Whether this build has the simulator's SimPy replay (`simulator.replay` and its result)."""
+    try:
+        import simulator.replay  # noqa: F401
+        import simulator.simtrace  # noqa: F401
+        from simulator.workload import from_trace  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def whatif_point(trace: Trace, reqs: pd.DataFrame, hardware: str, model: str | None, label: str) -> dict:
+    """One Pareto point of a what-if result (same columns as `pareto_points`)."""
+    q = reqs["quality_score"].dropna()
+    if q.empty:  # a structure replay has no quality of its own: the source trace's
+        q = trace.requests["quality_score"].dropna()
+    e2e = reqs["e2e_s"].dropna()
+    tokens = reqs["output_tokens"].sum()
+    return {
+        "label": label, "trace": trace.name, "path": str(trace.path), "kind": "simulated", "system": trace.system,
+        "knobs": knobs_label(trace.meta), "hardware": hardware, "quality": float(q.mean()) if len(q) else None,
+        "e2e_ms_mean": float(e2e.mean() * 1e3) if len(e2e) else None,
+        "e2e_ms_p50": float(e2e.median() * 1e3) if len(e2e) else None,
+        "ttft_ms_p50": float(reqs["ttft_s"].median() * 1e3) if len(reqs) else None,
+        "tokens_per_s": float(tokens / e2e.sum()) if e2e.sum() > 0 else None,
+        "peak_kv_bytes": float(reqs["peak_kv_bytes"].max()) if len(reqs) else None,
+        "mean_live_kv_tokens": None,
+    }
+
+
+def whatif_run(trace: Trace, hardware: str, model: str | None, max_seqs: int, max_batch_tokens: int,
+               rate: float | None) -> dict:
+    """Simulate `trace` under the settings: the SimPy replay where it is available (batching across
+    requests, arrivals at `rate` requests/s or the trace's own times, the KV pool), else every pass
+    re-costed in place. Returns requests (request_id, e2e_s, ttft_s, ...), metrics and which engine."""
+    label = f"{trace.system} on {hardware}" + (f" ({model})" if model else "")
+    if replay_available():
+        from simulator.hardware import get_hardware
+        from simulator.models import ModelSpec, get_model
+        from simulator.replay import ReplayConfig, replay
+        from simulator.workload import from_trace
+
+        spec = get_model(model) if model else ModelSpec.from_trace_meta(trace.meta)
+        cfg = ReplayConfig(max_seqs=int(max_seqs), max_batch_tokens=int(max_batch_tokens), rate=rate)
+        result = replay(from_trace(trace), get_hardware(hardware), spec, cfg)
+        reqs = _replay_requests(result, trace)
+        metrics = {k: v for k, v in dict(getattr(result, "metrics", {}) or {}).items()
+                   if isinstance(v, (int, float, str)) or v is None}
+        engine = "SimPy replay (continuous batching)"
+    else:
+        reqs = whatif_recost(trace, hardware, model)
+        metrics = {"mean_e2el_ms": float(reqs["e2e_s"].mean() * 1e3), "mean_ttft_ms": float(reqs["ttft_s"].mean() * 1e3)}
+        engine = "cost model per pass (replay not available: batch settings and rate not applied)"
+    return {"requests": reqs, "point": whatif_point(trace, reqs, hardware, model, label), "metrics": metrics,
+            "engine": engine}
+
+
+def _replay_requests(result, trace: Trace) -> pd.DataFrame:
+    """Per-request rows of a replay result, in the columns `whatif_point` reads."""
+    table = getattr(result, "requests", None)
+    if table is None and hasattr(result, "tables"):
+        table = result.tables.get("requests")
+    if table is not None and hasattr(table, "to_pandas"):
+        table = table.to_pandas()
+    if table is None:
+        raise ValueError("the replay result has no per-request table")
+    df = pd.DataFrame(table).copy()
+    src = trace.requests.set_index("request_id")
+    for col in ("quality_score", "output_tokens"):
+        if col not in df:
+            df[col] = df["request_id"].map(src[col]) if "request_id" in df else np.nan
+    if "peak_kv_bytes" not in df:
+        df["peak_kv_bytes"] = np.nan
+    return df

@@ -1,0 +1,21 @@
+"""A folder of traces for the dashboard tests: measured sequential and PASTA-shaped, a simulated one,
+and one corrupt trace that must show as an error row while the others load."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.dashboard.traces import make_trace
+
+
+@pytest.fixture(scope="session")
+def trace_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dash")
+    make_trace(root / "seq", e2e_s=[0.4, 0.6, 0.5], passes=12, quality=0.6, counters="nvml")
+    make_trace(root / "pasta", e2e_s=[0.2, 0.3, 0.2], threads=[2, 2, 1], system="pasta", passes=4, quality=0.55)
+    make_trace(root / "sim" / "seq-h100", e2e_s=[0.01, 0.02, 0.01], kind="simulated", passes=12, quality=0.6,
+               counters=None)
+    bad = root / "broken"
+    bad.mkdir()
+    (bad / "meta.json").write_text('{"schema_version": 1, "kind": "measured"')  # cut short
+    return root
