@@ -1,3 +1,3 @@
 """One module per `solm` subcommand, each with `add_parser(subparsers)` and `run(args) -> int`."""
 
-COMMANDS = ("capture", "inspect", "train", "cost", "simulate", "validate", "sweep")
+COMMANDS = ("capture", "inspect", "train", "cost", "diff", "export", "dashboard", "simulate", "validate", "sweep")

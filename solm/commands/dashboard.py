@@ -1,0 +1,58 @@
+"""`solm dashboard [DIR...] [--port P]`: the Streamlit dashboard over trace directories.
+
+What: starts `streamlit run dashboard/app.py` (headless, no usage statistics) on 127.0.0.1 by
+default; the directories (traces, or folders holding traces, searched two levels deep) are
+passed to the app. Pages: Overview, Pareto, Timeline, Dependence graph, What-if, Diff.
+Why: measured and simulated trade-offs side by side in a browser.
+
+    solm dashboard traces/ runs/sim --port 8501     # then open http://127.0.0.1:8501
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dashboard", help="open the Streamlit dashboard on trace directories",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("dirs", nargs="*", metavar="DIR", default=[], help="trace directories or folders of traces "
+                   "(default: the current directory)")
+    p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    p.add_argument("--address", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine only)")
+    p.add_argument("--dry-run", action="store_true", help="print the streamlit command line and exit")
+
+
+def command(dirs: list[str], port: int, address: str = "127.0.0.1") -> list[str]:
+    return [sys.executable, "-m", "streamlit", "run", str(APP),
+            "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            "--server.address", address, "--server.port", str(port), "--", *dirs]
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port {args.port} is not a port (1..65535)")
+    dirs = [str(Path(d).resolve()) for d in (args.dirs or ["."])]
+    missing = [d for d in dirs if not Path(d).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"{missing[0]}: no such directory (pass trace directories or folders of traces)")
+    try:
+        import streamlit  # noqa: F401
+    except ModuleNotFoundError:
+        raise ValueError("streamlit is not installed in this environment (make venv installs it)") from None
+    cmd = command(dirs, args.port, args.address)
+    url = f"http://{args.address}:{args.port}"
+    print(json.dumps({"url": url, "dirs": dirs, "command": cmd}) if args.dry_run else f"serving {len(dirs)} "
+          f"folder(s) at {url} (Ctrl-C stops)", flush=True)
+    if args.dry_run:
+        return 0
+    # the folders also go in the environment, which the app reads first (a stale SOLM_TRACE_DIRS
+    # in the user's shell must not win over the folders given here)
+    return subprocess.call(cmd, env={**os.environ, "SOLM_TRACE_DIRS": os.pathsep.join(dirs)})
