@@ -23,6 +23,7 @@ SimPy as its examples are written (carwash.py): `Device` owns the `Resource`; `a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -382,6 +383,11 @@ def replay(workload: Workload, hardware: HardwareSpec, model: ModelSpec, config:
 
     config = config or ReplayConfig()
     if config.num_requests is not None and config.num_requests != workload.n_requests:
-        workload = workload.take(np.arange(config.num_requests) % workload.n_requests)
+        n, r = config.num_requests, workload.n_requests
+        workload = workload.take(np.arange(n) % r)
+        if config.arrival == "trace" and n > r:  # the trace's arrival pattern, repeated one period later each time
+            last = float(workload.arrival_s[:r].max())
+            period = last + (last / (r - 1) if r > 1 else 0.0)
+            workload = dataclasses.replace(workload, arrival_s=workload.arrival_s + (np.arange(n) // r) * period)
     cost = cost if cost is not None else CostModel(hardware, model)
     return collect(Replay(workload, cost, model, hardware, config).run())

@@ -182,6 +182,9 @@ def test_arrival_modes(tmp_path):
     assert closed.requests["e2e_s"].tolist() == [2.0] * 4
     burst = run(w, ReplayConfig(rate=math.inf))
     assert burst.requests["arrival_s"].tolist() == [0.0] * 4 and burst.metrics["passes"] == 2
+    cycled = run(load_workload(write_toy_trace(tmp_path / "c", [seq(4, 2)] * 3, [4] * 3, arrivals=[0.0, 1.0, 2.0])),
+                 ReplayConfig(num_requests=7))
+    assert cycled.requests["arrival_s"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]  # the pattern, repeated
     p1, p2 = run(w, ReplayConfig(rate=0.5, seed=3)), run(w, ReplayConfig(rate=0.5, seed=3))
     assert p1.requests["arrival_s"].tolist() == p2.requests["arrival_s"].tolist()
     assert p1.requests["arrival_s"].iloc[0] == 0.0 and p1.requests["arrival_s"].is_monotonic_increasing
