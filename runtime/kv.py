@@ -156,13 +156,17 @@ class PagedKVStore:
     # ----------------------------------------------------------------- read / write
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v: (N, Hkv, D) for N tokens at `slots` (N,) in `layer`."""
-        pages = (slots // self.page_size).tolist()
-        offs = (slots % self.page_size).tolist()
-        for i, (p, o) in enumerate(zip(pages, offs)):
+        pages = slots // self.page_size
+        offs = slots % self.page_size
+        k, v = k.to(self.layout.dtype).transpose(0, 1), v.to(self.layout.dtype).transpose(0, 1)  # (Hkv, N, D)
+        for p in pages.unique().tolist():  # one indexed copy per page, not per token
             if p not in self._k:
-                raise KeyError(f"slot {int(slots[i])} is not allocated (page {p} is free)")
-            self._k[p][layer, :, o] = k[i].to(self.layout.dtype)
-            self._v[p][layer, :, o] = v[i].to(self.layout.dtype)
+                bad = int(slots[pages == p][0])
+                raise KeyError(f"slot {bad} is not allocated (page {p} is free)")
+            sel = (pages == p).nonzero().flatten()
+            o = offs[sel]
+            self._k[p][layer][:, o] = k[:, sel]
+            self._v[p][layer][:, o] = v[:, sel]
 
     def gather_pages(self, pages: list[int], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of `pages` in `layer`, concatenated: each (Hkv, len(pages)*P, D)."""
