@@ -1,0 +1,259 @@
+"""What the diffusion engines and the Planned Diffusion training recipe share: the laid-out sequence,
+the hybrid attention pattern over it, and the per-span unmasking rule.
+
+**The hybrid attention pattern** (`hybrid_mask`) is the one definition of who sees whom. Training
+builds its (T, T) mask with it; the engines ask it for the rows of each forward pass and map its
+columns to KV slots, so the model is run with exactly the visibility it was trained under
+(tests/runtime/test_pd_mask.py checks the two agree token for token). A sequence is a list of
+segments: `ar` (prompt, plan entries, free text), `sync` (a `<sync/>` token) and `span`
+(`<async>` + span tokens + `</async>`). Consecutive spans form a *round*. Then, after the official
+code's training masks (planned-diffusion/planned-diffusion, train/attention_mask_v2.py and _v3.py):
+
+- an `ar`/`sync` token sees every earlier `ar`/`sync` token (causal) and a span only once a
+  `<sync/>` at or before it follows that span;
+- a span token sees its whole span (bidirectional) and everything before its round;
+- sibling spans of the round are blind to each other (PD-SA, `block_sparse=True`) or see each
+  other fully (PD, `block_sparse=False`).
+
+Positions are plain: a token's position id is its index in the laid-out sequence.
+
+**Unmasking** (`unmask`): per span and step, the masked positions' predictions are ranked by the
+unmasking order (`max_prob`, `entropy`: negative entropy, `margin`: top-1 minus top-2
+probability) and the top k are committed, k from the schedule of the official `block_unmask`
+(timesteps linspace(1, eps, steps + 1); k = max(1, floor(masks_left x (1 - s/t))), everything on
+the last step). With steps = longest span (steps_ratio 1.0) every span commits one token a step
+and finishes at the step equal to its length. With a confidence threshold (Fast-dLLM style), k
+is also at least the number of predictions whose probability reaches the threshold.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from runtime.kv import PagedKVStore
+from runtime.model import TinyLM
+from runtime.sampling import Sampler
+
+SEG_KINDS = ("ar", "sync", "span")
+ORDERS = ("max_prob", "entropy", "margin")
+EPS = 1e-3  # smallest timestep of the schedule (official default)
+
+
+@dataclass(frozen=True)
+class Seg:
+    kind: str  # ar, sync, span
+    length: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in SEG_KINDS:
+            raise ValueError(f"segment kind must be one of {SEG_KINDS}, got {self.kind!r}")
+        if self.length < 1:
+            raise ValueError(f"segment length must be >= 1, got {self.length}")
+
+
+def token_roles(segs: list[Seg]) -> dict[str, torch.Tensor]:
+    """Per-token arrays (T,): is_span, span id (-1 for AR), round id (-1 for AR), start of the
+    token's round, and `reveal`: index of the first `<sync/>` after a span (T when none).
+    Worked out per segment (a handful), then spread over tokens."""
+    starts, span, rnd, rstart = [], [], [], []
+    t = n_span = n_round = 0
+    prev = ""
+    for s in segs:
+        starts.append(t)
+        if s.kind == "span":
+            if prev != "span":
+                n_round += 1
+                cur_start = t
+            n_span += 1
+        span.append(n_span - 1 if s.kind == "span" else -1)
+        rnd.append(n_round - 1 if s.kind == "span" else -1)
+        rstart.append(cur_start if s.kind == "span" else 0)
+        t, prev = t + s.length, s.kind
+    reveal, nxt = [t] * len(segs), t
+    for i in range(len(segs) - 1, -1, -1):
+        reveal[i] = nxt
+        if segs[i].kind == "sync":
+            nxt = starts[i]
+    lengths = torch.tensor([s.length for s in segs])
+    spread = lambda xs: torch.tensor(xs, dtype=torch.long).repeat_interleave(lengths)  # noqa: E731
+    return {"is_span": spread(span) >= 0, "span": spread(span), "round": spread(rnd), "round_start": spread(rstart),
+            "reveal": spread(reveal)}
+
+
+def hybrid_mask(segs: list[Seg], block_sparse: bool = True, rows: list[int] | torch.Tensor | None = None) -> torch.Tensor:
+    """Bool (R, T): row r (token `rows[r]`, default every token) may attend to column k."""
+    roles = token_roles(segs)
+    T = roles["is_span"].shape[0]
+    q = torch.arange(T) if rows is None else torch.as_tensor(rows, dtype=torch.long)
+    k = torch.arange(T)[None, :]  # (1, T)
+    qc = q[:, None]  # (R, 1)
+    is_span, span, rnd = roles["is_span"], roles["span"], roles["round"]
+    ar_vis = (k <= qc) & (~is_span[None, :] | (roles["reveal"][None, :] <= qc))
+    span_vis = (k < roles["round_start"][q][:, None]) | (span[None, :] == span[q][:, None])
+    if not block_sparse:
+        span_vis = span_vis | (is_span[None, :] & (rnd[None, :] == rnd[q][:, None]))
+    return torch.where(is_span[q][:, None], span_vis, ar_vis)
+
+
+class Layout:
+    """The laid-out sequence of one request: token ids, segments, and the KV slot of each token.
+
+    `forward(rows)` runs the model on those tokens (at their plain positions), writing their K/V
+    into their slots (again, for span tokens: a slot is rewritten each denoising step) and
+    letting each row see the slots `hybrid_mask` allows."""
+
+    def __init__(self, model: TinyLM, kv: PagedKVStore, block_sparse: bool = True) -> None:
+        self.model, self.kv, self.block_sparse = model, kv, block_sparse
+        self.ids: list[int] = []
+        self.segs: list[Seg] = []
+        self.slots: list[int] = []
+        self.device = model.embed.weight.device
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def append(self, kind: str, ids: list[int]) -> range:
+        """Add tokens as a new segment (an `ar` run right after another `ar` run is merged)."""
+        if not ids:
+            return range(len(self.ids), len(self.ids))
+        if len(self.ids) + len(ids) > self.model.cfg.max_positions:
+            raise ValueError(f"sequence of {len(self.ids) + len(ids)} tokens exceeds the model's "
+                             f"{self.model.cfg.max_positions} positions")
+        start = len(self.ids)
+        if kind == "ar" and self.segs and self.segs[-1].kind == "ar":
+            self.segs[-1] = Seg("ar", self.segs[-1].length + len(ids))
+        else:
+            self.segs.append(Seg(kind, len(ids)))
+        self.ids += ids
+        self.slots += self.kv.allocate(len(ids))
+        return range(start, len(self.ids))
+
+    def forward(self, rows: list[int]) -> tuple[torch.Tensor, int]:
+        """Logits (R, V) for `rows` and the KV tokens they read (sum over rows of visible slots)."""
+        vis = hybrid_mask(self.segs, self.block_sparse, rows)  # (R, T)
+        slot_t = torch.tensor(self.slots, dtype=torch.long)
+        vis_slots = torch.zeros((len(rows), self.kv.num_slots), dtype=torch.bool)
+        vis_slots[:, slot_t] = vis
+        tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
+        logits = self.model(tensor([self.ids[r] for r in rows]), tensor(rows), tensor([self.slots[r] for r in rows]),
+                            vis_slots.to(self.device), self.kv)
+        return logits, int(vis.sum())
+
+
+def steps_for(longest: int, steps_ratio: float) -> int:
+    return max(1, int(round(longest * steps_ratio)))
+
+
+def scheduled(masks_left: int, i: int, steps: int) -> int:
+    """Tokens a span commits at step i of `steps` (the official block_unmask schedule)."""
+    if i >= steps - 1:
+        return masks_left
+    t = 1 - i * (1 - EPS) / steps
+    s = 1 - (i + 1) * (1 - EPS) / steps
+    return min(masks_left, max(1, int(masks_left * (1 - s / t))))
+
+
+def order_scores(probs: torch.Tensor, chosen: torch.Tensor, order: str) -> torch.Tensor:
+    """Higher = unmask first. probs (R, V), chosen (R,) -> (R,)."""
+    if order == "max_prob":
+        return probs.gather(-1, chosen[:, None])[:, 0]
+    if order == "entropy":
+        return (probs * torch.log(probs + 1e-10)).sum(-1)
+    if order == "margin":
+        top2 = probs.topk(2, dim=-1).values
+        return top2[:, 0] - top2[:, 1]
+    raise ValueError(f"unmasking order must be one of {ORDERS}, got {order!r}")
+
+
+def unmask(logits: torch.Tensor, sampler: Sampler, order: str, k: int, threshold: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One span's step. logits (R, V) at its masked positions -> (token ids (R,), commit (R,) bool)."""
+    logits = logits.float().cpu()
+    probs = logits.softmax(-1)
+    chosen = sampler(logits)  # (R,)
+    if threshold:
+        confident = int((probs.gather(-1, chosen[:, None])[:, 0] >= threshold).sum())
+        k = max(k, confident)
+    k = max(1, min(k, logits.shape[0]))
+    commit = torch.zeros(logits.shape[0], dtype=torch.bool)
+    commit[order_scores(probs, chosen, order).topk(k).indices] = True
+    return chosen, commit
+
+
+def check_knobs(steps_ratio: float, order: str, threshold: float | None, length_scale: float) -> None:
+    if not steps_ratio > 0 or math.isinf(steps_ratio):
+        raise ValueError(f"steps_ratio must be > 0, got {steps_ratio}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"confidence_threshold must be in [0, 1] (or null for none), got {threshold}")
+    if not length_scale > 0:
+        raise ValueError(f"length_scale must be > 0, got {length_scale}")
+
+
+@dataclass
+class SpanState:
+    """One span being denoised: its stream id, its rows in the layout (tags included), the rows
+    still masked, and for each unmasked row the denoising step (0-based, within the round)."""
+
+    sid: int
+    rows: range
+    masked: list[int]
+    unmasked_at: dict[int, int]
+    finished_at: int = -1  # denoising steps the span took (1-based); -1 while active
+    fresh: list[int] | None = None  # rows whose K/V are stale (committed in the last step); None = all
+
+    def rows_to_compute(self, cache_committed: bool) -> list[int]:
+        if not cache_committed or self.fresh is None:
+            return list(self.rows)
+        return sorted({*self.masked, *self.fresh})
+
+    @property
+    def length(self) -> int:
+        return len(self.rows) - 2
+
+
+def scaffold(lay: Layout, sid: int, length: int, tag_ids: tuple[int, int], mask_id: int) -> SpanState:
+    rows = lay.append("span", [tag_ids[0], *[mask_id] * length, tag_ids[1]])
+    return SpanState(sid, rows, list(rows[1:-1]), {})
+
+
+def denoise(lay: Layout, spans: list[SpanState], steps: int, sample: Sampler, order: str, threshold: float | None,
+            refresh: list[int], recompute_all: bool = False, cache_committed: bool = False):
+    """Denoise `spans` together, one forward pass per step over every active span (plus `refresh`
+    rows: spans finished in the step before, whose K/V still hold a [MASK]). Yields one dict per
+    pass; returns the rows left to refresh (spans that finished in the last pass).
+
+    `cache_committed` (an approximation, in the spirit of Fast-dLLM's cache): a committed token is
+    recomputed once with its final id, then its K/V are kept while the rest of its span changes;
+    each pass computes only masked rows and rows committed in the pass before."""
+    i = 0
+    while any(s.masked for s in spans):
+        active = [s for s in spans if s.masked]
+        rows = list(range(len(lay))) if recompute_all else \
+            sorted({*refresh, *(r for s in active for r in s.rows_to_compute(cache_committed))})
+        logits, read = lay.forward(rows)
+        at = {r: j for j, r in enumerate(rows)}
+        refresh, emitted, unmasked = [], [], {}
+        for s in active:
+            ids, commit = unmask(logits[[at[p] for p in s.masked]], sample, order, scheduled(len(s.masked), i, steps), threshold)
+            keep, s.fresh = [], []
+            for p, t, c in zip(s.masked, ids.tolist(), commit.tolist()):
+                if c:
+                    lay.ids[p] = t
+                    s.unmasked_at[p] = i
+                    emitted.append(t)
+                    s.fresh.append(p)
+                else:
+                    keep.append(p)
+            unmasked[s.sid] = len(s.masked) - len(keep)
+            s.masked = keep
+            if not keep:
+                s.finished_at = i + 1
+                refresh += s.fresh if cache_committed else list(s.rows)
+        yield {"i": i, "rows": len(rows), "kv_read": read, "streams": tuple(s.sid for s in active), "emitted": tuple(emitted),
+               "masks_left": {s.sid: len(s.masked) for s in active}, "unmasked": unmasked}
+        i += 1
+    return refresh

@@ -1,0 +1,136 @@
+"""Planned Diffusion and plain masked diffusion engines on tiny random models; the hybrid training
+sequences."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from runtime.engines.base import GenerationConfig, Request
+from runtime.engines.diffusion_common import scheduled, steps_for
+from runtime.engines.masked_diffusion import MaskedDiffusionEngine
+from runtime.engines.planned_diffusion import PlannedDiffusionEngine
+from runtime.lang.planned_diffusion import annotate, entry_text
+from runtime.train.planned_diffusion import RECIPE, hybrid_seq, lay_out, prefix_ids
+from runtime.train.sft import IGNORE
+
+PLAN = entry_text("a", 1) + entry_text("b", 2) + "<sync/>xy<eos>"
+
+
+def pd(tok, model, max_tokens=64, **kw):
+    return PlannedDiffusionEngine(model, tok, GenerationConfig(max_tokens=max_tokens), **kw)
+
+
+def test_schedule_one_token_a_step_at_ratio_one():
+    for L in (1, 7, 30):
+        steps = steps_for(L, 1.0)
+        left = L
+        for i in range(steps):
+            left -= scheduled(left, i, steps)
+            assert left == L - i - 1
+    assert scheduled(5, 9, 10) == 5  # the last step commits everything
+
+
+def test_spans_finish_at_their_length_and_trace(tok, tiny_model):
+    eng = pd(tok, tiny_model, forced_plan=PLAN, length_scale=5)
+    gen = eng.run(Request(0, "hi"))
+    steps = []
+    while True:
+        try:
+            steps.append(next(gen))
+        except StopIteration as stop:
+            c = stop.value
+            break
+    rnd = [e for e in c.events if e["event"] == "round"]
+    assert rnd[0]["span_lengths"] == [5, 10] and rnd[0]["finished_at"] == [5, 10] and rnd[0]["end"] == "sync"
+    assert c.events[-1]["spans_finish_at_length"] is True
+    denoise = [s for s in steps if s.phase == "denoise"]
+    assert len(denoise) == 10 and {s.phase for s in steps} == {"prefill", "plan", "denoise", "sync"}
+    left = [json.loads(s.note)["masks_left"] for s in denoise]
+    assert left[0] == {"1": 4, "2": 9} and left[4] == {"1": 0, "2": 5} and left[-1] == {"2": 0}
+    assert denoise[5].streams == (2,)  # span 1 left the passes
+    span2 = [t for t in c.tokens if t.stream == 2 and t.kind != "tag"]
+    assert sorted(t.step_index for t in span2) == [d.step_index for d in denoise]  # one token per step
+    assert c.text.endswith("xy") and c.status == "ok"
+    kinds = {t.kind for t in c.tokens}
+    assert {"plan", "tag"} <= kinds and kinds <= {"plan", "tag", "content", "pad"}
+    assert any(n["kind"] == "span" and n["finished_at_step"] == 10 for n in c.graph["nodes"])
+
+
+def test_threshold_and_ratio_cut_steps(tok, tiny_model):
+    base = pd(tok, tiny_model, forced_plan=PLAN, length_scale=8).generate(Request(0, "hi"))
+    half = pd(tok, tiny_model, forced_plan=PLAN, length_scale=8, steps_ratio=0.5).generate(Request(0, "hi"))
+    keen = pd(tok, tiny_model, forced_plan=PLAN, length_scale=8, confidence_threshold=1e-9).generate(Request(0, "hi"))
+    passes = [next(e for e in c.events if e["event"] == "pd")["denoise_passes"] for c in (base, half, keen)]
+    assert passes == [16, 8, 1]
+    assert next(e for e in half.events if e["event"] == "pd")["spans_finish_at_length"] is False
+
+
+def test_guards_bound_a_random_model(tok, tiny_model):
+    c = pd(tok, tiny_model, max_tokens=30).generate(Request(0, "hello"))
+    assert c.status == "truncated" and sum(t.stream == 0 for t in c.tokens) <= 30
+    c = pd(tok, tiny_model, forced_plan=entry_text("a", 1) + "<sync/>" + entry_text("b", 1) + "<sync/>",
+           length_scale=2, max_rounds=1).generate(Request(0, "x"))
+    assert c.stop_reason == "max_rounds" and len([e for e in c.events if e["event"] == "round"]) == 1
+    with pytest.raises(ValueError, match="order"):
+        pd(tok, tiny_model, order="random")
+    with pytest.raises(ValueError, match="steps_ratio"):
+        pd(tok, tiny_model, steps_ratio=0)
+
+
+def test_masked_diffusion_fixed_steps(tok, tiny_model):
+    c = MaskedDiffusionEngine(tiny_model, tok, length=12, steps=4).generate(Request(0, "hi"))
+    assert c.steps == 4 and len(c.output_ids) == 14 and c.events[0]["finished_at"] == 4
+    c = MaskedDiffusionEngine(tiny_model, tok, length=6).generate(Request(0, "hi"))
+    assert c.steps == 6
+    c = MaskedDiffusionEngine(tiny_model, tok, length=6, confidence_threshold=1e-9).generate(Request(0, "hi"))
+    assert c.steps == 1
+
+
+def test_hybrid_training_sequence(tok):
+    meta = {"parts": ["ab\n", "cde\n"], "topics": ["a", "c"], "closing": "z"}
+    ids, segs = lay_out(tok, "p", annotate(meta, tok))
+    n = len(prefix_ids(tok, "p"))
+    seq = hybrid_seq(tok, ids, segs, n, random.Random(3))
+    kinds = [s.kind for s in segs for _ in range(s.length)]
+    topic_end = max(i for i, t in enumerate(ids) if t == tok.token_id("</topic>"))
+    assert seq.targets[topic_end] == tok.token_id("<sync/>")  # the plan's last token predicts the end, after the spans
+    assert seq.targets[n - 2] == IGNORE and seq.targets[n - 1] == tok.token_id("<promise>")
+    tags = {tok.token_id("<async>"), tok.token_id("</async>")}
+    for i, k in enumerate(kinds):
+        if k == "span" and ids[i] in tags:
+            assert seq.ids[i] == ids[i] and seq.targets[i] == IGNORE and seq.weights[i] == 0
+        elif k == "span" and seq.ids[i] == tok.token_id("[MASK]"):
+            assert seq.targets[i] == ids[i] and seq.weights[i] >= 1.0
+    assert seq.mask.shape == (len(ids), len(ids))
+
+
+def test_recipe_mixture_builds(tok):
+    from runtime.tasks import Example
+
+    ex = Example("facts: ab,cd", "ab up AB rev ba len 2\ncd up CD rev dc len 2\nini AC",
+                 {"parts": ["ab up AB rev ba len 2\n", "cd up CD rev dc len 2\n"], "topics": ["a", "c"], "closing": "ini AC"})
+    rng = random.Random(0)
+    pd_seq = RECIPE.make_seq(tok, ex, rng, "pd")
+    mdm_seq = RECIPE.make_seq(tok, ex, rng, "mdm")
+    assert tok.token_id("<promise>") in pd_seq.ids and tok.token_id("<promise>") not in mdm_seq.ids
+    assert RECIPE.for_stage("ar").extra["eval_system"] == "sequential"
+
+
+def test_cache_committed_computes_fewer_rows(tok, tiny_model):
+    def denoise_rows(**kw):
+        gen = pd(tok, tiny_model, forced_plan=PLAN, length_scale=6, **kw).run(Request(0, "hi"))
+        rows = []
+        while True:
+            try:
+                s = next(gen)
+            except StopIteration:
+                return rows
+            if s.phase == "denoise":
+                rows.append(s.query_tokens)
+
+    exact, approx = denoise_rows(), denoise_rows(cache_committed=True)
+    assert exact[0] == approx[0] == 8 + 14  # the first pass computes both spans whole
+    assert approx[2] < exact[2] and len(approx) == len(exact) == 12
