@@ -89,9 +89,19 @@ def hardware_label(trace: Trace) -> str:
     return str(dev.get("name", "?")) if isinstance(dev, dict) else str(dev)
 
 
-def trace_label(trace: Trace) -> str:
+def trace_label(trace: Trace, parents: int = 0) -> str:
     k = knobs_label(trace.meta)
-    return f"{trace.system}{' ' + k if k else ''} · {trace.kind} · {trace.name}"
+    name = "/".join(trace.path.parts[-1 - parents:])
+    return f"{trace.system}{' ' + k if k else ''} · {trace.kind} · {name}"
+
+
+def trace_labels(traces: list[Trace]) -> list[str]:
+    """Labels that tell every trace apart (more of the path where two folders share a name)."""
+    for parents in range(4):
+        labels = [trace_label(t, parents) for t in traces]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [f"{lab} ({i})" for i, lab in enumerate(labels)]
 
 
 # ---- overview and Pareto ---------------------------------------------------------------------
@@ -116,10 +126,10 @@ def overview_table(traces: list[Trace], errors: pd.DataFrame) -> pd.DataFrame:
 def pareto_points(traces: list[Trace]) -> pd.DataFrame:
     """One point per trace: quality, latency and memory figures, labelled by system and knobs."""
     rows = []
-    for t in traces:
+    for t, label in zip(traces, trace_labels(traces)):
         s = summarize(t)
         rows.append({
-            "label": trace_label(t), "trace": t.name, "path": str(t.path), "kind": t.kind, "system": t.system,
+            "label": label, "trace": t.name, "path": str(t.path), "kind": t.kind, "system": t.system,
             "knobs": knobs_label(t.meta), "hardware": hardware_label(t), "quality": s["quality_mean"],
             "e2e_ms_mean": None if s["e2e_s_mean"] is None else s["e2e_s_mean"] * 1e3,
             "e2e_ms_p50": None if s["e2e_s_p50"] is None else s["e2e_s_p50"] * 1e3,
@@ -141,6 +151,42 @@ def pareto_front(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
             keep.append(idx)
             best = yv
     return d.loc[keep]
+
+
+def find_sweep_tables(roots: list[str | Path], depth: int = 2) -> list[Path]:
+    """`sweep.parquet` tables (from `solm sweep --out DIR`) under `roots`, to `depth` levels."""
+    found: list[Path] = []
+    for r in map(Path, roots):
+        for level in range(depth + 1):
+            found += sorted(r.glob("/".join(["*"] * level + ["sweep.parquet"])))
+    return list(dict.fromkeys(p.resolve() for p in found))
+
+
+def sweep_points(files: list[Path]) -> pd.DataFrame:
+    """One Pareto point per finished sweep configuration (kind "sweep"), columns as `pareto_points`."""
+    frames = []
+    for f in files:
+        try:
+            t = pd.read_parquet(f)
+        except Exception:  # a half-written or foreign table: the sweep's own results.jsonl remains
+            continue
+        need = {"hardware", "quality_mean", "mean_e2el_ms", "peak_kv_bytes", "status"}
+        if not need <= set(t.columns):
+            continue
+        t = t.loc[t["status"] == "ok"]
+
+        def col(name: str, default=np.nan) -> pd.Series:
+            return t[name] if name in t else pd.Series(default, index=t.index)
+
+        label = (col("system", "?").map(str) + " on " + t["hardware"].map(str) + " (" + col("model", "").map(str)
+                 + ") seqs=" + col("max_seqs", "").map(str) + " rate=" + col("rate", "").map(str))
+        frames.append(pd.DataFrame({
+            "label": label, "trace": f.parent.name, "path": str(f), "kind": "sweep", "system": col("system", "?"),
+            "knobs": "", "hardware": t["hardware"], "quality": t["quality_mean"], "e2e_ms_mean": t["mean_e2el_ms"],
+            "e2e_ms_p50": col("median_e2el_ms"), "ttft_ms_p50": col("median_ttft_ms"),
+            "tokens_per_s": col("output_throughput"), "peak_kv_bytes": t["peak_kv_bytes"],
+            "mean_live_kv_tokens": np.nan}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 # ---- one request: timeline, KV, counters, graph -----------------------------------------------

@@ -14,11 +14,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dashboard import data
-from profiler.diff import TraceDiff
+from profiler.diff import METRICS, TraceDiff
 
 PHASE_COLORS = {"prefill": "#4C78A8", "decode": "#F58518", "plan": "#54A24B", "denoise": "#B279A2",
                 "sync": "#E45756"}
-KIND_SYMBOLS = {"measured": "circle", "simulated": "diamond"}
+KIND_SYMBOLS = {"measured": "circle", "simulated": "diamond", "sweep": "square-open"}
+FRONT_DASH = {"measured": "solid", "simulated": "dash", "sweep": "dot"}
 NODE_COLORS = {"prompt": "#9D9D9D", "main": "#4C78A8", "async": "#F58518", "thread": "#F58518", "span": "#B279A2",
                "step": "#54A24B", "plan": "#72B7B2"}
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D", "#EECA3B")
@@ -54,9 +55,11 @@ def pareto_figure(points: pd.DataFrame, x: str = "e2e_ms_mean", y: str = "qualit
         front = data.pareto_front(g, x, y)
         if len(front) >= 1:
             fig.add_trace(go.Scatter(x=front[x], y=front[y], mode="lines", name=f"front ({kind})",
-                                     line=dict(color="#333", dash="dash" if kind == "simulated" else "solid",
+                                     line=dict(color="#333", dash=FRONT_DASH.get(kind, "solid"),
                                                shape="hv", width=1.5), hoverinfo="skip"))
-    fig.update_xaxes(title=AXIS.get(x, x), type="log" if x == "peak_kv_bytes" else "linear")
+    # measured CPU runs and simulated GPU replays sit orders of magnitude apart: log axes
+    fig.update_xaxes(title=AXIS.get(x, x), type="log" if x in ("peak_kv_bytes", "e2e_ms_mean", "e2e_ms_p50",
+                                                               "ttft_ms_p50") else "linear")
     fig.update_yaxes(title=AXIS.get(y, y))
     return _layout(fig, title or f"{AXIS.get(y, y)} vs {AXIS.get(x, x)}")
 
@@ -156,13 +159,18 @@ def diff_latency_figure(d: TraceDiff) -> go.Figure:
 
 
 def diff_ratio_figure(d: TraceDiff) -> go.Figure:
+    """B/A per metric as bars from 1; green where B is better (lower latency and memory, higher
+    parallelism and quality), red where worse."""
+    lower_better = dict(METRICS)
     t = data.diff_overall_table(d).dropna(subset=["ratio"])
-    fig = go.Figure(go.Bar(x=t["ratio"], y=t["metric"], orientation="h", marker_color=[
-        "#54A24B" if r <= 1 else "#E45756" for r in t["ratio"]], hovertemplate="%{y}: B/A = %{x:.3f}<extra></extra>"))
+    better = [(r < 1) == lower_better[m] or r == 1 for m, r in zip(t["metric"], t["ratio"])]
+    fig = go.Figure(go.Bar(x=t["ratio"] - 1, base=1, y=t["metric"], orientation="h",
+                           marker_color=["#54A24B" if b else "#E45756" for b in better],
+                           customdata=t["ratio"], hovertemplate="%{y}: B/A = %{customdata:.3f}<extra></extra>"))
     fig.add_vline(x=1.0, line=dict(color="#333", dash="dash"))
-    fig.update_xaxes(title="B / A (mean over matched requests)", type="log")
+    fig.update_xaxes(title="B / A (mean over matched requests)")
     fig.update_yaxes(categoryorder="array", categoryarray=t["metric"].tolist()[::-1])
-    return _layout(fig, "ratios B / A", height=380)
+    return _layout(fig, "ratios B / A (green: B better)", height=380)
 
 
 def diff_report_html(d: TraceDiff) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
@@ -12,6 +14,17 @@ from profiler.reader import Trace
 @st.cache_data(show_spinner="reading traces…", max_entries=16)
 def _load(signature: tuple) -> tuple[list[Trace], pd.DataFrame]:
     return data.load_traces([p for p, _ in signature])
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _load_sweeps(signature: tuple) -> pd.DataFrame:
+    return data.sweep_points([Path(p) for p, _ in signature])
+
+
+def load_sweeps() -> pd.DataFrame:
+    """Configurations of the `solm sweep` tables under the sidebar's folders, as Pareto points."""
+    files = data.find_sweep_tables(roots())
+    return _load_sweeps(tuple((str(f), f.stat().st_mtime_ns) for f in files))
 
 
 def roots() -> list[str]:
@@ -32,7 +45,7 @@ def need_traces(traces: list[Trace]) -> bool:
 
 
 def pick_trace(traces: list[Trace], label: str = "Trace", key: str = "trace", index: int = 0) -> Trace:
-    labels = [data.trace_label(t) for t in traces]
+    labels = data.trace_labels(traces)
     choice = st.selectbox(label, range(len(traces)), format_func=lambda i: labels[i], key=key,
                           index=min(index, len(traces) - 1))
     return traces[choice]

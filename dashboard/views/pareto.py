@@ -1,6 +1,8 @@
 """Pareto: quality against latency and against memory; every system and knob setting a point,
-measured and simulated overlaid, each kind's front drawn."""
+measured and simulated traces overlaid with the configurations of any `solm sweep` table found
+in the folders, each kind's front drawn."""
 
+import pandas as pd
 import streamlit as st
 
 from dashboard import data, figures
@@ -10,6 +12,9 @@ st.title("Pareto: quality vs latency and memory")
 traces, _ = _shared.load()
 if _shared.need_traces(traces):
     points = data.pareto_points(traces)
+    sweeps = _shared.load_sweeps()
+    if len(sweeps) and st.toggle(f"Include {len(sweeps)} sweep configurations", value=True, key="pareto_sweeps"):
+        points = pd.concat([points, sweeps], ignore_index=True)
     latency = st.radio("Latency", ["e2e_ms_mean", "e2e_ms_p50", "ttft_ms_p50"], horizontal=True,
                        format_func=figures.AXIS.get, key="pareto_latency")
     left, right = st.columns(2)

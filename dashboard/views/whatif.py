@@ -25,7 +25,7 @@ st.title("What-if")
 traces, _ = _shared.load()
 measured = [t for t in traces if t.kind == "measured"]
 if _shared.need_traces(measured):
-    labels = {str(t.path): data.trace_label(t) for t in measured}
+    labels = dict(zip((str(t.path) for t in measured), data.trace_labels(measured)))
     c1, c2, c3, c4, c5 = st.columns([2, 2, 1, 1, 1])
     hw_names = sorted(HARDWARE)
     hardware = c1.selectbox("Hardware", hw_names, index=hw_names.index("a100-80g"), key="whatif_hardware")

@@ -45,6 +45,8 @@ def test_every_page_runs(app):
         _ok(app, titles[page])
         assert len(app.get("plotly_chart")) == charts[page], page
         assert not app.error, (page, [e.value for e in app.error])
+        if page == "pareto":  # 3 traces and 2 sweep configurations
+            assert len(app.dataframe[0].value) == 5
 
 
 def test_whatif_control_changes_the_simulation(app):

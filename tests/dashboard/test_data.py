@@ -59,3 +59,13 @@ def test_whatif_run_redraws_with_settings(trace_folder):
     b = data.whatif_run(t, "h200", "llama-3-8b", 8, 2048, None)
     assert a["point"]["e2e_ms_mean"] != b["point"]["e2e_ms_mean"]
     assert len(a["requests"]) == 3 and a["engine"]
+
+
+def test_sweep_tables_become_points(trace_folder):
+    files = data.find_sweep_tables([trace_folder])
+    assert [f.parent.name for f in files] == ["sweep1"]
+    p = data.sweep_points(files)
+    assert p["kind"].tolist() == ["sweep", "sweep"]  # the error row is left out
+    assert p["label"].tolist() == ["sequential on a100-80g (tiny-2l) seqs=8 rate=None",
+                                   "sequential on h100-sxm (tiny-2l) seqs=8 rate=None"]
+    assert p["e2e_ms_mean"].tolist() == [12.0, 9.0]
