@@ -248,7 +248,8 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
         rows[f"{m}_a"] = ra[m].astype(float).to_numpy()
         rows[f"{m}_b"] = rb[m].astype(float).to_numpy()
         rows[f"{m}_delta"] = rows[f"{m}_b"] - rows[f"{m}_a"]
-        rows[f"{m}_ratio"] = rows[f"{m}_b"] / rows[f"{m}_a"].where(rows[f"{m}_a"] != 0)
+        a_col, b_col = rows[f"{m}_a"], rows[f"{m}_b"]
+        rows[f"{m}_ratio"] = (b_col / a_col.where(a_col != 0)).mask((a_col == 0) & (b_col == 0), 1.0)
         a_mean, b_mean = ra[m].astype(float).mean(), rb[m].astype(float).mean()
         d, r = _delta(a_mean, b_mean)
         overall_metrics[m] = {"a": _num(a_mean), "b": _num(b_mean), "delta": d, "ratio": r}

@@ -78,3 +78,21 @@ def test_dashboard_dry_run(pair, tmp_path):
     assert "--browser.gatherUsageStats false" in cmd and "--server.address 127.0.0.1" in cmd
     assert cmd.endswith(str(pair[0].parent))
     _one_error_line(solm("dashboard", str(tmp_path / "nope")), "dashboard", "no such directory")
+
+
+def test_measured_against_its_simulated_replay(pair, tmp_path):
+    sim = tmp_path / "sim"
+    r = solm("simulate", str(pair[0]), "--hardware", "h100-sxm", "--out", str(sim), "--json")
+    if r.returncode != 0 and "invalid choice" in r.stderr:
+        pytest.skip("this build has no `solm simulate`")
+    assert r.returncode == 0, r.stderr
+    r = solm("diff", str(pair[0]), str(sim), "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    assert s["b"]["kind"] == "simulated" and s["matched"] == 2
+    # the replay keeps the structure: same passes, outputs and graphs; only the time changes
+    assert s["overall"]["metrics"]["steps"]["delta"] == 0 and s["overall"]["graph_identical_requests"] == 2
+    total_a = s["overall"]["e2e_s_total_a"]
+    assert s["overall"]["speedup"] == pytest.approx(total_a / s["overall"]["e2e_s_total_b"]) and total_a == 4.0
+    r = solm("export", str(pair[0]), str(sim), "--perfetto", str(tmp_path / "side.json"), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["requests"] == 4
