@@ -81,13 +81,17 @@ def gantt_figure(g: pd.DataFrame, title: str = "streams over forward passes") ->
     return _layout(fig, title, height=max(260, 80 + 40 * len(order)))
 
 
-def kv_figure(kv: pd.DataFrame, title: str = "KV over time") -> go.Figure:
+def kv_figure(kv: pd.DataFrame, title: str = "KV over time", x_range: tuple[float, float] | None = None
+              ) -> go.Figure:
+    """Live KV tokens and bytes held after each pass (`x_range`: align with the Gantt above)."""
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Scatter(x=kv["t_ms"], y=kv["live_kv_tokens"], name="live KV tokens", mode="lines",
                              line=dict(shape="hv", color="#4C78A8")), secondary_y=False)
     fig.add_trace(go.Scatter(x=kv["t_ms"], y=kv["kv_bytes_allocated"], name="KV bytes held", mode="lines",
                              line=dict(shape="hv", color="#E45756", dash="dot")), secondary_y=True)
     fig.update_xaxes(title="time since run start (ms)")
+    if x_range is not None:
+        fig.update_xaxes(range=list(x_range))
     fig.update_yaxes(title="live KV (tokens)", secondary_y=False)
     fig.update_yaxes(title="held (bytes)", secondary_y=True)
     return _layout(fig, title, height=320)
