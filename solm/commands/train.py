@@ -18,6 +18,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--stage", default="", help="a stage of the system's recipe (pasta: sft, preference, sequential)")
+    p.add_argument("--init", default="", help="start from this checkpoint (default: a fresh model)")
+    p.add_argument("--lambda", dest="lam", type=float, default=None,
+                   help="preference stage: weight of quality against speedup in the reward")
     p.add_argument("--out", required=True, help="checkpoint directory to write")
     p.add_argument("--json", action="store_true")
 
@@ -28,31 +32,46 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from runtime.checkpoint import save_checkpoint
+    from runtime.checkpoint import load_model, save_checkpoint
     from runtime.evaluate import evaluate
     from runtime.model import ModelConfig, TinyLM
     from runtime.tokenizer import Tokenizer
     from runtime.train.recipes import get_recipe
-    from runtime.train.sft import train
+    from runtime.train.sft import loss_of, train
 
     if args.threads:
         torch.set_num_threads(args.threads)
     recipe = get_recipe(args.system)
+    if args.stage:
+        if not hasattr(recipe, "for_stage"):
+            raise ValueError(f"--stage: the {args.system} recipe has no stages")
+        recipe = recipe.for_stage(args.stage, lam=args.lam)
     overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr)) if v is not None}
     if any(v <= 0 for v in overrides.values()):
         raise ValueError("--steps, --batch-size and --lr must be > 0")
     cfg = dataclasses.replace(recipe.train, seed=args.seed, **overrides)
     tok = Tokenizer()
-    model = TinyLM(ModelConfig.from_name(recipe.preset), seed=args.seed)
+    if args.init:
+        model, _ = load_model(args.init)
+    else:
+        model = TinyLM(ModelConfig.from_name(recipe.preset), seed=args.seed)
     t0 = time.perf_counter()
-    log = train(model, recipe.sampler(tok, args.seed), cfg, tok.pad_id, progress=not args.json)
-    quality = evaluate(model, tok, args.system, recipe.tasks, recipe.eval_examples, recipe.max_tokens)
+    prepare = getattr(recipe, "prepare", None)  # recipes that build their data from the model (preference stages)
+    sample, loss_fn = prepare(model, tok, args.seed, not args.json) if prepare else (recipe.sampler(tok, args.seed), loss_of)
+    log = train(model, sample, cfg, tok.pad_id, progress=not args.json, loss_fn=loss_fn)
+    save_checkpoint(model, args.out, {"system": args.system, "trained": True, "note": "saved before evaluation"})
+    eval_system = recipe.extra.get("eval_system", args.system)
+    quality = evaluate(model, tok, eval_system, recipe.tasks, recipe.eval_examples, recipe.max_tokens)
+    extra = "".join(f" {flag} {v}" for flag, v in (("--stage", args.stage), ("--init", args.init), ("--lambda", args.lam),
+                                                   ("--threads", args.threads)) if v)
     info = {
         "system": args.system, "trained": True, "tasks": list(recipe.tasks), "preset": recipe.preset,
         "train": dataclasses.asdict(cfg), "final_loss": round(log["final_loss"], 4),
         "train_s": round(time.perf_counter() - t0, 1), "heldout_quality": {k: round(v, 4) for k, v in quality.items()},
-        "command": f"solm train --system {args.system} --steps {cfg.steps} --batch-size {cfg.batch_size} --lr {cfg.lr} "
+        "command": f"solm train --system {args.system}{extra} --steps {cfg.steps} --batch-size {cfg.batch_size} --lr {cfg.lr} "
                    f"--seed {args.seed} --out {args.out}",
+        "eval_system": eval_system, **({"stage": args.stage} if args.stage else {}),
+        **({"preference": recipe.extra["pairs"]} if "pairs" in getattr(recipe, "extra", {}) else {}),
     }
     save_checkpoint(model, args.out, info)
     if not args.json:

@@ -1,0 +1,235 @@
+"""PASTA training (arXiv 2502.11517, sec. 3): SFT on annotated answers with the interpreter's exact
+visibility and positions, then preference optimisation over the model's own annotated samples.
+
+Stages (`solm train --system pasta --stage S`):
+
+    sft          annotated targets from `runtime.lang.pasta.annotate`, a mix of styles (one promise
+                 per part, one per pair of parts, none) so the model has structures to choose
+                 between; each sequence is laid out by replaying the answer through the engine's
+                 own `Layout`, so a chunk token sees only the prompt, the main thread up to its
+                 promise and its own chunk, and the main thread sees chunks only after `<sync/>`.
+    preference   from `--init` (the SFT model): sample K annotated answers per training prompt with
+                 the `pasta` engine, score each by theoretical speedup + lambda * quality, and train
+                 on (best, worst) pairs: SFT on the best plus a DPO pairwise loss against the frozen
+                 initial model. Two lambdas give two models at different speed/quality points.
+    sequential   the baseline: the same examples with annotations removed, causal, plain positions.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from runtime.engines.pasta import MAIN, Layout
+from runtime.lang.pasta import annotate, sample_style
+from runtime.model import TinyLM
+from runtime.tasks import Example, get_task
+from runtime.tasks.parallel import ALL_TASKS
+from runtime.tokenizer import Tokenizer
+from runtime.train.recipes import Recipe, causal_seq
+from runtime.train.sft import IGNORE, TrainConfig, TrainSeq, collate, loss_of
+
+SFT_STYLES = {"fine": 0.7, "coarse": 0.15, "none": 0.15}
+TASK_WEIGHTS = {"word_facts": 1.0, "map_numbers": 1.0, "list_stats": 1.0, "copy_line": 0.5}
+
+
+def prompt_ids(tok: Tokenizer, prompt: str) -> list[int]:
+    return [tok.bos_id, *tok.encode(prompt), tok.token_id("<sep>")]
+
+
+def replay(tok: Tokenizer, prompt: list[int], answer: list[int]) -> tuple[Layout, dict[int, int]]:
+    """Lay out a final-order PASTA-LANG answer (ending in `<eos>`) as the engine would decode it.
+    Returns the layout and the target of each fed row (the next token its stream sampled)."""
+    lay = Layout(prompt, tok, max_threads=1 << 20, max_chunk_tokens=1 << 20)
+    targets: dict[int, int] = {}
+    stack, skip = [MAIN], 0
+    for t in answer:
+        if skip:  # a tag the interpreter forces (a thread's or an inline chunk's `<async>`)
+            if t != lay.async_id:
+                raise ValueError(f"expected the forced <async>, got token {t}")
+            skip -= 1
+            continue
+        lay.feed_ready()
+        sid = stack[-1]
+        s = lay.streams[sid]
+        targets[s.last_row] = t
+        out = lay.advance(sid, t)
+        if out.thread >= 0:
+            stack.append(out.thread)
+            skip = 1
+        elif len(s.pending) == 2:  # inlined promise
+            skip = 1
+        if s.done and sid != MAIN:
+            stack.pop()
+    return lay, targets
+
+
+def to_seq(tok: Tokenizer, prompt: list[int], answer: list[int], weight: float = 1.0) -> TrainSeq:
+    lay, targets = replay(tok, prompt, answer)
+    T = len(lay.fed)
+    lens = [len(f.sees) for f in lay.fed]
+    rows = np.repeat(np.arange(T), lens)
+    cols = np.concatenate([np.asarray(f.sees) for f in lay.fed])
+    mask = torch.zeros((T, T), dtype=torch.bool)
+    mask[torch.from_numpy(rows), torch.from_numpy(cols)] = True
+    return TrainSeq(ids=[f.token_id for f in lay.fed], positions=[f.position for f in lay.fed],
+                    targets=[targets.get(i, IGNORE) for i in range(T)], mask=mask,
+                    weights=[weight] * T if weight != 1.0 else None)
+
+
+def pack(seqs: list[TrainSeq]) -> list[TrainSeq]:
+    """Pack sequences into rows no longer than the longest one (first fit, longest first), each a
+    block of a block-diagonal mask with its own positions: the same loss with less padding."""
+    limit = max(len(s.ids) for s in seqs)
+    rows: list[list[TrainSeq]] = []
+    for s in sorted(seqs, key=lambda s: -len(s.ids)):
+        row = next((r for r in rows if sum(len(x.ids) for x in r) + len(s.ids) <= limit), None)
+        row.append(s) if row is not None else rows.append([s])
+    out = []
+    for r in rows:
+        T = sum(len(x.ids) for x in r)
+        mask, off = torch.zeros((T, T), dtype=torch.bool), 0
+        for x in r:
+            n = len(x.ids)
+            mask[off:off + n, off:off + n] = x.mask if x.mask is not None else torch.ones((n, n), dtype=torch.bool).tril()
+            off += n
+        out.append(TrainSeq([i for x in r for i in x.ids], [p for x in r for p in x.positions],
+                            [t for x in r for t in x.targets], mask))
+    return out
+
+
+def annotated_seq(tok: Tokenizer, ex: Example, style: str) -> TrainSeq:
+    return to_seq(tok, prompt_ids(tok, ex.prompt), tok.encode(annotate(ex.meta, tok, style)) + [tok.eos_id])
+
+
+def _plain(tok: Tokenizer, ex: Example, task: str) -> TrainSeq:
+    return causal_seq(tok, ex.prompt, tok.encode(ex.answer))
+
+
+def _fine(tok: Tokenizer, ex: Example, task: str) -> TrainSeq:
+    return annotated_seq(tok, ex, "fine")
+
+
+@dataclass
+class PastaRecipe(Recipe):
+    stage: str = "sft"
+    styles: dict = dataclasses.field(default_factory=lambda: dict(SFT_STYLES))
+    lam: float = 1.0  # preference: weight of quality in the reward
+    samples_per_prompt: int = 4
+    pref_prompts: int = 96
+    pref_temperature: float = 0.8
+    dpo_beta: float = 0.1
+
+    def for_stage(self, stage: str, lam: float | None = None) -> "PastaRecipe":
+        if stage not in STAGES:
+            raise ValueError(f"pasta stages: {', '.join(STAGES)}; got {stage!r}")
+        r = dataclasses.replace(self, **STAGES[stage])
+        return dataclasses.replace(r, lam=lam) if lam is not None else r
+
+    def pools(self, seed: int) -> list[tuple[str, Example]]:
+        total = sum(TASK_WEIGHTS[t] for t in self.tasks)
+        return [(t, ex) for t in self.tasks
+                for ex in get_task(t).examples("train", int(self.train_examples * TASK_WEIGHTS[t] / total), seed)]
+
+    def sampler(self, tok: Tokenizer, seed: int) -> Callable[[random.Random, int], list[TrainSeq]]:
+        flat = self.pools(seed)
+
+        def sample(rng: random.Random, n: int) -> list[TrainSeq]:
+            out = []
+            for _ in range(n):
+                t, ex = rng.choice(flat)
+                out.append(_plain(tok, ex, t) if self.stage == "sequential" else annotated_seq(tok, ex, sample_style(rng, ex.meta, self.styles)))
+            return pack(out)
+
+        return sample
+
+    def prepare(self, model: TinyLM, tok: Tokenizer, seed: int, progress: bool = True):
+        """(sample_batch, loss_fn) for `runtime.train.sft.train`."""
+        if self.stage != "preference":
+            return self.sampler(tok, seed), loss_of
+        pairs, stats = preference_pairs(self, model, tok, seed, progress)
+        ref = copy.deepcopy(model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        self.extra["pairs"] = stats
+
+        def sample(rng: random.Random, n: int) -> list[TrainSeq]:
+            chosen = [rng.choice(pairs) for _ in range(max(1, n // 2))]
+            return [b for b, _ in chosen] + [w for _, w in chosen]
+
+        return sample, dpo_loss(ref, self.dpo_beta)
+
+
+STAGES = {"sft": {"stage": "sft"},
+          "preference": {"stage": "preference", "train": TrainConfig(steps=60, batch_size=16, lr=3e-4, warmup_steps=5)},
+          "sequential": {"stage": "sequential", "extra": {"eval_system": "sequential"}}}
+
+
+def seq_logp(model: TinyLM, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed target log-probability per sequence (B,) and the token count per sequence (B,)."""
+    ids, pos, tgt, _, mask = batch
+    logits = model.forward_dense(ids, pos, mask)  # (B, T, V)
+    valid = tgt != IGNORE
+    lp = torch.gather(F.log_softmax(logits.float(), -1), -1, tgt.clamp(min=0)[..., None])[..., 0]
+    return (lp * valid).sum(-1), valid.sum(-1)
+
+
+def dpo_loss(ref: TinyLM, beta: float) -> Callable[[TinyLM, tuple[torch.Tensor, ...]], torch.Tensor]:
+    """Batch = chosen sequences then rejected ones. Loss: NLL of the chosen (per token) plus DPO."""
+
+    def loss(model: TinyLM, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        lp, n = seq_logp(model, batch)
+        with torch.no_grad():
+            ref_lp, _ = seq_logp(ref, batch)
+        m = lp.shape[0] // 2
+        margin = (lp[:m] - ref_lp[:m]) - (lp[m:] - ref_lp[m:])
+        return -(lp[:m].sum() / n[:m].sum().clamp(min=1)) - F.logsigmoid(beta * margin).mean()
+
+    return loss
+
+
+def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, progress: bool) -> tuple[list, dict]:
+    """Sample K answers per prompt, score by theoretical speedup + lambda * quality, keep (best, worst)."""
+    from runtime.engines import GenerationConfig, Request
+    from runtime.engines.pasta import PastaEngine
+    from runtime.sampling import SamplingConfig
+
+    rng = random.Random(f"pasta-pref:{seed}")
+    flat = r.pools(seed + 1)
+    prompts = rng.sample(flat, min(r.pref_prompts, len(flat)))
+    model.eval()
+    t0, pairs, scores = time.perf_counter(), [], []
+    for i, (t, ex) in enumerate(prompts):
+        task, cands = get_task(t), []
+        for k in range(r.samples_per_prompt):
+            cfg = GenerationConfig(max_tokens=r.max_tokens, sampling=SamplingConfig(r.pref_temperature, 1.0, seed * 7919 + k))
+            c = PastaEngine(model, tok, cfg).generate(Request(i, ex.prompt))
+            if c.status != "ok" or any(e["event"] in ("max_threads", "chunk_cut") for e in c.events):
+                continue
+            q = task.score(ex, c.text)
+            cands.append((c.theoretical_speedup + r.lam * q, q, c.output_ids))
+        if progress and i % 32 == 0:
+            print(f"preference sampling {i}/{len(prompts)} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        cands.sort(key=lambda x: x[0])
+        if len(cands) >= 2 and cands[-1][0] > cands[0][0] + 1e-6:
+            p = prompt_ids(tok, ex.prompt)
+            pairs.append((to_seq(tok, p, cands[-1][2]), to_seq(tok, p, cands[0][2])))
+            scores.append((cands[-1][1], cands[0][1]))
+    if not pairs:
+        raise RuntimeError("preference stage: no prompt gave two differently scored samples")
+    stats = {"pairs": len(pairs), "prompts": len(prompts), "sampling_s": round(time.perf_counter() - t0, 1),
+             "chosen_quality": round(float(np.mean([a for a, _ in scores])), 4),
+             "rejected_quality": round(float(np.mean([b for _, b in scores])), 4)}
+    return pairs, stats
+
+
+RECIPE = PastaRecipe("pasta", ALL_TASKS, "tiny-4l", TrainConfig(steps=500, batch_size=24, lr=3e-3), _fine,
+                     train_examples=20000, eval_examples=24, max_tokens=96)
