@@ -1,0 +1,112 @@
+"""PASTA benchmark: quality and wall-clock speedup of the shipped PASTA models against sequential
+decoding of the baseline trained on the same data without annotations, and against the
+skeleton-then-expand baseline, on held-out prompts.
+
+Why: the paper's claim (arXiv 2502.11517) is a speedup at little quality cost; this measures ours.
+Speedups are measured side by side in one run: for each prompt every method runs once, in an
+order rotated per prompt, and the speedup of a method on a prompt is the sequential wall time of
+that prompt over the method's; reported as geometric means. Parallelisable prompts (word_facts,
+map_numbers, list_stats) and prompts with no parallel structure (copy_line) are reported apart.
+
+    .venv/bin/python bench/pasta.py [--quick] [--n 30] [--threads 1]
+
+Last line: one JSON object {"bench": "pasta", "rows": [...]}, one row per method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from runtime.checkpoint import load_model  # noqa: E402
+from runtime.engines import GenerationConfig, Request, get_engine  # noqa: E402
+from runtime.tasks import get_task  # noqa: E402
+from runtime.tasks.parallel import PARALLEL_TASKS  # noqa: E402
+from runtime.tokenizer import Tokenizer  # noqa: E402
+
+METHODS = (  # (method, engine, shipped model)
+    ("sequential", "sequential", "pasta-sequential"),
+    ("pasta-fast", "pasta", "pasta-fast"),
+    ("pasta-quality", "pasta", "pasta-quality"),
+    ("pasta-sft", "pasta", "pasta-sft"),
+    ("skeleton", "skeleton", "pasta-fast"),
+)
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0]
+    return float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a small sample (under 3 minutes)")
+    ap.add_argument("--n", type=int, default=0, help="held-out prompts per task (default 30; --quick 5)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    n = args.n or (5 if args.quick else 30)
+    tok = Tokenizer()
+    cfg = GenerationConfig(max_tokens=args.max_tokens)
+    methods = [(m, e, spec) for m, e, spec in METHODS if (Path(__file__).resolve().parent.parent / "checkpoints" / spec).is_dir()]
+    engines = {m: get_engine(e)(load_model(spec)[0], tok, cfg) for m, e, spec in methods}
+    prompts = [(t, ex) for t in (*PARALLEL_TASKS, "copy_line") for ex in get_task(t).examples("test", n, seed=0)]
+    for eng in engines.values():  # warm up
+        eng.generate(Request(0, prompts[0][1].prompt))
+
+    rec: dict[str, list[dict]] = {m: [] for m in engines}
+    names = list(engines)
+    t_start = time.perf_counter()
+    for i, (t, ex) in enumerate(prompts):
+        order = names[i % len(names):] + names[: i % len(names)]
+        for m in order:
+            t0 = time.perf_counter()
+            c = engines[m].generate(Request(i, ex.prompt))
+            wall = time.perf_counter() - t0
+            rec[m].append({"task": t, "wall_s": wall, "quality": get_task(t).score(ex, c.text),
+                           "theoretical": c.theoretical_speedup if m != "sequential" else 1.0,
+                           "tokens": len(tok.encode(c.text)), "steps": c.steps, "events": len(c.events)})
+    seq = rec["sequential"]
+    rows = []
+    for m in names:
+        r = rec[m]
+        par = [k for k, x in enumerate(r) if x["task"] in PARALLEL_TASKS]
+        plain = [k for k, x in enumerate(r) if x["task"] not in PARALLEL_TASKS]
+        sp = geomean([seq[k]["wall_s"] / r[k]["wall_s"] for k in par])
+        th = geomean([r[k]["theoretical"] for k in par])
+        rows.append({
+            "method": m, "model": dict((a, c) for a, _, c in methods)[m], "prompts": len(r),
+            "quality": round(float(np.mean([x["quality"] for x in r])), 4),
+            "quality_parallel": round(float(np.mean([r[k]["quality"] for k in par])), 4),
+            "quality_plain": round(float(np.mean([r[k]["quality"] for k in plain])), 4) if plain else None,
+            "speedup_geomean": round(sp, 3),
+            "speedup_geomean_plain": round(geomean([seq[k]["wall_s"] / r[k]["wall_s"] for k in plain]), 3) if plain else None,
+            "theoretical_speedup_geomean": round(th, 3),
+            "attained_over_theoretical": round(sp / th, 3),
+            "tokens_per_s": round(sum(x["tokens"] for x in r) / sum(x["wall_s"] for x in r), 1),
+            "steps_mean": round(float(np.mean([x["steps"] for x in r])), 1),
+            "requests_with_events": sum(1 for x in r if x["events"]),
+        })
+    print(f"PASTA benchmark: {len(prompts)} held-out prompts ({n} per task; parallel: {', '.join(PARALLEL_TASKS)}; "
+          f"plain: copy_line), {torch.get_num_threads()} thread(s), {time.perf_counter() - t_start:.0f} s")
+    head = f"{'method':<14} {'quality':>7} {'q(par)':>7} {'q(plain)':>8} {'speedup':>8} {'theory':>7} {'att/th':>7} {'plain x':>8} {'tok/s':>7}"
+    print(head)
+    for r in rows:
+        print(f"{r['method']:<14} {r['quality']:>7.3f} {r['quality_parallel']:>7.3f} {r['quality_plain'] or 0:>8.3f} "
+              f"{r['speedup_geomean']:>8.2f} {r['theoretical_speedup_geomean']:>7.2f} {r['attained_over_theoretical']:>7.2f} "
+              f"{r['speedup_geomean_plain'] or 0:>8.2f} {r['tokens_per_s']:>7.1f}")
+    print("speedup / theory: geometric means over parallelisable prompts; plain x: speedup on copy_line prompts")
+    print(json.dumps({"bench": "pasta", "quick": args.quick, "prompts_per_task": n, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

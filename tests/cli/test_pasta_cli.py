@@ -1,0 +1,40 @@
+"""`solm capture --system pasta` with its defaults (the shipped model, word_facts) writes a valid
+trace whose summary carries the theoretical speedup and the quality."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+
+
+def solm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "solm", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_capture_pasta_defaults_then_inspect(tmp_path):
+    out = tmp_path / "pasta"
+    r = solm("capture", "--system", "pasta", "--n", "3", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    r = solm("inspect", str(out), "--json", "--validate")
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    assert s["valid"] is True and s["requests"] == 3 and s["system"] == "pasta"
+    assert s["theoretical_speedup_geomean"] > 1.0 and s["quality_mean"] is not None
+    graphs = json.loads((out / "graph.json").read_text())
+    assert any(n["kind"] == "async" for g in graphs.values() for n in g["nodes"])
+    toks = pq.read_table(out / "tokens.parquet").to_pandas()
+    assert {"tag", "content"} <= set(toks["kind"]) and toks["stream"].max() >= 1
+    steps = pq.read_table(out / "steps.parquet").to_pandas()
+    assert steps["active_streams"].max() >= 2
+
+
+def test_capture_pasta_knobs_and_bad_knob(tmp_path):
+    r = solm("capture", "--system", "pasta", "--model", "tiny-2l", "--n", "1", "--max-tokens", "8",
+             "--knob", "max_threads=2", "--knob", "max_chunk_tokens=16", "--out", str(tmp_path / "a"), "--json")
+    assert r.returncode == 0, r.stderr
+    r = solm("capture", "--system", "pasta", "--model", "tiny-2l", "--n", "1", "--knob", "max_threads=0",
+             "--out", str(tmp_path / "b"))
+    assert r.returncode == 2 and "max_threads" in r.stderr and "Traceback" not in r.stderr
