@@ -162,7 +162,7 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(examples), desc=f"capture {cfg.system}", unit="req", file=None, leave=False)
+        bar = tqdm(total=len(examples), desc=f"capture {cfg.system}", unit="req", leave=False, disable=None)
     try:
         for rid, ex in enumerate(examples):
             arrival = recorder.now_s()

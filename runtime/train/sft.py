@@ -96,7 +96,7 @@ def train(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.steps, desc="train", unit="step", leave=False)
+        bar = tqdm(total=cfg.steps, desc="train", unit="step", leave=False, disable=None)
     for step in range(cfg.steps):
         for g in opt.param_groups:
             g["lr"] = cfg.lr_at(step)
