@@ -54,18 +54,29 @@ def main() -> None:
         summary = solm("inspect", str(trace), "--validate")
         captured.append((system, trace, summary))
 
+    simulated = []
+    if (ROOT / "solm" / "commands" / "simulate.py").exists():
+        for system, trace, _ in captured:
+            sim_out = out / f"{system}-on-h100-llama-3-8b"
+            m = solm("simulate", str(trace), "--hardware", "h100-sxm", "--model", "llama-3-8b", "--rate", "8",
+                     "--num-requests", "200", "--out", str(sim_out), "--force")
+            simulated.append((system, sim_out, m))
+
     print(f"\ndemo: captured {len(captured)} system(s) in {time.perf_counter() - t0:.0f} s:")
     for system, trace, s in captured:
         print(f"  {system:<18} quality {s['quality_mean']:.3f}  {s['tokens_per_s']:.0f} tokens/s  "
               f"e2e p50 {s['e2e_s_p50'] * 1000:.0f} ms  peak KV {s['peak_kv_bytes'] / 1024:.0f} KiB  -> {trace.relative_to(ROOT)}")
+    for system, sim_out, m in simulated:
+        print(f"  {system:<18} replayed as Llama-3-8B on an H100 at 8 req/s: e2e median {m['median_e2el_ms']:.0f} ms, "
+              f"{m['output_throughput']:.0f} output tokens/s  -> {sim_out.relative_to(ROOT)}")
     print("\nnext:")
     print(f"  solm inspect {captured[0][1].relative_to(ROOT)}      # the summary again, any time" if captured else "")
     print("  Parquet tables are plain files: pandas.read_parquet('out/demo/sequential/steps.parquet')")
     extra = ROOT / "solm" / "commands"
     if (extra / "simulate.py").exists():
-        print(f"  solm simulate {args.out}/sequential --hardware h100-sxm   # replay on hardware you do not have")
+        print(f"  solm simulate {args.out}/sequential --hardware h200 --model llama-3-70b --rate 2   # another what-if")
     if (extra / "dashboard.py").exists():
-        print(f"  solm dashboard {args.out}                            # then open http://127.0.0.1:8501")
+        print(f"  solm dashboard {args.out}      # then open http://127.0.0.1:8501 in a browser: measured and simulated side by side")
 
 
 if __name__ == "__main__":
