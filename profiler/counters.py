@@ -45,10 +45,12 @@ class CounterSampler:
         self._energy0: float | None = None
         self._energy_supported = True
         self._proc: Any = None
-        if use_nvml:
-            self._try_nvml()
-        else:
-            self.reason = "NVML not requested (CPU capture)"
+        self._try_nvml()
+        if not use_nvml and self._nvml is not None:  # a CPU capture on a GPU machine: host counters
+            self._nvml.nvmlShutdown()
+            self._nvml, self.source, self.reason = None, "host", "CPU capture (NVML present but not used)"
+        elif not use_nvml:
+            self.reason = f"CPU capture; {self.reason}"
         if self.source == "host":
             import psutil
 
