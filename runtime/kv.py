@@ -13,6 +13,7 @@ Layout of one page (legend as in `runtime.model`):
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
@@ -54,8 +55,7 @@ class PagedKVStore:
         self._used: dict[int, set[int]] = {}  # page id -> offsets holding a live token
         self._free_page_ids: list[int] = []
         self._next_page_id = 0
-        self._open_page: int | None = None  # page that allocate() fills next
-        self._next_offset = 0
+        self._open: dict[Hashable, list[int]] = {}  # owner -> [page that allocate() fills next, next offset]
         self.pages_allocated_total = 0
         self.pages_freed_total = 0
 
@@ -106,16 +106,20 @@ class PagedKVStore:
         self.pages_allocated_total += 1
         return page
 
-    def allocate(self, n: int) -> list[int]:
-        """Hand out `n` fresh slots, filling the open page before taking a new one."""
+    def allocate(self, n: int, owner: Hashable = None) -> list[int]:
+        """Hand out `n` fresh slots, filling the owner's open page before taking a new one.
+
+        Each `owner` (a request, a request's prompt, ...) fills its own pages, so tokens that die
+        together share pages and one owner's live tokens never pin another's freed page.
+        """
         slots: list[int] = []
         for _ in range(n):
-            if self._open_page is None or self._next_offset >= self.page_size or self._open_page not in self._k:
-                self._open_page = self._new_page()
-                self._next_offset = 0
-            slots.append(self._open_page * self.page_size + self._next_offset)
-            self._used[self._open_page].add(self._next_offset)
-            self._next_offset += 1
+            cur = self._open.get(owner)
+            if cur is None or cur[1] >= self.page_size or cur[0] not in self._k:
+                cur = self._open[owner] = [self._new_page(), 0]
+            slots.append(cur[0] * self.page_size + cur[1])
+            self._used[cur[0]].add(cur[1])
+            cur[1] += 1
         return slots
 
     def free(self, slots: list[int] | tuple[int, ...]) -> int:
@@ -141,8 +145,8 @@ class PagedKVStore:
         del self._k[page], self._v[page], self._used[page]
         self._free_page_ids.append(page)
         self._free_page_ids.sort()
-        if page == self._open_page:
-            self._open_page = None
+        for owner in [o for o, cur in self._open.items() if cur[0] == page]:
+            del self._open[owner]
         self.pages_freed_total += 1
         return nbytes
 
@@ -151,7 +155,7 @@ class PagedKVStore:
             self._release(page)
         self._free_page_ids.clear()
         self._next_page_id = 0
-        self._open_page = None
+        self._open.clear()
 
     # ----------------------------------------------------------------- read / write
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
