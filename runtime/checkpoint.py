@@ -44,7 +44,10 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[TinyLM, dict
 
 
 def load_model(spec: str, device: str = "cpu", seed: int = 0) -> tuple[TinyLM, dict]:
-    """`spec` is a checkpoint directory, a shipped checkpoint name, or a preset name."""
+    """`spec` is a checkpoint directory, a shipped checkpoint name, or a preset name; with the `hf`
+    extra also `arch:NAME` (random weights, a real architecture) or a local transformers directory."""
+    if spec.startswith("arch:") or (Path(spec).is_dir() and _is_hf_dir(spec)):
+        return _load_hf(spec, device, seed)
     if spec in PRESETS:
         return TinyLM(ModelConfig.from_name(spec), seed=seed).to(device).eval(), {"preset": spec, "trained": False}
     for cand in (Path(spec), CHECKPOINTS_DIR / spec):
@@ -55,3 +58,32 @@ def load_model(spec: str, device: str = "cpu", seed: int = 0) -> tuple[TinyLM, d
         f"model {spec!r} is neither a checkpoint directory nor a preset "
         f"(presets: {', '.join(sorted(PRESETS))}; shipped: {', '.join(shipped) or 'none'})"
     )
+
+
+def _is_hf_dir(path: str) -> bool:
+    try:
+        doc = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return "model_type" in doc and "format" not in doc
+
+
+def _load_hf(spec: str, device: str, seed: int) -> tuple[TinyLM, dict]:
+    """transformers models through `runtime.hf_adapter` (logits restricted to our tokenizer's ids)."""
+    try:
+        from runtime import hf_adapter
+    except ImportError as e:
+        raise ValueError(f"model {spec!r} needs transformers: {e}") from None
+    from runtime.tokenizer import Tokenizer
+
+    vocab = Tokenizer().vocab_size
+    if spec.startswith("arch:"):
+        name = spec.removeprefix("arch:")
+        try:
+            model = hf_adapter.build_arch(name, device, seed=seed, logits_vocab=vocab)
+        except KeyError as e:
+            raise FileNotFoundError(e.args[0]) from None
+        return model, {"arch": name, "trained": False, "transformers": hf_adapter.transformers_version()}
+    model = hf_adapter.load_hf_dir(spec, device, logits_vocab=vocab)
+    return model, {"hf_dir": str(Path(spec).resolve()), "trained": True,
+                   "transformers": hf_adapter.transformers_version()}

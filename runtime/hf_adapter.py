@@ -1,0 +1,249 @@
+"""`HFCausalLM`: a local transformers causal LM (Llama, Mistral, Qwen2, Qwen3, Gemma) behind the
+runtime's one primitive
+
+    forward(tokens, positions, slots, visibility, kv) -> logits
+
+so every engine runs on real architectures unchanged. We drive the decoder ourselves, layer by
+layer, with the HF modules' own weights and sub-modules (embedding, norms, rotary embedding, q/k/v/o
+projections, Qwen3's q/k norms, MLP): explicit position ids, K/V written into and gathered from our
+`PagedKVStore` (so eviction frees memory there), and an explicit (N, S) visibility mask. HF's
+`generate()` cannot take a 4D mask or our slot-addressed cache, so it is never used.
+
+Specs (no download, ever):
+    arch:NAME   a randomly initialised model of a real architecture, from `runtime/hf_configs/NAME.json`
+                (deterministic from `seed`; weights made directly on the target device)
+    DIR         a local directory with an HF `config.json` (+ `*.safetensors`)
+
+The engines speak the project's tokenizer (a few hundred ids). A real checkpoint's vocabulary is
+larger; `logits_vocab` restricts the returned logits to the first ids so sampling stays inside the
+project's vocabulary. The lm_head is still computed in full, so the cost of a pass is the real one.
+
+transformers is optional (`pip install solm[hf]`); importing this module without it raises an
+ImportError that says so.
+
+Tensor legend as in `runtime.model`: N new tokens, H query heads, Hkv kv heads, D head dim,
+S slot address space, M gathered slots, V vocab.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.kv import KVLayout, PagedKVStore
+
+try:
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError("the transformers adapter needs the optional extra: pip install 'solm[hf]'") from e
+
+HF_CONFIGS_DIR = Path(__file__).resolve().parent / "hf_configs"
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def arch_names() -> list[str]:
+    return sorted(p.stem for p in HF_CONFIGS_DIR.glob("*.json"))
+
+
+@dataclass
+class HFConfigView:
+    """The fields of `runtime.model.ModelConfig` that engines, capture and the simulator read."""
+
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    vocab_size: int
+    max_positions: int
+    model_type: str
+
+    @classmethod
+    def from_hf(cls, name: str, c) -> "HFConfigView":
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return cls(name=name, n_layers=c.num_hidden_layers, d_model=c.hidden_size, n_heads=c.num_attention_heads,
+                   n_kv_heads=c.num_key_value_heads or c.num_attention_heads, head_dim=head_dim,
+                   d_ff=c.intermediate_size, vocab_size=c.vocab_size, max_positions=c.max_position_embeddings,
+                   model_type=c.model_type)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class HFCausalLM(nn.Module):
+    """Wraps an HF `*ForCausalLM`; same attributes and primitive as `TinyLM`."""
+
+    def __init__(self, hf: nn.Module, name: str = "", logits_vocab: int | None = None) -> None:
+        super().__init__()
+        mt = hf.config.model_type
+        if mt not in SUPPORTED:
+            raise ValueError(f"model_type {mt!r} is not supported by the adapter (supported: {', '.join(SUPPORTED)})")
+        self.hf = hf.eval()
+        self.cfg = HFConfigView.from_hf(name or mt, hf.config)
+        self.logits_vocab = logits_vocab
+
+    # ------------------------------------------------------------------ what engines read
+    @property
+    def embed(self) -> nn.Embedding:
+        return self.hf.model.embed_tokens
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        return KVLayout(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim, self.embed.weight.dtype)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv_layout.bytes_per_token
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_kv_store(self, page_size: int = 16, max_pages: int | None = None) -> PagedKVStore:
+        return PagedKVStore(self.kv_layout, page_size, self.device, max_pages)
+
+    # ------------------------------------------------------------------ inference primitive
+    def _attention(self, attn: nn.Module, layer: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   slots: torch.Tensor, pages: list[int], mask: torch.Tensor, kv: PagedKVStore,
+                   attn_sum: list[torch.Tensor] | None) -> torch.Tensor:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # same rotate-half for all
+
+        N, D = h.shape[1], self.cfg.head_dim
+        q = attn.q_proj(h).view(1, N, -1, D)  # (1, N, H, D)
+        k = attn.k_proj(h).view(1, N, -1, D)  # (1, N, Hkv, D)
+        v = attn.v_proj(h).view(1, N, -1, D).transpose(1, 2)  # (1, Hkv, N, D)
+        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over the head dim before RoPE
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (1, H|Hkv, N, D)
+        kv.write(layer, slots, k[0].transpose(0, 1), v[0].transpose(0, 1))  # (N, Hkv, D)
+        K, V = kv.gather_pages(pages, layer)  # (Hkv, M, D)
+        K, V = K[None].to(q.dtype), V[None].to(q.dtype)
+        if attn_sum is None:
+            y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
+        else:  # explicit softmax so the weights can be returned (H2O needs them)
+            rep = q.shape[1] // K.shape[1]
+            Kr, Vr = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
+            w = ((q @ Kr.transpose(-1, -2)) * attn.scaling).masked_fill(~mask, float("-inf")).softmax(-1)
+            attn_sum.append(w.float().sum(dim=(1, 2)))  # (1, M)
+            y = w @ Vr
+        return attn.o_proj(y.transpose(1, 2).reshape(1, N, -1))  # (1, N, d)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        tokens: torch.Tensor,  # (N,) long
+        positions: torch.Tensor,  # (N,) long
+        slots: torch.Tensor,  # (N,) long
+        visibility: torch.Tensor,  # (N, S) bool
+        kv: PagedKVStore,
+        return_attention: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits (N, V) as float32 (V = `logits_vocab` when set); with `return_attention`, also the
+        attention each slot received, summed over layers, heads and query rows: (S,)."""
+        dev = self.device
+        tokens, positions, slots = tokens.to(dev), positions.to(dev), slots.to(dev)
+        N = tokens.shape[0]
+        if visibility.dim() != 2 or visibility.shape[0] != N:
+            raise ValueError(f"visibility must be (N={N}, S) bool, got {tuple(visibility.shape)}")
+        if not bool(visibility.any(dim=1).all()):
+            raise ValueError("every query row must see at least one slot")
+        P = kv.page_size
+        S = max(kv.num_slots, visibility.shape[1])
+        vis = torch.zeros((N, S), dtype=torch.bool, device=dev)
+        vis[:, : visibility.shape[1]] = visibility.to(dev)
+        cols = vis.any(dim=0).nonzero().flatten()
+        pages = sorted(set((cols // P).tolist()))
+        page_slots = (torch.tensor(pages, device=dev)[:, None] * P + torch.arange(P, device=dev)).flatten()
+        mask = vis[:, page_slots][None, None]  # (1, 1, N, M)
+
+        body = self.hf.model
+        x = body.embed_tokens(tokens[None])  # (1, N, d); Gemma's embedding scales by sqrt(d) itself
+        cos, sin = body.rotary_emb(x, positions[None])  # (1, N, D)
+        attn_sum: list[torch.Tensor] | None = [] if return_attention else None
+        for i, layer in enumerate(body.layers):
+            x = x + self._attention(layer.self_attn, i, layer.input_layernorm(x), cos, sin, slots, pages, mask, kv,
+                                    attn_sum)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        h = body.norm(x)[0]  # (N, d)
+        logits = self.hf.lm_head(h).float()  # (N, V)
+        if self.logits_vocab is not None:
+            logits = logits[:, : self.logits_vocab]
+        if not return_attention:
+            return logits
+        per_slot = torch.zeros(S, device=dev)
+        per_slot[page_slots] = torch.stack(attn_sum).sum(0)[0]
+        return logits, per_slot
+
+
+# ---------------------------------------------------------------------- loading
+def _init_random(hf: nn.Module, seed: int) -> None:
+    """Deterministic random init, on whatever device the (empty) parameters live on.
+
+    Linear/embedding weights N(0, initializer_range), biases 0, norm weights at their identity
+    (1, or 0 for Gemma's `1 + w` norms); buffers (rotary inv_freq, Gemma's embed scale) rebuilt.
+    """
+    std = getattr(hf.config, "initializer_range", 0.02) or 0.02
+    dev = next(hf.parameters()).device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    with torch.no_grad():
+        for mod in hf.modules():
+            cls = type(mod).__name__
+            if isinstance(mod, (nn.Linear, nn.Embedding)):
+                w = mod.weight
+                w.copy_(torch.randn(w.shape, generator=g, device=dev, dtype=torch.float32).mul_(std).to(w.dtype))
+                if getattr(mod, "bias", None) is not None:
+                    mod.bias.zero_()
+            elif cls.endswith("RMSNorm") and getattr(mod, "weight", None) is not None:
+                mod.weight.fill_(0.0 if cls.startswith("Gemma") else 1.0)
+            if hasattr(mod, "scalar_embed_scale"):
+                mod.embed_scale = torch.tensor(mod.scalar_embed_scale, device=dev)
+    rot = hf.model.rotary_emb  # its inv_freq buffers were empty after `to_empty`: build afresh
+    hf.model.rotary_emb = type(rot)(config=rot.config).to(dev)
+
+
+def hf_config_from_file(path: Path):
+    d = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    return AutoConfig.for_model(d.pop("model_type"), **d)
+
+
+def build_arch(name: str, device: str = "cpu", seed: int = 0, dtype: torch.dtype | None = None,
+               logits_vocab: int | None = None) -> HFCausalLM:
+    """A randomly initialised model of a named architecture (`runtime/hf_configs/NAME.json`)."""
+    path = HF_CONFIGS_DIR / f"{name}.json"
+    if not path.is_file():
+        raise KeyError(f"unknown architecture {name!r}; valid: {', '.join(arch_names())}")
+    cfg = hf_config_from_file(path)
+    cfg._attn_implementation = "sdpa"
+    dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
+    with torch.device("meta"):  # no CPU copy of an 8B model: materialise straight on the device
+        hf = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    hf.to_empty(device=device)
+    if getattr(cfg, "tie_word_embeddings", False):
+        hf.lm_head.weight = hf.model.embed_tokens.weight
+    _init_random(hf, seed)
+    return HFCausalLM(hf, name=f"arch:{name}", logits_vocab=logits_vocab)
+
+
+def load_hf_dir(path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
+                logits_vocab: int | None = None) -> HFCausalLM:
+    """A local HF checkpoint directory (config.json + safetensors); never touches the network."""
+    p = Path(path)
+    dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True, attn_implementation="sdpa")
+    return HFCausalLM(hf.to(device), name=p.name, logits_vocab=logits_vocab)
+
+
+def transformers_version() -> str:
+    return transformers.__version__
