@@ -59,8 +59,8 @@ def grid(quick: bool) -> list[dict]:
 
 
 def ar_model_name() -> str:
-    """The AR baseline on the same answers without tags: PASTA's if shipped, else ours."""
-    for name in ("pasta-sequential", "pd-ar"):
+    """The AR baseline on the same answers without tags: ours (--stage ar), else PASTA's."""
+    for name in ("pd-ar", "pasta-sequential"):
         if (CHECKPOINTS_DIR / name).is_dir():
             return name
     raise SystemExit("no AR baseline checkpoint (checkpoints/pasta-sequential or checkpoints/pd-ar); "
