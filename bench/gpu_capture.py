@@ -1,0 +1,187 @@
+"""One-shot GPU capture: every engine on one real-scale architecture, one output folder.
+
+What: loads one model once (by default a randomly initialised `arch:llama-3-8b`, bf16 on CUDA),
+then captures a trace per system (sequential, pasta, tip, planned_diffusion: whichever engines
+exist) on each system's default task, with CUDA-event timing per forward pass and NVML counters
+(memory, utilisation, power, energy, SM clock, temperature) sampled at `--counters-hz`. Writes
+
+    OUT/meta.json        the device, the model, versions, and per system: status, wall time, error
+    OUT/<system>/        a trace (format v1) per system
+
+Why: the cost of a forward pass does not depend on what the weights say, so a random 8B model
+measures the real cost of each orchestration pattern's passes, KV and memory. Quality is not
+applicable for random weights (or an HF model that does not speak the project's tokenizer): it is
+written as NaN and `meta.json` says why, never invented. The structure (forks, registers, plans)
+is the model's own sampled choice; replaying a reference trace's structure is not implemented yet.
+
+Run (CUDA machine):  python bench/gpu_capture.py --arch llama-3-8b --out traces/gpu-h200
+Run (CPU check):     .venv/bin/python bench/gpu_capture.py --device cpu --arch tiny-llama --n 1 --max-tokens 8 --out /tmp/g
+Prints one line per system; the last line is one JSON object. Not part of `make bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import socket
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from profiler.counters import CounterSampler  # noqa: E402
+from profiler.recorder import Recorder, make_timer  # noqa: E402
+from profiler.writer import TraceWriter, write_json  # noqa: E402
+from runtime.capture import device_meta, git_commit, model_meta, request_row, solm_version, token_rows  # noqa: E402
+from runtime.checkpoint import load_model  # noqa: E402
+from runtime.engines import GenerationConfig, Request, get_engine, systems  # noqa: E402
+from runtime.sampling import SamplingConfig  # noqa: E402
+from runtime.tasks import get_task  # noqa: E402
+from runtime.tokenizer import Tokenizer  # noqa: E402
+
+WANTED = ("sequential", "pasta", "tip", "planned_diffusion")
+NOT_APPLICABLE = "not applicable: random weights, or a model that does not speak the project's tokenizer"
+
+
+def capture_system(system: str, model, info: dict, spec: str, args, out: Path, tok: Tokenizer,
+                   quality_applicable: bool) -> dict:
+    """One trace; returns its summary. The model is shared across systems (loaded once)."""
+    engine_cls = get_engine(system)
+    task = get_task(engine_cls.default_task)
+    gen_cfg = GenerationConfig(max_tokens=args.max_tokens, page_size=args.page_size,
+                               sampling=SamplingConfig(0.0, 1.0, args.seed))
+    engine = engine_cls(model, tok, gen_cfg)
+    examples = task.examples("test", args.n, args.seed)
+    timer = make_timer(args.device)
+    origin = timer.now()
+    sampler = CounterSampler(1.0 / args.counters_hz, origin=origin, use_nvml=args.device.startswith("cuda"))
+    memory_fn = torch.cuda.memory_allocated if args.device.startswith("cuda") else None
+    recorder = Recorder(timer, memory_fn, origin=origin)
+    meta = {
+        "kind": "measured", "system": system,
+        "knobs": {"max_tokens": args.max_tokens, "temperature": 0.0, "top_p": 1.0, "page_size": args.page_size},
+        "task": engine_cls.default_task, "split": "test", "model": model_meta(model, spec, info),
+        "device": device_meta(args.device, sampler),
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cores": os.cpu_count(),
+                 "python": platform.python_version()},
+        "solm_version": solm_version(), "git_commit": git_commit(), "seed": args.seed,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timer": timer.name,
+        "counters_source": sampler.source, "nvml": sampler.source == "nvml", "nvml_reason": sampler.reason,
+        "quality_applicable": quality_applicable, "quality_note": "" if quality_applicable else NOT_APPLICABLE,
+        "structure_source": "model's own tokens (structure replay from a reference trace: not implemented)",
+    }
+    writer = TraceWriter(out, meta, overwrite=args.force)
+    sampler.start()
+    try:
+        for rid, ex in enumerate(examples):
+            arrival = recorder.now_s()
+            rec = recorder.run(engine.run(Request(rid, ex.prompt)))
+            c = rec.result
+            quality = task.score(ex, c.text) if quality_applicable and c.status != "error" else math.nan
+            writer.add_request(request_row(ex, c, rec, quality, arrival), rec.step_rows, token_rows(c, tok), c.graph)
+    finally:
+        rows = sampler.stop()
+    writer.set_counters(rows)
+    writer.close({"wall_s": recorder.now_s(), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    return {"requests": len(examples), "counter_samples": len(rows), "counters_source": sampler.source}
+
+
+def warm_up(model, tok: Tokenizer) -> None:
+    """One short unrecorded request: CUDA context, cuBLAS handles and allocator warm before timing."""
+    eng = get_engine("sequential")(model, tok, GenerationConfig(max_tokens=2))
+    eng.generate(Request(0, "warm up"))
+    if torch.cuda.is_available() and model.embed.weight.is_cuda:
+        torch.cuda.synchronize()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--arch", default="llama-3-8b", help="architecture in runtime/hf_configs (random weights)")
+    src.add_argument("--model", default="", help="any load_model spec instead: a local HF dir, a solm checkpoint")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--systems", default=",".join(WANTED), help="comma-separated; missing engines are skipped")
+    ap.add_argument("--n", type=int, default=4, help="requests per system")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--counters-hz", type=float, default=20.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--force", action="store_true", help="overwrite existing traces under --out")
+    args = ap.parse_args(argv)
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("error: --device cuda asked for, but torch sees no CUDA device (use --device cpu)", file=sys.stderr)
+        return 2
+    if not 10.0 <= args.counters_hz <= 20.0:
+        print(f"note: --counters-hz {args.counters_hz} is outside the 10-20 Hz this script is meant for")
+    out = Path(args.out)
+    if (out / "meta.json").exists() and not args.force:
+        print(f"error: {out} already holds a capture (choose another --out or pass --force)", file=sys.stderr)
+        return 2
+    spec = args.model or f"arch:{args.arch}"
+    t0 = time.perf_counter()
+    try:
+        model, info = load_model(spec, args.device, seed=args.seed)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    load_s = time.perf_counter() - t0
+    tok = Tokenizer()
+    quality_applicable = bool(info.get("trained", True)) and "arch" not in info and "hf_dir" not in info
+    warm_up(model, tok)
+
+    have = set(systems())
+    wanted = [s for s in args.systems.split(",") if s]
+    summary: dict = {}
+    for system in wanted:
+        if system not in have:
+            summary[system] = {"status": "skipped", "error": "engine not present in this checkout"}
+            print(f"{system:18s} skipped (engine not present)")
+            continue
+        t = time.perf_counter()
+        try:
+            res = capture_system(system, model, info, spec, args, out / system, tok, quality_applicable)
+            summary[system] = {"status": "ok", "dir": system, "wall_s": time.perf_counter() - t, **res}
+        except Exception as e:  # one failing engine must not lose the others' traces
+            summary[system] = {"status": "error", "wall_s": time.perf_counter() - t, "error": f"{type(e).__name__}: {e}"}
+        s = summary[system]
+        print(f"{system:18s} {s['status']:6s} {s['wall_s']:8.1f} s  {s.get('error', '')}")
+
+    sampler = CounterSampler(1.0 / args.counters_hz, use_nvml=args.device.startswith("cuda"))
+    device = device_meta(args.device, sampler)
+    sampler.stop()
+    try:
+        from runtime.hf_adapter import transformers_version
+
+        tf_version = transformers_version()
+    except ImportError:
+        tf_version = ""
+    meta = {
+        "kind": "gpu_capture", "model_spec": spec, "model": model_meta(model, spec, info), "device": device,
+        "load_s": load_s, "systems": summary, "n": args.n, "max_tokens": args.max_tokens, "page_size": args.page_size,
+        "counters_hz": args.counters_hz, "quality_applicable": quality_applicable,
+        "quality_note": "" if quality_applicable else NOT_APPLICABLE, "transformers": tf_version,
+        "torch": torch.__version__, "solm_version": solm_version(), "git_commit": git_commit(), "seed": args.seed,
+        "argv": sys.argv[1:] if argv is None else argv,
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cores": os.cpu_count()},
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "meta.json", meta)
+    ok = [s for s, v in summary.items() if v["status"] == "ok"]
+    print(json.dumps({"bench": "gpu_capture", "out": str(out), "device": device.get("name", ""), "model": spec,
+                      "ok": ok, "failed": [s for s, v in summary.items() if v["status"] == "error"],
+                      "wall_s": {s: round(v["wall_s"], 3) for s, v in summary.items() if "wall_s" in v}}))
+    return 0 if ok and all(v["status"] != "error" for v in summary.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

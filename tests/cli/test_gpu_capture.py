@@ -1,0 +1,54 @@
+"""`bench/gpu_capture.py` end to end on CPU with the tiny Llama architecture: one valid trace per
+engine under one folder, a top-level meta.json that describes the device (NVML absent, and why),
+quality NaN for random weights; bad input is one clear line and a non-zero exit."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers", reason="transformers not installed (pip install 'solm[hf]')")
+
+from profiler.reader import read_trace  # noqa: E402
+from profiler.validate import validate  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "gpu_capture.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("gpu_capture", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_capture_tiny_arch_on_cpu(tmp_path, capsys):
+    out = tmp_path / "cap"
+    rc = _load().main(["--device", "cpu", "--arch", "tiny-llama", "--n", "1", "--max-tokens", "6",
+                       "--page-size", "4", "--out", str(out)])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and last["bench"] == "gpu_capture" and last["failed"] == []
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["kind"] == "gpu_capture" and meta["model_spec"] == "arch:tiny-llama"
+    assert meta["device"]["type"] == "cpu" and meta["device"]["nvml"] is False and meta["device"]["nvml_reason"]
+    assert meta["quality_applicable"] is False and meta["model"]["trained"] is False
+    assert "sequential" in last["ok"]
+    for system in last["ok"]:
+        assert validate(out / system) == [], system
+        t = read_trace(out / system)
+        assert t.meta["system"] == system and t.meta["nvml"] is False and t.meta["quality_applicable"] is False
+        assert len(t.requests) == 1 and all(math.isnan(q) for q in t.requests["quality_score"])
+        assert len(t.steps) >= 1 and (t.steps["duration_s"] > 0).all()
+
+
+def test_gpu_capture_bad_input_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--arch", "nope-1b", "--out",
+                        str(tmp_path / "x")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "unknown architecture" in r.stderr and "Traceback" not in r.stderr
