@@ -11,8 +11,14 @@ exist) on each system's default task, with CUDA-event timing per forward pass an
 Why: the cost of a forward pass does not depend on what the weights say, so a random 8B model
 measures the real cost of each orchestration pattern's passes, KV and memory. Quality is not
 applicable for random weights (or an HF model that does not speak the project's tokenizer): it is
-written as NaN and `meta.json` says why, never invented. The structure (forks, registers, plans)
-is the model's own sampled choice; replaying a reference trace's structure is not implemented yet.
+written as NaN and `meta.json` says why, never invented.
+
+Structure (`--structure-from`): a random model left to itself emits random tags, so by default
+(`shipped`) each system first captures a small reference with its shipped tiny checkpoint
+(OUT/reference/<system>) and the real-scale model then replays that structure token by token
+(`runtime.structure_replay`: same forks, chunk lengths, register reuse, evictions, plans) while
+every forward pass is its own. `--structure-from DIR` replays DIR/<system> traces instead;
+`none` lets the model choose.
 
 Run (CUDA machine):  python bench/gpu_capture.py --arch llama-3-8b --out traces/gpu-h200
 Run (CPU check):     .venv/bin/python bench/gpu_capture.py --device cpu --arch tiny-llama --n 1 --max-tokens 8 --out /tmp/g
@@ -39,26 +45,50 @@ import torch  # noqa: E402
 from profiler.counters import CounterSampler  # noqa: E402
 from profiler.recorder import Recorder, make_timer  # noqa: E402
 from profiler.writer import TraceWriter, write_json  # noqa: E402
-from runtime.capture import device_meta, git_commit, model_meta, request_row, solm_version, token_rows  # noqa: E402
-from runtime.checkpoint import load_model  # noqa: E402
+from runtime.capture import CaptureConfig, capture, device_meta, git_commit, model_meta, request_row, solm_version, token_rows  # noqa: E402
+from runtime.checkpoint import CHECKPOINTS_DIR, load_model  # noqa: E402
 from runtime.engines import GenerationConfig, Request, get_engine, systems  # noqa: E402
 from runtime.sampling import SamplingConfig  # noqa: E402
-from runtime.tasks import get_task  # noqa: E402
+from runtime.structure_replay import REPLAYABLE, Replayer, read_scripts  # noqa: E402
+from runtime.tasks import Example, get_task  # noqa: E402
 from runtime.tokenizer import Tokenizer  # noqa: E402
 
 WANTED = ("sequential", "pasta", "tip", "planned_diffusion")
 NOT_APPLICABLE = "not applicable: random weights, or a model that does not speak the project's tokenizer"
 
 
+def reference_dir(system: str, args, out: Path) -> Path | None:
+    """Where this system's structure comes from: a given folder, a fresh shipped-model capture, or none."""
+    if args.structure_from == "none" or system not in REPLAYABLE:
+        return None
+    if args.structure_from != "shipped":
+        ref = Path(args.structure_from) / system
+        if not (ref / "tokens.parquet").is_file():
+            raise FileNotFoundError(f"--structure-from: no trace at {ref}")
+        return ref
+    engine_cls = get_engine(system)
+    if not (CHECKPOINTS_DIR / engine_cls.default_model).is_dir():
+        return None
+    ref = out / "reference" / system
+    capture(CaptureConfig(system=system, n=args.n, max_tokens=args.max_tokens, page_size=args.page_size,
+                          device=args.device, seed=args.seed), ref, overwrite=args.force, progress=False)
+    return ref
+
+
 def capture_system(system: str, model, info: dict, spec: str, args, out: Path, tok: Tokenizer,
-                   quality_applicable: bool) -> dict:
+                   quality_applicable: bool, ref: Path | None) -> dict:
     """One trace; returns its summary. The model is shared across systems (loaded once)."""
     engine_cls = get_engine(system)
     task = get_task(engine_cls.default_task)
     gen_cfg = GenerationConfig(max_tokens=args.max_tokens, page_size=args.page_size,
                                sampling=SamplingConfig(0.0, 1.0, args.seed))
-    engine = engine_cls(model, tok, gen_cfg)
-    examples = task.examples("test", args.n, args.seed)
+    if ref is None:
+        engine, scripts = engine_cls(model, tok, gen_cfg), None
+        examples = task.examples("test", args.n, args.seed)
+    else:  # the reference's prompts and structure; its text is not this model's, so never scored
+        replayer, scripts = Replayer(system, model, tok, gen_cfg), read_scripts(ref)
+        examples = [Example(s.prompt, s.answer) for s in scripts]
+        quality_applicable = False
     timer = make_timer(args.device)
     origin = timer.now()
     sampler = CounterSampler(1.0 / args.counters_hz, origin=origin, use_nvml=args.device.startswith("cuda"))
@@ -75,14 +105,15 @@ def capture_system(system: str, model, info: dict, spec: str, args, out: Path, t
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timer": timer.name,
         "counters_source": sampler.source, "nvml": sampler.source == "nvml", "nvml_reason": sampler.reason,
         "quality_applicable": quality_applicable, "quality_note": "" if quality_applicable else NOT_APPLICABLE,
-        "structure_source": "model's own tokens (structure replay from a reference trace: not implemented)",
+        "structure_source": str(ref) if ref else "the model's own tokens",
     }
     writer = TraceWriter(out, meta, overwrite=args.force)
     sampler.start()
     try:
         for rid, ex in enumerate(examples):
             arrival = recorder.now_s()
-            rec = recorder.run(engine.run(Request(rid, ex.prompt)))
+            req = Request(rid, ex.prompt)
+            rec = recorder.run(engine.run(req) if scripts is None else replayer.run(req, scripts[rid]))
             c = rec.result
             quality = task.score(ex, c.text) if quality_applicable and c.status != "error" else math.nan
             writer.add_request(request_row(ex, c, rec, quality, arrival), rec.step_rows, token_rows(c, tok), c.graph)
@@ -90,7 +121,8 @@ def capture_system(system: str, model, info: dict, spec: str, args, out: Path, t
         rows = sampler.stop()
     writer.set_counters(rows)
     writer.close({"wall_s": recorder.now_s(), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-    return {"requests": len(examples), "counter_samples": len(rows), "counters_source": sampler.source}
+    return {"requests": len(examples), "counter_samples": len(rows), "counters_source": sampler.source,
+            "structure_source": str(ref) if ref else "own"}
 
 
 def warm_up(model, tok: Tokenizer) -> None:
@@ -114,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--counters-hz", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--structure-from", default="shipped",
+                    help="shipped (capture references with the shipped tiny models), a folder of <system> traces, or none")
     ap.add_argument("--force", action="store_true", help="overwrite existing traces under --out")
     args = ap.parse_args(argv)
 
@@ -148,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         t = time.perf_counter()
         try:
-            res = capture_system(system, model, info, spec, args, out / system, tok, quality_applicable)
+            ref = reference_dir(system, args, out)
+            res = capture_system(system, model, info, spec, args, out / system, tok, quality_applicable, ref)
             summary[system] = {"status": "ok", "dir": system, "wall_s": time.perf_counter() - t, **res}
         except Exception as e:  # one failing engine must not lose the others' traces
             summary[system] = {"status": "error", "wall_s": time.perf_counter() - t, "error": f"{type(e).__name__}: {e}"}
@@ -167,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "kind": "gpu_capture", "model_spec": spec, "model": model_meta(model, spec, info), "device": device,
         "load_s": load_s, "systems": summary, "n": args.n, "max_tokens": args.max_tokens, "page_size": args.page_size,
-        "counters_hz": args.counters_hz, "quality_applicable": quality_applicable,
+        "counters_hz": args.counters_hz, "structure_from": args.structure_from, "quality_applicable": quality_applicable,
         "quality_note": "" if quality_applicable else NOT_APPLICABLE, "transformers": tf_version,
         "torch": torch.__version__, "solm_version": solm_version(), "git_commit": git_commit(), "seed": args.seed,
         "argv": sys.argv[1:] if argv is None else argv,

@@ -1,6 +1,6 @@
 """`bench/gpu_capture.py` end to end on CPU with the tiny Llama architecture: one valid trace per
 engine under one folder, a top-level meta.json that describes the device (NVML absent, and why),
-quality NaN for random weights; bad input is one clear line and a non-zero exit."""
+quality NaN for random weights; structure replayed from the shipped tiny models; bad input is one clear line and a non-zero exit."""
 
 from __future__ import annotations
 
@@ -46,6 +46,21 @@ def test_gpu_capture_tiny_arch_on_cpu(tmp_path, capsys):
         assert t.meta["system"] == system and t.meta["nvml"] is False and t.meta["quality_applicable"] is False
         assert len(t.requests) == 1 and all(math.isnan(q) for q in t.requests["quality_score"])
         assert len(t.steps) >= 1 and (t.steps["duration_s"] > 0).all()
+        ref = out / "reference" / system  # structure replayed from the shipped tiny model's capture
+        if t.meta["structure_source"] != "the model's own tokens":
+            r = read_trace(ref)
+            assert t.tokens["stream"].tolist() == r.tokens["stream"].tolist()
+            assert t.steps["live_kv_tokens"].tolist() == r.steps["live_kv_tokens"].tolist()
+
+
+def test_gpu_capture_own_structure(tmp_path, capsys):
+    out = tmp_path / "own"
+    rc = _load().main(["--device", "cpu", "--arch", "tiny-qwen2", "--n", "1", "--max-tokens", "4",
+                       "--systems", "sequential,nope", "--structure-from", "none", "--out", str(out)])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    meta = json.loads((out / "meta.json").read_text())
+    assert rc == 0 and last["ok"] == ["sequential"] and meta["systems"]["nope"]["status"] == "skipped"
+    assert read_trace(out / "sequential").meta["structure_source"] == "the model's own tokens"
 
 
 def test_gpu_capture_bad_input_is_one_line(tmp_path):

@@ -140,3 +140,40 @@ def test_arch_spec_errors_and_meta(tok):
     meta = model_meta(model, "arch:tiny-qwen3", info)
     assert meta["n_layers"] == 2 and meta["trained"] is False and meta["params"] == model.num_parameters()
     assert meta["kv_bytes_per_token"] == 2 * 2 * 2 * 32 * 4  # K and V, 2 layers, 2 kv heads, head_dim 32, fp32
+
+
+@pytest.mark.parametrize("system", ["sequential", "tip", "pasta", "planned_diffusion"])
+def test_structure_replay_on_adapter_reproduces_reference_structure(tok, tmp_path, system):
+    """A trained tiny model's trace replayed on a random Llama: same streams, positions, evictions,
+    passes and live KV (token ids too, except Planned Diffusion's span contents, which the model denoises)."""
+    import pandas as pd
+
+    from runtime.capture import CaptureConfig, capture
+    from runtime.checkpoint import CHECKPOINTS_DIR
+    from runtime.engines import get_engine
+    from runtime.structure_replay import Replayer, read_scripts
+
+    if not (CHECKPOINTS_DIR / get_engine(system).default_model).is_dir():
+        pytest.skip(f"shipped checkpoint for {system} not present")
+    ref = capture(CaptureConfig(system=system, n=1, max_tokens=24, page_size=4), tmp_path / system, progress=False)
+    model, _ = load_model("arch:tiny-llama", seed=0)
+    (script,) = read_scripts(ref)
+    rp = Replayer(system, model, tok, GenerationConfig(max_tokens=24, page_size=4))
+    gen, steps = rp.run(Request(0, script.prompt), script), []
+    while True:
+        try:
+            steps.append(next(gen))
+        except StopIteration as stop:
+            c = stop.value
+            break
+    toks = pd.read_parquet(ref / "tokens.parquet").sort_values("token_index")
+    ref_steps = pd.read_parquet(ref / "steps.parquet")
+    for col in ("stream", "position_id", "evicted_at_step"):
+        assert [getattr(t, col) for t in c.tokens] == toks[col].tolist(), col
+    if system != "planned_diffusion":
+        assert c.output_ids == toks.token_id.tolist() and [t.kind for t in c.tokens] == toks.kind.tolist()
+    else:  # span contents are the model's: a span slot may hold [PAD] in one and text in the other
+        fill = lambda k: "content" if k == "pad" else k  # noqa: E731
+        assert [fill(t.kind) for t in c.tokens] == [fill(k) for k in toks.kind]
+    assert [s.phase for s in steps] == ref_steps.phase.tolist()
+    assert [s.live_kv_tokens for s in steps] == ref_steps.live_kv_tokens.tolist()

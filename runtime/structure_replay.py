@@ -1,0 +1,135 @@
+"""Structure replay: run an engine on any model (a random 8B, say) but make it take, token by token,
+the choices a reference trace recorded, so the forks, chunk lengths, register reuse, evictions and
+plans (the *structure*) are the reference's while every forward pass is the new model's real one.
+
+The cost of a pass does not depend on what the weights say; only the structure does. A randomly
+initialised real-scale model left to itself emits random tags; replaying the structure of a trained
+tiny model's trace gives a real-scale trace with realistic passes, KV and timing. Quality in such a
+trace is not applicable (the text is the reference's, not the model's) and is never scored.
+
+How each engine is driven (no engine code changes):
+    sequential, tip     the model is wrapped so each pass's logits put all mass on the next
+                        reference token (one sampled token per pass in both engines)
+    pasta               `choose` takes, per stream, the reference token at that stream's next index
+    planned_diffusion   `forced_plan`: the AR stream's tokens (plans, text after each sync); span
+                        contents are still denoised by the model
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import nn
+
+from runtime.engines import Engine, GenerationConfig, get_engine
+from runtime.tokenizer import Tokenizer
+
+REPLAYABLE = ("sequential", "tip", "pasta", "planned_diffusion")
+
+
+@dataclass
+class Script:
+    """One reference request: its prompt, all output ids in final order, and ids per stream."""
+
+    request_id: int
+    prompt: str
+    answer: str
+    output_ids: list[int]
+    streams: dict[int, list[int]]
+
+
+def read_scripts(trace_dir: str | Path) -> list[Script]:
+    p = Path(trace_dir)
+    reqs = pd.read_parquet(p / "requests.parquet").sort_values("request_id")
+    toks = pd.read_parquet(p / "tokens.parquet").sort_values(["request_id", "token_index"])
+    out = []
+    for r in reqs.itertuples():
+        t = toks[toks.request_id == r.request_id]
+        streams = {int(s): g.token_id.astype(int).tolist() for s, g in t.groupby("stream", sort=True)}
+        answer = str(getattr(r, "reference", "") or "")
+        out.append(Script(int(r.request_id), str(r.prompt), answer, t.token_id.astype(int).tolist(), streams))
+    return out
+
+
+class ForcedLogits(nn.Module):
+    """The real forward (K/V written, visibility applied), then logits forced to the script's next token."""
+
+    def __init__(self, model: nn.Module, fallback: int) -> None:
+        super().__init__()
+        self.inner, self.fallback = model, fallback
+        self.script: list[int] = []
+        self.i = 0
+        self.cfg = model.cfg
+
+    @property
+    def embed(self):
+        return self.inner.embed
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.inner.kv_bytes_per_token
+
+    def new_kv_store(self, *a, **kw):
+        return self.inner.new_kv_store(*a, **kw)
+
+    def num_parameters(self) -> int:
+        return self.inner.num_parameters()
+
+    def forward(self, *args, **kw):
+        out = self.inner(*args, **kw)
+        logits, attn = out if isinstance(out, tuple) else (out, None)
+        t = self.script[self.i] if self.i < len(self.script) else self.fallback
+        self.i += 1
+        forced = torch.full_like(logits, -1e9)
+        forced[:, t] = 0.0
+        return (forced, attn) if attn is not None else forced
+
+
+class Replayer:
+    """`run(request, script)`: the engine's step generator, following `script`'s structure."""
+
+    def __init__(self, system: str, model: nn.Module, tok: Tokenizer, config: GenerationConfig, **knobs) -> None:
+        if system not in REPLAYABLE:
+            raise ValueError(f"structure replay supports {', '.join(REPLAYABLE)}, not {system!r}")
+        self.system, self.tok = system, tok
+        cls = get_engine(system)
+        if system in ("sequential", "tip"):
+            self.forced = ForcedLogits(model, tok.eos_id)
+            self.engine: Engine = cls(self.forced, tok, config, **knobs)
+        elif system == "pasta":
+            self.engine = _forced_pasta(cls)(model, tok, config, **knobs)
+        else:
+            self.engine = cls(model, tok, config, **knobs)
+
+    def run(self, request, script: Script):
+        if self.system in ("sequential", "tip"):
+            self.forced.script, self.forced.i = list(script.output_ids), 0
+        elif self.system == "pasta":
+            self.engine.script = script.streams
+        else:
+            ar = script.streams.get(0, [])
+            text = self.tok.decode(ar)
+            if self.tok.encode(text) != ar:
+                raise ValueError(f"request {script.request_id}: the plan does not round-trip through the tokenizer")
+            self.engine.forced_plan = text
+        return self.engine.run(request)
+
+
+def _forced_pasta(cls):
+    from runtime.lang.pasta import ASYNC_END
+
+    class ForcedPasta(cls):
+        script: dict[int, list[int]] = {}
+
+        def choose(self, lay, sids, logits, sample):
+            out = []
+            for sid in sids:
+                ref, n = self.script.get(sid, []), len(lay.streams[sid].outs)
+                end = self.tok.eos_id if sid == 0 else self.tok.token_id(ASYNC_END)
+                out.append(ref[n] if n < len(ref) else end)
+            return out
+
+    return ForcedPasta
