@@ -44,6 +44,7 @@ class CaptureConfig:
     top_p: float = 1.0
     page_size: int = 16
     counters_interval_s: float = 0.05
+    warmup: int = 1  # untimed requests run first (allocator, kernels and caches warm up), as serving benchmarks do
     knobs: dict = field(default_factory=dict)  # engine-specific settings
 
     def resolved(self) -> "CaptureConfig":
@@ -156,6 +157,11 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timer": timer.name,
         "counters_source": sampler.source, "nvml": sampler.source == "nvml", "nvml_reason": sampler.reason,
     }
+    if cfg.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {cfg.warmup}")
+    for i in range(cfg.warmup):  # same engine and settings, a training-split prompt, nothing recorded
+        engine.generate(Request(-1 - i, task.examples("train", cfg.warmup, cfg.seed)[i].prompt))
+    meta["warmup_requests"] = cfg.warmup
     writer = TraceWriter(out, meta, overwrite=overwrite)
     sampler.start()
     bar = None
