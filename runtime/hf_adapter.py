@@ -127,7 +127,7 @@ class HFCausalLM(nn.Module):
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over the head dim before RoPE
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (1, H|Hkv, N, D)
-        kv.write(layer, slots, k[0].transpose(0, 1), v[0].transpose(0, 1))  # (N, Hkv, D)
+        kv.write(layer, slots, k[0].transpose(0, 1), v[0].transpose(0, 1))  # (N, Hkv, D); slots on the host
         K, V = kv.gather_pages(pages, layer)  # (Hkv, M, D)
         K, V = K[None].to(q.dtype), V[None].to(q.dtype)
         if attn_sum is None:
@@ -168,6 +168,9 @@ class HFCausalLM(nn.Module):
         page_slots = (torch.tensor(pages, device=dev)[:, None] * P + torch.arange(P, device=dev)).flatten()
         mask = vis[:, page_slots][None, None]  # (1, 1, N, M)
 
+        # The store's page bookkeeping runs on host indices: one device->host copy per pass here
+        # instead of one sync per layer inside `kv.write` (32 per pass on an 8B model).
+        slots = slots.cpu()
         body = self.hf.model
         x = body.embed_tokens(tokens[None])  # (1, N, d); Gemma's embedding scales by sqrt(d) itself
         cos, sin = body.rotary_emb(x, positions[None])  # (1, N, D)
