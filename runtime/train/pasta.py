@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import random
 import time
 from collections.abc import Callable
@@ -196,6 +197,13 @@ def dpo_loss(ref: TinyLM, beta: float) -> Callable[[TinyLM, tuple[torch.Tensor, 
     return loss
 
 
+def reward_quality(exact: float, reference: str, output: str) -> float:
+    """Quality in the preference reward: the exact score softened by character similarity, so that
+    samples of a weak model that are all wrong line by line are still ranked (the paper's judge is
+    an LLM and soft too). Evaluation always uses the exact scorer."""
+    return 0.5 * exact + 0.5 * difflib.SequenceMatcher(None, reference, output).ratio()
+
+
 def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, progress: bool) -> tuple[list, dict]:
     """Sample K answers per prompt, score by theoretical speedup + lambda * quality, keep (best, worst)."""
     from runtime.engines import GenerationConfig, Request
@@ -214,7 +222,7 @@ def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, p
             c = PastaEngine(model, tok, cfg).generate(Request(i, ex.prompt))
             if c.status != "ok" or any(e["event"] in ("max_threads", "chunk_cut") for e in c.events):
                 continue
-            q = task.score(ex, c.text)
+            q = reward_quality(task.score(ex, c.text), ex.answer, c.text)
             cands.append((c.theoretical_speedup + r.lam * q, q, c.output_ids))
         if progress and i % 32 == 0:
             print(f"preference sampling {i}/{len(prompts)} ({time.perf_counter() - t0:.0f} s)", flush=True)
