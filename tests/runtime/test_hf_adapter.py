@@ -177,3 +177,16 @@ def test_structure_replay_on_adapter_reproduces_reference_structure(tok, tmp_pat
         assert [fill(t.kind) for t in c.tokens] == [fill(k) for k in toks.kind]
     assert [s.phase for s in steps] == ref_steps.phase.tolist()
     assert [s.live_kv_tokens for s in steps] == ref_steps.live_kv_tokens.tolist()
+
+
+def test_local_hf_directory_loads_through_load_model(models, tmp_path, tok):
+    src = models["tiny-qwen2"]
+    src.hf.save_pretrained(tmp_path / "qwen-dir")  # config.json + model.safetensors, as a user's local model
+    model, info = load_model(str(tmp_path / "qwen-dir"))
+    assert info["trained"] is True and model.cfg.model_type == "qwen2" and model.logits_vocab == tok.vocab_size
+    T = 7
+    toks = _ids(T, seed=5)
+    kv_a, kv_b = src.new_kv_store(4), model.new_kv_store(4)
+    a = src(toks, torch.arange(T), torch.tensor(kv_a.allocate(T)), causal_mask(T), kv_a)
+    b = model(toks, torch.arange(T), torch.tensor(kv_b.allocate(T)), causal_mask(T), kv_b)
+    torch.testing.assert_close(b, a[:, : tok.vocab_size])
