@@ -57,6 +57,11 @@ WANTED = ("sequential", "pasta", "tip", "planned_diffusion")
 NOT_APPLICABLE = "not applicable: random weights, or a model that does not speak the project's tokenizer"
 
 
+def full_model_meta(model, spec: str, info: dict) -> dict:
+    """`capture.model_meta` plus what the simulator needs for real architectures (head_dim, tied embeddings)."""
+    return {**model_meta(model, spec, info), **(model.meta_extra() if hasattr(model, "meta_extra") else {})}
+
+
 def reference_dir(system: str, args, out: Path) -> Path | None:
     """Where this system's structure comes from: a given folder, a fresh shipped-model capture, or none."""
     if args.structure_from == "none" or system not in REPLAYABLE:
@@ -97,7 +102,7 @@ def capture_system(system: str, model, info: dict, spec: str, args, out: Path, t
     meta = {
         "kind": "measured", "system": system,
         "knobs": {"max_tokens": args.max_tokens, "temperature": 0.0, "top_p": 1.0, "page_size": args.page_size},
-        "task": engine_cls.default_task, "split": "test", "model": model_meta(model, spec, info),
+        "task": engine_cls.default_task, "split": "test", "model": full_model_meta(model, spec, info),
         "device": device_meta(args.device, sampler),
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cores": os.cpu_count(),
                  "python": platform.python_version()},
@@ -200,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         tf_version = ""
     meta = {
-        "kind": "gpu_capture", "model_spec": spec, "model": model_meta(model, spec, info), "device": device,
+        "kind": "gpu_capture", "model_spec": spec, "model": full_model_meta(model, spec, info), "device": device,
         "load_s": load_s, "systems": summary, "n": args.n, "max_tokens": args.max_tokens, "page_size": args.page_size,
         "counters_hz": args.counters_hz, "structure_from": args.structure_from, "quality_applicable": quality_applicable,
         "quality_note": "" if quality_applicable else NOT_APPLICABLE, "transformers": tf_version,

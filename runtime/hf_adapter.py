@@ -114,6 +114,12 @@ class HFCausalLM(nn.Module):
     def new_kv_store(self, page_size: int = 16, max_pages: int | None = None) -> PagedKVStore:
         return PagedKVStore(self.kv_layout, page_size, self.device, max_pages)
 
+    def meta_extra(self) -> dict:
+        """Trace `model` fields beyond `capture.model_meta`'s, for `simulator.ModelSpec.from_trace_meta`:
+        head_dim (Gemma-7B, Qwen3: != d_model / n_heads), tied embeddings, gated MLP (all families here)."""
+        return {"head_dim": self.cfg.head_dim, "tied_embeddings": bool(getattr(self.hf.config, "tie_word_embeddings", False)),
+                "gated_mlp": True, "model_type": self.cfg.model_type}
+
     # ------------------------------------------------------------------ inference primitive
     def _attention(self, attn: nn.Module, layer: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    slots: torch.Tensor, pages: list[int], mask: torch.Tensor, kv: PagedKVStore,

@@ -39,6 +39,10 @@ def test_gpu_capture_tiny_arch_on_cpu(tmp_path, capsys):
     assert meta["kind"] == "gpu_capture" and meta["model_spec"] == "arch:tiny-llama"
     assert meta["device"]["type"] == "cpu" and meta["device"]["nvml"] is False and meta["device"]["nvml_reason"]
     assert meta["quality_applicable"] is False and meta["model"]["trained"] is False
+    from simulator.models import ModelSpec
+
+    spec = ModelSpec.from_trace_meta(meta["model"])  # the simulator reads the real architecture back
+    assert spec.n_layers == 2 and meta["model"]["head_dim"] == 16 and meta["model"]["tied_embeddings"] is False
     assert "sequential" in last["ok"]
     for system in last["ok"]:
         assert validate(out / system) == [], system
