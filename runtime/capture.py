@@ -99,6 +99,7 @@ def model_meta(model: TinyLM, spec: str, info: dict) -> dict:
         "dtype_bytes": torch.empty((), dtype=dtype).element_size(), "params": model.num_parameters(),
         "kv_bytes_per_token": model.kv_bytes_per_token, "trained": bool(info.get("trained", True)),
         "checkpoint_info": info,
+        **(model.meta_extra() if hasattr(model, "meta_extra") else {}),  # real architectures: head_dim, tied embeddings
     }
 
 
