@@ -254,7 +254,7 @@ class Layout:
 
 class PastaEngine(Engine):
     name = "pasta"
-    default_model = "pasta-fast"
+    default_model = "pasta-sft"
     default_task = "word_facts"
 
     def __init__(self, model: TinyLM, tokenizer: Tokenizer, config: GenerationConfig = GenerationConfig(),

@@ -239,5 +239,5 @@ def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, p
     return pairs, stats
 
 
-RECIPE = PastaRecipe("pasta", ALL_TASKS, "tiny-4l", TrainConfig(steps=500, batch_size=24, lr=3e-3), _fine,
+RECIPE = PastaRecipe("pasta", ALL_TASKS, "tiny-4l", TrainConfig(steps=2000, batch_size=32, lr=3e-3), _fine,
                      train_examples=20000, eval_examples=24, max_tokens=96)

@@ -1,11 +1,11 @@
 """The shipped PASTA checkpoints load, write PASTA-LANG where the prompt has parallel structure (and
 not where it has none), and score above a stated floor on a small held-out sample.
 
-Floors, on 3 held-out prompts per task (the benchmark measures the real figures): mean character
-similarity to the reference (difflib ratio) >= 0.45 for every shipped model, mean exact line score
->= 0.05 for the sequential baseline (the PASTA models' exact scores are near 0 at this training
-budget; see checkpoints/README.md); PASTA's theoretical speedup on parallel prompts >= 1.5
-(geometric mean) and exactly 1.0 (no fork) on copy_line prompts."""
+Floors, on 3 held-out prompts per task (the benchmark measures the real figures on 30 per task:
+0.97 pasta-sft, 0.84 pasta-fast / pasta-quality, 0.91 pasta-sequential): mean exact line score
+>= 0.6 for every shipped model, mean character similarity to the reference (difflib ratio)
+>= 0.8; PASTA's theoretical speedup on parallel prompts >= 1.5 (geometric mean) and exactly 1.0
+(no fork) on copy_line prompts."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from runtime.engines import GenerationConfig, Request, get_engine
 from runtime.tasks import get_task
 from runtime.tasks.parallel import ALL_TASKS, PARALLEL_TASKS
 
-SHIPPED = [("pasta-fast", "pasta"), ("pasta-quality", "pasta"), ("pasta-sequential", "sequential")]
-QUALITY_FLOOR = {"pasta-fast": 0.0, "pasta-quality": 0.0, "pasta-sequential": 0.05}
-SIMILARITY_FLOOR = 0.45
+SHIPPED = [("pasta-sft", "pasta"), ("pasta-fast", "pasta"), ("pasta-quality", "pasta"), ("pasta-sequential", "sequential")]
+QUALITY_FLOOR = {"pasta-sft": 0.6, "pasta-fast": 0.6, "pasta-quality": 0.6, "pasta-sequential": 0.6}
+SIMILARITY_FLOOR = 0.8
 SPEEDUP_FLOOR = 1.5
 
 
