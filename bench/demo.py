@@ -70,7 +70,9 @@ def main() -> None:
         print(f"  {system:<18} replayed as Llama-3-8B on an H100 at 8 req/s: e2e median {m['median_e2el_ms']:.0f} ms, "
               f"{m['output_throughput']:.0f} output tokens/s  -> {sim_out.relative_to(ROOT)}")
     print("\nnext:")
-    print(f"  solm inspect {captured[0][1].relative_to(ROOT)}      # the summary again, any time" if captured else "")
+    first = next((c for c in captured if c[0] == "sequential"), captured[0] if captured else None)
+    if first:
+        print(f"  solm inspect {first[1].relative_to(ROOT)}      # the summary again, any time")
     print("  Parquet tables are plain files: pandas.read_parquet('out/demo/sequential/steps.parquet')")
     extra = ROOT / "solm" / "commands"
     if (extra / "simulate.py").exists():
