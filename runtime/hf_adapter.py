@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.kv import KVLayout, PagedKVStore
+from runtime.kv import KVLayout, PagedKVStore, visible_pages
 
 try:
     import transformers
@@ -163,16 +163,8 @@ class HFCausalLM(nn.Module):
         N = tokens.shape[0]
         if visibility.dim() != 2 or visibility.shape[0] != N:
             raise ValueError(f"visibility must be (N={N}, S) bool, got {tuple(visibility.shape)}")
-        if not bool(visibility.any(dim=1).all()):
-            raise ValueError("every query row must see at least one slot")
-        P = kv.page_size
+        pages, page_slots, mask = visible_pages(visibility, kv, dev)  # mask: (1, 1, N, M)
         S = max(kv.num_slots, visibility.shape[1])
-        vis = torch.zeros((N, S), dtype=torch.bool, device=dev)
-        vis[:, : visibility.shape[1]] = visibility.to(dev)
-        cols = vis.any(dim=0).nonzero().flatten()
-        pages = sorted(set((cols // P).tolist()))
-        page_slots = (torch.tensor(pages, device=dev)[:, None] * P + torch.arange(P, device=dev)).flatten()
-        mask = vis[:, page_slots][None, None]  # (1, 1, N, M)
 
         # The store's page bookkeeping runs on host indices: one device->host copy per pass here
         # instead of one sync per layer inside `kv.write` (32 per pass on an 8B model).

@@ -188,3 +188,25 @@ class PagedKVStore:
         for t in (self._k[page], self._v[page]):
             noise = torch.randn(t[:, :, off].shape, generator=g) * scale
             t[:, :, off] = noise.to(t.dtype).to(t.device)
+
+
+def visible_pages(
+    visibility: torch.Tensor, kv: PagedKVStore, device: torch.device
+) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """What a forward pass must gather: the pages any query row can see, their slot ids (M,), and
+    the attention mask over those slots (1, 1, N, M). Checks `visibility` is (N, S) bool with at
+    least one visible slot per row. Shared by every model behind the one primitive."""
+    N = visibility.shape[0]
+    if visibility.dim() != 2:
+        raise ValueError(f"visibility must be (N, S) bool, got {tuple(visibility.shape)}")
+    if not bool(visibility.any(dim=1).all()):
+        raise ValueError("every query row must see at least one slot")
+    P = kv.page_size
+    S = max(kv.num_slots, visibility.shape[1])
+    vis = torch.zeros((N, S), dtype=torch.bool, device=device)
+    vis[:, : visibility.shape[1]] = visibility.to(device)
+    cols = vis.any(dim=0).nonzero().flatten()
+    pages = sorted(set((cols // P).tolist()))
+    page_slots = (torch.tensor(pages, device=device)[:, None] * P + torch.arange(P, device=device)).flatten()
+    return pages, page_slots, vis[:, page_slots][None, None]
+
