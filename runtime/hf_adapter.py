@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.kv import KVLayout, PagedKVStore, visible_pages
+from runtime.kv import PagedKVModel, PagedKVStore, visible_pages
 
 try:
     import transformers
@@ -79,7 +79,7 @@ class HFConfigView:
         return dict(self.__dict__)
 
 
-class HFCausalLM(nn.Module):
+class HFCausalLM(PagedKVModel, nn.Module):
     """Wraps an HF `*ForCausalLM`; same attributes and primitive as `TinyLM`."""
 
     def __init__(self, hf: nn.Module, name: str = "", logits_vocab: int | None = None) -> None:
@@ -99,20 +99,6 @@ class HFCausalLM(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embed.weight.device
-
-    @property
-    def kv_layout(self) -> KVLayout:
-        return KVLayout(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim, self.embed.weight.dtype)
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self.kv_layout.bytes_per_token
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    def new_kv_store(self, page_size: int = 16, max_pages: int | None = None) -> PagedKVStore:
-        return PagedKVStore(self.kv_layout, page_size, self.device, max_pages)
 
     def meta_extra(self) -> dict:
         """Trace `model` fields beyond `capture.model_meta`'s, for `simulator.ModelSpec.from_trace_meta`:

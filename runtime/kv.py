@@ -190,6 +190,25 @@ class PagedKVStore:
             t[:, :, off] = noise.to(t.dtype).to(t.device)
 
 
+class PagedKVModel:
+    """What every model behind the one primitive shares about its KV (mixed into `TinyLM` and the
+    transformers adapter): needs `self.cfg` (n_layers, n_kv_heads, head_dim) and `self.embed`."""
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        return KVLayout(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim, self.embed.weight.dtype)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv_layout.bytes_per_token
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_kv_store(self, page_size: int = 16, max_pages: int | None = None) -> PagedKVStore:
+        return PagedKVStore(self.kv_layout, page_size, self.embed.weight.device, max_pages)
+
+
 def visible_pages(
     visibility: torch.Tensor, kv: PagedKVStore, device: torch.device
 ) -> tuple[list[int], torch.Tensor, torch.Tensor]:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.kv import KVLayout, PagedKVStore, visible_pages
+from runtime.kv import PagedKVModel, PagedKVStore, visible_pages
 
 
 @dataclass
@@ -150,7 +150,7 @@ class Block(nn.Module):
         return x + self.w_down(F.silu(gate) * up)
 
 
-class TinyLM(nn.Module):
+class TinyLM(PagedKVModel, nn.Module):
     def __init__(self, cfg: ModelConfig, seed: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
@@ -170,20 +170,6 @@ class TinyLM(nn.Module):
                     continue
                 std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("wo.weight", "w_down.weight")) else 0.02
                 p.copy_(torch.randn(p.shape, generator=g) * std)
-
-    @property
-    def kv_layout(self) -> KVLayout:
-        return KVLayout(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim, self.embed.weight.dtype)
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self.kv_layout.bytes_per_token
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    def new_kv_store(self, page_size: int = 16, max_pages: int | None = None) -> PagedKVStore:
-        return PagedKVStore(self.kv_layout, page_size, self.embed.weight.device, max_pages)
 
     # ------------------------------------------------------------------ inference primitive
     @torch.no_grad()
