@@ -45,7 +45,8 @@ import torch  # noqa: E402
 from profiler.counters import CounterSampler  # noqa: E402
 from profiler.recorder import Recorder, make_timer  # noqa: E402
 from profiler.writer import TraceWriter, write_json  # noqa: E402
-from runtime.capture import CaptureConfig, capture, device_meta, git_commit, model_meta, request_row, solm_version, token_rows  # noqa: E402
+from runtime.capture import (CaptureConfig, capture, device_meta, git_commit, model_meta, provenance_meta,  # noqa: E402
+                            request_row, solm_version, token_rows)
 from runtime.checkpoint import CHECKPOINTS_DIR, load_model  # noqa: E402
 from runtime.engines import GenerationConfig, Request, get_engine, systems  # noqa: E402
 from runtime.sampling import SamplingConfig  # noqa: E402
@@ -55,11 +56,6 @@ from runtime.tokenizer import Tokenizer  # noqa: E402
 
 WANTED = ("sequential", "pasta", "tip", "planned_diffusion")
 NOT_APPLICABLE = "not applicable: random weights, or a model that does not speak the project's tokenizer"
-
-
-def full_model_meta(model, spec: str, info: dict) -> dict:
-    """`capture.model_meta` plus what the simulator needs for real architectures (head_dim, tied embeddings)."""
-    return {**model_meta(model, spec, info), **(model.meta_extra() if hasattr(model, "meta_extra") else {})}
 
 
 def reference_dir(system: str, args, out: Path) -> Path | None:
@@ -102,13 +98,8 @@ def capture_system(system: str, model, info: dict, spec: str, args, out: Path, t
     meta = {
         "kind": "measured", "system": system,
         "knobs": {"max_tokens": args.max_tokens, "temperature": 0.0, "top_p": 1.0, "page_size": args.page_size},
-        "task": engine_cls.default_task, "split": "test", "model": full_model_meta(model, spec, info),
-        "device": device_meta(args.device, sampler),
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cores": os.cpu_count(),
-                 "python": platform.python_version()},
-        "solm_version": solm_version(), "git_commit": git_commit(), "seed": args.seed,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timer": timer.name,
-        "counters_source": sampler.source, "nvml": sampler.source == "nvml", "nvml_reason": sampler.reason,
+        "task": engine_cls.default_task, "split": "test", "model": model_meta(model, spec, info),
+        **provenance_meta(args.device, sampler, timer.name, args.seed),
         "quality_applicable": quality_applicable, "quality_note": "" if quality_applicable else NOT_APPLICABLE,
         "structure_source": str(ref) if ref else "the model's own tokens",
     }
@@ -205,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         tf_version = ""
     meta = {
-        "kind": "gpu_capture", "model_spec": spec, "model": full_model_meta(model, spec, info), "device": device,
+        "kind": "gpu_capture", "model_spec": spec, "model": model_meta(model, spec, info), "device": device,
         "load_s": load_s, "systems": summary, "n": args.n, "max_tokens": args.max_tokens, "page_size": args.page_size,
         "counters_hz": args.counters_hz, "structure_from": args.structure_from, "quality_applicable": quality_applicable,
         "quality_note": "" if quality_applicable else NOT_APPLICABLE, "transformers": tf_version,

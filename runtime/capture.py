@@ -103,6 +103,18 @@ def model_meta(model: TinyLM, spec: str, info: dict) -> dict:
     }
 
 
+def provenance_meta(device: str, sampler: CounterSampler, timer_name: str, seed: int) -> dict:
+    """Where and when a capture ran, and how it was timed and sampled (meta.json keys)."""
+    return {
+        "device": device_meta(device, sampler),
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cores": os.cpu_count(),
+                 "python": platform.python_version()},
+        "solm_version": solm_version(), "git_commit": git_commit(), "seed": seed,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timer": timer_name,
+        "counters_source": sampler.source, "nvml": sampler.source == "nvml", "nvml_reason": sampler.reason,
+    }
+
+
 def request_row(ex: Example, c: Completion, rec, quality: float, arrival_s: float) -> dict:
     return {
         "request_id": c.request_id, "prompt": ex.prompt, "reference": ex.answer,
@@ -151,12 +163,7 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         "kind": "measured", "system": cfg.system, "knobs": {**cfg.knobs, "max_tokens": cfg.max_tokens,
         "temperature": cfg.temperature, "top_p": cfg.top_p, "page_size": cfg.page_size},
         "task": cfg.task, "split": cfg.split, "model": model_meta(model, cfg.model, info),
-        "device": device_meta(cfg.device, sampler),
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cores": os.cpu_count(),
-                 "python": platform.python_version()},
-        "solm_version": solm_version(), "git_commit": git_commit(), "seed": cfg.seed,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timer": timer.name,
-        "counters_source": sampler.source, "nvml": sampler.source == "nvml", "nvml_reason": sampler.reason,
+        **provenance_meta(cfg.device, sampler, timer.name, cfg.seed),
     }
     if cfg.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {cfg.warmup}")

@@ -147,9 +147,7 @@ class HFCausalLM(PagedKVModel, nn.Module):
         dev = self.device
         tokens, positions, slots = tokens.to(dev), positions.to(dev), slots.to(dev)
         N = tokens.shape[0]
-        if visibility.dim() != 2 or visibility.shape[0] != N:
-            raise ValueError(f"visibility must be (N={N}, S) bool, got {tuple(visibility.shape)}")
-        pages, page_slots, mask = visible_pages(visibility, kv, dev)  # mask: (1, 1, N, M)
+        pages, page_slots, mask = visible_pages(visibility, N, kv, dev)  # mask: (1, 1, N, M)
         S = max(kv.num_slots, visibility.shape[1])
 
         # The store's page bookkeeping runs on host indices: one device->host copy per pass here

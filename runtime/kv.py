@@ -210,14 +210,14 @@ class PagedKVModel:
 
 
 def visible_pages(
-    visibility: torch.Tensor, kv: PagedKVStore, device: torch.device
+    visibility: torch.Tensor, n_queries: int, kv: PagedKVStore, device: torch.device
 ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     """What a forward pass must gather: the pages any query row can see, their slot ids (M,), and
     the attention mask over those slots (1, 1, N, M). Checks `visibility` is (N, S) bool with at
     least one visible slot per row. Shared by every model behind the one primitive."""
-    N = visibility.shape[0]
-    if visibility.dim() != 2:
-        raise ValueError(f"visibility must be (N, S) bool, got {tuple(visibility.shape)}")
+    N = n_queries
+    if visibility.dim() != 2 or visibility.shape[0] != N:
+        raise ValueError(f"visibility must be (N={N}, S) bool, got {tuple(visibility.shape)}")
     if not bool(visibility.any(dim=1).all()):
         raise ValueError("every query row must see at least one slot")
     P = kv.page_size
