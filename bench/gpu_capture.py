@@ -43,19 +43,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from profiler.counters import CounterSampler  # noqa: E402
-from profiler.recorder import Recorder, make_timer  # noqa: E402
-from profiler.writer import TraceWriter, write_json  # noqa: E402
-from runtime.capture import (CaptureConfig, capture, device_meta, git_commit, model_meta, provenance_meta,  # noqa: E402
-                            request_row, solm_version, token_rows)
+from profiler.reader import read_trace  # noqa: E402
+from profiler.writer import write_json  # noqa: E402
+from runtime.capture import (NOT_APPLICABLE, CaptureConfig, capture, device_meta, git_commit, model_meta,  # noqa: E402
+                            quality_applicable, solm_version)
 from runtime.checkpoint import CHECKPOINTS_DIR, load_model  # noqa: E402
 from runtime.engines import GenerationConfig, Request, get_engine, systems  # noqa: E402
-from runtime.sampling import SamplingConfig  # noqa: E402
-from runtime.structure_replay import REPLAYABLE, Replayer, read_scripts  # noqa: E402
-from runtime.tasks import Example, get_task  # noqa: E402
+from runtime.structure_replay import REPLAYABLE  # noqa: E402
 from runtime.tokenizer import Tokenizer  # noqa: E402
 
 WANTED = ("sequential", "pasta", "tip", "planned_diffusion")
-NOT_APPLICABLE = "not applicable: random weights, or a model that does not speak the project's tokenizer"
 
 
 def reference_dir(system: str, args, out: Path) -> Path | None:
@@ -76,49 +73,15 @@ def reference_dir(system: str, args, out: Path) -> Path | None:
     return ref
 
 
-def capture_system(system: str, model, info: dict, spec: str, args, out: Path, tok: Tokenizer,
-                   quality_applicable: bool, ref: Path | None) -> dict:
-    """One trace; returns its summary. The model is shared across systems (loaded once)."""
-    engine_cls = get_engine(system)
-    task = get_task(engine_cls.default_task)
-    gen_cfg = GenerationConfig(max_tokens=args.max_tokens, page_size=args.page_size,
-                               sampling=SamplingConfig(0.0, 1.0, args.seed))
-    if ref is None:
-        engine, scripts = engine_cls(model, tok, gen_cfg), None
-        examples = task.examples("test", args.n, args.seed)
-    else:  # the reference's prompts and structure; its text is not this model's, so never scored
-        replayer, scripts = Replayer(system, model, tok, gen_cfg), read_scripts(ref)
-        examples = [Example(s.prompt, s.answer) for s in scripts]
-        quality_applicable = False
-    timer = make_timer(args.device)
-    origin = timer.now()
-    sampler = CounterSampler(1.0 / args.counters_hz, origin=origin, use_nvml=args.device.startswith("cuda"))
-    memory_fn = torch.cuda.memory_allocated if args.device.startswith("cuda") else None
-    recorder = Recorder(timer, memory_fn, origin=origin)
-    meta = {
-        "kind": "measured", "system": system,
-        "knobs": {"max_tokens": args.max_tokens, "temperature": 0.0, "top_p": 1.0, "page_size": args.page_size},
-        "task": engine_cls.default_task, "split": "test", "model": model_meta(model, spec, info),
-        **provenance_meta(args.device, sampler, timer.name, args.seed),
-        "quality_applicable": quality_applicable, "quality_note": "" if quality_applicable else NOT_APPLICABLE,
-        "structure_source": str(ref) if ref else "the model's own tokens",
-    }
-    writer = TraceWriter(out, meta, overwrite=args.force)
-    sampler.start()
-    try:
-        for rid, ex in enumerate(examples):
-            arrival = recorder.now_s()
-            req = Request(rid, ex.prompt)
-            rec = recorder.run(engine.run(req) if scripts is None else replayer.run(req, scripts[rid]))
-            c = rec.result
-            quality = task.score(ex, c.text) if quality_applicable and c.status != "error" else math.nan
-            writer.add_request(request_row(ex, c, rec, quality, arrival), rec.step_rows, token_rows(c, tok), c.graph)
-    finally:
-        rows = sampler.stop()
-    writer.set_counters(rows)
-    writer.close({"wall_s": recorder.now_s(), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-    return {"requests": len(examples), "counter_samples": len(rows), "counters_source": sampler.source,
-            "structure_source": str(ref) if ref else "own"}
+def capture_system(system: str, model, info: dict, spec: str, args, out: Path, ref: Path | None) -> dict:
+    """One trace through `runtime.capture.capture` (the model is shared across systems, loaded once)."""
+    cfg = CaptureConfig(system=system, model=spec, n=args.n, device=args.device, seed=args.seed,
+                        max_tokens=args.max_tokens, page_size=args.page_size, counters_interval_s=1.0 / args.counters_hz,
+                        warmup=1, structure_from=str(ref) if ref else "")
+    path = capture(cfg, out, overwrite=args.force, progress=False, loaded=(model, info))
+    t = read_trace(path)
+    return {"requests": len(t.requests), "counter_samples": len(t.counters),
+            "counters_source": t.meta.get("counters_source", ""), "structure_source": str(ref) if ref else "own"}
 
 
 def warm_up(model, tok: Tokenizer) -> None:
@@ -165,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     load_s = time.perf_counter() - t0
     tok = Tokenizer()
-    quality_applicable = bool(info.get("trained", True)) and "arch" not in info and "hf_dir" not in info
+    scored = quality_applicable(info, "")
     warm_up(model, tok)
 
     have = set(systems())
@@ -179,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         try:
             ref = reference_dir(system, args, out)
-            res = capture_system(system, model, info, spec, args, out / system, tok, quality_applicable, ref)
+            res = capture_system(system, model, info, spec, args, out / system, ref)
             summary[system] = {"status": "ok", "dir": system, "wall_s": time.perf_counter() - t, **res}
         except Exception as e:  # one failing engine must not lose the others' traces
             summary[system] = {"status": "error", "wall_s": time.perf_counter() - t, "error": f"{type(e).__name__}: {e}"}
@@ -198,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "kind": "gpu_capture", "model_spec": spec, "model": model_meta(model, spec, info), "device": device,
         "load_s": load_s, "systems": summary, "n": args.n, "max_tokens": args.max_tokens, "page_size": args.page_size,
-        "counters_hz": args.counters_hz, "structure_from": args.structure_from, "quality_applicable": quality_applicable,
-        "quality_note": "" if quality_applicable else NOT_APPLICABLE, "transformers": tf_version,
+        "counters_hz": args.counters_hz, "structure_from": args.structure_from, "quality_applicable": scored,
+        "quality_note": "" if scored else NOT_APPLICABLE, "transformers": tf_version,
         "torch": torch.__version__, "solm_version": solm_version(), "git_commit": git_commit(), "seed": args.seed,
         "argv": sys.argv[1:] if argv is None else argv,
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cores": os.cpu_count()},

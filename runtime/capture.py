@@ -8,6 +8,7 @@ once (a capture cut short keeps every finished request).
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import socket
@@ -28,6 +29,8 @@ from runtime.sampling import SamplingConfig
 from runtime.tasks import Example, get_task
 from runtime.tokenizer import Tokenizer
 
+NOT_APPLICABLE = ("not applicable: a model that does not speak the project's tokenizer (random real-scale "
+                  "weights, a transformers checkpoint) or a structure replayed from another trace")
 
 
 @dataclass
@@ -46,6 +49,7 @@ class CaptureConfig:
     counters_interval_s: float = 0.05
     warmup: int = 1  # untimed requests run first (allocator, kernels and caches warm up), as serving benchmarks do
     knobs: dict = field(default_factory=dict)  # engine-specific settings
+    structure_from: str = ""  # a trace directory: replay its structure (runtime.structure_replay)
 
     def resolved(self) -> "CaptureConfig":
         """Fill in the system's shipped model and default task (the engine class names them)."""
@@ -136,23 +140,70 @@ def token_rows(c: Completion, tok: Tokenizer) -> list[dict]:
     ]
 
 
-def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progress: bool = True) -> Path:
+def quality_applicable(info: dict, structure_from: str) -> bool:
+    """Scored only when a solm model (trained or a preset, whose score is a real measurement) chooses
+    its own tokens: a transformers model does not speak the project's tokenizer, and a replayed
+    structure's text is the reference's, not the model's."""
+    return "arch" not in info and "hf_dir" not in info and not structure_from
+
+
+def structure_scripts(cfg: CaptureConfig) -> tuple[list, dict]:
+    """The reference requests to replay and the reference's meta, checked against the capture's
+    system (one clear error)."""
+    from profiler.reader import read_trace
+    from runtime.structure_replay import REPLAYABLE, read_scripts
+
+    if cfg.system not in REPLAYABLE:
+        raise ValueError(f"--structure-from supports {', '.join(REPLAYABLE)}, not {cfg.system!r}")
+    ref = read_trace(cfg.structure_from)  # a missing or corrupt trace is a TraceError, one line
+    if ref.meta.get("system") != cfg.system:
+        raise ValueError(f"--structure-from {cfg.structure_from} holds a {ref.meta.get('system')!r} trace, "
+                         f"not {cfg.system!r}")
+    return read_scripts(cfg.structure_from)[: cfg.n], ref.meta
+
+
+def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progress: bool = True,
+            loaded: tuple | None = None) -> Path:
+    """Run `cfg` and write its trace to `out`. `loaded`: an already loaded (model, info) to use
+    instead of loading `cfg.model` (bench/gpu_capture.py loads an 8B model once for every system)."""
     cfg = cfg.resolved()
     if cfg.n < 1:
         raise ValueError(f"--n must be >= 1, got {cfg.n}")
+    if cfg.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {cfg.warmup}")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but torch sees no CUDA device")
     engine_cls = get_engine(cfg.system)
+    scripts = None
+    if cfg.structure_from:
+        scripts, ref_meta = structure_scripts(cfg)
+        cfg = CaptureConfig(**{**asdict(cfg), "task": ref_meta.get("task") or cfg.task,
+                               "split": ref_meta.get("split") or cfg.split})
     task = get_task(cfg.task)
-    model, info = load_model(cfg.model, cfg.device, seed=cfg.seed)
+    model, info = loaded or load_model(cfg.model, cfg.device, seed=cfg.seed)
     tok = Tokenizer()
     gen_cfg = GenerationConfig(max_tokens=cfg.max_tokens, page_size=cfg.page_size,
                                sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.seed))
     try:
-        engine = engine_cls(model, tok, gen_cfg, **cfg.knobs)
+        if scripts is None:
+            engine = engine_cls(model, tok, gen_cfg, **cfg.knobs)
+        else:
+            from runtime.structure_replay import Replayer
+
+            replayer = Replayer(cfg.system, model, tok, gen_cfg, **cfg.knobs)
     except TypeError as e:  # an unknown knob for this engine
         raise ValueError(f"bad knob for {cfg.system}: {e}") from None
-    examples = task.examples(cfg.split, cfg.n, cfg.seed)
+    if scripts is None:
+        examples = task.examples(cfg.split, cfg.n, cfg.seed)
+
+        def start(rid: int, ex: Example):
+            return engine.run(Request(rid, ex.prompt))
+    else:  # the reference's prompts and structure
+        examples = [Example(sc.prompt, sc.answer) for sc in scripts]
+
+        def start(rid: int, ex: Example):
+            return replayer.run(Request(rid, ex.prompt), scripts[rid])
+    scored = quality_applicable(info, cfg.structure_from)
 
     timer = make_timer(cfg.device)
     origin = timer.now()
@@ -164,11 +215,16 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         "temperature": cfg.temperature, "top_p": cfg.top_p, "page_size": cfg.page_size},
         "task": cfg.task, "split": cfg.split, "model": model_meta(model, cfg.model, info),
         **provenance_meta(cfg.device, sampler, timer.name, cfg.seed),
+        "quality_applicable": scored, "quality_note": "" if scored else NOT_APPLICABLE,
+        "structure_source": cfg.structure_from or "the model's own tokens",
     }
-    if cfg.warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {cfg.warmup}")
-    for i in range(cfg.warmup):  # same engine and settings, a training-split prompt, nothing recorded
-        engine.generate(Request(-1 - i, task.examples("train", cfg.warmup, cfg.seed)[i].prompt))
+    for i in range(cfg.warmup):  # same engine and settings, nothing recorded
+        if scripts is None:  # a training-split prompt
+            engine.generate(Request(-1 - i, task.examples("train", cfg.warmup, cfg.seed)[i].prompt))
+        else:  # the first reference request
+            gen = start(0, examples[0])
+            for _ in gen:
+                pass
     meta["warmup_requests"] = cfg.warmup
     writer = TraceWriter(out, meta, overwrite=overwrite)
     sampler.start()
@@ -180,9 +236,9 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
     try:
         for rid, ex in enumerate(examples):
             arrival = recorder.now_s()
-            rec = recorder.run(engine.run(Request(rid, ex.prompt)))
+            rec = recorder.run(start(rid, ex))
             c: Completion = rec.result
-            quality = task.score(ex, c.text) if c.status != "error" else 0.0
+            quality = task.score(ex, c.text) if scored and c.status != "error" else math.nan
             writer.add_request(request_row(ex, c, rec, quality, arrival), rec.step_rows, token_rows(c, tok), c.graph)
             writer.set_counters(sampler.snapshot())
             if bar:
@@ -193,4 +249,3 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         rows = sampler.stop()
     writer.set_counters(rows)
     return writer.close({"wall_s": recorder.now_s(), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-

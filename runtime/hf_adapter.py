@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.kv import PagedKVModel, PagedKVStore, visible_pages
+from runtime.kv import PagedKVModel, PagedKVStore, attention_mask
 
 try:
     import transformers
@@ -108,7 +108,7 @@ class HFCausalLM(PagedKVModel, nn.Module):
 
     # ------------------------------------------------------------------ inference primitive
     def _attention(self, attn: nn.Module, layer: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   slots: torch.Tensor, pages: list[int], mask: torch.Tensor, kv: PagedKVStore,
+                   slots: torch.Tensor, mask: torch.Tensor, kv: PagedKVStore,
                    attn_sum: list[torch.Tensor] | None) -> torch.Tensor:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # same rotate-half for all
 
@@ -119,8 +119,8 @@ class HFCausalLM(PagedKVModel, nn.Module):
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over the head dim before RoPE
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (1, H|Hkv, N, D)
-        kv.write(layer, slots, k[0].transpose(0, 1), v[0].transpose(0, 1))  # (N, Hkv, D); slots on the host
-        K, V = kv.gather_pages(pages, layer)  # (Hkv, M, D)
+        kv.write(layer, slots, k[0].transpose(0, 1), v[0].transpose(0, 1))  # (N, Hkv, D)
+        K, V = kv.keys_values(layer)  # (Hkv, S, D) views
         K, V = K[None].to(q.dtype), V[None].to(q.dtype)
         if attn_sum is None:
             y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
@@ -147,18 +147,15 @@ class HFCausalLM(PagedKVModel, nn.Module):
         dev = self.device
         tokens, positions, slots = tokens.to(dev), positions.to(dev), slots.to(dev)
         N = tokens.shape[0]
-        pages, page_slots, mask = visible_pages(visibility, N, kv, dev)  # mask: (1, 1, N, M)
-        S = max(kv.num_slots, visibility.shape[1])
-
-        # The store's page bookkeeping runs on host indices: one device->host copy per pass here
-        # instead of one sync per layer inside `kv.write` (32 per pass on an 8B model).
-        slots = slots.cpu()
+        kv.check_slots(slots.tolist())  # the one device->host copy of the pass
+        mask = attention_mask(visibility, N, kv, dev)  # (1, 1, N, S): keys are every slot of the store
+        S = kv.num_slots
         body = self.hf.model
         x = body.embed_tokens(tokens[None])  # (1, N, d); Gemma's embedding scales by sqrt(d) itself
         cos, sin = body.rotary_emb(x, positions[None])  # (1, N, D)
         attn_sum: list[torch.Tensor] | None = [] if return_attention else None
         for i, layer in enumerate(body.layers):
-            x = x + self._attention(layer.self_attn, i, layer.input_layernorm(x), cos, sin, slots, pages, mask, kv,
+            x = x + self._attention(layer.self_attn, i, layer.input_layernorm(x), cos, sin, slots, mask, kv,
                                     attn_sum)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         h = body.norm(x)[0]  # (N, d)
@@ -167,8 +164,8 @@ class HFCausalLM(PagedKVModel, nn.Module):
             logits = logits[:, : self.logits_vocab]
         if not return_attention:
             return logits
-        per_slot = torch.zeros(S, device=dev)
-        per_slot[page_slots] = torch.stack(attn_sum).sum(0)[0]
+        per_slot = torch.zeros(max(S, visibility.shape[1]), device=dev)
+        per_slot[:S] = torch.stack(attn_sum).sum(0)[0]
         return logits, per_slot
 
 

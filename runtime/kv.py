@@ -4,11 +4,15 @@ A *slot* is the address of one token's keys and values in every layer. Slots are
 of `page_size`; slot `s` lives in page `s // page_size` at offset `s % page_size`. Engines choose
 slots explicitly (`allocate(n)` hands out free ones, page by page), write K/V into them through
 `TinyLM.forward`, and free them when a token dies (TIP, eviction baselines). A page whose slots
-are all free is released: its tensor is dropped, so `bytes_allocated` goes down for real, and its
-page id goes back to a free list so later tokens reuse it.
+are all free is released: its page id goes back to a free list, `bytes_allocated` (whole pages
+held) goes down, and the next page taken reuses the lowest free id, so a freed page's memory holds
+new tokens (as vLLM's block manager does: freed blocks go back to the pool other sequences draw on).
 
-Layout of one page (legend as in `runtime.model`):
-    k, v: (L, Hkv, P, D)   L layers, Hkv kv heads, P = page_size slots, D head dim
+Storage is one pool per K and V, indexed by slot, so a forward pass writes all its tokens with one
+indexed copy per layer and reads keys as a view (no per-page gather):
+    pool: (L, Hkv, C, D)   L layers, Hkv kv heads, C = capacity in slots, D head dim
+With `max_pages` the pool is allocated once at that size (a fixed KV budget, as a serving engine
+reserves it); without, it grows by doubling when a new page id passes its end (`bytes_reserved`).
 """
 
 from __future__ import annotations
@@ -50,9 +54,12 @@ class PagedKVStore:
         self.page_size = page_size
         self.device = torch.device(device)
         self.max_pages = max_pages
-        self._k: dict[int, torch.Tensor] = {}  # page id -> (L, Hkv, P, D)
-        self._v: dict[int, torch.Tensor] = {}
-        self._used: dict[int, set[int]] = {}  # page id -> offsets holding a live token
+        L, H, D = layout.n_layers, layout.n_kv_heads, layout.head_dim
+        cap = (max_pages or 4) * page_size
+        self._kpool = torch.zeros((L, H, cap, D), dtype=layout.dtype, device=self.device)
+        self._vpool = torch.zeros((L, H, cap, D), dtype=layout.dtype, device=self.device)
+        self._held = torch.zeros(cap, dtype=torch.bool, device=self.device)  # slot lies in a held page
+        self._used: dict[int, set[int]] = {}  # page id held -> offsets holding a live token
         self._free_page_ids: list[int] = []
         self._next_page_id = 0
         self._open: dict[Hashable, list[int]] = {}  # owner -> [page that allocate() fills next, next offset]
@@ -70,12 +77,17 @@ class PagedKVStore:
 
     @property
     def pages_held(self) -> int:
-        return len(self._k)
+        return len(self._used)
 
     @property
     def bytes_allocated(self) -> int:
-        """Bytes of K/V tensors actually held (whole pages, live or not)."""
-        return sum(t.numel() * t.element_size() for t in self._k.values()) * 2
+        """Bytes of K/V held by this store's pages (whole pages, live or not)."""
+        return len(self._used) * self.page_bytes
+
+    @property
+    def bytes_reserved(self) -> int:
+        """Bytes of the backing pool (>= bytes_allocated)."""
+        return 2 * self._kpool.numel() * self._kpool.element_size()
 
     @property
     def num_slots(self) -> int:
@@ -91,17 +103,19 @@ class PagedKVStore:
 
     # ----------------------------------------------------------------- allocation
     def _new_page(self) -> int:
-        if self.max_pages is not None and len(self._k) >= self.max_pages:
+        if self.max_pages is not None and len(self._used) >= self.max_pages:
             raise MemoryError(
-                f"KV store full: {len(self._k)} pages of {self.page_size} slots held (max_pages={self.max_pages})"
+                f"KV store full: {len(self._used)} pages of {self.page_size} slots held (max_pages={self.max_pages})"
             )
         page = self._free_page_ids.pop(0) if self._free_page_ids else self._next_page_id
         if page == self._next_page_id:
             self._next_page_id += 1
-        L, H, D = self.layout.n_layers, self.layout.n_kv_heads, self.layout.head_dim
-        shape = (L, H, self.page_size, D)
-        self._k[page] = torch.zeros(shape, dtype=self.layout.dtype, device=self.device)
-        self._v[page] = torch.zeros(shape, dtype=self.layout.dtype, device=self.device)
+        P = self.page_size
+        if (page + 1) * P > self._kpool.shape[2]:
+            self._grow((page + 1) * P)
+        self._kpool[:, :, page * P:(page + 1) * P] = 0
+        self._vpool[:, :, page * P:(page + 1) * P] = 0
+        self._held[page * P:(page + 1) * P] = True
         self._used[page] = set()
         self.pages_allocated_total += 1
         return page
@@ -115,7 +129,7 @@ class PagedKVStore:
         slots: list[int] = []
         for _ in range(n):
             cur = self._open.get(owner)
-            if cur is None or cur[1] >= self.page_size or cur[0] not in self._k:
+            if cur is None or cur[1] >= self.page_size or cur[0] not in self._used:
                 cur = self._open[owner] = [self._new_page(), 0]
             slots.append(cur[0] * self.page_size + cur[1])
             self._used[cur[0]].add(cur[1])
@@ -140,9 +154,23 @@ class PagedKVStore:
                 released += self._release(page)
         return released
 
+    def _grow(self, slots: int) -> None:
+        cap = self._kpool.shape[2]
+        while cap < slots:
+            cap *= 2
+        for name in ("_kpool", "_vpool"):
+            old = getattr(self, name)
+            new = torch.zeros((*old.shape[:2], cap, old.shape[3]), dtype=old.dtype, device=old.device)
+            new[:, :, : old.shape[2]] = old
+            setattr(self, name, new)
+        held = torch.zeros(cap, dtype=torch.bool, device=self._held.device)
+        held[: self._held.shape[0]] = self._held
+        self._held = held
+
     def _release(self, page: int) -> int:
         nbytes = self.page_bytes
-        del self._k[page], self._v[page], self._used[page]
+        del self._used[page]
+        self._held[page * self.page_size:(page + 1) * self.page_size] = False
         self._free_page_ids.append(page)
         self._free_page_ids.sort()
         for owner in [o for o, cur in self._open.items() if cur[0] == page]:
@@ -151,43 +179,47 @@ class PagedKVStore:
         return nbytes
 
     def reset(self) -> None:
-        for page in list(self._k):
+        for page in list(self._used):
             self._release(page)
         self._free_page_ids.clear()
         self._next_page_id = 0
         self._open.clear()
 
     # ----------------------------------------------------------------- read / write
+    def check_slots(self, slots: list[int]) -> None:
+        """Raise KeyError unless every slot lies in a held page (once per forward pass)."""
+        P = self.page_size
+        for s in slots:
+            if int(s) // P not in self._used:
+                raise KeyError(f"slot {int(s)} is not allocated (page {int(s) // P} is free)")
+
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k, v: (N, Hkv, D) for N tokens at `slots` (N,) in `layer`."""
-        pages = slots // self.page_size
-        offs = slots % self.page_size
-        k, v = k.to(self.layout.dtype).transpose(0, 1), v.to(self.layout.dtype).transpose(0, 1)  # (Hkv, N, D)
-        for p in pages.unique().tolist():  # one indexed copy per page, not per token
-            if p not in self._k:
-                bad = int(slots[pages == p][0])
-                raise KeyError(f"slot {bad} is not allocated (page {p} is free)")
-            sel = (pages == p).nonzero().flatten()
-            o = offs[sel]
-            self._k[p][layer][:, o] = k[:, sel]
-            self._v[p][layer][:, o] = v[:, sel]
+        """Store k, v: (N, Hkv, D) for N tokens at `slots` (N,) in `layer` (one indexed copy each;
+        the caller checks the slots with `check_slots` once per pass)."""
+        self._kpool[layer][:, slots] = k.to(self.layout.dtype).transpose(0, 1)
+        self._vpool[layer][:, slots] = v.to(self.layout.dtype).transpose(0, 1)
+
+    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of K, V of every slot of `layer`: each (Hkv, num_slots, D); no copy. Slots of free
+        pages hold stale values: attention masks them (`attention_mask`)."""
+        S = self.num_slots
+        return self._kpool[layer][:, :S], self._vpool[layer][:, :S]
 
     def gather_pages(self, pages: list[int], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of `pages` in `layer`, concatenated: each (Hkv, len(pages)*P, D)."""
-        missing = [p for p in pages if p not in self._k]
+        missing = [p for p in pages if p not in self._used]
         if missing:
             raise KeyError(f"pages {missing} are not allocated")
-        k = torch.cat([self._k[p][layer] for p in pages], dim=1)
-        v = torch.cat([self._v[p][layer] for p in pages], dim=1)
-        return k, v
+        P = self.page_size
+        idx = (torch.tensor(pages, device=self.device)[:, None] * P + torch.arange(P, device=self.device)).flatten()
+        return self._kpool[layer].index_select(1, idx), self._vpool[layer].index_select(1, idx)
 
     def perturb(self, slot: int, scale: float = 10.0) -> None:
         """Overwrite one slot's K/V with large noise (tests use it to prove visibility is real)."""
-        page, off = divmod(slot, self.page_size)
         g = torch.Generator().manual_seed(slot)
-        for t in (self._k[page], self._v[page]):
-            noise = torch.randn(t[:, :, off].shape, generator=g) * scale
-            t[:, :, off] = noise.to(t.dtype).to(t.device)
+        for t in (self._kpool, self._vpool):
+            noise = torch.randn(t[:, :, slot].shape, generator=g) * scale
+            t[:, :, slot] = noise.to(t.dtype).to(t.device)
 
 
 class PagedKVModel:
@@ -209,23 +241,25 @@ class PagedKVModel:
         return PagedKVStore(self.kv_layout, page_size, self.embed.weight.device, max_pages)
 
 
-def visible_pages(
-    visibility: torch.Tensor, n_queries: int, kv: PagedKVStore, device: torch.device
-) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """What a forward pass must gather: the pages any query row can see, their slot ids (M,), and
-    the attention mask over those slots (1, 1, N, M). Checks `visibility` is (N, S) bool with at
-    least one visible slot per row. Shared by every model behind the one primitive."""
+def attention_mask(visibility: torch.Tensor, n_queries: int, kv: PagedKVStore, device: torch.device) -> torch.Tensor:
+    """The attention mask of a forward pass over every slot of `kv` (`keys_values`): (1, 1, N, S)
+    bool. Checks `visibility` is (N, S') bool with S' <= S and at least one visible slot per row;
+    a slot of a free page must never be visible. Shared by every model behind the one primitive."""
     N = n_queries
     if visibility.dim() != 2 or visibility.shape[0] != N:
         raise ValueError(f"visibility must be (N={N}, S) bool, got {tuple(visibility.shape)}")
-    if not bool(visibility.any(dim=1).all()):
+    S = kv.num_slots
+    if visibility.shape[1] > S:
+        if bool(visibility[:, S:].any()):
+            raise KeyError(f"visibility reaches slots beyond the store's {S}")
+        visibility = visibility[:, :S]
+    vis = visibility.to(device=device, dtype=torch.bool)
+    if not bool(vis.any(dim=1).all()):
         raise ValueError("every query row must see at least one slot")
-    P = kv.page_size
-    S = max(kv.num_slots, visibility.shape[1])
-    vis = torch.zeros((N, S), dtype=torch.bool, device=device)
-    vis[:, : visibility.shape[1]] = visibility.to(device)
-    cols = vis.any(dim=0).nonzero().flatten()
-    pages = sorted(set((cols // P).tolist()))
-    page_slots = (torch.tensor(pages, device=device)[:, None] * P + torch.arange(P, device=device)).flatten()
-    return pages, page_slots, vis[:, page_slots][None, None]
-
+    if vis.shape[1] < S:
+        vis = torch.cat([vis, vis.new_zeros((N, S - vis.shape[1]))], dim=1)
+    stale = vis & ~kv._held[:S]
+    if bool(stale.any()):
+        slot = int(stale.any(dim=0).nonzero()[0])
+        raise KeyError(f"slot {slot} is not allocated (page {slot // kv.page_size} is free)")
+    return vis[None, None]

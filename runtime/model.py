@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.kv import PagedKVModel, PagedKVStore, visible_pages
+from runtime.kv import PagedKVModel, PagedKVStore, attention_mask
 
 
 @dataclass
@@ -187,12 +187,13 @@ class TinyLM(PagedKVModel, nn.Module):
         dev = self.embed.weight.device
         tokens, positions, slots = tokens.to(dev), positions.to(dev), slots.to(dev)
         N = tokens.shape[0]
-        pages, page_slots, mask = visible_pages(visibility, N, kv, dev)  # mask: (1, 1, N, M)
-        S = max(kv.num_slots, visibility.shape[1])
+        kv.check_slots(slots.tolist())
+        mask = attention_mask(visibility, N, kv, dev)  # (1, 1, N, S): keys are every slot of the store
+        S = kv.num_slots
 
         def kv_fn(layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             kv.write(layer, slots, k[0].transpose(0, 1), v[0].transpose(0, 1))  # (N, Hkv, D)
-            K, V = kv.gather_pages(pages, layer)  # (Hkv, M, D)
+            K, V = kv.keys_values(layer)  # (Hkv, S, D) views
             return K[None], V[None]
 
         cos, sin = rope_angles(positions[None], self.cfg.head_dim, self.cfg.rope_theta)
@@ -203,8 +204,8 @@ class TinyLM(PagedKVModel, nn.Module):
         logits = self.lm_head(self.norm(x))[0].float()  # (N, V)
         if not return_attention:
             return logits
-        per_slot = torch.zeros(S, device=dev)
-        per_slot[page_slots] = torch.stack(attn).sum(0)[0].float()
+        per_slot = torch.zeros(max(S, visibility.shape[1]), device=dev)
+        per_slot[:S] = torch.stack(attn).sum(0)[0].float()
         return logits, per_slot
 
     # ------------------------------------------------------------------ training path

@@ -27,6 +27,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--counters-hz", type=float, default=20.0, help="counter sampling rate")
     p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
                    help="engine setting, repeatable (values parsed as JSON when they can be, e.g. --knob max_threads=4)")
+    p.add_argument("--structure-from", default="", metavar="TRACE",
+                   help="replay the structure (forks, chunk lengths, register reuse, evictions, plans) recorded in "
+                        "TRACE, a trace of the same system, with this model's real forward passes; quality is then "
+                        "not applicable (NaN)")
     p.add_argument("--out", required=True, help="trace directory to write")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -59,11 +63,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = CaptureConfig(system=args.system, model=args.model, task=args.task, n=args.n, split=args.split,
                         device=args.device, seed=args.seed, max_tokens=args.max_tokens, temperature=args.temperature,
                         top_p=args.top_p, page_size=args.page_size, counters_interval_s=1.0 / args.counters_hz,
-                        knobs=parse_knobs(args.knob), warmup=args.warmup)
+                        knobs=parse_knobs(args.knob), warmup=args.warmup,
+                        structure_from=args.structure_from)
     out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
     s = summarize(read_trace(out))
     if not args.json:
         print(f"captured {s['requests']} requests of {s['task']} with {s['system']} on {s['device']} -> {out}")
-        print(f"  quality {s['quality_mean']:.3f}  {s['tokens_per_s']:.1f} tokens/s  e2e p50 {s['e2e_s_p50']*1000:.1f} ms")
+        q = "n/a" if s["quality_mean"] is None else f"{s['quality_mean']:.3f}"
+        print(f"  quality {q}  {s['tokens_per_s']:.1f} tokens/s  e2e p50 {s['e2e_s_p50']*1000:.1f} ms")
     print(json.dumps(s))
     return 0
