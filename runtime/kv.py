@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -32,7 +33,7 @@ class KVLayout:
     head_dim: int
     dtype: torch.dtype = torch.float32
 
-    @property
+    @cached_property
     def bytes_per_token(self) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * elem

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord, visibility_rows
@@ -283,7 +284,8 @@ class PastaEngine(Engine):
         while True:
             slots.extend(kv.allocate(len(batch)))
             fed = [lay.fed[i] for i in batch]
-            rows = [[slots[j] for j in f.sees] for f in fed]
+            slot_of = np.asarray(slots)
+            rows = [slot_of[f.sees] for f in fed]
             logits = self.model(self.tensor([f.token_id for f in fed]), self.tensor([f.position for f in fed]),
                                 self.tensor([slots[i] for i in batch]), visibility_rows(rows, kv.num_slots, self.device), kv)
             # one sampled token per stream whose last row is in this pass
