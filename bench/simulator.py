@@ -12,6 +12,10 @@ What it measures:
   one trace (cycled to 32 requests) on the local process pool, one worker per core.
 - `a100_op_mape_percent`: held-out median APE per op family of the cost model against the vidur
   A100 profiles (`simulator.calibrate.a100_op_errors`), and its median over families.
+- `gpu_cross_check`: for every measured GPU trace in traces/ (bench/gpu_capture.py), the trace
+  predicted from its structure and the catalog part alone (`simulator.validation.cross_check`,
+  nothing fitted to it) and `validate` on it (calibrated on half); empty until a GPU trace is
+  shipped (the output says so).
 
 Last line: one JSON object {"bench": "simulator", ...}.
 
@@ -42,11 +46,13 @@ from simulator.validation import validate  # noqa: E402
 from simulator.workload import uniform  # noqa: E402
 
 
-def measured_cpu_traces() -> list[Path]:
+def measured_traces(device_type: str) -> list[Path]:
+    """Measured traces in traces/ (one level, and one below for gpu_capture folders) on `device_type`."""
     out = []
-    for meta in sorted((ROOT / "traces").glob("*/meta.json")):
+    for meta in sorted([*(ROOT / "traces").glob("*/meta.json"), *(ROOT / "traces").glob("*/*/meta.json")]):
         m = json.loads(meta.read_text())
-        if m.get("kind") == "measured" and (m.get("device") or {}).get("type") == "cpu":
+        if m.get("kind") == "measured" and (m.get("device") or {}).get("type") == device_type \
+                and "reference" not in meta.parts:
             out.append(meta.parent)
     return out
 
@@ -77,7 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     reps = 1 if args.quick else 3
     with tempfile.TemporaryDirectory() as tmp:
-        traces = measured_cpu_traces()
+        traces = measured_traces("cpu")
         source = "traces/"
         if not traces:
             traces, source = [capture_here(Path(tmp), 8 if args.quick else 16)], "captured here (no shipped CPU trace)"
@@ -100,6 +106,21 @@ def main() -> None:
         print(f"sweep of {len(table)} configurations on {workers} workers: {sweep_s:.1f} s "
               f"({int(table['pareto'].sum())} Pareto-optimal)")
 
+    from simulator.validation import cross_check
+
+    gpu = []
+    for t in measured_traces("cuda"):
+        c, v = cross_check(t), validate(t)
+        gpu.append({"trace": str(t.relative_to(ROOT)), "hardware": c["hardware"], "system": c["system"],
+                    "uncalibrated_request_latency_mape_percent": c["request_latency_mape_percent"],
+                    "uncalibrated_step_time_mape_percent": c["step_time_mape_percent"],
+                    "calibrated_request_latency_mape_percent": v["request_latency_mape_percent"]})
+        print(f"GPU cross-check {gpu[-1]['trace']} on {c['hardware']}: predicted from the catalog alone, request "
+              f"latency MAPE {c['request_latency_mape_percent']:.1f}% (step {c['step_time_mape_percent']:.1f}%); "
+              f"calibrated on half, {v['request_latency_mape_percent']:.1f}%")
+    if not gpu:
+        print("GPU cross-check: no measured GPU trace in traces/ yet (bench/gpu_capture.py on a GPU writes one)")
+
     from simulator.calibrate import a100_op_errors
 
     ops = a100_op_errors()
@@ -112,6 +133,7 @@ def main() -> None:
         "replay_1000x500_s": replay_s, "replay_1000x500_burst_s": burst_s,
         "sweep_1000_s": sweep_s, "sweep_configs": int(len(table)), "sweep_workers": workers,
         "a100_op_mape_percent": ops, "a100_op_mape_percent_median": float(np.median(list(ops.values()))),
+        "gpu_cross_check": gpu,
     }))
 
 

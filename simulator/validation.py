@@ -121,3 +121,34 @@ def validate(path: str | Path, hardware: HardwareSpec | str | None = None) -> di
         "measured_e2e_s_mean": float(measured["e2e_s"].mean()), "simulated_e2e_s_mean": float(sim["e2e_s"].mean()),
         "host_gap_s": gap_s, "step_overhead_s": float(params.step_overhead_s), "cost_params": params.source,
     }
+
+
+def cross_check(path: str | Path, hardware: HardwareSpec | str | None = None) -> dict:
+    """Predict a measured trace from its structure and a catalog part alone, then compare.
+
+    Unlike `validate`, nothing is fitted to the trace: the cost model is the part's default
+    (the catalog spec with the A100-calibrated efficiencies for GPUs, priors for CPUs), the
+    workload is the trace's structure (`from_trace`), replayed one request at a time as captured.
+    On a GPU trace this is the tie-in the real-scale issue asks for: what the simulator would have
+    said about that GPU before anyone measured it."""
+    trace = read_trace(path)
+    if trace.kind != "measured":
+        raise ValueError(f"{trace.path}: cross_check needs a measured trace, this one is {trace.kind}")
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(trace.meta)
+    model = ModelSpec.from_trace_meta(trace.meta)
+    w = from_trace(trace)
+    w = dataclasses.replace(w, logit_tokens=w.query_tokens.copy())  # the runtime computes every row's logits
+    cost = CostModel(hw, model)
+    res = replay(w, hw, model, ReplayConfig(concurrency=1, max_seqs=1, memory_utilization=1.0), cost=cost)
+    req = trace.requests.set_index("request_id")
+    sim = res.requests.set_index("request_id")
+    ids = [i for i in sim.index if i in req.index and req.loc[i, "steps"] > 0]
+    steps = _step_arrays(trace, ids)
+    predicted = np.asarray(cost.step_time_s(steps[:, 0], steps[:, 1], steps[:, 3]), float)
+    return {
+        "trace": str(trace.path), "system": trace.system, "hardware": hw.name, "model": model.name,
+        "requests": len(ids), "cost_params": cost.params.source,
+        "step_time_mape_percent": _mape(predicted, steps[:, 2]),
+        "request_latency_mape_percent": _mape(sim.loc[ids, "e2e_s"].to_numpy(), req.loc[ids, "e2e_s"].to_numpy()),
+        "measured_e2e_s_mean": float(req.loc[ids, "e2e_s"].mean()), "simulated_e2e_s_mean": float(sim.loc[ids, "e2e_s"].mean()),
+    }

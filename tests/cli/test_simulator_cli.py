@@ -45,6 +45,10 @@ def test_validate(small_trace, capsys):
     text = capsys.readouterr().out
     f = last_json(text)
     assert "request latency" in text and {"step_time_mape_percent", "request_latency_mape_percent"} <= set(f)
+    assert main(["validate", str(small_trace), "--uncalibrated", "--hardware", "h200"]) == 0
+    text = capsys.readouterr().out
+    f = last_json(text)
+    assert "uncalibrated" in text and f["hardware"] == "h200" and f["request_latency_mape_percent"] >= 0
 
 
 def test_sweep(small_trace, tmp_path, capsys):

@@ -78,6 +78,33 @@ def test_store_capacity_and_bad_slots(tiny_model):
         tiny_model.new_kv_store(page_size=0)
 
 
+def test_pool_grows_keeps_values_and_free_slots_are_never_visible(tiny_model, tok):
+    """The slot-indexed pool doubles as pages pass its end, keeping what was written; a fixed
+    budget never grows; attending to a slot of a released page or writing into one is refused."""
+    m = tiny_model
+    kv = m.new_kv_store(page_size=4)
+    reserved = kv.bytes_reserved
+    ids = tok.encode("abcdefghijklmnopqrstuvwx")  # 24 tokens: 6 pages, past the initial 4
+    T = len(ids)
+    slots = kv.allocate(T)
+    out = m(torch.tensor(ids), torch.arange(T), torch.tensor(slots), visibility_rows(causal_rows(slots), kv.num_slots, "cpu"), kv)
+    assert kv.bytes_reserved > reserved and kv.bytes_allocated == 6 * kv.page_bytes
+    full = m.forward_dense(torch.tensor([ids]), torch.arange(T)[None], causal_mask(T)[None])[0]
+    assert torch.allclose(out, full, atol=1e-4)
+    # free the first page: its slots may no longer be seen or written
+    assert kv.free(slots[:4]) == kv.page_bytes
+    (q,) = kv.allocate(1, owner="q")
+    assert q in slots[:4]  # the lowest free page id is reused...
+    assert kv.free([q]) == kv.page_bytes  # ...and released again once empty
+    with pytest.raises(KeyError, match="not allocated"):
+        m(torch.tensor([1]), torch.tensor([T]), torch.tensor([slots[-1]]), visibility_rows([slots], kv.num_slots, "cpu"), kv)
+    with pytest.raises(KeyError, match="not allocated"):
+        m(torch.tensor([1]), torch.tensor([T]), torch.tensor([slots[0]]), visibility_rows([slots[4:]], kv.num_slots, "cpu"), kv)
+    fixed = m.new_kv_store(page_size=4, max_pages=3)
+    fixed.allocate(12)
+    assert fixed.bytes_reserved == 3 * fixed.page_bytes
+
+
 def test_every_query_must_see_something(tiny_model):
     kv = tiny_model.new_kv_store()
     (s,) = kv.allocate(1)

@@ -10,7 +10,7 @@ import pytest
 from simulator.cost import CostModel, CostParams
 from simulator.hardware import host_cpu_spec
 from simulator.models import ModelSpec
-from simulator.validation import trace_hardware, validate
+from simulator.validation import cross_check, trace_hardware, validate
 from tests.simulator.toy_traces import MODEL_META, seq, write_toy_trace
 
 
@@ -55,3 +55,21 @@ def test_trace_hardware():
     assert trace_hardware({"device": {"type": "cuda", "name": "NVIDIA L40S"}}).name == "l40s"
     with pytest.raises(KeyError, match="matches no catalog part"):
         trace_hardware({"device": {"type": "cuda", "name": "Tesla K80"}})
+
+
+def test_cross_check_predicts_a_gpu_trace_from_the_catalog_alone(tmp_path):
+    """A trace whose passes took what the catalog H200's default cost model says is predicted
+    exactly without fitting anything to it; a slower device shows up as the error it is."""
+    from simulator.hardware import get_hardware
+
+    model = ModelSpec.from_trace_meta(MODEL_META)
+    h200 = get_hardware("h200")
+    reqs, prompts = [seq(8, 6), seq(20, 10)], [8, 20]
+    gpu = {"name": "NVIDIA H200", "type": "cuda", "memory_bytes": 141 * 2**30}
+    exact = write_toy_trace(tmp_path / "exact", reqs, prompts, timed_by=CostModel(h200, model), device=gpu)
+    c = cross_check(exact)
+    assert c["hardware"] == "h200" and c["requests"] == 2 and c["cost_params"] == CostModel(h200, model).params.source
+    assert c["step_time_mape_percent"] < 0.5 and c["request_latency_mape_percent"] < 0.5
+    slow = CostModel(h200, model, dataclasses.replace(CostModel(h200, model).params, step_overhead_s=0.01))
+    off = cross_check(write_toy_trace(tmp_path / "slow", reqs, prompts, timed_by=slow, device=gpu))
+    assert off["request_latency_mape_percent"] > 10 and off["measured_e2e_s_mean"] > off["simulated_e2e_s_mean"]

@@ -76,7 +76,8 @@ def planned_diffusion(prompt: int, plan: int, spans: list[int]) -> list[P]:
 
 
 def write_toy_trace(path: Path, requests: list[list[P]], prompts: list[int], arrivals: list[float] | None = None,
-                    quality: list[float] | None = None, system: str = "toy", timed_by=None) -> Path:
+                    quality: list[float] | None = None, system: str = "toy", timed_by=None,
+                    device: dict | None = None) -> Path:
     """`timed_by`: a cost model; the passes then run one request after another (as `solm capture`
     does) and each takes exactly what that model predicts (logits of every row, as the runtime)."""
     arrivals = arrivals or [0.0] * len(requests)
@@ -120,7 +121,7 @@ def write_toy_trace(path: Path, requests: list[list[P]], prompts: list[int], arr
                                    "steps": table_from_rows("steps", step_rows),
                                    "tokens": table_from_rows("tokens", tok_rows)}
     meta = {"kind": "measured", "system": system, "model": MODEL_META,
-            "device": {"name": "toy", "type": "cpu", "threads": 2},
+            "device": device or {"name": "toy", "type": "cpu", "threads": 2},
             "created_at": "2026-01-01T00:00:00+00:00", "task": "toy", "knobs": {}}
     return write_trace(path, meta, tables, graphs)
 
