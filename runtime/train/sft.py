@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,6 +111,9 @@ def train(
             bar.update(1)
             if step % 50 == 0:
                 bar.set_postfix(loss=f"{sum(losses[-50:]) / len(losses[-50:]):.3f}")
+            if bar.disable and (step + 1) % max(1, cfg.steps // 10) == 0:  # not a terminal (a log file): 10 lines
+                print(f"train step {step + 1}/{cfg.steps} loss {sum(losses[-50:]) / len(losses[-50:]):.4f} "
+                      f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     if bar:
         bar.close()
     model.eval()
