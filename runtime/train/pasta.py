@@ -170,7 +170,7 @@ class PastaRecipe(Recipe):
 
 
 STAGES = {"sft": {"stage": "sft"},
-          "preference": {"stage": "preference", "train": TrainConfig(steps=60, batch_size=16, lr=3e-4, warmup_steps=5)},
+          "preference": {"stage": "preference", "train": TrainConfig(steps=60, batch_size=16, lr=1e-4, warmup_steps=5)},
           "sequential": {"stage": "sequential", "extra": {"eval_system": "sequential"}}}
 
 
@@ -205,7 +205,9 @@ def reward_quality(exact: float, reference: str, output: str) -> float:
 
 
 def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, progress: bool) -> tuple[list, dict]:
-    """Sample K answers per prompt, score by theoretical speedup + lambda * quality, keep (best, worst)."""
+    """The greedy answer and K samples per prompt, scored by theoretical speedup + lambda * quality;
+    keep (best, worst). With the greedy answer among the candidates a quality-weighted lambda keeps
+    the SFT model's answers where they are best, instead of training on noisier samples."""
     from runtime.engines import GenerationConfig, Request
     from runtime.engines.pasta import PastaEngine
     from runtime.sampling import SamplingConfig
@@ -217,8 +219,9 @@ def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, p
     t0, pairs, scores = time.perf_counter(), [], []
     for i, (t, ex) in enumerate(prompts):
         task, cands = get_task(t), []
-        for k in range(r.samples_per_prompt):
-            cfg = GenerationConfig(max_tokens=r.max_tokens, sampling=SamplingConfig(r.pref_temperature, 1.0, seed * 7919 + k))
+        for k in range(r.samples_per_prompt + 1):  # the greedy answer, then K samples at pref_temperature
+            temp = 0.0 if k == 0 else r.pref_temperature
+            cfg = GenerationConfig(max_tokens=r.max_tokens, sampling=SamplingConfig(temp, 1.0, seed * 7919 + k))
             c = PastaEngine(model, tok, cfg).generate(Request(i, ex.prompt))
             if c.status != "ok" or any(e["event"] in ("max_threads", "chunk_cut") for e in c.events):
                 continue
