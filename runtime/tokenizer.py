@@ -29,8 +29,13 @@ SPECIAL_TOKENS: tuple[str, ...] = (
     *(f"<reg_{i}>" for i in range(16)),
     # Planned Diffusion plan language
     "<promise>", "-<topic>", "</topic>",
+    # Planned Diffusion, fused (renamed from reserved slots 0-9): an entry's opening
+    # `<promise>-<topic>` and its closing ` N</topic>` for N = 1..9 are one token each, so an entry
+    # with a one-byte topic costs 3 autoregressive passes instead of 6. The surface text is
+    # unchanged; other numbers are spelled in bytes and still parse.
+    "<promise>-<topic>", *(f" {n}</topic>" for n in range(1, 10)),
     # reserved for later systems (rename in place; never reorder)
-    *(f"<reserved_{i}>" for i in range(16)),
+    *(f"<reserved_{i}>" for i in range(10, 16)),
 )
 
 

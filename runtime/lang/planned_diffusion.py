@@ -1,7 +1,8 @@
 """The Planned Diffusion plan language (arXiv 2510.18087): annotation generator and incremental parser.
 
-Surface form, as the official code writes it (`<promise>-<topic>` is two tokens here, `<promise>`
-then `-<topic>`; every other tag is one token):
+Surface form, as the official code writes it (the tokenizer fuses `<promise>-<topic>` into one
+token and ` N</topic>` for N = 1..9 into one; the parser reads a fused token as its parts, so
+`<promise>`, `-<topic>`, bytes and `</topic>` written separately parse the same):
 
     <promise>-<topic>a 3</topic><promise>-<topic>b 2</topic><sync/>ini AB<eos>
 
@@ -158,12 +159,23 @@ class PlanParser:
             self.handlers[("text", s)] = lambda _: Parsed("tag", events=["stray diffusion tag in plan"])
             self.handlers[("entry", s)] = lambda _: Parsed("plan", events=["stray diffusion tag in entry"])
         self.defaults = {"text": lambda tid: Parsed("content"), "entry": self._body}
+        # fused tokens -> the tokens they spell (see runtime.tokenizer)
+        self.fused: dict[int, list[int]] = {t(PROMISE + TOPIC): [self.ids[PROMISE], self.ids[TOPIC]]}
+        for n in range(1, 10):
+            self.fused[t(f" {n}{TOPIC_END}")] = [*f" {n}".encode(), self.ids[TOPIC_END]]
 
     def feed(self, token_id: int) -> Parsed:
         """Classify one plan token; report a closed entry or the end of the round."""
         token_id = int(token_id)
         self.round_tokens += 1
-        out = self.handlers.get((self.state, token_id), self.defaults[self.state])(token_id)
+        if token_id in self.fused:  # one model token, parsed as its parts
+            parts = [self.handlers.get((self.state, p), self.defaults[self.state])(p) for p in self.fused[token_id]]
+            kinds = {x.kind for x in parts}
+            out = Parsed("plan" if "plan" in kinds else parts[-1].kind,
+                         entry=next((x.entry for x in parts if x.entry), None),
+                         end=next((x.end for x in parts if x.end), None), events=[e for x in parts for e in x.events])
+        else:
+            out = self.handlers.get((self.state, token_id), self.defaults[self.state])(token_id)
         if out.end is None and self.round_tokens >= self.max_plan_tokens:
             if self.state == "entry":
                 closed = self._close()

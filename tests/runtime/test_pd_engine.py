@@ -95,9 +95,10 @@ def test_hybrid_training_sequence(tok):
     n = len(prefix_ids(tok, "p"))
     seq = hybrid_seq(tok, ids, segs, n, random.Random(3))
     kinds = [s.kind for s in segs for _ in range(s.length)]
-    topic_end = max(i for i, t in enumerate(ids) if t == tok.token_id("</topic>"))
+    # entries are fused tokens: `<promise>-<topic>` a ` 1</topic>`
+    topic_end = max(i for i, t in enumerate(ids) if t == tok.token_id(" 1</topic>"))
     assert seq.targets[topic_end] == tok.token_id("<sync/>")  # the plan's last token predicts the end, after the spans
-    assert seq.targets[n - 2] == IGNORE and seq.targets[n - 1] == tok.token_id("<promise>")
+    assert seq.targets[n - 2] == IGNORE and seq.targets[n - 1] == tok.token_id("<promise>-<topic>")
     tags = {tok.token_id("<async>"), tok.token_id("</async>")}
     for i, k in enumerate(kinds):
         if k == "span" and ids[i] in tags:
@@ -115,7 +116,7 @@ def test_recipe_mixture_builds(tok):
     rng = random.Random(0)
     pd_seq = RECIPE.make_seq(tok, ex, rng, "pd")
     mdm_seq = RECIPE.make_seq(tok, ex, rng, "mdm")
-    assert tok.token_id("<promise>") in pd_seq.ids and tok.token_id("<promise>") not in mdm_seq.ids
+    assert tok.token_id("<promise>-<topic>") in pd_seq.ids and tok.token_id("<promise>-<topic>") not in mdm_seq.ids
     assert RECIPE.for_stage("ar").extra["eval_system"] == "sequential"
 
 

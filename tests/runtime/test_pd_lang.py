@@ -70,3 +70,30 @@ def test_parser_never_raises_and_stays_bounded(ids, scale, max_spans, max_span, 
             since_end = 0
             entries = p.pop_round()
             assert len(entries) <= max_spans and all(1 <= e.length <= max_span for e in entries)
+
+
+def test_fused_entry_tokens_parse_like_their_parts():
+    """`<promise>-<topic>` and ` N</topic>` are one token each; spelled out they parse the same."""
+    text = entry_text("ab", 3) + entry_text("c", 12) + "<sync/>"
+    fused = TOK.encode(text)
+    assert TOK.token_id("<promise>-<topic>") in fused and TOK.token_id(" 3</topic>") in fused
+    assert TOK.decode(fused) == text
+    spelled = []
+    for t in fused:  # expand every fused token into the tokens it spells
+        piece = TOK.decode([t])
+        spelled += ([TOK.token_id("<promise>"), TOK.token_id("-<topic>")] if piece == "<promise>-<topic>" else
+                    [*piece[:-len("</topic>")].encode(), TOK.token_id("</topic>")] if piece.endswith("</topic>") and len(piece) > 8
+                    else [t])
+    assert len(spelled) > len(fused)
+
+    def entries(ids):
+        p, out = PlanParser(TOK, length_scale=10), []
+        for t in ids:
+            r = p.feed(t)
+            if r.entry:
+                out.append((r.entry.topic, r.entry.units, r.entry.length))
+            if r.end:
+                return out, r.end.kind
+        return out, None
+
+    assert entries(fused) == entries(spelled) == ([("ab", 3, 30), ("c", 12, 64)], "sync")
