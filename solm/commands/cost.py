@@ -10,6 +10,11 @@ without a trace.
     solm cost --model llama-3-8b --hardware a100-80g --tokens 1,512,4096
     solm cost --model llama-3-70b --hardware h100-sxm --tp 4 --tokens 32 --kv-tokens 4096 \\
         --groups 32 --json
+    solm cost --model llama-3-8b --hardware h200 --calibrate-from traces/gpu-h200/sequential
+
+`--calibrate-from TRACE` fits the efficiencies and the per-pass overhead to the measured passes of
+a trace captured on that part (`simulator.calibrate.fit_cost_params_to_steps`, the fit `solm
+validate` uses) and predicts with those instead.
 
 Query rows see `--kv-tokens` KV slots each (kv_tokens_read = tokens x K); without it each pass
 is a causal prefill from empty (row i sees i + 1 slots). `--groups G` says the rows come from G
@@ -22,6 +27,7 @@ only the JSON line. Bad input: one line on stderr, exit 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -55,6 +61,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--groups", type=str, default="1",
                         help="independent query streams in the pass (default 1)")
     parser.add_argument("--tp", type=str, default="1", help="tensor-parallel degree (default 1)")
+    parser.add_argument("--calibrate-from", default=None, metavar="TRACE",
+                        help="fit the efficiencies and per-pass overhead to a measured trace's passes "
+                             "(captured on --hardware) instead of the shipped A100 calibration")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     parser.set_defaults(func=run)
     return parser
@@ -88,6 +97,26 @@ def _lookup(kind: str, name: str) -> Any:
         raise UsageError(str(error.args[0])) from None
 
 
+def _fit_to_trace(path: str, hardware: Any) -> Any:
+    """Cost parameters fitted to every forward pass of a measured trace (its own model's shapes)."""
+    from profiler.reader import TraceError, read_trace
+    from simulator.calibrate import fit_cost_params_to_steps
+    from simulator.models import ModelSpec
+
+    try:
+        trace = read_trace(path)
+    except TraceError as error:
+        raise UsageError(str(error)) from None
+    if trace.kind != "measured":
+        raise UsageError(f"--calibrate-from needs a measured trace, {path} is {trace.kind}")
+    steps = trace.steps[trace.steps["query_tokens"] > 0]
+    if len(steps) < 4:
+        raise UsageError(f"--calibrate-from: {path} has {len(steps)} forward passes; need >= 4")
+    rows = steps[["query_tokens", "kv_tokens_read", "duration_s", "active_streams"]].to_numpy(float)
+    params = fit_cost_params_to_steps(hardware, ModelSpec.from_trace_meta(trace.meta), rows)
+    return dataclasses.replace(params, source=f"{params.source} ({path})")
+
+
 def predict(args: argparse.Namespace) -> dict[str, Any]:
     """The command's figures as a JSON-ready dict (UsageError for bad input)."""
     model = _lookup("model", args.model)
@@ -98,7 +127,8 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     tp = _int(args.tp, "--tp", 1)
     if tp > 1 and model.n_heads % tp:
         raise UsageError(f"--tp {tp} does not divide {model.name}'s {model.n_heads} heads")
-    cost = CostModel(hardware, model, tensor_parallel=tp)
+    params = None if args.calibrate_from is None else _fit_to_trace(args.calibrate_from, hardware)
+    cost = CostModel(hardware, model, params, tensor_parallel=tp)
     ops: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
     for n in tokens:

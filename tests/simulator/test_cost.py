@@ -308,3 +308,28 @@ def test_solm_cost_bad_input(argv: list[str], needle: str,
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("solm cost: error:") and needle in lines[0]
+
+
+def test_solm_cost_calibrated_from_a_trace(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--calibrate-from`: the prediction uses parameters fitted to the trace's measured passes (a
+    trace timed with a 5 ms per-pass overhead puts that overhead in every pass); a bad trace is one line."""
+    import dataclasses as dc
+
+    from simulator.cost import CostModel, CostParams
+    from simulator.hardware import get_hardware
+    from simulator.models import ModelSpec
+    from tests.simulator.toy_traces import MODEL_META, seq, write_toy_trace
+
+    hw = get_hardware("host-cpu")
+    truth = CostModel(hw, ModelSpec.from_trace_meta(MODEL_META), dc.replace(CostParams.prior(hw), step_overhead_s=0.005))
+    trace = write_toy_trace(tmp_path / "t", [seq(6, 8), seq(9, 10)], [6, 9], timed_by=truth)
+    assert _run(["--model", "llama-3-8b", "--hardware", "host-cpu", "--tokens", "1", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert _run(["--model", "llama-3-8b", "--hardware", "host-cpu", "--tokens", "1",
+                 "--calibrate-from", str(trace), "--json"]) == 0
+    fitted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "fitted to" in fitted["calibration"] and str(trace) in fitted["calibration"]
+    assert fitted["steps"][0]["step_time_ms"] >= 4.5  # the fitted per-pass overhead is in every pass
+    assert fitted["steps"][0]["step_time_ms"] != plain["steps"][0]["step_time_ms"]
+    assert _run(["--model", "llama-3-8b", "--hardware", "h200", "--calibrate-from", str(tmp_path / "none")]) == 2
+    assert "error" in capsys.readouterr().err
