@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from runtime.checkpoint import load_model  # noqa: E402
-from runtime.engines import GenerationConfig, Request  # noqa: E402
+from runtime.engines import GenerationConfig, Request, drain  # noqa: E402
 from runtime.engines.tip import TipEngine, serve  # noqa: E402
 from runtime.tasks import get_task  # noqa: E402
 from runtime.tokenizer import Tokenizer  # noqa: E402
@@ -41,13 +41,8 @@ def run_method(model, tok, task, examples, method: str, policy: str, budget: int
     evicted = freed = out_tokens = 0
     t0 = time.perf_counter()
     for i, ex in enumerate(examples):
-        gen = eng.run(Request(i, ex.prompt))
-        while True:
-            try:
-                s = next(gen)
-            except StopIteration as stop:
-                c = stop.value
-                break
+        steps, c = drain(eng.run(Request(i, ex.prompt)))
+        for s in steps:
             live.append(s.live_kv_tokens)
             evicted += s.evicted_tokens
             freed += s.freed_kv_bytes

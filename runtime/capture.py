@@ -23,7 +23,7 @@ from profiler.counters import CounterSampler
 from profiler.recorder import Recorder, make_timer
 from profiler.writer import TraceWriter
 from runtime.checkpoint import REPO_ROOT, load_model
-from runtime.engines import Completion, GenerationConfig, Request, get_engine
+from runtime.engines import Completion, GenerationConfig, Request, drain, get_engine
 from runtime.model import TinyLM
 from runtime.sampling import SamplingConfig
 from runtime.tasks import Example, get_task
@@ -222,9 +222,7 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         if scripts is None:  # a training-split prompt
             engine.generate(Request(-1 - i, task.examples("train", cfg.warmup, cfg.seed)[i].prompt))
         else:  # the first reference request
-            gen = start(0, examples[0])
-            for _ in gen:
-                pass
+            drain(start(0, examples[0]))
     meta["warmup_requests"] = cfg.warmup
     writer = TraceWriter(out, meta, overwrite=overwrite)
     sampler.start()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord
+from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord, drain
 from runtime.engines.sequential import SequentialEngine
 from runtime.registry import available, resolve
 
@@ -25,4 +25,4 @@ def systems() -> list[str]:
 
 
 __all__ = ["ENGINES", "Completion", "Engine", "GenerationConfig", "Request", "SequentialEngine", "Step", "TokenRecord",
-           "get_engine", "systems"]
+           "drain", "get_engine", "systems"]

@@ -142,15 +142,21 @@ class Engine:
 
     def generate(self, request: Request) -> Completion:
         """Run to the end without recording (tests, quick use)."""
-        gen = self.run(request)
-        while True:
-            try:
-                next(gen)
-            except StopIteration as stop:
-                return stop.value
+        return drain(self.run(request))[1]
 
     def tensor(self, xs: list[int]) -> torch.Tensor:
         return torch.tensor(xs, dtype=torch.long, device=self.device)
+
+
+def drain(gen: Generator[Step, None, Completion]) -> tuple[list[Step], Completion]:
+    """Run an engine's step generator (`Engine.run`, a structure replay) to the end: its steps and
+    the completion it returns."""
+    steps: list[Step] = []
+    while True:
+        try:
+            steps.append(next(gen))
+        except StopIteration as stop:
+            return steps, stop.value
 
 
 def visibility_rows(rows: list[list[int]], num_slots: int, device: torch.device) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("transformers", reason="transformers not installed (pip install 'solm[hf]')")
 
 from runtime.checkpoint import load_model  # noqa: E402
-from runtime.engines import GenerationConfig, Request, SequentialEngine  # noqa: E402
+from runtime.engines import GenerationConfig, Request, SequentialEngine, drain  # noqa: E402
 from runtime.hf_adapter import build_arch  # noqa: E402
 from runtime.model import causal_mask  # noqa: E402
 
@@ -100,35 +100,10 @@ def test_eviction_through_adapter_equals_masking(models, arch):
 @pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen2"])
 def test_pasta_thread_in_parallel_equals_thread_alone_on_adapter(tok, arch):
     pytest.importorskip("runtime.engines.pasta", reason="PASTA engine not present")
-    from runtime.train.pasta import prompt_ids, replay
-    from tests.runtime.test_pasta_engine import Scripted, main_script, run_steps
+    from tests.runtime.test_pasta_engine import assert_thread_in_parallel_equals_thread_alone
 
     model, _ = load_model(f"arch:{arch}", seed=3)
-    eng = Scripted(model, tok, GenerationConfig(max_tokens=64), script=main_script(tok), chunk=6)
-    _, c = run_steps(eng)
-    lay, _ = replay(tok, prompt_ids(tok, "facts: ab,cd,ef"), c.output_ids)
-    tid = 2
-    first = next(i for i, f in enumerate(lay.fed) if f.stream == tid)
-    context = lay.fed[first].sees
-    ids = [lay.fed[j].token_id for j in context]
-    pos = [lay.fed[j].position for j in context]
-    kv = model.new_kv_store(page_size=4)
-    slots = kv.allocate(len(ids))
-    vis = torch.zeros((len(ids), kv.num_slots), dtype=torch.bool)
-    for r in range(len(ids)):
-        vis[r, slots[: r + 1]] = True
-    logits = model(torch.tensor(ids), torch.tensor(pos), torch.tensor(slots), vis, kv)[-1]
-    alone, p = [], pos[-1]
-    for _ in range(6):
-        t = int(logits[:256].argmax())
-        alone.append(t)
-        p += 1
-        slots.append(kv.allocate(1)[0])
-        v = torch.zeros((1, kv.num_slots), dtype=torch.bool)
-        v[0, slots] = True
-        logits = model(torch.tensor([t]), torch.tensor([p]), torch.tensor([slots[-1]]), v, kv)[0]
-    parallel = [t.token_id for t in c.tokens if t.stream == tid and t.kind == "content"]
-    assert parallel == alone
+    assert_thread_in_parallel_equals_thread_alone(model, tok, chunk=6)
 
 
 def test_arch_spec_errors_and_meta(tok):
@@ -159,13 +134,7 @@ def test_structure_replay_on_adapter_reproduces_reference_structure(tok, tmp_pat
     model, _ = load_model("arch:tiny-llama", seed=0)
     (script,) = read_scripts(ref)
     rp = Replayer(system, model, tok, GenerationConfig(max_tokens=24, page_size=4))
-    gen, steps = rp.run(Request(0, script.prompt), script), []
-    while True:
-        try:
-            steps.append(next(gen))
-        except StopIteration as stop:
-            c = stop.value
-            break
+    steps, c = drain(rp.run(Request(0, script.prompt), script))
     toks = pd.read_parquet(ref / "tokens.parquet").sort_values("token_index")
     ref_steps = pd.read_parquet(ref / "steps.parquet")
     for col in ("stream", "position_id", "evicted_at_step"):

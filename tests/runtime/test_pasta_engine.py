@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.engines import GenerationConfig, Request
+from runtime.engines import GenerationConfig, Request, drain
 from runtime.engines.pasta import MAIN, PastaEngine
 from runtime.engines.skeleton import SkeletonEngine
 from runtime.lang.pasta import ASYNC, ASYNC_END, PROMISE_OPEN, SYNC, annotate, promise_close
@@ -47,12 +47,7 @@ def main_script(tok, tail=b"ok"):
 
 
 def run_steps(engine, prompt="facts: ab,cd,ef"):
-    steps, gen = [], engine.run(Request(0, prompt))
-    while True:
-        try:
-            steps.append(next(gen))
-        except StopIteration as stop:
-            return steps, stop.value
+    return drain(engine.run(Request(0, prompt)))
 
 
 def test_forks_run_in_one_pass_per_step(tiny_model, tok):
@@ -101,8 +96,10 @@ def test_engine_rows_equal_dense_recompute_with_training_mask(tiny_model, tok):
     assert {lay.fed[j].stream for j in sync.sees} == {-1, 0, 1, 2, 3}
 
 
-def test_thread_in_parallel_equals_thread_alone(tiny_model, tok):
-    eng = Scripted(tiny_model, tok, GenerationConfig(max_tokens=64), script=main_script(tok), chunk=8)
+def assert_thread_in_parallel_equals_thread_alone(model, tok, chunk: int) -> None:
+    """A chunk decoded in parallel gives the greedy tokens of that chunk decoded alone with the same
+    visibility and positions (also run on real architectures by tests/runtime/test_hf_adapter.py)."""
+    eng = Scripted(model, tok, GenerationConfig(max_tokens=64), script=main_script(tok), chunk=chunk)
     _, c = run_steps(eng)
     prompt = prompt_ids(tok, "facts: ab,cd,ef")
     lay, _ = replay(tok, prompt, c.output_ids)
@@ -111,23 +108,27 @@ def test_thread_in_parallel_equals_thread_alone(tiny_model, tok):
     context = lay.fed[first].sees  # prompt + main up to its promise + its <async>
     ids = [lay.fed[j].token_id for j in context]
     pos = [lay.fed[j].position for j in context]
-    kv = tiny_model.new_kv_store(page_size=4)
+    kv = model.new_kv_store(page_size=4)
     slots = kv.allocate(len(ids))
     vis = torch.zeros((len(ids), kv.num_slots), dtype=torch.bool)
     for r in range(len(ids)):
         vis[r, slots[: r + 1]] = True
-    logits = tiny_model(torch.tensor(ids), torch.tensor(pos), torch.tensor(slots), vis, kv)[-1]
+    logits = model(torch.tensor(ids), torch.tensor(pos), torch.tensor(slots), vis, kv)[-1]
     alone, p = [], pos[-1]
-    for _ in range(8):
+    for _ in range(chunk):
         t = int(logits[:256].argmax())
         alone.append(t)
         p += 1
         slots.append(kv.allocate(1)[0])
         v = torch.zeros((1, kv.num_slots), dtype=torch.bool)
         v[0, slots] = True
-        logits = tiny_model(torch.tensor([t]), torch.tensor([p]), torch.tensor([slots[-1]]), v, kv)[0]
+        logits = model(torch.tensor([t]), torch.tensor([p]), torch.tensor([slots[-1]]), v, kv)[0]
     parallel = [t.token_id for t in c.tokens if t.stream == tid and t.kind == "content"]
     assert parallel == alone
+
+
+def test_thread_in_parallel_equals_thread_alone(tiny_model, tok):
+    assert_thread_in_parallel_equals_thread_alone(tiny_model, tok, chunk=8)
 
 
 def test_gold_annotation_replayed_through_engine_gives_the_answer(tiny_model, tok):

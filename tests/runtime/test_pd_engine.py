@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from runtime.engines.base import GenerationConfig, Request
+from runtime.engines.base import GenerationConfig, Request, drain
 from runtime.engines.diffusion_common import scheduled, steps_for
 from runtime.engines.masked_diffusion import MaskedDiffusionEngine
 from runtime.engines.planned_diffusion import PlannedDiffusionEngine
@@ -35,14 +35,7 @@ def test_schedule_one_token_a_step_at_ratio_one():
 
 def test_spans_finish_at_their_length_and_trace(tok, tiny_model):
     eng = pd(tok, tiny_model, forced_plan=PLAN, length_scale=5)
-    gen = eng.run(Request(0, "hi"))
-    steps = []
-    while True:
-        try:
-            steps.append(next(gen))
-        except StopIteration as stop:
-            c = stop.value
-            break
+    steps, c = drain(eng.run(Request(0, "hi")))
     rnd = [e for e in c.events if e["event"] == "round"]
     assert rnd[0]["span_lengths"] == [5, 10] and rnd[0]["finished_at"] == [5, 10] and rnd[0]["end"] == "sync"
     assert c.events[-1]["spans_finish_at_length"] is True
@@ -122,15 +115,8 @@ def test_recipe_mixture_builds(tok):
 
 def test_cache_committed_computes_fewer_rows(tok, tiny_model):
     def denoise_rows(**kw):
-        gen = pd(tok, tiny_model, forced_plan=PLAN, length_scale=6, **kw).run(Request(0, "hi"))
-        rows = []
-        while True:
-            try:
-                s = next(gen)
-            except StopIteration:
-                return rows
-            if s.phase == "denoise":
-                rows.append(s.query_tokens)
+        steps, _ = drain(pd(tok, tiny_model, forced_plan=PLAN, length_scale=6, **kw).run(Request(0, "hi")))
+        return [s.query_tokens for s in steps if s.phase == "denoise"]
 
     exact, approx = denoise_rows(), denoise_rows(cache_committed=True)
     assert exact[0] == approx[0] == 8 + 14  # the first pass computes both spans whole

@@ -1,20 +1,13 @@
 from __future__ import annotations
 
-from runtime.engines import GenerationConfig, Request, SequentialEngine
+from runtime.engines import GenerationConfig, Request, SequentialEngine, drain
 from runtime.sampling import SamplingConfig
 from runtime.tasks import get_task
 
 
 def test_sequential_steps_and_stop(tiny_model, tok):
     eng = SequentialEngine(tiny_model, tok, GenerationConfig(max_tokens=7, page_size=4))
-    steps = []
-    gen = eng.run(Request(0, "reverse: ab,cd"))
-    while True:
-        try:
-            steps.append(next(gen))
-        except StopIteration as stop:
-            c = stop.value
-            break
+    steps, c = drain(eng.run(Request(0, "reverse: ab,cd")))
     assert [s.phase for s in steps] == ["prefill"] + ["decode"] * 6
     assert len(c.output_ids) == 7 and c.status == "truncated" and c.stop_reason == "max_tokens"
     assert steps[0].query_tokens == c.prompt_tokens and all(s.query_tokens == 1 for s in steps[1:])

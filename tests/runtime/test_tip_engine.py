@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.engines import GenerationConfig, Request
+from runtime.engines import GenerationConfig, Request, drain
 from runtime.engines.tip import TipEngine, serve
 from runtime.lang.tip import annotate, tip_visibility
 from runtime.tasks import get_task
@@ -49,12 +49,7 @@ def scripted_engine(tiny_model, tok, text: str, page_size: int = 4, **knobs):
 
 
 def run_steps(engine, prompt: str):
-    steps, gen = [], engine.run(Request(0, prompt))
-    while True:
-        try:
-            steps.append(next(gen))
-        except StopIteration as stop:
-            return steps, stop.value
+    return drain(engine.run(Request(0, prompt)))
 
 
 def annotated(ex, registers: int = 4) -> str:
