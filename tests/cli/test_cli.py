@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
+from tests.cli import solm
+
 REQUIRED = {"requests", "output_tokens", "quality_mean", "tokens_per_s", "ttft_s_p50", "e2e_s_mean", "e2e_s_p50",
             "e2e_s_p99", "peak_kv_tokens", "peak_kv_bytes", "nvml"}
-
-
-def solm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "solm", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_inspect_json_fields(small_trace):

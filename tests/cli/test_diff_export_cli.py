@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
+from tests.cli import solm
 from tests.dashboard.traces import make_trace
-
-
-def solm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "solm", *args], capture_output=True, text=True, timeout=300)
 
 
 def _one_error_line(r: subprocess.CompletedProcess, command: str, needle: str) -> None:

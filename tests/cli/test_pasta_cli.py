@@ -4,14 +4,10 @@ trace whose summary carries the theoretical speedup and the quality."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 
-
-def solm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "solm", *args], capture_output=True, text=True, timeout=300)
+from tests.cli import solm
 
 
 def test_capture_pasta_defaults_then_inspect(tmp_path):

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+
+from tests.cli import solm
 
 PLAN = "<promise>-<topic>a 1</topic><promise>-<topic>b 2</topic><sync/>ok<eos>"
-
-
-def solm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "solm", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_capture_planned_diffusion_then_inspect(tmp_path):

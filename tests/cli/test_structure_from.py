@@ -12,7 +12,7 @@ import pytest
 
 from profiler.reader import read_trace
 from profiler.validate import validate
-from tests.cli.test_cli import solm
+from tests.cli import solm
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from runtime.checkpoint import CHECKPOINTS_DIR
-from tests.cli.test_cli import solm
+from tests.cli import solm
 
 pytestmark = pytest.mark.skipif(not (CHECKPOINTS_DIR / "tip-tiny").is_dir(), reason="checkpoints/tip-tiny not shipped")
 
