@@ -193,16 +193,19 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
             replayer = Replayer(cfg.system, model, tok, gen_cfg, **cfg.knobs)
     except TypeError as e:  # an unknown knob for this engine
         raise ValueError(f"bad knob for {cfg.system}: {e}") from None
+    # `start(rid, example, script)`: a request's step generator; `warm`: untimed (example, script) runs
     if scripts is None:
         examples = task.examples(cfg.split, cfg.n, cfg.seed)
+        warm = [(ex, None) for ex in task.examples("train", cfg.warmup, cfg.seed)] if cfg.warmup else []
 
-        def start(rid: int, ex: Example):
+        def start(rid: int, ex: Example, script):
             return engine.run(Request(rid, ex.prompt))
-    else:  # the reference's prompts and structure
+    else:  # the reference's prompts and structure; warm up on its first request
         examples = [Example(sc.prompt, sc.answer) for sc in scripts]
+        warm = [(examples[0], scripts[0])] * cfg.warmup
 
-        def start(rid: int, ex: Example):
-            return replayer.run(Request(rid, ex.prompt), scripts[rid])
+        def start(rid: int, ex: Example, script):
+            return replayer.run(Request(rid, ex.prompt), script)
     scored = quality_applicable(info, cfg.structure_from)
 
     timer = make_timer(cfg.device)
@@ -218,11 +221,8 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         "quality_applicable": scored, "quality_note": "" if scored else NOT_APPLICABLE,
         "structure_source": cfg.structure_from or "the model's own tokens",
     }
-    for i in range(cfg.warmup):  # same engine and settings, nothing recorded
-        if scripts is None:  # a training-split prompt
-            engine.generate(Request(-1 - i, task.examples("train", cfg.warmup, cfg.seed)[i].prompt))
-        else:  # the first reference request
-            drain(start(0, examples[0]))
+    for i, (ex, script) in enumerate(warm):  # same engine and settings, nothing recorded
+        drain(start(-1 - i, ex, script))
     meta["warmup_requests"] = cfg.warmup
     writer = TraceWriter(out, meta, overwrite=overwrite)
     sampler.start()
@@ -234,7 +234,7 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
     try:
         for rid, ex in enumerate(examples):
             arrival = recorder.now_s()
-            rec = recorder.run(start(rid, ex))
+            rec = recorder.run(start(rid, ex, scripts[rid] if scripts else None))
             c: Completion = rec.result
             quality = task.score(ex, c.text) if scored and c.status != "error" else math.nan
             writer.add_request(request_row(ex, c, rec, quality, arrival), rec.step_rows, token_rows(c, tok), c.graph)
