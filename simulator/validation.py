@@ -77,6 +77,12 @@ def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
     return float(np.mean(np.abs(predicted[ok] / measured[ok] - 1)) * 100) if ok.any() else float("nan")
 
 
+def _replay_as_captured(w, hw: HardwareSpec, model: ModelSpec, cost: CostModel):
+    """`solm capture` runs one request at a time and computes every query row's logits."""
+    w = dataclasses.replace(w, logit_tokens=w.query_tokens.copy())
+    return replay(w, hw, model, ReplayConfig(concurrency=1, max_seqs=1, memory_utilization=1.0), cost=cost)
+
+
 def validate(path: str | Path, hardware: HardwareSpec | str | None = None) -> dict:
     """Calibrate on even requests, check on odd ones; figures as a dict (see the module doc)."""
     trace = read_trace(path)
@@ -103,11 +109,9 @@ def validate(path: str | Path, hardware: HardwareSpec | str | None = None) -> di
     step_mape = _mape(predicted, check[:, 2])
 
     w = from_trace(trace)
-    w = dataclasses.replace(w, logit_tokens=w.query_tokens.copy())  # the runtime computes every row's logits
     positions = np.flatnonzero(np.isin(w.request_ids, check_ids))
     per_pass = dataclasses.replace(params, step_overhead_s=params.step_overhead_s + gap_s)
-    res = replay(w.take(positions), hw, model, ReplayConfig(concurrency=1, max_seqs=1, memory_utilization=1.0),
-                 cost=CostModel(hw, model, per_pass))
+    res = _replay_as_captured(w.take(positions), hw, model, CostModel(hw, model, per_pass))
     measured = req.set_index("request_id").loc[check_ids]
     sim = res.requests
     return {
@@ -136,10 +140,8 @@ def cross_check(path: str | Path, hardware: HardwareSpec | str | None = None) ->
         raise ValueError(f"{trace.path}: cross_check needs a measured trace, this one is {trace.kind}")
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(trace.meta)
     model = ModelSpec.from_trace_meta(trace.meta)
-    w = from_trace(trace)
-    w = dataclasses.replace(w, logit_tokens=w.query_tokens.copy())  # the runtime computes every row's logits
     cost = CostModel(hw, model)
-    res = replay(w, hw, model, ReplayConfig(concurrency=1, max_seqs=1, memory_utilization=1.0), cost=cost)
+    res = _replay_as_captured(from_trace(trace), hw, model, cost)
     req = trace.requests.set_index("request_id")
     sim = res.requests.set_index("request_id")
     ids = [i for i in sim.index if i in req.index and req.loc[i, "steps"] > 0]
