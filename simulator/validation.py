@@ -57,8 +57,12 @@ def trace_hardware(meta: dict) -> HardwareSpec:
                    f"pass --hardware")
 
 
-def _step_arrays(trace: Trace, request_ids) -> np.ndarray:
-    s = trace.steps[trace.steps["request_id"].isin(request_ids) & (trace.steps["query_tokens"] > 0)]
+def step_arrays(trace: Trace, request_ids=None) -> np.ndarray:
+    """Measured passes (of `request_ids`, default all) as the rows `fit_cost_params_to_steps` takes:
+    query_tokens, kv_tokens_read, duration_s, active_streams."""
+    s = trace.steps[trace.steps["query_tokens"] > 0]
+    if request_ids is not None:
+        s = s[s["request_id"].isin(request_ids)]
     return s[["query_tokens", "kv_tokens_read", "duration_s", "active_streams"]].to_numpy(float)
 
 
@@ -97,14 +101,14 @@ def validate(path: str | Path, hardware: HardwareSpec | str | None = None) -> di
                          f"(one to calibrate on, one to check), found {len(usable)}")
     calib_ids = usable["request_id"].to_numpy()[0::2]
     check_ids = usable["request_id"].to_numpy()[1::2]
-    calib = _step_arrays(trace, calib_ids)
+    calib = step_arrays(trace, calib_ids)
     if len(calib) < 4:
         raise ValueError(f"{trace.path}: the calibration half has {len(calib)} forward passes; need >= 4")
     params = fit_cost_params_to_steps(hw, model, calib)
     gap_s = _host_gap_s(trace, calib_ids)
     cost = CostModel(hw, model, params)
 
-    check = _step_arrays(trace, check_ids)
+    check = step_arrays(trace, check_ids)
     predicted = np.asarray(cost.step_time_s(check[:, 0], check[:, 1], check[:, 3]), float)
     step_mape = _mape(predicted, check[:, 2])
 
@@ -145,7 +149,7 @@ def cross_check(path: str | Path, hardware: HardwareSpec | str | None = None) ->
     req = trace.requests.set_index("request_id")
     sim = res.requests.set_index("request_id")
     ids = [i for i in sim.index if i in req.index and req.loc[i, "steps"] > 0]
-    steps = _step_arrays(trace, ids)
+    steps = step_arrays(trace, ids)
     predicted = np.asarray(cost.step_time_s(steps[:, 0], steps[:, 1], steps[:, 3]), float)
     return {
         "trace": str(trace.path), "system": trace.system, "hardware": hw.name, "model": model.name,

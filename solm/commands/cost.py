@@ -102,6 +102,7 @@ def _fit_to_trace(path: str, hardware: Any) -> Any:
     from profiler.reader import TraceError, read_trace
     from simulator.calibrate import fit_cost_params_to_steps
     from simulator.models import ModelSpec
+    from simulator.validation import step_arrays
 
     try:
         trace = read_trace(path)
@@ -109,10 +110,9 @@ def _fit_to_trace(path: str, hardware: Any) -> Any:
         raise UsageError(str(error)) from None
     if trace.kind != "measured":
         raise UsageError(f"--calibrate-from needs a measured trace, {path} is {trace.kind}")
-    steps = trace.steps[trace.steps["query_tokens"] > 0]
-    if len(steps) < 4:
-        raise UsageError(f"--calibrate-from: {path} has {len(steps)} forward passes; need >= 4")
-    rows = steps[["query_tokens", "kv_tokens_read", "duration_s", "active_streams"]].to_numpy(float)
+    rows = step_arrays(trace)
+    if len(rows) < 4:
+        raise UsageError(f"--calibrate-from: {path} has {len(rows)} forward passes; need >= 4")
     params = fit_cost_params_to_steps(hardware, ModelSpec.from_trace_meta(trace.meta), rows)
     return dataclasses.replace(params, source=f"{params.source} ({path})")
 
