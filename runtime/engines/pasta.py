@@ -29,13 +29,51 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord, visibility_rows
+from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord
 from runtime.lang.pasta import ASYNC, ASYNC_END, SYNC, End, Finish, Fork, Inline, PastaParser, StreamSyntax, Sync
 from runtime.model import TinyLM
 from runtime.sampling import Sampler
 from runtime.tokenizer import Tokenizer
 
 MAIN = 0
+
+
+class Indices:
+    """A growing list of fed indices backed by a numpy buffer: `view()` is an O(1) snapshot of the
+    current contents (appends never change it), so every fed token keeps what it saw without a copy."""
+
+    __slots__ = ("buf", "n")
+
+    def __init__(self, items=()) -> None:
+        items = np.asarray(items, dtype=np.int64)
+        self.buf = np.empty(max(16, 2 * len(items)), dtype=np.int64)
+        self.buf[: len(items)] = items
+        self.n = len(items)
+
+    def _room(self, k: int) -> None:
+        if self.n + k > len(self.buf):
+            buf = np.empty(max(2 * len(self.buf), self.n + k), dtype=np.int64)
+            buf[: self.n] = self.buf[: self.n]
+            self.buf = buf
+
+    def append(self, i: int) -> None:
+        self._room(1)
+        self.buf[self.n] = i
+        self.n += 1
+
+    def extend(self, items) -> None:
+        self._room(len(items))
+        self.buf[self.n: self.n + len(items)] = items
+        self.n += len(items)
+
+    def view(self) -> np.ndarray:
+        return self.buf[: self.n]
+
+    def copy(self) -> "Indices":
+        return Indices(self.view())
+
+    def __len__(self) -> int:
+        return self.n
 
 
 @dataclass
@@ -45,7 +83,7 @@ class Fed:
     token_id: int
     stream: int  # -1: the prompt
     position: int
-    sees: list[int]  # fed indices, itself included
+    sees: np.ndarray  # fed indices, itself included (int64; a read-only snapshot)
 
 
 @dataclass
@@ -69,7 +107,7 @@ class Out:
 class StreamState:
     sid: int
     syntax: StreamSyntax
-    visible: list[int] = field(default_factory=list)  # fed indices the stream's next row sees
+    visible: Indices = field(default_factory=Indices)  # fed indices the stream's next row sees
     vis_streams: set[int] = field(default_factory=set)
     pos: int = 0  # next position id
     reserve_end: int = 1 << 30  # threads: first position of the main thread after the reservation
@@ -94,15 +132,21 @@ class Layout:
         self.async_id, self.end_id, self.sync_id = tok.token_id(ASYNC), tok.token_id(ASYNC_END), tok.token_id(SYNC)
         self.max_threads, self.max_chunk_tokens = max_threads, max_chunk_tokens
         n = len(prompt_ids)
-        self.fed = [Fed(t, -1, i, list(range(i + 1))) for i, t in enumerate(prompt_ids)]
-        main = StreamState(MAIN, self.parser.new_stream("main"), list(range(n)), {-1, MAIN}, pos=n, last_row=n - 1)
+        seen = np.arange(n, dtype=np.int64)
+        self.fed = [Fed(t, -1, i, seen[: i + 1]) for i, t in enumerate(prompt_ids)]
+        main = StreamState(MAIN, self.parser.new_stream("main"), Indices(seen), {-1, MAIN}, pos=n, last_row=n - 1)
         self.streams: dict[int, StreamState] = {MAIN: main}
+        self.live: set[int] = set()  # threads forked and not done
         self.unmerged: list[int] = []  # threads forked since the last fed `<sync/>`
         self.events: list[dict] = []
         self._handlers = {Fork: self._fork, Inline: self._inline, Finish: self._finish, Sync: self._sync, End: self._end}
 
     def live_threads(self) -> int:
-        return sum(1 for s in self.streams.values() if s.sid != MAIN and not s.done)
+        return len(self.live)
+
+    def _close(self, s: StreamState) -> None:
+        s.done, s.pending = True, []
+        self.live.discard(s.sid)
 
     @property
     def finished(self) -> bool:
@@ -135,6 +179,7 @@ class Layout:
         t.pending = [Out(self.async_id, tid, "tag", -1, (), out.step, forced=True)]
         t.outs = list(t.pending)
         self.streams[tid] = t
+        self.live.add(tid)
         self.unmerged.append(tid)
 
     def _inline(self, s: StreamState, out: Out, a: Inline) -> None:
@@ -144,7 +189,7 @@ class Layout:
         self.parser.begin_inline(s.syntax)
 
     def _finish(self, s: StreamState, out: Out, a: Finish) -> None:
-        s.done, s.pending = True, []
+        self._close(s)
 
     def _sync(self, s: StreamState, out: Out, a: Sync) -> None:
         out.is_sync, s.waiting = True, True
@@ -152,7 +197,7 @@ class Layout:
             self.event("sync_with_nothing_open", s.sid)
 
     def _end(self, s: StreamState, out: Out, a: End) -> None:
-        s.done, s.pending = True, []
+        self._close(s)
         if self.live_threads():
             self.event("end_before_sync", s.sid)
 
@@ -163,21 +208,22 @@ class Layout:
         if len(s.outs) >= self.max_chunk_tokens:
             self.event("chunk_cut", s.sid, max_chunk_tokens=self.max_chunk_tokens)
             s.outs.append(Out(self.end_id, s.sid, "tag", s.pos, tuple(sorted(s.vis_streams)), step, forced=True))
-            s.done, s.pending = True, []
+            self._close(s)
 
     # ------------------------------------------------------------------ feeding
     def feed_ready(self) -> list[int]:
         """Feed every ready stream's pending tokens: main first, then threads by id (a thread forked
         by a promise fed in this very call starts in it too). Returns the new fed indices."""
         new: list[int] = []
-        sid: int | None = MAIN
-        while sid is not None:
-            s = self.streams[sid]
-            held = not s.started or (s.waiting and self.live_threads())
-            if s.pending and not held:
+        order, k = list(self.streams), 0  # ids increase with insertion: dict order is id order
+        while k < len(order):
+            s = self.streams[order[k]]
+            if s.pending and s.started and not (s.waiting and self.live):
                 new.extend(self._feed_one(s, out) for out in s.pending)
                 s.pending, s.waiting, s.last_row = [], False, new[-1]
-            sid = min((k for k in self.streams if k > sid), default=None)
+            k += 1
+            if k == len(order) and len(self.streams) > k:
+                order = list(self.streams)
         return new
 
     def _feed_one(self, s: StreamState, out: Out) -> int:
@@ -193,11 +239,11 @@ class Layout:
         out.position, out.fed = s.pos, idx
         s.visible.append(idx)
         s.own.append(idx)
-        self.fed.append(Fed(out.token_id, s.sid, s.pos, list(s.visible)))
+        self.fed.append(Fed(out.token_id, s.sid, s.pos, s.visible.view()))
         s.pos += 1
         if s.fork and out.thread == s.fork[0]:  # the promise is in the KV: the thread sees up to here
             t, n = self.streams[s.fork[0]], s.fork[1]
-            t.visible, t.vis_streams = list(s.visible), s.vis_streams | {t.sid}
+            t.visible, t.vis_streams = s.visible.copy(), s.vis_streams | {t.sid}
             t.pos, t.reserve_end, t.started = s.pos, s.pos + n, not self.defer_threads
             s.pos, s.fork = s.pos + n, None
         return idx
@@ -277,29 +323,36 @@ class PastaEngine(Engine):
         if n >= max_pos:
             raise ValueError(f"prompt of {n} tokens exceeds the model's {max_pos} positions")
         lay = self.new_layout(prompt)
-        slots: list[int] = []  # fed index -> KV slot
+        slots = Indices()  # fed index -> KV slot
         batch = list(range(n))
         step, phase, stop_reason = 0, "prefill", "stop_token"
         peak_tokens = peak_bytes = total = content = 0
         while True:
-            slots.extend(kv.allocate(len(batch)))
+            new_slots = kv.allocate(len(batch))
+            slots.extend(new_slots)
             fed = [lay.fed[i] for i in batch]
-            slot_of = np.asarray(slots)
-            rows = [slot_of[f.sees] for f in fed]
-            logits = self.model(self.tensor([f.token_id for f in fed]), self.tensor([f.position for f in fed]),
-                                self.tensor([slots[i] for i in batch]), visibility_rows(rows, kv.num_slots, self.device), kv)
+            slot_of = slots.view()
+            vis = np.zeros((len(fed), kv.num_slots), dtype=bool)
+            kv_read = 0
+            for r, f in enumerate(fed):
+                vis[r, slot_of[f.sees]] = True
+                kv_read += len(f.sees)
+            ids = torch.from_numpy(np.array([[f.token_id for f in fed], [f.position for f in fed], new_slots],
+                                            dtype=np.int64)).to(self.device)
+            logits = self.model(ids[0], ids[1], ids[2], torch.from_numpy(vis), kv)
             # one sampled token per stream whose last row is in this pass
             at = {i: r for r, i in enumerate(batch)}
             sids = [sid for sid, s in lay.streams.items() if not s.done and s.last_row in at and not s.pending]
-            toks = self.choose(lay, sids, logits[[at[lay.streams[sid].last_row] for sid in sids]], sample) if sids else []
+            rows = [at[lay.streams[sid].last_row] for sid in sids]
+            toks = self.choose(lay, sids, logits if rows == list(range(len(batch))) else logits[rows], sample) if sids else []
             for sid, t in zip(sids, toks):
                 out = lay.advance(sid, int(t), step)
                 total += 1
                 content += out.kind == "content" and not self.is_stop(out.token_id)
-            peak_tokens, peak_bytes = max(peak_tokens, kv.live_tokens), max(peak_bytes, kv.bytes_allocated)
+            live, held = kv.live_tokens, kv.bytes_allocated
+            peak_tokens, peak_bytes = max(peak_tokens, live), max(peak_bytes, held)
             streams = tuple(sorted({max(MAIN, f.stream) for f in fed}))
-            yield Step(request.request_id, step, phase, streams, len(batch), sum(len(r) for r in rows),
-                       kv.live_tokens, kv.bytes_allocated, emitted=tuple(int(t) for t in toks))
+            yield Step(request.request_id, step, phase, streams, len(batch), kv_read, live, held, emitted=tuple(int(t) for t in toks))
             if lay.finished:
                 break
             if content >= self.config.max_tokens or total >= self.max_total_tokens:
@@ -315,7 +368,7 @@ class PastaEngine(Engine):
                 break
             step += 1
             phase = self.phase(lay, batch)
-        return self._completion(request, lay, slots, n, step + 1, peak_tokens, peak_bytes, stop_reason)
+        return self._completion(request, lay, slots.view().tolist(), n, step + 1, peak_tokens, peak_bytes, stop_reason)
 
     # ------------------------------------------------------------------ hooks (the skeleton baseline overrides them)
     def new_layout(self, prompt: list[int]) -> Layout:
@@ -329,7 +382,7 @@ class PastaEngine(Engine):
 
     def choose(self, lay: Layout, sids: list[int], logits: torch.Tensor, sample: Sampler) -> list[int]:
         """Next token of each stream in `sids` from its logits row (tests override this to script a stream)."""
-        return [int(t) for t in sample(logits)]
+        return sample(logits).tolist()
 
     def _completion(self, request: Request, lay: Layout, slots: list[int], n: int, steps: int,
                     peak_tokens: int, peak_bytes: int, stop_reason: str) -> Completion:
