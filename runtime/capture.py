@@ -48,6 +48,7 @@ class CaptureConfig:
     page_size: int = 16
     counters_interval_s: float = 0.05
     warmup: int = 1  # untimed requests run first (allocator, kernels and caches warm up), as serving benchmarks do
+    repeats: int = 1  # runs of every request, in interleaved rounds; the run with the median latency is recorded
     knobs: dict = field(default_factory=dict)  # engine-specific settings
     structure_from: str = ""  # a trace directory: replay its structure (runtime.structure_replay)
 
@@ -171,6 +172,8 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         raise ValueError(f"--n must be >= 1, got {cfg.n}")
     if cfg.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {cfg.warmup}")
+    if cfg.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {cfg.repeats}")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but torch sees no CUDA device")
     engine_cls = get_engine(cfg.system)
@@ -224,26 +227,45 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
     for i, (ex, script) in enumerate(warm):  # same engine and settings, nothing recorded
         drain(start(-1 - i, ex, script))
     meta["warmup_requests"] = cfg.warmup
+    meta["runs_per_request"] = cfg.repeats
     writer = TraceWriter(out, meta, overwrite=overwrite)
     sampler.start()
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(examples), desc=f"capture {cfg.system}", unit="req", leave=False, disable=None)
+        bar = tqdm(total=len(examples) * cfg.repeats, desc=f"capture {cfg.system}", unit="run", leave=False, disable=None)
+    runs: list[list] = [[] for _ in examples]  # per request: (e2e, arrival, recorded run) of each round so far
+    diverged = 0
     try:
-        for rid, ex in enumerate(examples):
-            arrival = recorder.now_s()
-            rec = recorder.run(start(rid, ex, scripts[rid] if scripts else None))
-            c: Completion = rec.result
-            quality = task.score(ex, c.text) if scored and c.status != "error" else math.nan
-            writer.add_request(request_row(ex, c, rec, quality, arrival), rec.step_rows, token_rows(c, tok), c.graph)
-            writer.set_counters(sampler.snapshot())
-            if bar:
-                bar.update(1)
+        for round_ in range(cfg.repeats):  # rounds interleave requests, so a slow spell of the machine
+            for rid, ex in enumerate(examples):  # hits different requests in different rounds
+                arrival = recorder.now_s()
+                rec = recorder.run(start(rid, ex, scripts[rid] if scripts else None))
+                if runs[rid] and rec.result.output_ids != runs[rid][0][2].result.output_ids:
+                    diverged += 1
+                runs[rid].append((rec.end_s - arrival, arrival, rec))
+                if bar:
+                    bar.update(1)
+                if round_ < cfg.repeats - 1:
+                    continue
+                _, arrival, rec = sorted(runs[rid], key=lambda r: r[0])[(cfg.repeats - 1) // 2]  # the median run
+                c: Completion = rec.result
+                quality = task.score(ex, c.text) if scored and c.status != "error" else math.nan
+                writer.add_request(request_row(ex, c, rec, quality, arrival), rec.step_rows, token_rows(c, tok), c.graph)
+                writer.set_counters(sampler.snapshot())
     finally:
         if bar:
             bar.close()
         rows = sampler.stop()
+    extra = {"wall_s": recorder.now_s(), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if cfg.repeats > 1:  # how much the runs of one request differed: the machine's noise, kept in the record
+        spread = sorted((max(r[0] for r in rr) - min(r[0] for r in rr)) / sorted(r[0] for r in rr)[(cfg.repeats - 1) // 2]
+                        for rr in runs if len(rr) == cfg.repeats)
+        extra["repeats"] = {
+            "runs_per_request": cfg.repeats, "recorded": "the run with the median end-to-end latency",
+            "rounds": "interleaved: every request once, then again", "diverged_runs": diverged,
+            "e2e_spread_percent_median": round(100 * spread[len(spread) // 2], 2) if spread else None,
+            "e2e_spread_percent_max": round(100 * spread[-1], 2) if spread else None}
     writer.set_counters(rows)
-    return writer.close({"wall_s": recorder.now_s(), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    return writer.close(extra)

@@ -77,6 +77,7 @@ def test_inspect_missing_column(small_trace, tmp_path):
     (["--model", "no-such-model"], "neither a checkpoint"),
     (["--task", "nope", "--model", "tiny-2l"], "unknown task"),
     (["--n", "0", "--model", "tiny-2l"], "--n must be"),
+    (["--repeats", "0", "--model", "tiny-2l"], "--repeats must be"),
     (["--device", "cuda", "--model", "tiny-2l"], "CUDA"),
 ])
 def test_capture_bad_input(tmp_path, args, needle):
@@ -92,3 +93,25 @@ def test_capture_then_inspect_end_to_end(tmp_path):
     assert s["requests"] == 2 and s["quality_mean"] is not None
     r2 = solm("capture", "--system", "sequential", "--n", "2", "--out", str(out))
     assert r2.returncode == 2 and "--force" in r2.stderr
+
+
+def test_capture_repeats_records_the_median_run_once_per_request(tmp_path):
+    """--repeats 3: every request runs three times in interleaved rounds; the trace holds one run per
+    request (the median-latency one, its own steps and timings) and the spread in meta.json."""
+    from profiler.reader import read_trace
+    from profiler.validate import validate as trace_problems
+
+    out = tmp_path / "rep"
+    r = solm("capture", "--system", "sequential", "--model", "tiny-2l", "--n", "3", "--max-tokens", "10",
+             "--repeats", "3", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    t = read_trace(out)
+    assert sorted(t.requests["request_id"]) == [0, 1, 2]
+    assert t.steps.groupby("request_id").size().tolist() == t.requests.sort_values("request_id")["steps"].tolist()
+    rep = t.meta["repeats"]
+    assert t.meta["runs_per_request"] == 3 and rep["runs_per_request"] == 3 and rep["diverged_runs"] == 0
+    assert 0 <= rep["e2e_spread_percent_median"] <= rep["e2e_spread_percent_max"]
+    for _, req in t.requests.iterrows():  # a request's steps lie inside its own recorded run
+        s = t.steps[t.steps["request_id"] == req["request_id"]]
+        assert s["start_s"].min() >= req["arrival_s"] and (s["start_s"] + s["duration_s"]).max() <= req["arrival_s"] + req["e2e_s"] + 1e-9
+    assert not trace_problems(out)
