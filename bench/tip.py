@@ -55,7 +55,7 @@ def run_method(model, tok, task, examples, method: str, policy: str, budget: int
             "quality": sum(scores) / len(scores), "mean_live_kv_tokens": sum(live) / len(live),
             "peak_live_kv_tokens": max(peaks), "logical_evicted_bytes": logical, "physical_freed_bytes": freed,
             "physical_over_logical": (freed / logical) if logical else None, "tokens_per_s": out_tokens / wall,
-            "requests": len(examples)}
+            "requests": len(examples), "passes": len(live)}
 
 
 def bench_task(model, tok, name: str, n: int, max_tokens: int) -> list[dict]:
@@ -84,6 +84,18 @@ def bench_serving(model, tok, name: str, n: int, pool_tokens: int, max_tokens: i
     return out
 
 
+def held_out_summary(rows: list[dict], tasks: list[str]) -> dict:
+    """Dense and TIP (page 16) over the whole held-out set: live KV averaged over every pass of every
+    request of every task, accuracy over every request."""
+    out: dict = {}
+    for m in ("dense", "tip"):
+        rs = [r for r in rows if r["method"] == m and r["page_size"] == 16 and r["task"] in tasks]
+        out[f"{m}_mean_live_kv_tokens"] = sum(r["mean_live_kv_tokens"] * r["passes"] for r in rs) / sum(r["passes"] for r in rs)
+        out[f"{m}_quality"] = sum(r["quality"] * r["requests"] for r in rs) / sum(r["requests"] for r in rs)
+    out["live_kv_reduction_percent"] = 100 * (1 - out["tip_mean_live_kv_tokens"] / out["dense_mean_live_kv_tokens"])
+    return out
+
+
 def fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
@@ -93,11 +105,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small sample (under 3 minutes)")
     ap.add_argument("--n", type=int, default=0, help="held-out prompts per task (default 64, quick 12)")
     ap.add_argument("--model", default="tip-tiny")
-    ap.add_argument("--tasks", default="var_tracking,nested_arith")
+    ap.add_argument("--tasks", default="var_tracking,nested_arith,tree_reduce")
     ap.add_argument("--pool-kv-tokens", type=int, default=768, help="serving pool size in tokens (48 pages of 16)")
     ap.add_argument("--serve-n", type=int, default=0, help="requests served (default 48, quick 24)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--max-tokens", type=int, default=256)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     n = args.n or (12 if args.quick else 64)
@@ -123,6 +135,11 @@ def main() -> int:
                 for m in ("dense", "tip"))
         print(f"{name}: TIP mean live KV {100 * (1 - t['mean_live_kv_tokens'] / d['mean_live_kv_tokens']):.0f}% below "
               f"dense; accuracy {100 * (t['quality'] - d['quality']):+.1f} points")
+    summary = held_out_summary(rows, args.tasks.split(","))
+    print(f"held-out set ({', '.join(args.tasks.split(','))}, every pass of every request): TIP mean live KV "
+          f"{summary['tip_mean_live_kv_tokens']:.1f} vs dense {summary['dense_mean_live_kv_tokens']:.1f} tokens, "
+          f"{summary['live_kv_reduction_percent']:.0f}% below; accuracy {summary['tip_quality']:.3f} vs "
+          f"{summary['dense_quality']:.3f} ({100 * (summary['tip_quality'] - summary['dense_quality']):+.1f} points)")
     print(f"\nmemory-limited serving ({serving[0]['task']}, pool {args.pool_kv_tokens} KV tokens = "
           f"{serving[0]['pool_bytes']} bytes, {serve_n} requests)")
     print(f"{'method':<8}{'mean conc':>10}{'max conc':>9}{'preempt':>8}{'tok/s':>8}{'wall s':>8}{'quality':>9}")
@@ -130,7 +147,7 @@ def main() -> int:
         print(f"{s['method']:<8}{s['mean_concurrency']:>10.2f}{s['max_concurrency']:>9d}{s['preemptions']:>8d}"
               f"{s['tokens_per_s']:>8.0f}{s['wall_s']:>8.2f}{s['quality']:>9.3f}")
     print(f"(bench wall {time.perf_counter() - t0:.0f} s)")
-    print(json.dumps({"bench": "tip", "model": args.model, "n": n, "rows": rows, "serving": serving}))
+    print(json.dumps({"bench": "tip", "model": args.model, "n": n, "summary": summary, "rows": rows, "serving": serving}))
     return 0
 
 

@@ -15,12 +15,13 @@ This module holds the three things both the runtime and training need, so the tw
 - `tip_visibility`: the (T, T) mask training uses, built by the same parser, so a token never
   sees a step that was dead when it was generated (exactly what the engine shows it).
 
-Why R = 4 by default: the most results pending at once in the shipped tasks is three (a depth-3
-expression tree holds two finished subtrees and a leaf result while it computes the fourth), and
-a step's register is chosen before the step is written, so three pending steps plus the one being
-written need four registers. With fewer, Belady must evict a step that is still needed
-(`Annotation.forced_evictions` > 0) and the model cannot compute from it. More registers cost
-nothing: free registers holding dead steps are always reused first, so unused ones stay empty.
+Why R = 5 by default: a step's register is chosen before the step is written, so R must cover
+the most steps pending at once plus the one being written. `var_tracking` has two pending (3
+registers), `nested_arith` at depth 3 three (4), `tree_reduce` four from 8 terms on: while it
+combines G and H it still holds A..D and E..F, and G and H themselves (5). With fewer, Belady must
+evict a step that is still needed (`Annotation.forced_evictions` > 0) and the model cannot compute
+from it. More registers cost nothing: free registers holding dead steps are always reused first,
+so unused ones stay empty (tested per task at its minimum and one less).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 
 from runtime.tokenizer import Tokenizer
 
-DEFAULT_REGISTERS = 4
+DEFAULT_REGISTERS = 5
 MAX_REGISTERS = 16  # the tokenizer's <reg_0> ... <reg_15>
 PROMPT_STREAM = -1  # the prompt (always live)
 PREAMBLE_STREAM = 0  # tokens before the first register tag (never killed)

@@ -15,6 +15,7 @@ TASKS: dict[str, str] = {
     # reasoning families (TIP)
     "nested_arith": "runtime.tasks.reasoning:NestedArith",
     "var_tracking": "runtime.tasks.reasoning:VarTracking",
+    "tree_reduce": "runtime.tasks.reasoning:TreeReduce",
 }
 
 

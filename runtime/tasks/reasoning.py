@@ -14,6 +14,14 @@ arithmetic is mod 10, so every value is one digit and every step of a family has
   post-order (`((3+4)*(2+5))-((6*1)+(8-2))` -> steps `3+4=7`, `2+5=7`, `7*7=9`, ...). A genuine
   DAG: leaf steps die as soon as their parent is computed; three results are pending at once.
 
+- `tree_reduce`: a sequence from a recurrence, reduced pairwise in a balanced tree as soon as
+  each pair is ready (a binary counter). Prompt `x2 +2 -K` means terms A..K with A=2 and each term
+  the previous plus 2 (`-2`: minus 2); combine with `-` (or `+`). Steps `A=2`, `B:2+2=4`, `AB:2-4=8`, `C:4+2=6`, `D:6+2=8`,
+  `CD:6-8=8`, `AD:8-8=0`, ...; leftover subtrees are combined right to left at the end. A DAG
+  with a short prompt and long reasoning (the shape of the thesis's AIME runs): a term is read by
+  the next term and by its pair, a pair's result by its parent, at most log2(n) + 2 steps are
+  pending, so five registers cover 9-14 terms.
+
 Scorer: exact match of the final answer, the text after the last `#`.
 """
 
@@ -93,3 +101,49 @@ class NestedArith(ReasoningTask):
 
         text, value, _ = build(self.depth)
         return Example(text[1:-1], str(value), meta={"steps": steps, "deps": deps, "final": f"#{value}"})
+
+
+class TreeReduce(ReasoningTask):
+    name = "tree_reduce"
+    description = "a recurrence's terms reduced pairwise in a balanced tree as they come (mod 10)"
+
+    def __init__(self, min_terms: int = 9, max_terms: int = 14) -> None:
+        if not 2 <= min_terms <= max_terms <= len(LETTERS):
+            raise ValueError(f"need 2 <= min_terms <= max_terms <= {len(LETTERS)}")
+        self.min_terms, self.max_terms = min_terms, max_terms
+
+    def sample(self, rng: random.Random) -> Example:
+        n = rng.randint(self.min_terms, self.max_terms)
+        x, rop, d, op = rng.randrange(10), rng.choice("+-"), rng.randrange(1, 10), rng.choice("+-")
+        steps: list[str] = []
+        deps: list[tuple[int, ...]] = []
+
+        def combine(left: tuple[int, int, int, int], right: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+            """Nodes are (first term, last term, value, step index)."""
+            v = OPS[op](left[2], right[2])
+            steps.append(f"{LETTERS[left[0]]}{LETTERS[right[1]]}:{left[2]}{op}{right[2]}={v}")
+            deps.append((left[3], right[3]))
+            return left[0], right[1], v, len(steps) - 1
+
+        stack: list[tuple[int, int, int, int]] = []
+        value = x
+        for k in range(n):
+            if k == 0:
+                steps.append(f"{LETTERS[0]}={x}")
+                deps.append(())
+            else:
+                nxt = OPS[rop](value, d)
+                steps.append(f"{LETTERS[k]}:{value}{rop}{d}={nxt}")
+                deps.append((stack_top_term,))
+                value = nxt
+            stack_top_term = len(steps) - 1
+            node = (k, k, value, stack_top_term)
+            while stack and stack[-1][1] - stack[-1][0] == node[1] - node[0]:
+                node = combine(stack.pop(), node)
+            stack.append(node)
+        node = stack.pop()
+        while stack:
+            node = combine(stack.pop(), node)
+        answer = str(node[2])
+        return Example(f"x{x} {rop}{d} {op}{LETTERS[n - 1]}", answer,
+                       meta={"steps": steps, "deps": deps, "final": f"#{answer}"})

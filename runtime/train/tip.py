@@ -1,7 +1,7 @@
 """TIP training recipe: SFT on register-annotated worked solutions, with the runtime's visibility.
 
 A sequence is `<bos> prompt <sep> <reg_i>step<reg_j>step ... #answer <eos>`; registers come from
-the annotation generator (`runtime.lang.tip.annotate`, greedy + Belady, R = 4). Its mask is
+the annotation generator (`runtime.lang.tip.annotate`, greedy + Belady, R = 5). Its mask is
 `tip_visibility`, built by the same parser the engine runs, so a token never sees a step that was
 dead when it was generated: exactly what the `tip` engine shows it at inference. Positions are
 plain (a dead step keeps its position ids; it is only invisible).
@@ -64,8 +64,9 @@ class TipRecipe(Recipe):
         return sample
 
 
-# var_tracking has 2,000 distinct prompts (about 1,800 in the train split), so 1,500 per task.
-RECIPE = TipRecipe("tip", ("var_tracking", "nested_arith"), "tiny-4l",
-                   TrainConfig(steps=1000, batch_size=32, lr=3e-3, warmup_steps=50), _build,
-                   train_examples=3000, eval_examples=64, max_tokens=160,
+# var_tracking has 2,000 distinct prompts and tree_reduce 2,160 (about 1,800 and 1,940 in the train
+# splits), so 1,500 per task.
+RECIPE = TipRecipe("tip", ("var_tracking", "nested_arith", "tree_reduce"), "tiny-4l",
+                   TrainConfig(steps=1500, batch_size=32, lr=3e-3, warmup_steps=50), _build,
+                   train_examples=4500, eval_examples=64, max_tokens=256,
                    extra={"registers": DEFAULT_REGISTERS, "dense_fraction": 0.25})

@@ -9,7 +9,7 @@ import torch
 
 from runtime.engines import GenerationConfig, Request, drain
 from runtime.engines.tip import TipEngine, serve
-from runtime.lang.tip import annotate, tip_visibility
+from runtime.lang.tip import DEFAULT_REGISTERS, annotate, tip_visibility
 from runtime.tasks import get_task
 
 
@@ -52,7 +52,7 @@ def run_steps(engine, prompt: str):
     return drain(engine.run(Request(0, prompt)))
 
 
-def annotated(ex, registers: int = 4) -> str:
+def annotated(ex, registers: int = DEFAULT_REGISTERS) -> str:
     return annotate(ex.meta["steps"], ex.meta["deps"], registers, ex.meta["final"]).text
 
 
@@ -101,7 +101,7 @@ def test_freed_and_masked_give_identical_logits(tiny_model, tok):
     assert sum(s.freed_kv_bytes for s in ms) == 0
 
 
-@pytest.mark.parametrize("task", ["var_tracking", "nested_arith"])
+@pytest.mark.parametrize("task", ["var_tracking", "nested_arith", "tree_reduce"])
 def test_engine_visibility_is_the_training_mask(tiny_model, tok, task):
     ex = get_task(task).examples("test", 1)[0]
     text = annotated(ex)
