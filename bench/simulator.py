@@ -60,7 +60,7 @@ def measured_traces(device_type: str) -> list[Path]:
 def capture_here(tmp: Path, n: int) -> Path:
     out = tmp / "sequential-tiny4l"
     cmd = [sys.executable, "-m", "solm", "capture", "--system", "sequential", "--model", "tiny-4l", "--n", str(n),
-           "--max-tokens", "48", "--out", str(out), "--json"]
+           "--max-tokens", "48", "--repeats", "3", "--out", str(out), "--json"]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
     return out
 

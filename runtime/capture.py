@@ -29,6 +29,9 @@ from runtime.sampling import SamplingConfig
 from runtime.tasks import Example, get_task
 from runtime.tokenizer import Tokenizer
 
+# which of a request's repeated runs is recorded: index into its runs sorted by latency
+KEEP = {"min": lambda n: 0, "median": lambda n: (n - 1) // 2}
+
 NOT_APPLICABLE = ("not applicable: a model that does not speak the project's tokenizer (random real-scale "
                   "weights, a transformers checkpoint) or a structure replayed from another trace")
 
@@ -48,7 +51,8 @@ class CaptureConfig:
     page_size: int = 16
     counters_interval_s: float = 0.05
     warmup: int = 1  # untimed requests run first (allocator, kernels and caches warm up), as serving benchmarks do
-    repeats: int = 1  # runs of every request, in interleaved rounds; the run with the median latency is recorded
+    repeats: int = 1  # runs of every request, in interleaved rounds; one of them is recorded (`keep`)
+    keep: str = "min"  # which run of the repeats: "min" (fastest: the machine least disturbed) or "median"
     knobs: dict = field(default_factory=dict)  # engine-specific settings
     structure_from: str = ""  # a trace directory: replay its structure (runtime.structure_replay)
 
@@ -174,6 +178,8 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         raise ValueError(f"--warmup must be >= 0, got {cfg.warmup}")
     if cfg.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {cfg.repeats}")
+    if cfg.keep not in KEEP:
+        raise ValueError(f"--keep must be one of {', '.join(KEEP)}, got {cfg.keep!r}")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but torch sees no CUDA device")
     engine_cls = get_engine(cfg.system)
@@ -249,7 +255,7 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
                     bar.update(1)
                 if round_ < cfg.repeats - 1:
                     continue
-                _, arrival, rec = sorted(runs[rid], key=lambda r: r[0])[(cfg.repeats - 1) // 2]  # the median run
+                _, arrival, rec = sorted(runs[rid], key=lambda r: r[0])[KEEP[cfg.keep](cfg.repeats)]
                 c: Completion = rec.result
                 quality = task.score(ex, c.text) if scored and c.status != "error" else math.nan
                 writer.add_request(request_row(ex, c, rec, quality, arrival), rec.step_rows, token_rows(c, tok), c.graph)
@@ -263,7 +269,7 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         spread = sorted((max(r[0] for r in rr) - min(r[0] for r in rr)) / sorted(r[0] for r in rr)[(cfg.repeats - 1) // 2]
                         for rr in runs if len(rr) == cfg.repeats)
         extra["repeats"] = {
-            "runs_per_request": cfg.repeats, "recorded": "the run with the median end-to-end latency",
+            "runs_per_request": cfg.repeats, "recorded": f"the {cfg.keep} end-to-end latency run",
             "rounds": "interleaved: every request once, then again", "diverged_runs": diverged,
             "e2e_spread_percent_median": round(100 * spread[len(spread) // 2], 2) if spread else None,
             "e2e_spread_percent_max": round(100 * spread[-1], 2) if spread else None}

@@ -25,8 +25,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny models run best on 1)")
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up requests before recording (default 1)")
     p.add_argument("--repeats", type=int, default=1,
-                   help="run every request this many times in interleaved rounds and record the run with the "
-                        "median latency (damps a noisy machine; the spread goes to meta.json; default 1)")
+                   help="run every request this many times in interleaved rounds and record one run of each "
+                        "(--keep; the spread of the runs goes to meta.json; default 1)")
+    p.add_argument("--keep", default="min", choices=["min", "median"],
+                   help="with --repeats: record each request's fastest run (a shared machine only ever slows "
+                        "down, so the fastest is the least disturbed; default) or its median run")
     p.add_argument("--counters-hz", type=float, default=20.0, help="counter sampling rate")
     p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
                    help="engine setting, repeatable (values parsed as JSON when they can be, e.g. --knob max_threads=4)")
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = CaptureConfig(system=args.system, model=args.model, task=args.task, n=args.n, split=args.split,
                         device=args.device, seed=args.seed, max_tokens=args.max_tokens, temperature=args.temperature,
                         top_p=args.top_p, page_size=args.page_size, counters_interval_s=1.0 / args.counters_hz,
-                        knobs=parse_knobs(args.knob), warmup=args.warmup, repeats=args.repeats,
+                        knobs=parse_knobs(args.knob), warmup=args.warmup, repeats=args.repeats, keep=args.keep,
                         structure_from=args.structure_from)
     out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
     s = summarize(read_trace(out))

@@ -78,6 +78,7 @@ def test_inspect_missing_column(small_trace, tmp_path):
     (["--task", "nope", "--model", "tiny-2l"], "unknown task"),
     (["--n", "0", "--model", "tiny-2l"], "--n must be"),
     (["--repeats", "0", "--model", "tiny-2l"], "--repeats must be"),
+    (["--keep", "max", "--model", "tiny-2l"], "invalid choice"),
     (["--device", "cuda", "--model", "tiny-2l"], "CUDA"),
 ])
 def test_capture_bad_input(tmp_path, args, needle):
@@ -95,9 +96,9 @@ def test_capture_then_inspect_end_to_end(tmp_path):
     assert r2.returncode == 2 and "--force" in r2.stderr
 
 
-def test_capture_repeats_records_the_median_run_once_per_request(tmp_path):
+def test_capture_repeats_records_one_run_per_request(tmp_path):
     """--repeats 3: every request runs three times in interleaved rounds; the trace holds one run per
-    request (the median-latency one, its own steps and timings) and the spread in meta.json."""
+    request (the fastest, with its own steps and timings) and the spread in meta.json."""
     from profiler.reader import read_trace
     from profiler.validate import validate as trace_problems
 
@@ -110,6 +111,7 @@ def test_capture_repeats_records_the_median_run_once_per_request(tmp_path):
     assert t.steps.groupby("request_id").size().tolist() == t.requests.sort_values("request_id")["steps"].tolist()
     rep = t.meta["repeats"]
     assert t.meta["runs_per_request"] == 3 and rep["runs_per_request"] == 3 and rep["diverged_runs"] == 0
+    assert rep["recorded"] == "the min end-to-end latency run"
     assert 0 <= rep["e2e_spread_percent_median"] <= rep["e2e_spread_percent_max"]
     for _, req in t.requests.iterrows():  # a request's steps lie inside its own recorded run
         s = t.steps[t.steps["request_id"] == req["request_id"]]
