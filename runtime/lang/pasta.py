@@ -28,7 +28,7 @@ from runtime.tokenizer import Tokenizer
 
 PROMISE_OPEN = '<promise topic="'
 ASYNC, ASYNC_END, SYNC = "<async>", "</async>", "<sync/>"
-STYLES = ("fine", "coarse", "none")
+STYLES = ("fine", "coarse", "none", "eager")
 MAX_RESERVE = 100  # largest token count a promise may reserve
 MAX_TOPIC_BYTES = 32  # a promise still open after this many bytes is abandoned
 
@@ -48,19 +48,22 @@ def annotate(meta: dict, tok: Tokenizer, style: str = "fine") -> str:
     """PASTA-LANG target (final order) from a task example's dependence structure.
 
     `fine`: one promise per independent part; `coarse`: one per pair of parts; `none`: the plain
-    answer. The closing part follows `<sync/>`. Prompts with no parts are always plain.
+    answer. The closing part follows `<sync/>`, except in `eager`: one promise per part and the
+    closing part written by the main thread *before* `<sync/>`, while the chunks are decoded, from
+    the prompt alone (faster, and right only where the closing part does not need the chunks' text:
+    the speed/quality choice the preference stage trades). Prompts with no parts are always plain.
     """
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
     parts, topics, closing = meta["parts"], meta["topics"], meta["closing"]
     if style == "none" or not parts:
         return "".join(parts) + closing
-    groups = [[i] for i in range(len(parts))] if style == "fine" else [[i, i + 1][: len(parts) - i] for i in range(0, len(parts), 2)]
+    groups = [[i, i + 1][: len(parts) - i] for i in range(0, len(parts), 2)] if style == "coarse" else [[i] for i in range(len(parts))]
     out = []
     for g in groups:
         chunk = "".join(parts[i] for i in g)
         out.append(PROMISE_OPEN + topics[g[0]] + promise_close(reserve_for(len(tok.encode(chunk)))) + ASYNC + chunk + ASYNC_END)
-    return "".join(out) + SYNC + closing
+    return "".join(out) + (closing + SYNC if style == "eager" else SYNC + closing)
 
 
 def sample_style(rng: random.Random, meta: dict, weights: dict[str, float]) -> str:

@@ -4,12 +4,14 @@ visibility and positions, then preference optimisation over the model's own anno
 Stages (`solm train --system pasta --stage S`):
 
     sft          annotated targets from `runtime.lang.pasta.annotate`, a mix of styles (one promise
-                 per part, one per pair of parts, none) so the model has structures to choose
-                 between; each sequence is laid out by replaying the answer through the engine's
-                 own `Layout`, so a chunk token sees only the prompt, the main thread up to its
-                 promise and its own chunk, and the main thread sees chunks only after `<sync/>`.
-    preference   from `--init` (the SFT model): sample K annotated answers per training prompt with
-                 the `pasta` engine, score each by theoretical speedup + lambda * quality, and train
+                 per part, one per pair of parts, none, and eager: the closing part before
+                 `<sync/>`) so the model has structures to choose between; each sequence is laid
+                 out by replaying the answer through the engine's own `Layout`, so a chunk token
+                 sees only the prompt, the main thread up to its promise and its own chunk, and
+                 the main thread sees chunks only after `<sync/>`.
+    preference   from `--init` (the SFT model): sample annotated answers per training prompt with
+                 the `pasta` engine (greedy, structural samples, whole samples; see
+                 `preference_pairs`), score each by theoretical speedup + lambda * quality, and train
                  on (best, worst) pairs: SFT on the best plus a DPO pairwise loss against the frozen
                  initial model. Two lambdas give two models at different speed/quality points.
     sequential   the baseline: the same examples with annotations removed, causal, plain positions.
@@ -29,8 +31,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from runtime.engines.pasta import MAIN, Layout
-from runtime.lang.pasta import annotate, sample_style
+from runtime.engines.pasta import MAIN, Layout, PastaEngine
+from runtime.lang.pasta import PROMISE_OPEN, SYNC, annotate, sample_style
 from runtime.model import TinyLM
 from runtime.tasks import Example, get_task
 from runtime.tasks.parallel import ALL_TASKS
@@ -38,7 +40,7 @@ from runtime.tokenizer import Tokenizer
 from runtime.train.recipes import Recipe, causal_seq
 from runtime.train.sft import IGNORE, TrainConfig, TrainSeq, collate, loss_of
 
-SFT_STYLES = {"fine": 0.7, "coarse": 0.15, "none": 0.15}
+SFT_STYLES = {"fine": 0.6, "coarse": 0.1, "none": 0.15, "eager": 0.15}
 TASK_WEIGHTS = {"word_facts": 1.0, "map_numbers": 1.0, "list_stats": 1.0, "copy_line": 0.5}
 
 
@@ -124,9 +126,11 @@ class PastaRecipe(Recipe):
     stage: str = "sft"
     styles: dict = dataclasses.field(default_factory=lambda: dict(SFT_STYLES))
     lam: float = 1.0  # preference: weight of quality in the reward
-    samples_per_prompt: int = 4
+    samples_per_prompt: int = 2  # whole answers sampled at pref_temperature
+    structure_samples: int = 4  # answers sampled at structure_temperature where a tag is a top-2 choice, else greedy
     pref_prompts: int = 96
     pref_temperature: float = 0.8
+    structure_temperature: float = 2.0
     dpo_beta: float = 0.1
 
     def for_stage(self, stage: str, lam: float | None = None) -> "PastaRecipe":
@@ -204,12 +208,36 @@ def reward_quality(exact: float, reference: str, output: str) -> float:
     return 0.5 * exact + 0.5 * difflib.SequenceMatcher(None, reference, output).ratio()
 
 
+class StructureSampler(PastaEngine):
+    """Greedy decoding except at structural choices: where a PASTA-LANG tag that changes the
+    structure (a promise, `<sync/>`) is one of the two likeliest tokens, one of those two is sampled
+    at `temperature`. The candidates then differ in structure (fork or write inline, close before or
+    after the chunks) with greedy content, so their scores compare structures, not sampling noise."""
+
+    def __init__(self, model: TinyLM, tok: Tokenizer, config, temperature: float, seed: int) -> None:
+        super().__init__(model, tok, config)
+        self.temperature, self.gen = temperature, torch.Generator().manual_seed(seed)
+        self.tags = {tok.token_id(PROMISE_OPEN), tok.token_id(SYNC)}
+
+    def choose(self, lay, sids, logits, sample) -> list[int]:
+        out = []
+        for row in logits.float():
+            top = row.topk(2)
+            ids = top.indices.tolist()
+            if self.tags & set(ids):
+                ids = [ids[int(torch.multinomial((top.values / self.temperature).softmax(-1), 1, generator=self.gen))]]
+            out.append(ids[0])
+        return out
+
+
 def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, progress: bool) -> tuple[list, dict]:
-    """The greedy answer and K samples per prompt, scored by theoretical speedup + lambda * quality;
-    keep (best, worst). With the greedy answer among the candidates a quality-weighted lambda keeps
-    the SFT model's answers where they are best, instead of training on noisier samples."""
+    """Candidates per prompt: the greedy answer, `structure_samples` structural samples
+    (`StructureSampler`) and `samples_per_prompt` whole samples; each scored by theoretical speedup
+    + lambda * quality; keep (best, worst). With the greedy answer among the candidates a
+    quality-weighted lambda keeps the SFT model's answers where they are best; the structural
+    samples give each prompt answers of different speed whose quality differs only by structure,
+    which is where the two lambdas choose differently."""
     from runtime.engines import GenerationConfig, Request
-    from runtime.engines.pasta import PastaEngine
     from runtime.sampling import SamplingConfig
 
     rng = random.Random(f"pasta-pref:{seed}")
@@ -219,10 +247,15 @@ def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, p
     t0, pairs, scores = time.perf_counter(), [], []
     for i, (t, ex) in enumerate(prompts):
         task, cands = get_task(t), []
-        for k in range(r.samples_per_prompt + 1):  # the greedy answer, then K samples at pref_temperature
-            temp = 0.0 if k == 0 else r.pref_temperature
-            cfg = GenerationConfig(max_tokens=r.max_tokens, sampling=SamplingConfig(temp, 1.0, seed * 7919 + k))
-            c = PastaEngine(model, tok, cfg).generate(Request(i, ex.prompt))
+        for k in range(1 + r.structure_samples + r.samples_per_prompt):
+            if k <= r.structure_samples:  # k = 0: the greedy answer
+                cfg = GenerationConfig(max_tokens=r.max_tokens)
+                engine = (PastaEngine(model, tok, cfg) if k == 0 else
+                          StructureSampler(model, tok, cfg, r.structure_temperature, seed * 7919 + 1000 * i + k))
+            else:
+                cfg = GenerationConfig(max_tokens=r.max_tokens, sampling=SamplingConfig(r.pref_temperature, 1.0, seed * 7919 + k))
+                engine = PastaEngine(model, tok, cfg)
+            c = engine.generate(Request(i, ex.prompt))
             if c.status != "ok" or any(e["event"] in ("max_threads", "chunk_cut") for e in c.events):
                 continue
             q = reward_quality(task.score(ex, c.text), ex.answer, c.text)

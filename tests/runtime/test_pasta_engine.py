@@ -131,23 +131,48 @@ def test_thread_in_parallel_equals_thread_alone(tiny_model, tok):
     assert_thread_in_parallel_equals_thread_alone(tiny_model, tok, chunk=8)
 
 
+def decode_gold(model, tok, ex, style: str):
+    """Run the engine with each stream's tokens scripted from the gold `style` annotation of `ex`:
+    (completion, the annotation's ids + <eos>, the replayed layout)."""
+    answer = tok.encode(annotate(ex.meta, tok, style)) + [tok.eos_id]
+    lay, _ = replay(tok, prompt_ids(tok, ex.prompt), answer)
+    per_stream = {sid: [o.token_id for o in s.outs if not o.forced] for sid, s in lay.streams.items()}
+
+    class Gold(PastaEngine):
+        def choose(self, lay, sids, logits, sample):
+            return [per_stream[sid][sum(1 for o in lay.streams[sid].outs if not o.forced)] for sid in sids]
+
+    return Gold(model, tok, GenerationConfig(max_tokens=128)).generate(Request(0, ex.prompt)), answer, lay
+
+
 def test_gold_annotation_replayed_through_engine_gives_the_answer(tiny_model, tok):
     for name in ("word_facts", "map_numbers", "list_stats", "copy_line"):
         ex = get_task(name).examples("test", 1)[0]
-        answer = tok.encode(annotate(ex.meta, tok, "fine")) + [tok.eos_id]
-        lay, _ = replay(tok, prompt_ids(tok, ex.prompt), answer)
-        per_stream = {sid: [o.token_id for o in s.outs if not o.forced] for sid, s in lay.streams.items()}
-
-        class Gold(PastaEngine):
-            def choose(self, lay, sids, logits, sample):
-                return [per_stream[sid][sum(1 for o in lay.streams[sid].outs if not o.forced)] for sid in sids]
-
-        c = Gold(tiny_model, tok, GenerationConfig(max_tokens=128)).generate(Request(0, ex.prompt))
+        c, answer, _ = decode_gold(tiny_model, tok, ex, "fine")
         assert c.text == ex.answer and c.status == "ok" and not c.events
         assert c.output_ids == answer
         n_parts = len(ex.meta["parts"])
         assert len([n for n in c.graph["nodes"] if n["kind"] == "async"]) == n_parts
         assert (c.theoretical_speedup > 1.5) == (n_parts > 0)
+
+
+def test_eager_closing_sees_no_chunk_and_shortens_the_critical_path(tiny_model, tok):
+    """`eager` writes the closing part before `<sync/>`: the same answer text, its closing tokens see
+    the prompt and the promises only (in the engine's layout, which training replays), and it takes
+    fewer passes than `fine`, whose closing waits for every chunk."""
+    for name in ("word_facts", "map_numbers", "list_stats"):
+        ex = get_task(name).examples("test", 1)[0]
+        steps = {}
+        for style in ("fine", "eager"):
+            c, answer, lay = decode_gold(tiny_model, tok, ex, style)
+            assert c.text == ex.answer and c.status == "ok" and not c.events
+            n_closing = len(tok.encode(ex.meta["closing"]))
+            main = [f for f in lay.fed if f.stream == MAIN]
+            # rows fed by main that produce the closing part's tokens: eager, before <sync/>; fine, after
+            rows = main[-n_closing - 2:-2] if style == "eager" else main[-n_closing:]
+            assert any(lay.fed[j].stream > MAIN for f in rows for j in f.sees) == (style == "fine"), style
+            steps[style] = c.steps
+        assert steps["eager"] < steps["fine"], steps
 
 
 def test_skeleton_expands_all_points_in_one_batch(tiny_model, tok):
