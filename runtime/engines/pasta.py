@@ -83,7 +83,7 @@ class Fed:
     token_id: int
     stream: int  # -1: the prompt
     position: int
-    sees: np.ndarray  # fed indices, itself included (int64; a read-only snapshot)
+    sees: np.ndarray  # fed indices, itself included (int64; a snapshot later appends never change)
 
 
 @dataclass
