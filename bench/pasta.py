@@ -70,6 +70,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     n = args.n or (5 if args.quick else 30)
+    repeats = max(1, args.repeats)
     tok = Tokenizer()
     cfg = GenerationConfig(max_tokens=args.max_tokens)
     methods = [(m, e, spec) for m, e, spec in METHODS if (Path(__file__).resolve().parent.parent / "checkpoints" / spec).is_dir()]
@@ -104,7 +105,7 @@ def main() -> None:
         walls: dict[str, list[float]] = {m: [] for m in names}
         same_walls: dict[str, list[float]] = {m: [] for m in names}
         runs: dict = {}
-        for _ in range(max(1, args.repeats)):  # greedy: every repeat writes the same answer
+        for _ in range(repeats):  # greedy: every repeat writes the same answer
             for m in order:
                 t0 = time.perf_counter()
                 c = engines[m].generate(Request(i, ex.prompt))
@@ -146,7 +147,7 @@ def main() -> None:
             "requests_with_events": sum(1 for x in r if x["events"]),
         })
     print(f"PASTA benchmark: {len(prompts)} held-out prompts ({n} per task; parallel: {', '.join(PARALLEL_TASKS)}; "
-          f"plain: copy_line), fastest of {max(1, args.repeats)} interleaved runs each, {torch.get_num_threads()} thread(s), "
+          f"plain: copy_line), fastest of {repeats} interleaved runs each, {torch.get_num_threads()} thread(s), "
           f"{time.perf_counter() - t_start:.0f} s")
     head = (f"{'method':<14} {'quality':>7} {'q(par)':>7} {'q(plain)':>8} {'speedup':>8} {'theory':>7} {'attain':>7} "
             f"{'att/th':>7} {'sp/th':>6} {'plain x':>8} {'plain/st':>8} {'tok/s':>7}")
@@ -160,7 +161,7 @@ def main() -> None:
           "attain: over decoding the same answer token by token with the same model; att/th = attain / theory; "
           "sp/th = speedup / theory; plain x: wall speedup on copy_line prompts; "
           "plain/st: cost of one forward pass there relative to sequential's")
-    print(json.dumps({"bench": "pasta", "quick": args.quick, "prompts_per_task": n, "repeats": max(1, args.repeats), "rows": rows}))
+    print(json.dumps({"bench": "pasta", "quick": args.quick, "prompts_per_task": n, "repeats": repeats, "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -85,8 +85,8 @@ def bench_serving(model, tok, name: str, n: int, pool_tokens: int, max_tokens: i
 
 
 def held_out_summary(rows: list[dict], tasks: list[str]) -> dict:
-    """Dense and TIP (page 16) over the whole held-out set: live KV averaged over every pass of every
-    request of every task, accuracy over every request."""
+    """Dense and TIP (page 16) over `tasks` (one task, or the whole held-out set): live KV averaged
+    over every pass of every request of every task, accuracy over every request."""
     out: dict = {}
     for m in ("dense", "tip"):
         rs = [r for r in rows if r["method"] == m and r["page_size"] == 16 and r["task"] in tasks]
@@ -131,10 +131,9 @@ def main() -> int:
               f"{r['quality']:>9.3f}{r['mean_live_kv_tokens']:>10.1f}{r['peak_live_kv_tokens']:>10d}"
               f"{fmt(r['physical_over_logical'], '.3f'):>13}{r['tokens_per_s']:>8.0f}")
     for name in args.tasks.split(","):
-        d, t = (next(r for r in rows if r["task"] == name and r["method"] == m and r["page_size"] == 16)
-                for m in ("dense", "tip"))
-        print(f"{name}: TIP mean live KV {100 * (1 - t['mean_live_kv_tokens'] / d['mean_live_kv_tokens']):.0f}% below "
-              f"dense; accuracy {100 * (t['quality'] - d['quality']):+.1f} points")
+        s = held_out_summary(rows, [name])
+        print(f"{name}: TIP mean live KV {s['live_kv_reduction_percent']:.0f}% below dense; accuracy "
+              f"{100 * (s['tip_quality'] - s['dense_quality']):+.1f} points")
     summary = held_out_summary(rows, args.tasks.split(","))
     print(f"held-out set ({', '.join(args.tasks.split(','))}, every pass of every request): TIP mean live KV "
           f"{summary['tip_mean_live_kv_tokens']:.1f} vs dense {summary['dense_mean_live_kv_tokens']:.1f} tokens, "

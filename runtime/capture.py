@@ -255,7 +255,8 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
                     bar.update(1)
                 if round_ < cfg.repeats - 1:
                     continue
-                _, arrival, rec = sorted(runs[rid], key=lambda r: r[0])[KEEP[cfg.keep](cfg.repeats)]
+                runs[rid].sort(key=lambda r: r[0])  # by latency
+                _, arrival, rec = runs[rid][KEEP[cfg.keep](cfg.repeats)]
                 c: Completion = rec.result
                 quality = task.score(ex, c.text) if scored and c.status != "error" else math.nan
                 writer.add_request(request_row(ex, c, rec, quality, arrival), rec.step_rows, token_rows(c, tok), c.graph)
@@ -266,8 +267,8 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         rows = sampler.stop()
     extra = {"wall_s": recorder.now_s(), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if cfg.repeats > 1:  # how much the runs of one request differed: the machine's noise, kept in the record
-        spread = sorted((max(r[0] for r in rr) - min(r[0] for r in rr)) / sorted(r[0] for r in rr)[(cfg.repeats - 1) // 2]
-                        for rr in runs if len(rr) == cfg.repeats)
+        mid = KEEP["median"](cfg.repeats)  # each finished request's runs are sorted by latency
+        spread = sorted((rr[-1][0] - rr[0][0]) / rr[mid][0] for rr in runs if len(rr) == cfg.repeats)
         extra["repeats"] = {
             "runs_per_request": cfg.repeats, "recorded": f"the {cfg.keep} end-to-end latency run",
             "rounds": "interleaved: every request once, then again", "diverged_runs": diverged,

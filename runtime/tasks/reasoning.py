@@ -16,8 +16,8 @@ arithmetic is mod 10, so every value is one digit and every step of a family has
 
 - `tree_reduce`: a sequence from a recurrence, reduced pairwise in a balanced tree as soon as
   each pair is ready (a binary counter). Prompt `x2 +2 -K` means terms A..K with A=2 and each term
-  the previous plus 2 (`-2`: minus 2); combine with `-` (or `+`). Steps `A=2`, `B:2+2=4`, `AB:2-4=8`, `C:4+2=6`, `D:6+2=8`,
-  `CD:6-8=8`, `AD:8-8=0`, ...; leftover subtrees are combined right to left at the end. A DAG
+  the previous plus 2 (`-2`: minus 2); combine with `-` (or `+`). Steps `A=2`, `B:2+2=4`,
+  `AB:2-4=8`, `C:4+2=6`, `D:6+2=8`, `CD:6-8=8`, `AD:8-8=0`, ...; leftover subtrees are combined right to left at the end. A DAG
   with a short prompt and long reasoning (the shape of the thesis's AIME runs): a term is read by
   the next term and by its pair, a pair's result by its parent, at most log2(n) + 2 steps are
   pending, so five registers cover 9-14 terms.
@@ -42,6 +42,12 @@ def final_answer(output: str) -> str:
     return tail.strip() if sep else ""
 
 
+def check_length(lo: int, hi: int, what: str) -> None:
+    """A task's length range: at least 2, at most one step per letter (steps are lettered)."""
+    if not 2 <= lo <= hi <= len(LETTERS):
+        raise ValueError(f"need 2 <= min_{what} <= max_{what} <= {len(LETTERS)}")
+
+
 class ReasoningTask(Task):
     def score(self, example: Example, output: str) -> float:
         return float(final_answer(output) == example.answer)
@@ -52,8 +58,7 @@ class VarTracking(ReasoningTask):
     description = "two variables updated in turn many times (mod 10); answer the last value"
 
     def __init__(self, min_steps: int = 11, max_steps: int = 15) -> None:
-        if not 2 <= min_steps <= max_steps <= len(LETTERS):
-            raise ValueError(f"need 2 <= min_steps <= max_steps <= {len(LETTERS)}")
+        check_length(min_steps, max_steps, "steps")
         self.min_steps, self.max_steps = min_steps, max_steps
 
     def sample(self, rng: random.Random) -> Example:
@@ -108,8 +113,7 @@ class TreeReduce(ReasoningTask):
     description = "a recurrence's terms reduced pairwise in a balanced tree as they come (mod 10)"
 
     def __init__(self, min_terms: int = 9, max_terms: int = 14) -> None:
-        if not 2 <= min_terms <= max_terms <= len(LETTERS):
-            raise ValueError(f"need 2 <= min_terms <= max_terms <= {len(LETTERS)}")
+        check_length(min_terms, max_terms, "terms")
         self.min_terms, self.max_terms = min_terms, max_terms
 
     def sample(self, rng: random.Random) -> Example:
@@ -125,8 +129,8 @@ class TreeReduce(ReasoningTask):
             deps.append((left[3], right[3]))
             return left[0], right[1], v, len(steps) - 1
 
-        stack: list[tuple[int, int, int, int]] = []
-        value = x
+        stack: list[tuple[int, int, int, int]] = []  # finished subtrees not yet combined, left to right
+        value, last_term = x, -1  # the latest term's value and step index
         for k in range(n):
             if k == 0:
                 steps.append(f"{LETTERS[0]}={x}")
@@ -134,10 +138,10 @@ class TreeReduce(ReasoningTask):
             else:
                 nxt = OPS[rop](value, d)
                 steps.append(f"{LETTERS[k]}:{value}{rop}{d}={nxt}")
-                deps.append((stack_top_term,))
+                deps.append((last_term,))
                 value = nxt
-            stack_top_term = len(steps) - 1
-            node = (k, k, value, stack_top_term)
+            last_term = len(steps) - 1
+            node = (k, k, value, last_term)
             while stack and stack[-1][1] - stack[-1][0] == node[1] - node[0]:
                 node = combine(stack.pop(), node)
             stack.append(node)

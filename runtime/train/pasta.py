@@ -220,13 +220,13 @@ class StructureSampler(PastaEngine):
         self.tags = {tok.token_id(PROMISE_OPEN), tok.token_id(SYNC)}
 
     def choose(self, lay, sids, logits, sample) -> list[int]:
+        top = logits.float().topk(2, dim=-1)
         out = []
-        for row in logits.float():
-            top = row.topk(2)
-            ids = top.indices.tolist()
+        for ids, values in zip(top.indices.tolist(), top.values):
+            pick = 0
             if self.tags & set(ids):
-                ids = [ids[int(torch.multinomial((top.values / self.temperature).softmax(-1), 1, generator=self.gen))]]
-            out.append(ids[0])
+                pick = int(torch.multinomial((values / self.temperature).softmax(-1), 1, generator=self.gen))
+            out.append(ids[pick])
         return out
 
 

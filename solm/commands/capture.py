@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from runtime.capture import CaptureConfig, capture
+from runtime.capture import KEEP, CaptureConfig, capture
 from runtime.engines import systems
 
 
@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="run every request this many times in interleaved rounds and record one run of each "
                         "(--keep; the spread of the runs goes to meta.json; default 1)")
-    p.add_argument("--keep", default="min", choices=["min", "median"],
+    p.add_argument("--keep", default="min", choices=list(KEEP),
                    help="with --repeats: record each request's fastest run (a shared machine only ever slows "
                         "down, so the fastest is the least disturbed; default) or its median run")
     p.add_argument("--counters-hz", type=float, default=20.0, help="counter sampling rate")
