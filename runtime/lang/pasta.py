@@ -8,7 +8,8 @@ A promise reserves `tokens` position ids for its chunk and forks an async thread
 goes on at the offset after the reservation. `<async>` is forced by the interpreter (never
 sampled): it is the thread's first token. `</async>` ends the thread; `<sync/>` makes the main
 thread wait for every open thread and then see all their tokens. With the tokenizer's single-token
-tags a promise costs 2 + len(topic) tokens.
+tags a promise with a one-character topic in [a-z0-9] and a multiple-of-10 length costs 2 tokens
+(`<promise topic="c`, `" tokens="30"/>`); any other topic costs 2 + its bytes.
 
 The parser reads one stream's tokens as the model emits them (`PastaParser.feed`) and answers with
 one IR node per token: what kind of token it is (tag / content) and what the interpreter must do.
@@ -24,7 +25,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from runtime.tokenizer import Tokenizer
+from runtime.tokenizer import PROMISE_TOPIC_CHARS, Tokenizer
 
 PROMISE_OPEN = '<promise topic="'
 ASYNC, ASYNC_END, SYNC = "<async>", "</async>", "<sync/>"
@@ -141,7 +142,10 @@ class PastaParser:
         self.open_id = tok.token_id(PROMISE_OPEN)
         self.async_id, self.end_id, self.sync_id = tok.token_id(ASYNC), tok.token_id(ASYNC_END), tok.token_id(SYNC)
         self.close_n = {tok.token_id(promise_close(n)): n for n in range(10, 101, 10)}
-        self._text = {self.open_id: self._open, self.async_id: self._async, self.end_id: self._async_end,
+        # fused openings (`<promise topic="c`): the topic's first byte comes with the tag
+        self.open_topic = {tok.token_id(PROMISE_OPEN + c): c.encode() for c in PROMISE_TOPIC_CHARS}
+        self.open_ids = frozenset({self.open_id, *self.open_topic})
+        self._text = {**{i: self._open for i in self.open_ids}, self.async_id: self._async, self.end_id: self._async_end,
                       self.sync_id: self._sync, tok.eos_id: self._eos, **{c: self._stray_close for c in self.close_n}}
 
     def new_stream(self, role: str) -> StreamSyntax:
@@ -155,18 +159,18 @@ class PastaParser:
         if st.mode == "topic":
             return self._topic(st, token, can_fork)
         handler = self._text.get(token)
-        return handler(st) if handler else Parsed("content")
+        return handler(st, token) if handler else Parsed("content")
 
     # -- text mode (one handler per tag)
-    def _open(self, st: StreamSyntax) -> Parsed:
-        st.mode, st.topic = "topic", bytearray()
+    def _open(self, st: StreamSyntax, token: int) -> Parsed:
+        st.mode, st.topic = "topic", bytearray(self.open_topic.get(token, b""))
         return Parsed("tag")
 
-    def _async(self, st: StreamSyntax) -> Parsed:
+    def _async(self, st: StreamSyntax, token: int) -> Parsed:
         st.depth += 1  # an `<async>` nobody promised: decode it inline
         return Parsed("tag", None, "async_without_promise" if st.role == "main" and st.depth == 1 else "nested_async")
 
-    def _async_end(self, st: StreamSyntax) -> Parsed:
+    def _async_end(self, st: StreamSyntax, token: int) -> Parsed:
         if st.depth:
             st.depth -= 1
             return Parsed("tag")
@@ -174,18 +178,18 @@ class PastaParser:
             return Parsed("tag", Finish())
         return Parsed("tag", None, "close_without_async")
 
-    def _sync(self, st: StreamSyntax) -> Parsed:
+    def _sync(self, st: StreamSyntax, token: int) -> Parsed:
         if st.role == "main" and st.depth == 0:
             return Parsed("tag", Sync())
         return Parsed("tag", None, "sync_inside_chunk")
 
-    def _eos(self, st: StreamSyntax) -> Parsed:
+    def _eos(self, st: StreamSyntax, token: int) -> Parsed:
         event = "unclosed_async" if st.depth else ""
         if st.role == "thread":
             return Parsed("content", Finish(), event or "eos_inside_chunk")
         return Parsed("content", End(), event)
 
-    def _stray_close(self, st: StreamSyntax) -> Parsed:
+    def _stray_close(self, st: StreamSyntax, token: int) -> Parsed:
         return Parsed("tag", None, "close_without_promise")
 
     # -- topic mode
@@ -195,7 +199,7 @@ class PastaParser:
         if self.tok.is_special(token):  # the promise was interrupted: abandon it, read the token as text
             st.mode = "text"
             handler = self._text.get(token)
-            p = handler(st) if handler else Parsed("content")
+            p = handler(st, token) if handler else Parsed("content")
             return Parsed(p.kind, p.action, p.event or "unclosed_promise")
         st.topic.append(token)
         if st.topic.endswith(b'"/>'):

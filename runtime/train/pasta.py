@@ -11,8 +11,9 @@ Stages (`solm train --system pasta --stage S`):
                  the main thread sees chunks only after `<sync/>`.
     preference   from `--init` (the SFT model): sample annotated answers per training prompt with
                  the `pasta` engine (greedy, structural samples, whole samples; see
-                 `preference_pairs`), score each by theoretical speedup + lambda * quality, and train
-                 on (best, worst) pairs: SFT on the best plus a DPO pairwise loss against the frozen
+                 `preference_pairs`), score each by theoretical speedup + lambda * quality (half its
+                 own, half its structure's mean over the stage: `rank_candidates`), and train on
+                 (best, worst) pairs: SFT on the best plus a DPO pairwise loss against the frozen
                  initial model. Two lambdas give two models at different speed/quality points.
     sequential   the baseline: the same examples with annotations removed, causal, plain positions.
 """
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.engines.pasta import MAIN, Layout, PastaEngine
-from runtime.lang.pasta import PROMISE_OPEN, SYNC, annotate, sample_style
+from runtime.lang.pasta import SYNC, PastaParser, annotate, sample_style
 from runtime.model import TinyLM
 from runtime.tasks import Example, get_task
 from runtime.tasks.parallel import ALL_TASKS
@@ -131,6 +132,7 @@ class PastaRecipe(Recipe):
     pref_prompts: int = 96
     pref_temperature: float = 0.8
     structure_temperature: float = 2.0
+    structure_weight: float = 0.5  # share of the structure's expected quality in the reward's quality
     dpo_beta: float = 0.1
 
     def for_stage(self, stage: str, lam: float | None = None) -> "PastaRecipe":
@@ -174,7 +176,9 @@ class PastaRecipe(Recipe):
 
 
 STAGES = {"sft": {"stage": "sft"},
-          "preference": {"stage": "preference", "train": TrainConfig(steps=60, batch_size=16, lr=1e-4, warmup_steps=5)},
+          # 128 tokens: a word_facts answer (about 110 content tokens) fits, so its prompts take part
+          "preference": {"stage": "preference", "max_tokens": 128,
+                         "train": TrainConfig(steps=60, batch_size=16, lr=1e-4, warmup_steps=5)},
           "sequential": {"stage": "sequential", "extra": {"eval_system": "sequential"}}}
 
 
@@ -217,17 +221,51 @@ class StructureSampler(PastaEngine):
     def __init__(self, model: TinyLM, tok: Tokenizer, config, temperature: float, seed: int) -> None:
         super().__init__(model, tok, config)
         self.temperature, self.gen = temperature, torch.Generator().manual_seed(seed)
-        self.tags = {tok.token_id(PROMISE_OPEN), tok.token_id(SYNC)}
+        # structural class of a token: any promise opening (plain or fused with its topic), `<sync/>`
+        self.kind = {**{i: "promise" for i in PastaParser(tok).open_ids}, tok.token_id(SYNC): "sync"}
 
     def choose(self, lay, sids, logits, sample) -> list[int]:
         top = logits.float().topk(2, dim=-1)
         out = []
         for ids, values in zip(top.indices.tolist(), top.values):
+            a, b = (self.kind.get(i, "text") for i in ids)
             pick = 0
-            if self.tags & set(ids):
+            if a != b:  # a choice between structures (not between two topics or two bytes)
                 pick = int(torch.multinomial((values / self.temperature).softmax(-1), 1, generator=self.gen))
             out.append(ids[pick])
         return out
+
+
+def structure_of(c, n_parts: int, sync_id: int) -> str:
+    """A candidate's annotation structure: `none` (no thread forked), `all` (a thread per part) or
+    `some` (fewer, e.g. one per pair of parts), `+eager` when the main thread wrote text between the
+    last chunk and `<sync/>` (the closing part written before it could see the chunks)."""
+    forks = len({r.stream for r in c.tokens if r.stream > MAIN})
+    if not forks:
+        return "none"
+    ids = c.output_ids
+    at = ids.index(sync_id) if sync_id in ids else -1
+    eager = at > 0 and c.tokens[at - 1].stream == MAIN and c.tokens[at - 1].kind == "content"
+    return ("all" if forks >= n_parts else "some") + ("+eager" if eager else "")
+
+
+def rank_candidates(per_prompt: list, lam: float, structure_weight: float):
+    """Reward of each candidate (dicts with `structure`, `q`, `speedup`) of each prompt
+    (`(task, example, candidates)`): speedup + lam * ((1 - w) * q + w * E[q | task, structure]),
+    the expectation over every candidate of the stage. Returns, per prompt, the indices of its
+    (best, worst) candidates or None when they score the same, the expectations and their counts."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for t, _, cands in per_prompt:
+        for c in cands:
+            groups.setdefault((t, c["structure"]), []).append(c["q"])
+    expected = {key: float(np.mean(qs)) for key, qs in groups.items()}
+    w, out = structure_weight, []
+    for t, _, cands in per_prompt:
+        rewards = [c["speedup"] + lam * ((1 - w) * c["q"] + w * expected[(t, c["structure"])]) for c in cands]
+        order = sorted(range(len(cands)), key=lambda k: rewards[k])
+        ok = len(cands) >= 2 and rewards[order[-1]] > rewards[order[0]] + 1e-6
+        out.append((order[-1], order[0]) if ok else None)
+    return out, expected, {k: len(v) for k, v in groups.items()}
 
 
 def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, progress: bool) -> tuple[list, dict]:
@@ -235,8 +273,16 @@ def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, p
     (`StructureSampler`) and `samples_per_prompt` whole samples; each scored by theoretical speedup
     + lambda * quality; keep (best, worst). With the greedy answer among the candidates a
     quality-weighted lambda keeps the SFT model's answers where they are best; the structural
-    samples give each prompt answers of different speed whose quality differs only by structure,
-    which is where the two lambdas choose differently."""
+    samples give each prompt answers of different speed whose quality differs only by structure.
+
+    Quality in the reward is `(1 - structure_weight) * q + structure_weight * E[q | task, structure]`:
+    the candidate's own (soft) quality mixed with the mean quality of every candidate of the same
+    task family and structure (`structure_of`) in this stage. The model chooses a structure from the
+    prompt alone and cannot see whether, on this prompt, the closing part would come out right
+    without the chunks; per prompt an eager answer that happens to be right is the best under any
+    lambda, so with the candidate's own quality alone both lambdas learn the same policy. The
+    expected term is what a high lambda can act on: it keeps the structures that are right on
+    average for a task and drops those that are right only by luck."""
     from runtime.engines import GenerationConfig, Request
     from runtime.sampling import SamplingConfig
 
@@ -244,7 +290,8 @@ def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, p
     flat = r.pools(seed + 1)
     prompts = rng.sample(flat, min(r.pref_prompts, len(flat)))
     model.eval()
-    t0, pairs, scores = time.perf_counter(), [], []
+    sync_id = tok.token_id(SYNC)
+    t0, per_prompt = time.perf_counter(), []
     for i, (t, ex) in enumerate(prompts):
         task, cands = get_task(t), []
         for k in range(1 + r.structure_samples + r.samples_per_prompt):
@@ -259,19 +306,30 @@ def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, p
             if c.status != "ok" or any(e["event"] in ("max_threads", "chunk_cut") for e in c.events):
                 continue
             q = reward_quality(task.score(ex, c.text), ex.answer, c.text)
-            cands.append((c.theoretical_speedup + r.lam * q, q, c.output_ids))
+            cands.append({"structure": structure_of(c, len(ex.meta["parts"]), sync_id), "q": q,
+                          "speedup": c.theoretical_speedup, "ids": c.output_ids})
+        per_prompt.append((t, ex, cands))
         if progress and i % 32 == 0:
             print(f"preference sampling {i}/{len(prompts)} ({time.perf_counter() - t0:.0f} s)", flush=True)
-        cands.sort(key=lambda x: x[0])
-        if len(cands) >= 2 and cands[-1][0] > cands[0][0] + 1e-6:
+    best_worst, expected, counts = rank_candidates(per_prompt, r.lam, r.structure_weight)
+    pairs, scores = [], []
+    for (t, ex, cands), bw in zip(per_prompt, best_worst):
+        if bw is not None:
+            best, worst = cands[bw[0]], cands[bw[1]]
             p = prompt_ids(tok, ex.prompt)
-            pairs.append((to_seq(tok, p, cands[-1][2]), to_seq(tok, p, cands[0][2])))
-            scores.append((cands[-1][1], cands[0][1]))
+            pairs.append((to_seq(tok, p, best["ids"]), to_seq(tok, p, worst["ids"])))
+            scores.append((best["q"], worst["q"], best["structure"]))
     if not pairs:
         raise RuntimeError("preference stage: no prompt gave two differently scored samples")
+    chosen: dict[str, int] = {}
+    for _, _, st in scores:
+        chosen[st] = chosen.get(st, 0) + 1
     stats = {"pairs": len(pairs), "prompts": len(prompts), "sampling_s": round(time.perf_counter() - t0, 1),
-             "chosen_quality": round(float(np.mean([a for a, _ in scores])), 4),
-             "rejected_quality": round(float(np.mean([b for _, b in scores])), 4)}
+             "chosen_quality": round(float(np.mean([a for a, _, _ in scores])), 4),
+             "rejected_quality": round(float(np.mean([b for _, b, _ in scores])), 4),
+             "chosen_structures": dict(sorted(chosen.items())),
+             "expected_quality": {f"{t}/{st}": [round(expected[(t, st)], 4), counts[(t, st)]]
+                                  for t, st in sorted(expected)}}
     return pairs, stats
 
 

@@ -17,7 +17,8 @@ from runtime.tokenizer import Tokenizer
 
 TOK = Tokenizer()
 PIECES = [
-    [TOK.token_id(PROMISE_OPEN)], [TOK.token_id(promise_close(10))], [TOK.token_id(promise_close(40))],
+    [TOK.token_id(PROMISE_OPEN)], [TOK.token_id(PROMISE_OPEN + "a")], [TOK.token_id(PROMISE_OPEN + "7")],
+    [TOK.token_id(promise_close(10))], [TOK.token_id(promise_close(40))],
     [TOK.token_id(promise_close(100))], [TOK.token_id(ASYNC)], [TOK.token_id(ASYNC_END)], [TOK.token_id(SYNC)],
     [TOK.eos_id], [TOK.token_id("<reg_3>")], list(b"a"), list(b"xy"), list(b'"'), list(b'" tokens="15"/>'),
     list(b'" tokens="0"/>'), list(b'" tokens="zz"/>'), list(b"\n"),
@@ -67,6 +68,9 @@ def test_parser_well_formed_and_fallbacks():
     out = feed_all(p, main, TOK.encode('<promise topic="ab" tokens="30"/>'))
     assert out[-1].action == Fork("ab", 30) and all(x.kind == "tag" for x in out)
     assert feed_all(p, main, TOK.encode('<promise topic="q" tokens="15"/>'))[-1].action == Fork("q", 15)
+    fused = TOK.encode('<promise topic="7" tokens="30"/>')  # the opening carries the topic: 2 tokens
+    assert len(fused) == 2 and feed_all(p, main, fused)[-1].action == Fork("7", 30)
+    assert feed_all(p, main, TOK.encode('<promise topic="Q" tokens="30"/>'))[-1].action == Fork("Q", 30)
     assert feed_all(p, main, [TOK.token_id(SYNC)])[-1].action == Sync()
     cases = {
         '<promise topic="" tokens="30"/>': "promise_without_topic",
