@@ -87,6 +87,9 @@ class HFCausalLM(PagedKVModel, nn.Module):
         mt = hf.config.model_type
         if mt not in SUPPORTED:
             raise ValueError(f"model_type {mt!r} is not supported by the adapter (supported: {', '.join(SUPPORTED)})")
+        if logits_vocab is not None and hf.config.vocab_size < logits_vocab:
+            raise ValueError(f"{name or mt}: vocab_size {hf.config.vocab_size} is smaller than the tokenizer's "
+                             f"{logits_vocab} ids (every id the engines may feed needs an embedding row)")
         self.hf = hf.eval()
         self.cfg = HFConfigView.from_hf(name or mt, hf.config)
         self.logits_vocab = logits_vocab

@@ -159,3 +159,11 @@ def test_local_hf_directory_loads_through_load_model(models, tmp_path, tok):
     a = src(toks, torch.arange(T), torch.tensor(kv_a.allocate(T)), causal_mask(T), kv_a)
     b = model(toks, torch.arange(T), torch.tensor(kv_b.allocate(T)), causal_mask(T), kv_b)
     torch.testing.assert_close(b, a[:, : tok.vocab_size])
+
+
+def test_model_vocab_smaller_than_the_tokenizer_is_one_clear_error(tok):
+    from runtime import hf_adapter
+
+    with pytest.raises(ValueError, match="smaller than the tokenizer's"):
+        hf_adapter.build_arch("tiny-llama", "cpu", seed=0, logits_vocab=10_000)
+    assert hf_adapter.build_arch("tiny-llama", "cpu", seed=0, logits_vocab=tok.vocab_size).logits_vocab == tok.vocab_size
