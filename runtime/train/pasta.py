@@ -176,9 +176,10 @@ class PastaRecipe(Recipe):
 
 
 STAGES = {"sft": {"stage": "sft"},
-          # 128 tokens: a word_facts answer (about 110 content tokens) fits, so its prompts take part
+          # 128 tokens: a word_facts answer (about 110 content tokens) fits, so its prompts take part;
+          # lr 5e-5: at 1e-4 both lambdas' models were 3-4 points less accurate (docs/pasta.md)
           "preference": {"stage": "preference", "max_tokens": 128,
-                         "train": TrainConfig(steps=60, batch_size=16, lr=1e-4, warmup_steps=5)},
+                         "train": TrainConfig(steps=60, batch_size=16, lr=5e-5, warmup_steps=5)},
           "sequential": {"stage": "sequential", "extra": {"eval_system": "sequential"}}}
 
 

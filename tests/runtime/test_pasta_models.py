@@ -2,7 +2,7 @@
 not where it has none), and score above a stated floor on a small held-out sample.
 
 Floors, on 3 held-out prompts per task (the benchmark measures the real figures on 30 per task:
-0.95 pasta-sft, 0.87 pasta-fast, 0.91 pasta-quality, 0.91 pasta-sequential): mean exact line score
+0.95 pasta-sft, 0.91 pasta-fast, 0.94 pasta-quality, 0.91 pasta-sequential): mean exact line score
 >= 0.6 for every shipped model, mean character similarity to the reference (difflib ratio)
 >= 0.8; PASTA's theoretical speedup on parallel prompts >= 1.5 (geometric mean) and exactly 1.0
 (no fork) on copy_line prompts."""
