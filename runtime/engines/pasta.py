@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord
+from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord, visibility_rows
 from runtime.lang.pasta import ASYNC, ASYNC_END, SYNC, End, Finish, Fork, Inline, PastaParser, StreamSyntax, Sync
 from runtime.model import TinyLM
 from runtime.sampling import Sampler
@@ -332,14 +332,11 @@ class PastaEngine(Engine):
             slots.extend(new_slots)
             fed = [lay.fed[i] for i in batch]
             slot_of = slots.view()
-            vis = np.zeros((len(fed), kv.num_slots), dtype=bool)
-            kv_read = 0
-            for r, f in enumerate(fed):
-                vis[r, slot_of[f.sees]] = True
-                kv_read += len(f.sees)
+            vis = visibility_rows([slot_of[f.sees] for f in fed], kv.num_slots, self.device)
+            kv_read = sum(len(f.sees) for f in fed)
             ids = torch.from_numpy(np.array([[f.token_id for f in fed], [f.position for f in fed], new_slots],
                                             dtype=np.int64)).to(self.device)
-            logits = self.model(ids[0], ids[1], ids[2], torch.from_numpy(vis), kv)
+            logits = self.model(ids[0], ids[1], ids[2], vis, kv)
             # one sampled token per stream whose last row is in this pass
             at = {i: r for r, i in enumerate(batch)}
             sids = [sid for sid, s in lay.streams.items() if not s.done and s.last_row in at and not s.pending]

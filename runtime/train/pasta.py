@@ -25,6 +25,7 @@ import dataclasses
 import difflib
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -322,13 +323,10 @@ def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, p
             scores.append((best["q"], worst["q"], best["structure"]))
     if not pairs:
         raise RuntimeError("preference stage: no prompt gave two differently scored samples")
-    chosen: dict[str, int] = {}
-    for _, _, st in scores:
-        chosen[st] = chosen.get(st, 0) + 1
     stats = {"pairs": len(pairs), "prompts": len(prompts), "sampling_s": round(time.perf_counter() - t0, 1),
              "chosen_quality": round(float(np.mean([a for a, _, _ in scores])), 4),
              "rejected_quality": round(float(np.mean([b for _, b, _ in scores])), 4),
-             "chosen_structures": dict(sorted(chosen.items())),
+             "chosen_structures": dict(sorted(Counter(st for _, _, st in scores).items())),
              "expected_quality": {f"{t}/{st}": [round(expected[(t, st)], 4), counts[(t, st)]]
                                   for t, st in sorted(expected)}}
     return pairs, stats
