@@ -382,6 +382,13 @@ def replay(workload: Workload, hardware: HardwareSpec, model: ModelSpec, config:
     from simulator.simtrace import collect
 
     config = config or ReplayConfig()
+    workload = resize(workload, config)
+    cost = cost if cost is not None else CostModel(hardware, model)
+    return collect(Replay(workload, cost, model, hardware, config).run())
+
+
+def resize(workload: Workload, config: ReplayConfig) -> Workload:
+    """`config.num_requests` requests, cycling through the workload's (trace arrivals: one period later each time)."""
     if config.num_requests is not None and config.num_requests != workload.n_requests:
         n, r = config.num_requests, workload.n_requests
         workload = workload.take(np.arange(n) % r)
@@ -389,5 +396,4 @@ def replay(workload: Workload, hardware: HardwareSpec, model: ModelSpec, config:
             last = float(workload.arrival_s[:r].max())
             period = last + (last / (r - 1) if r > 1 else 0.0)
             workload = dataclasses.replace(workload, arrival_s=workload.arrival_s + (np.arange(n) // r) * period)
-    cost = cost if cost is not None else CostModel(hardware, model)
-    return collect(Replay(workload, cost, model, hardware, config).run())
+    return workload

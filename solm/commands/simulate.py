@@ -59,18 +59,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="write the simulated trace here")
     p.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
+    from simulator.cluster.cli import add_cluster_args
+
+    add_cluster_args(p)
 
 
 def simulate(args: argparse.Namespace) -> tuple[dict, object]:
     from simulator.hardware import get_hardware, override
     from simulator.models import ModelSpec, get_model
-    from simulator.replay import ReplayConfig, replay
+    from simulator.replay import ReplayConfig
     from simulator.simtrace import write_simulated_trace
     from simulator.workload import from_trace
     from profiler.reader import read_trace
 
+    from simulator.cluster.cli import cluster_config, with_links
+    from simulator.cluster.run import simulate as simulate_cluster
+
     fields = parse_set(args.set)
-    hardware = override(args.hardware, **fields) if fields else get_hardware(args.hardware)
+    hardware = with_links(override(args.hardware, **fields) if fields else get_hardware(args.hardware), args)
+    cluster = cluster_config(args)
     config = ReplayConfig(max_seqs=args.max_seqs, max_batch_tokens=args.max_batch_tokens, block_size=args.block_size,
                           memory_utilization=args.memory_utilization, rate=args.rate, concurrency=args.concurrency,
                           num_requests=args.num_requests, scheduler=args.scheduler, seed=args.seed)
@@ -79,7 +86,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict, object]:
         raise FileExistsError(f"{out} exists and is not empty (choose another --out or pass --force)")
     trace = read_trace(args.trace)
     model = get_model(args.model) if args.model else ModelSpec.from_trace_meta(trace.meta)
-    result = replay(from_trace(trace), hardware, model, config)
+    result = simulate_cluster(from_trace(trace), hardware, model, config, cluster)
     figures = {"trace": str(trace.path), "system": trace.system, "hardware": hardware.name, "model": model.name,
                "arrival": config.arrival, "rate": args.rate, "concurrency": args.concurrency,
                "max_seqs": config.max_seqs, "max_batch_tokens": config.max_batch_tokens, **result.metrics}
@@ -106,7 +113,12 @@ def run(args: argparse.Namespace) -> int:
         for name in ("ttft", "tpot", "itl", "e2el"):
             print(f"  {name + ' ms':15s} mean {_ms(f[f'mean_{name}_ms'])}  median {_ms(f[f'median_{name}_ms'])}  "
                   f"p99 {_ms(f[f'p99_{name}_ms'])}")
-        print(f"  peak KV         {f['peak_kv_bytes'] / 2**20:.2f} MiB of {f['kv_capacity_bytes'] / 2**30:.2f} GiB pool")
+        print(f"  peak KV         {f['peak_kv_bytes'] / 2**20:.2f} MiB of {f['kv_capacity_bytes'] / 2**30:.2f} GiB pool"
+              f"{' (per replica)' if f['gpus'] > f['tp'] * f['pp'] else ''}")
+        from simulator.cluster.summary import deployment_lines
+
+        for line in deployment_lines(f):
+            print(line)
         print(f"  quality mean    {_ms(f['quality_mean'])} (from the source trace)")
         if "out" in f:
             print(f"  simulated trace {f['out']}")

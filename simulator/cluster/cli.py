@@ -1,0 +1,61 @@
+"""The deployment flags `solm simulate` (and `solm sweep`) share, and their parsing."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("deployment (simulator/cluster; docs/cluster.md)")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica (default 1)")
+    g.add_argument("--pp", type=int, default=1, help="pipeline stages per replica (default 1)")
+    g.add_argument("--micro-batches", type=int, default=None, help="micro-batches a pass is cut into (default --pp)")
+    g.add_argument("--topology", default=None, help="node topology: nvswitch, nvlink_pairs, pcie, mesh "
+                   "(default: the part's)")
+    g.add_argument("--price-per-gpu-hour", type=float, default=None, help="USD per GPU-hour: cost figures")
+    g.add_argument("--replicas", type=int, default=1, help="replicas behind the router (default 1)")
+    g.add_argument("--router", default="round_robin", help="round_robin (default), least_outstanding, kv_aware")
+    g.add_argument("--disaggregate", default=None, metavar="P:D",
+                   help="P prefill and D decode replicas, KV sent between them over the interconnect")
+    g.add_argument("--decode-hardware", default=None, help="with --disaggregate: the decode replicas' part")
+    g.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT objective for goodput (ms)")
+    g.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT objective for goodput (ms)")
+
+
+def parse_disaggregate(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    left, sep, right = str(text).partition(":")
+    try:
+        pd = (int(left), int(right))
+    except ValueError:
+        pd = None
+    if not sep or pd is None or min(pd) < 1:
+        raise ValueError(f"--disaggregate takes P:D (prefill and decode replicas, each >= 1), got {text!r}")
+    return pd
+
+
+def with_links(hardware, args: argparse.Namespace):
+    """The part with `--topology` and `--price-per-gpu-hour` applied (validated)."""
+    fields = {}
+    if getattr(args, "topology", None):
+        fields["topology"] = args.topology
+    if getattr(args, "price_per_gpu_hour", None) is not None:
+        fields["price_per_gpu_hour"] = args.price_per_gpu_hour
+    return dataclasses.replace(hardware, **fields) if fields else hardware
+
+
+def cluster_config(args: argparse.Namespace):
+    from simulator.cluster.parallel import Parallelism
+    from simulator.cluster.run import ClusterConfig
+    from simulator.hardware import get_hardware
+
+    decode = None
+    if getattr(args, "decode_hardware", None):
+        if not args.disaggregate:
+            raise ValueError("--decode-hardware needs --disaggregate P:D")
+        decode = with_links(get_hardware(args.decode_hardware), args)
+    return ClusterConfig(Parallelism(args.tp, args.pp, args.micro_batches), replicas=args.replicas,
+                         router=args.router, disaggregate=parse_disaggregate(args.disaggregate),
+                         decode_hardware=decode, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)

@@ -1,0 +1,130 @@
+"""Many replicas behind a router: one global arrival stream, each replica its own scheduler,
+KV pool and device, all in one SimPy environment.
+
+What: `ReplicaReplay` is the single-device `simulator.replay.Replay` (same scheduler, planner,
+KV pool and engine process) placed on a shared environment and fed by a `Cluster`: the cluster
+owns the arrival stream (the trace's times, Poisson, or closed-loop clients, computed once by
+replica 0 exactly as a lone replay computes them) and, at each arrival, asks its router
+(`simulator.cluster.routers`) which replica serves the request. A replica counts the requests
+routed elsewhere as done for it, so its engine ends when the whole stream is served.
+
+Ties at one instant resolve as in a lone replay: a replica's engine pulls every arrival due by
+now (through the cluster) before it schedules, and plans its stretches up to the next global
+arrival, since that arrival may be routed to it.
+
+`merge` flattens the replicas into one object `simulator.simtrace.collect` reads, so a cluster
+run gives one `ReplayResult` and one simulated trace (batch indices numbered replica by replica).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import simpy
+
+from simulator.cluster.routers import get_router
+from simulator.replay import Device, Replay, ReplayConfig, arrivals, closed_loop_client
+from simulator.workload import Workload
+
+
+class ReplicaReplay(Replay):
+    """One replica: a `Replay` on the cluster's environment, its arrivals handed in by the cluster."""
+
+    def __init__(self, workload: Workload, cost, model, hardware, config: ReplayConfig, cluster: Cluster,
+                 index: int) -> None:
+        super().__init__(workload, cost, model, hardware, config)
+        self.cluster, self.index = cluster, index
+        self.env = cluster.env
+        self.device = Device(self.env)
+        self.done = cluster.done
+
+    def pull_arrivals(self, upto: float) -> None:
+        self.cluster.pull_arrivals(upto)
+
+    def next_arrival_s(self) -> float:
+        return self.cluster.next_arrival_s()
+
+    def not_mine(self) -> None:
+        """A request routed to another replica: done, as far as this one is concerned."""
+        self.n_done += 1
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+
+class Cluster:
+    """K replicas, a router and the global arrival stream."""
+
+    def __init__(self, workload: Workload, costs: list, model, hardware, config: ReplayConfig,
+                 kv_capacity_bytes: list[int], router: str = "round_robin") -> None:
+        self.env = simpy.Environment()
+        self.w, self.config = workload, config
+        n = workload.n_requests
+        self.done = [self.env.event() for _ in range(n)] if config.arrival == "closed" else []
+        self.replicas = [
+            ReplicaReplay(workload, cost, model, hardware, dataclasses.replace(config, kv_capacity_bytes=kv), self, k)
+            for k, (cost, kv) in enumerate(zip(costs, kv_capacity_bytes))]
+        first = self.replicas[0]
+        self.arrival_sorted_s, self._arrival_order = first.arrival_sorted_s, getattr(first, "_arrival_order", None)
+        self._next_arrival = 0
+        self.router = get_router(router)()
+        self.owner = np.full(n, -1, np.int64)
+
+    # ---- the arrival stream (the interface `arrivals` and `closed_loop_client` drive) ---------
+    def pull_arrivals(self, upto: float) -> None:
+        while self._next_arrival < len(self.arrival_sorted_s) and self.arrival_sorted_s[self._next_arrival] <= upto:
+            i = self._next_arrival
+            self._next_arrival += 1
+            self.arrive(int(self._arrival_order[i]), float(self.arrival_sorted_s[i]))
+
+    def next_arrival_s(self) -> float:
+        i = self._next_arrival
+        return float(self.arrival_sorted_s[i]) if i < len(self.arrival_sorted_s) else math.inf
+
+    def arrive(self, r: int, t: float) -> None:
+        k = int(self.router.choose(r, self.replicas))
+        self.owner[r] = k
+        for j, replica in enumerate(self.replicas):
+            if j != k:
+                replica.not_mine()
+        self.replicas[k].arrive(r, t)
+
+    def run(self) -> Cluster:
+        env = self.env
+        if self.config.arrival == "closed":
+            from collections import deque
+
+            queue = deque(range(self.w.n_requests))
+            for _ in range(min(self.config.concurrency, self.w.n_requests)):
+                env.process(closed_loop_client(env, self, queue))
+        else:
+            env.process(arrivals(env, self))
+        engines = [env.process(replica.engine()) for replica in self.replicas]
+        env.run(until=env.all_of(engines))
+        return self
+
+
+def merge(replicas: list[Replay], owner: np.ndarray) -> SimpleNamespace:
+    """One replay-shaped view of several replicas (what `simulator.simtrace.collect` reads)."""
+    first = replicas[0]
+    n = first.w.n_requests
+    rows, cols = np.maximum(owner, 0), np.arange(n)
+    pick = (lambda name: np.stack([getattr(r, name) for r in replicas])[rows, cols])  # noqa: E731
+    stretches, offset = [], 0
+    for r in replicas:
+        stretches += [(R, idx0, rc, starts, d, b0 + offset) for R, idx0, rc, starts, d, b0 in r.stretches]
+        offset += r.n_pass
+    events = sorted((e for r in replicas for e in r.events), key=lambda e: e[2])
+    error = {k: v for r in replicas for k, v in r.error.items()}
+    pool = SimpleNamespace(bytes_per_block=first.pool.bytes_per_block,
+                           peak_blocks=max(r.pool.peak_blocks for r in replicas),
+                           capacity_blocks=first.pool.capacity_blocks)
+    return SimpleNamespace(
+        w=first.w, stretches=stretches, arrival_s=pick("arrival_s"), start_s=pick("start_s"),
+        finish_s=pick("finish_s"), preemptions=sum(r.preemptions for r in replicas), error=error,
+        config=first.config, pool=pool, n_pass=offset, events=events,
+        device=SimpleNamespace(busy_s=sum(r.device.busy_s for r in replicas)),
+        capacity_bytes=sum(r.capacity_bytes for r in replicas), hardware=first.hardware, model=first.model,
+        cost=first.cost, n_requests=n)

@@ -1,0 +1,129 @@
+"""A deployment's what-if: TP x PP replicas behind a router, or prefill/decode disaggregation.
+
+    from simulator.cluster.run import ClusterConfig, simulate
+    res = simulate(workload, get_hardware("h100-sxm"), get_model("llama-3-70b"), ReplayConfig(rate=4),
+                   ClusterConfig(Parallelism(tp=4), replicas=2, router="least_outstanding"))
+    res.metrics["gpus"], res.metrics["weight_bytes_per_gpu"], res.metrics["comm_share_percent"]
+
+One replica with TP = PP = 1 is exactly `simulator.replay.replay` (same pool, same costs); the
+rest adds the replica's parallel cost (`parallel.ParallelCost`), its per-GPU memory
+(`parallel.memory_plan`), the router (`replicas.Cluster`) or the disaggregated pair
+(`disaggregation`), and the figures a deployment is judged by: GPU count, per-GPU memory, the
+share of a pass spent communicating, goodput under SLOs and cost (`slo`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.cluster.parallel import MemoryPlan, ParallelCost, Parallelism, memory_plan
+from simulator.cluster.slo import cost_figures, goodput
+from simulator.hardware import HardwareSpec
+from simulator.models import ModelSpec
+from simulator.replay import ReplayConfig, replay, resize
+from simulator.workload import Workload
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    parallelism: Parallelism = Parallelism()
+    replicas: int = 1
+    router: str = "round_robin"
+    disaggregate: tuple[int, int] | None = None  # (prefill replicas, decode replicas)
+    decode_hardware: HardwareSpec | None = None  # disaggregated decode replicas on another part
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        from simulator.cluster.routers import get_router
+        from simulator.cluster.slo import check_slo
+
+        if not isinstance(self.replicas, int) or self.replicas < 1:
+            raise ValueError(f"--replicas must be a positive integer, got {self.replicas!r}")
+        get_router(self.router)
+        if self.disaggregate is not None and (len(self.disaggregate) != 2 or min(self.disaggregate) < 1):
+            raise ValueError(f"--disaggregate needs P:D with P, D >= 1, got {self.disaggregate!r}")
+        check_slo(self.slo_ttft_ms, "--slo-ttft-ms")
+        check_slo(self.slo_tpot_ms, "--slo-tpot-ms")
+
+    @property
+    def gpus(self) -> int:
+        k = sum(self.disaggregate) if self.disaggregate else self.replicas
+        return k * self.parallelism.gpus
+
+
+def simulate(workload: Workload, hardware: HardwareSpec, model: ModelSpec, config: ReplayConfig,
+             cluster: ClusterConfig = ClusterConfig(), params=None):
+    """Replay `workload` on the deployment; a `simulator.simtrace.ReplayResult` with cluster metrics."""
+    from simulator.cluster.replicas import Cluster, merge
+    from simulator.simtrace import collect
+
+    par = cluster.parallelism
+    cost = ParallelCost(hardware, model, par, params)
+    plan = memory_plan(hardware, model, par, config.memory_utilization, config.kv_capacity_bytes)
+    if cluster.disaggregate is not None:
+        from simulator.cluster.disaggregation import simulate_disaggregated
+
+        res, extra = simulate_disaggregated(workload, hardware, model, config, cluster, cost, plan, params)
+    else:
+        cfg = dataclasses.replace(config, kv_capacity_bytes=plan.kv_capacity_bytes)
+        if cluster.replicas == 1:
+            res = replay(workload, hardware, model, cfg, cost=cost)
+            res.requests["replica"] = 0
+        else:
+            k = cluster.replicas
+            sim = Cluster(resize(workload, config), [cost] * k, model, hardware, cfg, [plan.kv_capacity_bytes] * k,
+                          cluster.router).run()
+            res = collect(merge(sim.replicas, sim.owner))
+            res.requests["replica"] = sim.owner
+            res.metrics["requests_per_replica"] = np.bincount(sim.owner[sim.owner >= 0], minlength=k).tolist()
+        extra = {}
+    res.metrics.update(deployment_metrics(res, cost, plan, cluster, hardware))
+    res.metrics.update(extra)
+    res.extra["cluster"] = {"tp": par.tp, "pp": par.pp, "micro_batches": par.micro, "replicas": cluster.replicas,
+                            "router": cluster.router, "disaggregate": cluster.disaggregate,
+                            "memory_per_gpu": plan.describe()}
+    return res
+
+
+def pass_totals(res) -> dict[str, np.ndarray]:
+    """Per executed pass (batch): summed query tokens, KV read, streams and logit rows."""
+    rows, w = res.rows, res.workload
+    batch, flat = rows["batch_index"], rows["flat"]
+    n = int(batch.max()) + 1 if len(batch) else 0
+    out = {name: np.bincount(batch, weights=getattr(w, name)[flat], minlength=n)
+           for name in ("query_tokens", "kv_tokens_read", "query_groups", "logit_tokens")}
+    keep = out["query_tokens"] > 0
+    return {name: values[keep] for name, values in out.items()}
+
+
+def comm_shares(res, cost: ParallelCost) -> dict:
+    """Share of the executed passes' time in all-reduces, stage send/recv and pipeline bubbles."""
+    totals = pass_totals(res)
+    if not len(totals["query_tokens"]) or cost.par.gpus == 1:
+        return {"comm_share_percent": 0.0, "all_reduce_share_percent": 0.0, "send_recv_share_percent": 0.0,
+                "pipeline_bubble_percent": 0.0}
+    parts = cost.breakdown(totals["query_tokens"], totals["kv_tokens_read"], np.maximum(totals["query_groups"], 1),
+                           np.maximum(totals["logit_tokens"], 1))
+    whole = float(np.sum(parts["total_s"]))
+    share = {name: 100 * float(np.sum(parts[f"{name}_s"])) / whole for name in ("all_reduce", "send_recv", "bubble")}
+    return {"comm_share_percent": share["all_reduce"] + share["send_recv"],
+            "all_reduce_share_percent": share["all_reduce"], "send_recv_share_percent": share["send_recv"],
+            "pipeline_bubble_percent": share["bubble"]}
+
+
+def deployment_metrics(res, cost: ParallelCost, plan: MemoryPlan, cluster: ClusterConfig,
+                       hardware: HardwareSpec) -> dict:
+    m = res.metrics
+    par = cluster.parallelism
+    out = {"tp": par.tp, "pp": par.pp, "replicas": cluster.replicas if cluster.disaggregate is None else None,
+           "router": cluster.router if cluster.disaggregate is None and cluster.replicas > 1 else None,
+           "weight_bytes_per_gpu": plan.weight_bytes_per_gpu, "kv_pool_bytes_per_gpu": plan.kv_pool_bytes_per_gpu,
+           "usable_bytes_per_gpu": plan.usable_bytes_per_gpu, "kv_capacity_tokens": plan.kv_capacity_tokens}
+    out.update(comm_shares(res, cost))
+    out.update(goodput(res.requests, m["duration_s"], cluster.slo_ttft_ms, cluster.slo_tpot_ms))
+    out.update(cost_figures(cluster.gpus, m["duration_s"], m["total_output_tokens"], hardware.price_per_gpu_hour))
+    return out

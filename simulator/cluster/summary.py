@@ -1,0 +1,40 @@
+"""The deployment lines of `solm simulate`'s summary: what each GPU holds, where a pass goes, SLOs, cost."""
+
+from __future__ import annotations
+
+GIB = 2**30
+
+
+def _num(x, fmt: str = ".2f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def deployment_lines(f: dict) -> list[str]:
+    """Human lines from the figures dict (the JSON line's keys)."""
+    shape = f"tp {f['tp']} x pp {f['pp']}"
+    if f.get("disaggregate"):
+        p, d = f["disaggregate"]
+        shape = f"{p} prefill + {d} decode replicas of {shape}"
+    elif f.get("replicas", 1) and f["replicas"] > 1:
+        shape = f"{f['replicas']} replicas of {shape}, router {f['router']}"
+    lines = [
+        f"  deployment      {shape} = {f['gpus']} GPUs",
+        f"  per GPU         weights {f['weight_bytes_per_gpu'] / GIB:.1f} GiB + KV pool "
+        f"{f['kv_pool_bytes_per_gpu'] / GIB:.1f} GiB of {f['usable_bytes_per_gpu'] / GIB:.1f} GiB usable "
+        f"({f['kv_capacity_tokens']:,} KV tokens per replica)",
+    ]
+    if f["tp"] * f["pp"] > 1:
+        lines.append(f"  comm share      {f['comm_share_percent']:.1f}% of pass time (all-reduce "
+                     f"{f['all_reduce_share_percent']:.1f}%, stage send/recv {f['send_recv_share_percent']:.1f}%), "
+                     f"pipeline bubble {f['pipeline_bubble_percent']:.1f}%")
+    if f.get("kv_transfers") is not None:
+        lines.append(f"  KV transfer     {f['kv_transfers']} transfers, {f['kv_transfer_bytes'] / GIB:.2f} GiB, "
+                     f"mean {_num(f['mean_kv_transfer_ms'])} ms each")
+    slo = [f"TTFT <= {f['slo_ttft_ms']:g} ms" for _ in [0] if f.get("slo_ttft_ms") is not None]
+    slo += [f"TPOT <= {f['slo_tpot_ms']:g} ms" for _ in [0] if f.get("slo_tpot_ms") is not None]
+    lines.append(f"  goodput         {_num(f['goodput_rps'])} req/s ({_num(f['slo_attained_percent'], '.1f')}% meet "
+                 f"{' and '.join(slo) or 'no SLO given'})")
+    cost = (f"; ${f['cost_usd']:.2f}, ${f['cost_per_million_output_tokens']:.2f} per million output tokens"
+            if f.get("cost_per_million_output_tokens") is not None else " (no --price-per-gpu-hour: not costed)")
+    lines.append(f"  GPU-hours       {f['gpu_hours']:.4f}{cost}")
+    return lines

@@ -1,0 +1,145 @@
+"""Cluster what-if: exact timelines on a made-up part for TP, PP and replicas; per-GPU memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import simulator.comm as comm
+from simulator.cluster.parallel import ParallelCost, Parallelism, memory_plan, stage_layers
+from simulator.cluster.run import ClusterConfig, simulate
+from simulator.comm import CommParams, Ramp
+from simulator.hardware import GIB, override
+from simulator.models import ModelSpec, get_model
+from simulator.replay import ReplayConfig
+from simulator.workload import load_workload
+from tests.simulator.toy_traces import MODEL_META, one_second_cost, seq, toy_part, write_toy_trace
+
+MODEL = ModelSpec.from_trace_meta(MODEL_META)  # 2 layers
+
+
+@pytest.fixture
+def quarter_second_collectives(monkeypatch):
+    """Every collective call takes exactly 0.25 s on the made-up part (latency only)."""
+    ramp = Ramp(eff_max=1.0, ramp_bytes=1e-30, ramp_exponent=1.0, latency_s=0.25)
+    params = CommParams({path: {"ring": ramp, "p2p": ramp} for path in comm.PATHS})
+    monkeypatch.setattr(comm, "load_params", lambda: params)
+
+
+def two_requests(tmp_path):
+    # A: prefill + 2 decodes at t = 0; B: prefill + 1 decode at t = 0.5
+    return load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), seq(4, 2)], [4, 4], arrivals=[0.0, 0.5]))
+
+
+def test_tp2_two_all_reduces_a_layer(tmp_path, quarter_second_collectives):
+    hw = toy_part(interconnect_bytes_per_s=1e30)
+    cost = ParallelCost(hw, MODEL, Parallelism(tp=2), one_second_cost(hw, MODEL).params)
+    parts = cost.breakdown(4, 10, 1)
+    assert parts["all_reduce_s"][0] == 2 * 2 * 0.25  # 2 layers x 2 all-reduces x 0.25 s
+    assert cost.step_time_s(4, 10, 1) == pytest.approx(2.0)  # 1 s step overhead + 1 s of all-reduces
+    res = simulate(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2),
+                   ClusterConfig(Parallelism(tp=2)), params=one_second_cost(hw, MODEL).params)
+    assert [(r, e, pytest.approx(t)) for r, e, t in res.timeline()] == [
+        (0, "arrive", 0.0), (0, "admit", 0.0), (1, "arrive", 0.5), (0, "first_token", 2.0), (1, "admit", 2.0),
+        (1, "first_token", 4.0), (0, "finish", 6.0), (1, "finish", 6.0)]
+    assert res.metrics["gpus"] == 2 and res.metrics["comm_share_percent"] == pytest.approx(50.0)
+
+
+class OneSecondLayer:
+    """Per micro-batch: every layer 1 s, nothing else (the pipeline arithmetic in round numbers)."""
+
+    def step_time_s(self, q, kv, g, lg):
+        return 1.0 + 0 * q
+
+    def pass_op_times_s(self, q, lg):
+        return {"emb": 0 * q, "lm_head": 0 * q, "step_overhead": 0 * q}
+
+    def _all_reduce_s(self, q):
+        return 0 * q
+
+
+def test_pp2_pipeline_bubbles(tmp_path, quarter_second_collectives):
+    hw = toy_part(interconnect_bytes_per_s=1e30)
+    cost = ParallelCost(hw, MODEL, Parallelism(pp=2, micro_batches=2), one_second_cost(hw, MODEL).params)
+    cost.layer, cost.params = OneSecondLayer(), one_second_cost(hw, MODEL).params.__class__(
+        families=cost.params.families, step_overhead_s=0.0)
+    # one stream: 1 micro-batch, stage 1 s + send 0.25 s + stage 1 s; each stage idle 1.25 of 2.25 s
+    one = cost.breakdown(4, 10, 1)
+    assert (one["total_s"][0], one["send_recv_s"][0], one["bubble_s"][0]) == (2.25, 0.25, 1.25)
+    # two streams: 2 micro-batches, 1 + 0.25 + 1 + one more bottleneck step of 1 s = 3.25 s
+    two = cost.breakdown(8, 20, 2)
+    assert (two["total_s"][0], two["bubble_s"][0]) == (3.25, 1.25)
+    from simulator.replay import replay
+
+    res = replay(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2), cost=cost)
+    assert res.timeline() == [
+        (0, "arrive", 0.0), (0, "admit", 0.0), (1, "arrive", 0.5), (0, "first_token", 2.25), (1, "admit", 2.25),
+        (1, "first_token", 5.5), (0, "finish", 8.75), (1, "finish", 8.75)]
+    assert stage_layers(80, 3) == [27, 27, 26]
+
+
+def test_two_replicas_round_robin(tmp_path):
+    hw = toy_part()
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), seq(4, 2), seq(4, 2)], [4, 4, 4],
+                                      arrivals=[0.0, 0.5, 1.0]))
+    res = simulate(w, hw, MODEL, ReplayConfig(max_seqs=2), ClusterConfig(replicas=2, router="round_robin"),
+                   params=one_second_cost(hw, MODEL).params)
+    assert res.timeline() == [
+        (0, "arrive", 0.0), (0, "admit", 0.0), (1, "arrive", 0.5), (1, "admit", 0.5), (0, "first_token", 1.0),
+        (2, "arrive", 1.0), (2, "admit", 1.0), (1, "first_token", 1.5), (2, "first_token", 2.0),
+        (1, "finish", 2.5), (0, "finish", 3.0), (2, "finish", 3.0)]
+    assert res.requests["replica"].tolist() == [0, 1, 0]
+    assert res.metrics["gpus"] == 2 and res.metrics["requests_per_replica"] == [2, 1]
+    assert res.metrics["passes"] == 5 and res.metrics["device_busy_s"] == 5.0
+
+
+@pytest.mark.parametrize("router", ["least_outstanding", "kv_aware"])
+def test_load_aware_routers_spread_a_burst(tmp_path, router):
+    hw = toy_part()
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3)] * 4, [4] * 4, arrivals=[0.0] * 4))
+    res = simulate(w, hw, MODEL, ReplayConfig(max_seqs=4), ClusterConfig(replicas=2, router=router),
+                   params=one_second_cost(hw, MODEL).params)
+    assert sorted(res.metrics["requests_per_replica"]) == [2, 2] and res.metrics["completed"] == 4
+
+
+def test_memory_70b_tp1_error_tp4_fits():
+    h100 = override("h100-sxm", name="made-up-80g", hbm_capacity_bytes=80 * GIB)
+    model = get_model("llama-3-70b")
+    with pytest.raises(ValueError, match="leave no room for KV"):
+        memory_plan(h100, model, Parallelism(tp=1))
+    plan = memory_plan(h100, model, Parallelism(tp=4))
+    usable = int(80 * GIB * 0.9)
+    assert plan.usable_bytes_per_gpu == usable
+    assert plan.weight_bytes_per_gpu == pytest.approx(model.weight_bytes / 4, rel=0.01)
+    per_token = model.kv_bytes_per_token // 4  # 8 KV heads over 4 ranks
+    assert plan.kv_bytes_per_token_per_gpu == per_token
+    assert plan.kv_capacity_tokens == (usable - plan.weight_bytes_per_gpu) // per_token
+    assert 0 <= usable - plan.weight_bytes_per_gpu - plan.kv_pool_bytes_per_gpu < per_token  # KV = what is left
+    assert plan.kv_capacity_bytes == plan.kv_capacity_tokens * model.kv_bytes_per_token
+    # KV heads replicate past 8 ranks: TP 16 holds one head per rank, as TP 8 does
+    assert memory_plan(h100, model, Parallelism(tp=16)).kv_bytes_per_token_per_gpu == per_token // 2
+
+
+def test_bad_splits():
+    model = get_model("llama-3-70b")
+    with pytest.raises(ValueError, match="does not divide"):
+        ParallelCost(toy_part(), model, Parallelism(tp=3))
+    with pytest.raises(ValueError, match="exceeds"):
+        ParallelCost(toy_part(), model, Parallelism(pp=81))
+    with pytest.raises(ValueError):
+        Parallelism(tp=0)
+    with pytest.raises(KeyError, match="valid names"):
+        ClusterConfig(replicas=2, router="random")
+
+
+def test_tp1_single_replica_is_the_plain_replay(tmp_path):
+    from simulator.replay import replay
+
+    hw = toy_part()
+    w = two_requests(tmp_path)
+    params = one_second_cost(hw, MODEL).params
+    plain = replay(w, hw, MODEL, ReplayConfig(max_seqs=2), cost=one_second_cost(hw, MODEL))
+    cluster = simulate(w, hw, MODEL, ReplayConfig(max_seqs=2), ClusterConfig(), params=params)
+    assert cluster.timeline() == plain.timeline()
+    assert np.array_equal(cluster.rows["start_s"], plain.rows["start_s"])
+    assert cluster.metrics["kv_capacity_bytes"] == plain.metrics["kv_capacity_bytes"]
