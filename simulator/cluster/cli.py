@@ -19,6 +19,14 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--disaggregate", default=None, metavar="P:D",
                    help="P prefill and D decode replicas, KV sent between them over the interconnect")
     g.add_argument("--decode-hardware", default=None, help="with --disaggregate: the decode replicas' part")
+    g.add_argument("--workload", default=None, metavar="FILE.csv",
+                   help="a request log (arrived_at,num_prefill_tokens,num_decode_tokens), e.g. "
+                   "simulator/data/workloads/splitwise_code.csv; structure from --structure-from")
+    g.add_argument("--structure-from", default=None, metavar="TRACE",
+                   help="with --workload: the trace whose requests' structures are stretched to its lengths")
+    g.add_argument("--time-scale", type=float, default=1.0,
+                   help="with --workload: arrivals come this many times faster (default 1)")
+    g.add_argument("--columns", default=None, help="with --workload: EXPECTED=YOURS,... for other column names")
     g.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT objective for goodput (ms)")
     g.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT objective for goodput (ms)")
 
@@ -59,3 +67,26 @@ def cluster_config(args: argparse.Namespace):
     return ClusterConfig(Parallelism(args.tp, args.pp, args.micro_batches), replicas=args.replicas,
                          router=args.router, disaggregate=parse_disaggregate(args.disaggregate),
                          decode_hardware=decode, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
+
+
+def load_structure_and_workload(args: argparse.Namespace):
+    """(source trace, workload): the positional trace's own, or a workload file stretched over a
+    structure trace (`--workload FILE --structure-from TRACE`)."""
+    from profiler.reader import read_trace
+    from simulator.workload import from_trace
+
+    structure_path = args.structure_from or args.trace
+    if args.workload is None:
+        if args.structure_from or args.columns or args.time_scale != 1.0:
+            raise ValueError("--structure-from, --columns and --time-scale go with --workload FILE")
+        if not args.trace:
+            raise ValueError("give a trace directory, or --workload FILE --structure-from TRACE")
+        trace = read_trace(args.trace)
+        return trace, from_trace(trace)
+    from simulator.cluster.workload_file import read_workload_file, stretch
+
+    if not structure_path:
+        raise ValueError("--workload needs --structure-from TRACE (whose request structures it stretches)")
+    log = read_workload_file(args.workload, args.columns, args.time_scale)
+    trace = read_trace(structure_path)
+    return trace, stretch(from_trace(trace), log, seed=args.seed)

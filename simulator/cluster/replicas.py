@@ -41,6 +41,13 @@ class ReplicaReplay(Replay):
         self.device = Device(self.env)
         self.done = cluster.done
 
+    busy_until = -math.inf  # end of the stretch on the device (what a downstream cluster may wait for)
+
+    def plan(self, R: np.ndarray):
+        out = super().plan(R)
+        self.busy_until = self.env.now + float(np.sum(out[3]))
+        return out
+
     def pull_arrivals(self, upto: float) -> None:
         self.cluster.pull_arrivals(upto)
 
@@ -58,8 +65,9 @@ class Cluster:
     """K replicas, a router and the global arrival stream."""
 
     def __init__(self, workload: Workload, costs: list, model, hardware, config: ReplayConfig,
-                 kv_capacity_bytes: list[int], router: str = "round_robin") -> None:
-        self.env = simpy.Environment()
+                 kv_capacity_bytes: list[int], router: str = "round_robin", env: simpy.Environment | None = None,
+                 ) -> None:
+        self.env = env or simpy.Environment()
         self.w, self.config = workload, config
         n = workload.n_requests
         self.done = [self.env.event() for _ in range(n)] if config.arrival == "closed" else []
@@ -91,7 +99,8 @@ class Cluster:
                 replica.not_mine()
         self.replicas[k].arrive(r, t)
 
-    def run(self) -> Cluster:
+    def start(self) -> list:
+        """Start the arrival stream and the replicas' engines; return the engine processes."""
         env = self.env
         if self.config.arrival == "closed":
             from collections import deque
@@ -101,8 +110,10 @@ class Cluster:
                 env.process(closed_loop_client(env, self, queue))
         else:
             env.process(arrivals(env, self))
-        engines = [env.process(replica.engine()) for replica in self.replicas]
-        env.run(until=env.all_of(engines))
+        return [env.process(replica.engine()) for replica in self.replicas]
+
+    def run(self) -> Cluster:
+        self.env.run(until=self.env.all_of(self.start()))
         return self
 
 

@@ -43,7 +43,8 @@ def parse_set(items: list[str] | None) -> dict:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="replay a trace on hypothetical hardware, model and batch settings",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("trace", help="trace directory (measured or simulated)")
+    p.add_argument("trace", nargs="?", default=None,
+                   help="trace directory (measured or simulated); optional with --workload --structure-from")
     p.add_argument("--hardware", required=True, help="catalog part (solm cost --help lists them)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE",
                    help="override a field of the part, e.g. hbm_bytes_per_s=6e12 (repeatable)")
@@ -69,8 +70,6 @@ def simulate(args: argparse.Namespace) -> tuple[dict, object]:
     from simulator.models import ModelSpec, get_model
     from simulator.replay import ReplayConfig
     from simulator.simtrace import write_simulated_trace
-    from simulator.workload import from_trace
-    from profiler.reader import read_trace
 
     from simulator.cluster.cli import cluster_config, with_links
     from simulator.cluster.run import simulate as simulate_cluster
@@ -84,10 +83,12 @@ def simulate(args: argparse.Namespace) -> tuple[dict, object]:
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and any(out.iterdir()) and not args.force:
         raise FileExistsError(f"{out} exists and is not empty (choose another --out or pass --force)")
-    trace = read_trace(args.trace)
+    from simulator.cluster.cli import load_structure_and_workload
+
+    trace, workload = load_structure_and_workload(args)
     model = get_model(args.model) if args.model else ModelSpec.from_trace_meta(trace.meta)
-    result = simulate_cluster(from_trace(trace), hardware, model, config, cluster)
-    figures = {"trace": str(trace.path), "system": trace.system, "hardware": hardware.name, "model": model.name,
+    result = simulate_cluster(workload, hardware, model, config, cluster)
+    figures = {"trace": str(trace.path), "workload": args.workload, "system": trace.system, "hardware": hardware.name, "model": model.name,
                "arrival": config.arrival, "rate": args.rate, "concurrency": args.concurrency,
                "max_seqs": config.max_seqs, "max_batch_tokens": config.max_batch_tokens, **result.metrics}
     if out is not None:

@@ -143,3 +143,26 @@ def test_tp1_single_replica_is_the_plain_replay(tmp_path):
     assert cluster.timeline() == plain.timeline()
     assert np.array_equal(cluster.rows["start_s"], plain.rows["start_s"])
     assert cluster.metrics["kv_capacity_bytes"] == plain.metrics["kv_capacity_bytes"]
+
+
+def test_disaggregation_sends_each_kv_once_and_decode_waits_for_it(tmp_path, quarter_second_collectives):
+    from tests.simulator.toy_traces import KV_BYTES_PER_TOKEN, pasta
+
+    hw = toy_part(interconnect_bytes_per_s=1e30)
+    # A: sequential, 4-token prompt; B: PASTA, 3 threads over a 6-token prompt (forks share the prompt's KV)
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), pasta(6, 3, 2)], [4, 6], arrivals=[0.0, 0.5]))
+    res = simulate(w, hw, MODEL, ReplayConfig(max_seqs=2), ClusterConfig(disaggregate=(1, 1)),
+                   params=one_second_cost(hw, MODEL).params)
+    transfers = res.extra["kv_transfers"]
+    assert sorted(r for r, _, _ in transfers) == [0, 1]  # every request's KV, once
+    admits = {}
+    for r, event, t in res.timeline():
+        admits.setdefault((r, event), []).append(t)
+    for r, start, end in transfers:
+        assert end - start == 0.25
+        assert admits[(r, "admit")][1] == end  # the decode replica admits it when the transfer ends
+    # A: prefill 0-1, transfer 1-1.25, decodes 1.25-3.25; B: prefill 1-2 (queued behind A), transfer 2-2.25
+    assert [(r, s, e) for r, s, e in sorted(transfers)] == [(0, 1.0, 1.25), (1, 2.0, 2.25)]
+    assert res.metrics["kv_transfer_bytes"] == (4 + 6) * KV_BYTES_PER_TOKEN  # B's prompt sent once, not per thread
+    assert res.metrics["completed"] == 2 and res.metrics["gpus"] == 2
+    assert res.requests["decode_replica"].tolist() == [0, 0]

@@ -1,0 +1,168 @@
+"""Prefill/decode disaggregation (Splitwise, Patel et al. ISCA '24; DistServe, Zhong et al. OSDI '24).
+
+What: P prefill replicas and D decode replicas (each TP x PP, the decode ones optionally on
+another part), each with its own scheduler and KV pool, in one SimPy environment. A request is
+routed to a prefill replica, runs its leading prefill passes there (the first token comes from
+the last of them), then its KV, the live KV tokens after the prefill x the model's KV bytes per
+token, is sent once to a decode replica chosen by the router, which admits it when the transfer
+ends and runs the rest of its passes. The KV of one request is counted by *slots*, so a PASTA
+fork's threads that share the prompt share its KV: it is sent once, not once per thread.
+
+The transfer: each GPU of the prefill replica sends its shard (1/(tp x pp) of the bytes) to its
+peer at once, a send/recv timed by `simulator.comm` over the node's links, or over the NICs when
+the deployment does not fit one node. A prefill replica's outbound link is a SimPy resource:
+its transfers queue one after another (STYLE 11: links are objects with their own process).
+
+Exactness: a decode replica plans its stretch of passes up to the earliest moment a new request
+could reach it (a pending transfer's end, the end of a busy prefill replica's stretch, or the
+next arrival), so it never runs past an admission a pass-by-pass loop would have made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import simpy
+
+from simulator.cluster.parallel import ParallelCost, memory_plan
+from simulator.cluster.passes import leading_prefill_passes, slice_passes
+from simulator.cluster.replicas import Cluster
+from simulator.comm import collective_time_s
+from simulator.replay import resize
+from simulator.workload import Workload
+
+
+class DecodeCluster(Cluster):
+    """Decode replicas: requests arrive when their KV transfer ends."""
+
+    def __init__(self, *args, upstream: Cluster, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.upstream = upstream
+        self.pending: list[float] = []  # end times of transfers in flight
+        self.arrival_sorted_s = np.zeros(0)
+
+    def pull_arrivals(self, upto: float) -> None:  # arrivals come from transfers, not a stream
+        return None
+
+    def next_arrival_s(self) -> float:
+        now = self.env.now
+        bounds = [t for t in self.pending if t >= now]
+        bounds += [r.busy_until for r in self.upstream.replicas if r.busy_until >= now]
+        bounds.append(self.upstream.next_arrival_s())
+        return min(bounds) if bounds else math.inf
+
+
+def _transfer(env: simpy.Environment, link: simpy.Resource, decode: DecodeCluster, r: int, seconds: float,
+              log: list):
+    with link.request() as req:
+        yield req
+        start = env.now
+        decode.pending.append(start + seconds)
+        yield env.timeout(seconds)
+    decode.pending.remove(start + seconds)
+    log.append((r, start, env.now))
+    decode.arrive(r, env.now)
+
+
+def simulate_disaggregated(workload, hardware, model, config, cluster, cost: ParallelCost, plan, params=None):
+    """(ReplayResult, extra metrics) of a P:D deployment."""
+    from simulator.simtrace import collect
+
+    n_p, n_d = cluster.disaggregate
+    par = cluster.parallelism
+    w = resize(workload, config)
+    n_pre = leading_prefill_passes(w)
+    if np.any(n_pre == 0):
+        raise ValueError("--disaggregate: some requests do not start with a prefill pass")
+    pre_w, pre_shift = slice_passes(w, np.zeros_like(n_pre), n_pre)
+    dec_w, dec_shift = slice_passes(w, n_pre, w.n_passes)
+    decode_hw = cluster.decode_hardware or hardware
+    decode_cost = cost if decode_hw is hardware else ParallelCost(decode_hw, model, par, params)
+    decode_plan = plan if decode_hw is hardware else memory_plan(decode_hw, model, par, config.memory_utilization,
+                                                                config.kv_capacity_bytes)
+    env = simpy.Environment()
+    pre_cfg = dataclasses.replace(config, num_requests=None, kv_capacity_bytes=plan.kv_capacity_bytes)
+    prefill = Cluster(pre_w, [cost] * n_p, model, hardware, pre_cfg, [plan.kv_capacity_bytes] * n_p,
+                      cluster.router, env=env)
+    dec_cfg = dataclasses.replace(pre_cfg, rate=None, concurrency=None, kv_capacity_bytes=decode_plan.kv_capacity_bytes)
+    decode = DecodeCluster(dec_w, [decode_cost] * n_d, model, decode_hw, dec_cfg, [decode_plan.kv_capacity_bytes] * n_d,
+                           cluster.router, env=env, upstream=prefill)
+    for replica in prefill.replicas:
+        replica.done = []  # a request is done when its decode ends
+    for replica in decode.replicas:
+        replica.done = prefill.done
+    links = [simpy.Resource(env, capacity=1) for _ in range(n_p)]
+    kv_bytes = w.live_kv_tokens[w.offsets[:-1] + n_pre - 1].astype(float) * model.kv_bytes_per_token
+    across = (n_p + n_d) * par.gpus > hardware.gpus_per_node
+    seconds = collective_time_s("send_recv", kv_bytes / par.gpus, 2, hardware, across_nodes=across)
+    log: list[tuple[int, float, float]] = []
+    no_decode = dec_w.n_passes == 0
+
+    def prefilled(replica, r: int, t: float) -> None:
+        if no_decode[r] or r in replica.error:  # the prefill's token was the whole answer, or it failed
+            for d in decode.replicas:
+                d.not_mine()
+            decode.owner[r] = -1
+            prefill.done and prefill.done[r].succeed()
+            return
+        env.process(_transfer(env, links[replica.index], decode, r, float(seconds[r]), log))
+
+    for replica in prefill.replicas:
+        replica._finish = _chain(replica, replica._finish, prefilled)
+    engines = prefill.start() + [env.process(d.engine()) for d in decode.replicas]
+    env.run(until=env.all_of(engines))
+    res = collect(_merge(w, prefill, decode, pre_shift, dec_shift, no_decode))
+    res.requests["replica"] = prefill.owner
+    res.requests["decode_replica"] = decode.owner
+    done = np.array([t for _, _, t in log]) - np.array([s for _, s, _ in log]) if log else np.zeros(0)
+    res.extra["kv_transfers"] = log
+    extra = {"disaggregate": [n_p, n_d], "decode_hardware": decode_hw.name, "kv_transfers": len(log),
+             "kv_transfer_bytes": float(kv_bytes[[r for r, _, _ in log]].sum()) if log else 0.0,
+             "mean_kv_transfer_ms": float(done.mean() * 1e3) if len(done) else None,
+             "kv_transfer_across_nodes": bool(across)}
+    if decode_hw.price_per_gpu_hour != hardware.price_per_gpu_hour:
+        extra.update(_split_cost(res.metrics, n_p, n_d, par.gpus, hardware, decode_hw))
+    return res, extra
+
+
+def _chain(replica, finish, then):
+    def wrapped(r: int, t: float) -> None:
+        finish(r, t)
+        then(replica, r, t)
+    return wrapped
+
+
+def _split_cost(metrics: dict, n_p: int, n_d: int, gpus: int, prefill_hw, decode_hw) -> dict:
+    hours = metrics["duration_s"] / 3600.0
+    prices = (prefill_hw.price_per_gpu_hour, decode_hw.price_per_gpu_hour)
+    if None in prices:
+        return {"cost_usd": None, "cost_per_million_output_tokens": None, "price_per_gpu_hour": None}
+    cost = hours * gpus * (n_p * prices[0] + n_d * prices[1])
+    out = metrics["total_output_tokens"]
+    return {"cost_usd": cost, "cost_per_million_output_tokens": cost / out * 1e6 if out else None,
+            "price_per_gpu_hour": None}
+
+
+def _merge(w: Workload, prefill: Cluster, decode: DecodeCluster, pre_shift, dec_shift, no_decode) -> SimpleNamespace:
+    """One replay-shaped view over the original workload (flat indices mapped back)."""
+    from simulator.cluster.replicas import merge
+
+    p = merge(prefill.replicas, prefill.owner)
+    d = merge(decode.replicas, decode.owner)
+    stretches = [(R, idx0 + pre_shift[R], rc, s, dur, b0) for R, idx0, rc, s, dur, b0 in p.stretches]
+    stretches += [(R, idx0 + dec_shift[R], rc, s, dur, b0 + p.n_pass) for R, idx0, rc, s, dur, b0 in d.stretches]
+    events = sorted([e for e in p.events if e[1] != "finish"] + [e for e in d.events if e[1] != "arrive"],
+                    key=lambda e: e[2])
+    finish = np.where(no_decode, p.finish_s, d.finish_s)
+    pool = SimpleNamespace(bytes_per_block=p.pool.bytes_per_block,
+                           peak_blocks=max(p.pool.peak_blocks, d.pool.peak_blocks),
+                           capacity_blocks=p.pool.capacity_blocks)
+    return SimpleNamespace(
+        w=w, stretches=stretches, arrival_s=p.arrival_s, start_s=p.start_s, finish_s=finish,
+        preemptions=p.preemptions + d.preemptions, error={**p.error, **d.error}, config=p.config, pool=pool,
+        n_pass=p.n_pass + d.n_pass, events=events,
+        device=SimpleNamespace(busy_s=p.device.busy_s + d.device.busy_s),
+        capacity_bytes=p.capacity_bytes + d.capacity_bytes, hardware=p.hardware, model=p.model, cost=p.cost)

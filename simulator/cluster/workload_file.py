@@ -1,0 +1,166 @@
+"""Real workloads: a production request log's arrivals and lengths, with a trace's structure.
+
+What: `read_workload_file` reads a CSV in the layout of the public Azure/Splitwise traces
+(`arrived_at,num_prefill_tokens,num_decode_tokens`, one row per request in arrival order; the
+copies in `simulator/data/workloads/` with their README and licence), validated: a missing
+column, a length below 1 or an arrival before the previous one is one ValueError line.
+`--columns arrived_at=ts,...` reads a file whose columns are named otherwise.
+
+`stretch` gives each request of the file a structure sampled (seeded) from a trace's requests and
+stretched to the request's prompt and output lengths, pass by pass:
+
+- the leading prefill passes: query tokens and live KV scale by P / P0 and their KV reads by
+  q'(q' + 1) / q(q + 1) (exact for causal attention over the prompt);
+- the generation passes are time-warped to round(n x O / O0) passes (new pass j follows source
+  pass floor(j n / n')): each keeps its source's streams, query rows, tokens emitted and phase,
+  so PASTA's threads split the output as measured and planned diffusion's spans keep their
+  share of the denoise steps; the generated part of the live KV scales by O / O0, so TIP's
+  evictions keep the measured live fraction; KV reads scale with the live KV they read.
+
+P0 is the source request's prompt; O and O0 count the tokens of the generation passes (the
+prefill's first token aside), so a one-token answer is its prefill alone. The result is a `Workload` the replay
+serves like any trace's; its output tokens are what the stretched passes emit (O up to one pass
+of rounding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from simulator.workload import Workload
+
+COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+PAGE_TOKENS = 16
+WORKLOADS_DIR = Path(__file__).resolve().parents[1] / "data" / "workloads"
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestLog:
+    arrival_s: np.ndarray  # (N,) from the first request, divided by the time scale
+    prompt_tokens: np.ndarray  # (N,)
+    output_tokens: np.ndarray
+    path: str
+
+
+def parse_columns(text: str | None) -> dict[str, str]:
+    """`arrived_at=ts,num_prefill_tokens=in,num_decode_tokens=out` -> {expected: file column}."""
+    mapping = {c: c for c in COLUMNS}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in COLUMNS or not value.strip():
+            raise ValueError(f"--columns takes EXPECTED=FILE_COLUMN pairs for {', '.join(COLUMNS)}; got {item!r}")
+        mapping[key.strip()] = value.strip()
+    return mapping
+
+
+def read_workload_file(path: str | Path, columns: str | None = None, time_scale: float = 1.0) -> RequestLog:
+    """The file's requests (ValueError, one line, for anything malformed)."""
+    import pandas as pd
+
+    if not (time_scale > 0 and np.isfinite(time_scale)):
+        raise ValueError(f"--time-scale must be a positive number, got {time_scale!r}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"workload file {path} does not exist")
+    mapping = parse_columns(columns)
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not a CSV workload ({str(error).splitlines()[0]})") from None
+    missing = [f"{want}" + (f" (as {have!r})" if have != want else "") for want, have in mapping.items()
+               if have not in frame.columns]
+    if missing:
+        raise ValueError(f"{path}: missing column {', '.join(missing)}; expected {', '.join(COLUMNS)} "
+                         f"(or map yours with --columns arrived_at=...,num_prefill_tokens=...,num_decode_tokens=...)")
+    if not len(frame):
+        raise ValueError(f"{path}: no requests")
+    values = {}
+    for want, have in mapping.items():
+        col = pd.to_numeric(frame[have], errors="coerce").to_numpy(float)
+        bad = np.flatnonzero(~np.isfinite(col))
+        if len(bad):
+            raise ValueError(f"{path}: row {bad[0] + 1}: {have} is not a number ({frame[have].iloc[bad[0]]!r})")
+        values[want] = col
+    for want in COLUMNS[1:]:
+        col = values[want]
+        bad = np.flatnonzero((col < 1) | (col != np.round(col)))
+        if len(bad):
+            raise ValueError(f"{path}: row {bad[0] + 1}: {mapping[want]} must be a whole number >= 1, "
+                             f"got {col[bad[0]]:g}")
+    arrival = values["arrived_at"]
+    back = np.flatnonzero(np.diff(arrival) < 0)
+    if len(back):
+        raise ValueError(f"{path}: row {back[0] + 2}: arrival {arrival[back[0] + 1]:g} before the previous "
+                         f"{arrival[back[0]]:g}; rows must be in arrival order")
+    if arrival[0] < 0:
+        raise ValueError(f"{path}: row 1: negative arrival {arrival[0]:g}")
+    return RequestLog((arrival - arrival[0]) / time_scale, values["num_prefill_tokens"].astype(np.int64),
+                      values["num_decode_tokens"].astype(np.int64), str(path))
+
+
+def _source_shape(w: Workload) -> tuple[np.ndarray, np.ndarray]:
+    """(usable source requests, leading prefill passes of each request)."""
+    from simulator.cluster.passes import leading_prefill_passes
+
+    n_pre = leading_prefill_passes(w)
+    ok = (w.n_passes > 0) & (n_pre >= 1) & (w.n_passes > n_pre) & (w.output_tokens >= 1) & np.array(
+        [s != "error" for s in w.status])
+    if not ok.any():
+        raise ValueError(f"{w.source.get('path', 'structure trace')}: no request with a prefill and generation "
+                         f"passes to take a structure from")
+    return np.flatnonzero(ok), n_pre
+
+
+def stretch(structure: Workload, log: RequestLog, seed: int = 0) -> Workload:
+    """Each logged request with a sampled source structure stretched to its lengths (module doc)."""
+    usable, n_pre_all = _source_shape(structure)
+    rng = np.random.default_rng(seed)
+    src = usable[rng.integers(0, len(usable), len(log.prompt_tokens))]
+    w = structure
+    P, O = log.prompt_tokens.astype(float), log.output_tokens.astype(float)
+    P0 = np.maximum(w.prompt_tokens[src], 1).astype(float)
+    n_pre = n_pre_all[src]
+    n_gen_old = w.n_passes[src] - n_pre
+    # tokens the generation passes emit, in the source and wanted (the prefill emits the first)
+    pre_emits = np.array([w.emits[w.offsets[s]:w.offsets[s] + k].sum() for s, k in zip(usable, n_pre_all[usable])])
+    pre_emits = pre_emits[np.searchsorted(usable, src)]
+    G0 = np.maximum(w.output_tokens[src] - pre_emits, 1).astype(float)
+    G = np.maximum(O - pre_emits, 0)
+    n_gen = np.round(n_gen_old * G / G0).astype(np.int64)
+    n_gen[(G > 0) & (n_gen == 0)] = 1
+    lengths = n_pre + n_gen
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    owner = np.repeat(np.arange(len(src)), lengths)
+    j = np.arange(offsets[-1]) - offsets[:-1][owner]  # pass index within the new request
+    is_pre = j < n_pre[owner]
+    jg = j - n_pre[owner]
+    gen_src = n_pre[owner] + (np.maximum(jg, 0) * n_gen_old[owner]) // np.maximum(n_gen[owner], 1)
+    flat = w.offsets[src][owner] + np.where(is_pre, j, gen_src)
+    p_scale, o_scale = (P / P0)[owner], (G / G0)[owner]
+    live0 = w.live_kv_tokens[flat].astype(float)
+    prompt_live = P0[owner]
+    live = np.where(is_pre, live0 * p_scale, P[owner] + np.maximum(live0 - prompt_live, 0) * o_scale)
+    live = np.maximum(np.round(live), 1).astype(np.int64)
+    q = np.where(is_pre, np.maximum(np.round(w.query_tokens[flat] * p_scale), 1), w.query_tokens[flat]).astype(
+        np.int64)
+    q0 = w.query_tokens[flat].astype(float)
+    kv_scale = np.where(is_pre, q * (q + 1.0) / np.maximum(q0 * (q0 + 1), 1), live / np.maximum(live0, 1))
+    kv = np.maximum(np.round(w.kv_tokens_read[flat] * kv_scale), q).astype(np.int64)
+    alloc = np.maximum(-(-live // PAGE_TOKENS) * PAGE_TOKENS, live)
+    emits = w.emits[flat].copy()
+    per_req = {"prompt_tokens": log.prompt_tokens.copy(), "arrival_s": log.arrival_s.copy(),
+               "output_tokens": np.bincount(owner, weights=emits, minlength=len(src)).astype(np.int64),
+               "quality_score": np.full(len(src), np.nan)}
+    source = {**w.source, "workload_file": log.path, "structure_from": w.source.get("path", "")}
+    return Workload(request_ids=np.arange(len(src), dtype=np.int64), offsets=offsets, query_tokens=q,
+                    kv_tokens_read=kv, query_groups=w.query_groups[flat], logit_tokens=w.logit_tokens[flat],
+                    live_kv_tokens=live, alloc_kv_tokens=alloc,
+                    evicted_tokens=np.round(w.evicted_tokens[flat] * np.where(is_pre, 1, o_scale)).astype(np.int64),
+                    phase=w.phase[flat], emits=emits, status=("ok",) * len(src),
+                    streams=None if w.streams is None else w.streams[flat], source=source, graphs=w.graphs,
+                    source_request_ids=w.source_ids()[src], **per_req)

@@ -1,0 +1,73 @@
+"""Real workloads: the Splitwise CSV layout validated; structures stretched to each request's lengths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.cluster.workload_file import WORKLOADS_DIR, read_workload_file, stretch
+from simulator.workload import load_workload
+from solm.cli import main
+from tests.simulator.toy_traces import pasta, seq, tip, write_toy_trace
+
+GOOD = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,8,4\n0.5,16,2\n2.0,4,8\n"
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,8,4\n0.5,-3,2\n", "row 2: num_prefill_tokens"),
+    ("arrived_at,num_prefill_tokens,num_decode_tokens\n1.0,8,4\n0.5,3,2\n", "row 2: arrival 0.5 before"),
+    ("time,num_prefill_tokens,num_decode_tokens\n0.0,8,4\n", "missing column arrived_at"),
+    ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,8,x\n", "not a number"),
+])
+def test_bad_workload_files_are_one_line_exit_2(tmp_path, small_trace, capsys, text, needle):
+    path = tmp_path / "w.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=needle.split(":")[0]):
+        read_workload_file(path)
+    code = main(["simulate", "--workload", str(path), "--structure-from", str(small_trace), "--hardware", "h100-sxm",
+                 "--model", "llama-3-8b"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("solm simulate: error:") and needle in err[0]
+
+
+def test_columns_mapping_and_time_scale(tmp_path):
+    path = tmp_path / "w.csv"
+    path.write_text("ts,in,out\n10.0,8,4\n12.0,16,2\n")
+    log = read_workload_file(path, "arrived_at=ts,num_prefill_tokens=in,num_decode_tokens=out", time_scale=2.0)
+    assert log.arrival_s.tolist() == [0.0, 1.0] and log.prompt_tokens.tolist() == [8, 16]
+
+
+def test_shipped_workloads_read():
+    for name, rows in (("splitwise_code.csv", 8819), ("splitwise_conv.csv", 19366)):
+        log = read_workload_file(WORKLOADS_DIR / name)
+        assert len(log.prompt_tokens) == rows and log.arrival_s[0] == 0.0
+
+
+def test_stretch_scales_prompt_and_output(tmp_path):
+    structure = load_workload(write_toy_trace(tmp_path / "s", [seq(4, 8)], [4]))
+    path = tmp_path / "w.csv"
+    path.write_text(GOOD)
+    w = stretch(structure, read_workload_file(path))
+    assert w.prompt_tokens.tolist() == [8, 16, 4] and w.output_tokens.tolist() == [4, 2, 8]
+    assert w.n_passes.tolist() == [1 + 3, 1 + 1, 1 + 7]  # prefill (first token) + one decode per other token
+    first = w.offsets[:-1]
+    assert w.query_tokens[first].tolist() == [8, 16, 4]  # the prefill carries the whole prompt
+    assert w.kv_tokens_read[first[1]] == 16 * 17 // 2  # causal over the 16-token prompt
+    assert np.all(w.alloc_kv_tokens >= w.live_kv_tokens)
+
+
+def test_stretch_keeps_threads_and_live_fraction(tmp_path):
+    structure = load_workload(write_toy_trace(tmp_path / "s", [pasta(6, 3, 4), tip(4, 4, 4)], [6, 4]))
+    path = tmp_path / "w.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "".join(
+        f"{i}.0,12,30\n" for i in range(40)))
+    w = stretch(structure, read_workload_file(path), seed=1)
+    src = w.source_request_ids
+    assert set(src.tolist()) == {0, 1}
+    for r in range(w.n_requests):
+        lo, hi = w.offsets[r], w.offsets[r + 1]
+        if src[r] == 0:  # PASTA: three threads a pass, as measured
+            assert 3 in w.query_groups[lo:hi].tolist()
+        else:  # TIP: the generated part stays bounded by the evictions, not the whole output
+            assert w.live_kv_tokens[hi - 1] < 12 + 30
+    assert abs(int(w.output_tokens.mean()) - 30) <= 3
