@@ -85,7 +85,7 @@ def _validate(spec: HardwareSpec) -> None:
 
 
 # Priors shared by the NVIDIA data-centre parts. Matmul 0.70: the vidur A100 data reaches about
-# 220 of 312 TFLOP/s on a 4096-token Llama-2-7B MLP (shared/data/vidur-a100/README.md). Memory
+# 220 of 312 TFLOP/s on a 4096-token Llama-2-7B MLP (simulator/data/vidur-a100/README.md). Memory
 # 0.76: the same data streams Llama-2-7B MLP weights at about 1.55 of 2.04 TB/s at one token.
 # Launch 4 us: the smallest kernels in that data (a 1-token add or norm) take 2-5 us.
 _NV_MATMUL_EFF = 0.70
