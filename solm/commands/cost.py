@@ -11,6 +11,11 @@ without a trace.
     solm cost --model llama-3-70b --hardware h100-sxm --tp 4 --tokens 32 --kv-tokens 4096 \\
         --groups 32 --json
     solm cost --model llama-3-8b --hardware h200 --calibrate-from traces/gpu-h200/sequential
+    solm cost --model llama-3-70b --hardware h100-sxm --set num_sms=160 --tokens 512
+
+`--set FIELD=VALUE` answers "what if this part had ...": the part's catalog fields (as `solm
+simulate --set`); changing `num_sms` (or the clock) scales the tensor peak with it. An unknown
+field is one error line, exit 2.
 
 `--calibrate-from TRACE` fits the efficiencies and the per-pass overhead to the measured passes of
 a trace captured on that part (`simulator.calibrate.fit_cost_params_to_steps`, the fit `solm
@@ -61,6 +66,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--groups", type=str, default="1",
                         help="independent query streams in the pass (default 1)")
     parser.add_argument("--tp", type=str, default="1", help="tensor-parallel degree (default 1)")
+    parser.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                        help="override a field of the part, e.g. num_sms=160 (the tensor peak "
+                             "scales with the SMs) or hbm_bytes_per_s=6e12 (repeatable)")
     parser.add_argument("--calibrate-from", default=None, metavar="TRACE",
                         help="fit the efficiencies and per-pass overhead to a measured trace's passes "
                              "(captured on --hardware) instead of the shipped A100 calibration")
@@ -97,6 +105,19 @@ def _lookup(kind: str, name: str) -> Any:
         raise UsageError(str(error.args[0])) from None
 
 
+def _hardware(name: str, items: list[str] | None) -> Any:
+    """The catalog part, with `--set FIELD=VALUE` overrides applied (UsageError if invalid)."""
+    from simulator.hardware import override
+    from solm.commands.simulate import parse_set
+
+    base = _lookup("hardware", name)
+    try:
+        fields = parse_set(items)
+        return override(base.name, **fields) if fields else base
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"--set: {error}") from None
+
+
 def _fit_to_trace(path: str, hardware: Any) -> Any:
     """Cost parameters fitted to every forward pass of a measured trace (its own model's shapes)."""
     from profiler.reader import TraceError, read_trace
@@ -120,7 +141,7 @@ def _fit_to_trace(path: str, hardware: Any) -> Any:
 def predict(args: argparse.Namespace) -> dict[str, Any]:
     """The command's figures as a JSON-ready dict (UsageError for bad input)."""
     model = _lookup("model", args.model)
-    hardware = _lookup("hardware", args.hardware)
+    hardware = _hardware(args.hardware, getattr(args, "set", None))
     tokens = _parse_tokens(args.tokens)
     kv_per_row = None if args.kv_tokens is None else _int(args.kv_tokens, "--kv-tokens", 0)
     groups = _int(args.groups, "--groups", 1)
