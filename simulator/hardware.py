@@ -52,9 +52,19 @@ class HardwareSpec:
     boost_clock_hz: float | None = None  # the part's maximum SM clock
     sustained_clock_hz: float | None = None  # the clock its tensor peak is rated at (see _CHIP)
     l2_bytes: int | None = None  # last-level on-chip cache shared by all SMs
+    # ---- interconnect and price (simulator/comm.py, simulator/cluster/; see _LINKS below) ----
+    nvlink_generation: int | None = None  # None: no NVLink / Infinity Fabric between GPUs
+    pcie_generation: int = 4
+    pcie_bytes_per_s: float = 64e9  # x16 slot, bidirectional aggregate (as vendors state it)
+    network_bytes_per_s: float = 25e9  # inter-node NIC per GPU, per direction (200 Gb/s = 25e9)
+    gpus_per_node: int = 8
+    topology: str = "nvswitch"  # nvswitch | nvlink_pairs | pcie | mesh (simulator.comm.TOPOLOGIES)
+    links_source: str = ""
+    price_per_gpu_hour: float | None = None  # user's price (USD); None: results are not costed
 
     def __post_init__(self) -> None:
         _validate(self)
+        _validate_links(self)
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -117,6 +127,25 @@ def _validate(spec: HardwareSpec) -> None:
     if (spec.boost_clock_hz is not None and spec.sustained_clock_hz is not None
             and spec.sustained_clock_hz > spec.boost_clock_hz * 1.0001):
         raise ValueError(f"hardware {spec.name!r}: sustained_clock_hz exceeds boost_clock_hz")
+
+
+TOPOLOGIES = ("nvswitch", "nvlink_pairs", "pcie", "mesh")  # node topologies (simulator.comm)
+
+
+def _validate_links(spec: HardwareSpec) -> None:
+    """ValueError (one line) for impossible interconnect or price fields."""
+    if spec.topology not in TOPOLOGIES:
+        raise ValueError(f"hardware {spec.name!r}: topology must be one of {', '.join(TOPOLOGIES)}, "
+                         f"got {spec.topology!r}")
+    for name in ("pcie_bytes_per_s", "network_bytes_per_s"):
+        value = getattr(spec, name)
+        if not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"hardware {spec.name!r}: {name} must be > 0, got {value!r}")
+    if not isinstance(spec.gpus_per_node, int) or spec.gpus_per_node < 1:
+        raise ValueError(f"hardware {spec.name!r}: gpus_per_node must be a positive int, got {spec.gpus_per_node!r}")
+    price = spec.price_per_gpu_hour
+    if price is not None and (not isinstance(price, (int, float)) or not price >= 0):
+        raise ValueError(f"hardware {spec.name!r}: price_per_gpu_hour must be >= 0, got {price!r}")
 
 
 # Priors shared by the NVIDIA data-centre parts. Matmul 0.70: the vidur A100 data reaches about
@@ -259,6 +288,47 @@ for _name, (_sms, _per_clock, _boost, _sustained, _l2) in _CHIP.items():
     HARDWARE[_name] = dataclasses.replace(
         HARDWARE[_name], num_sms=_sms, tensor_flops_per_sm_per_clock=_per_clock,
         boost_clock_hz=_boost, sustained_clock_hz=_sustained, l2_bytes=_l2)
+
+
+# ---- interconnect block ------------------------------------------------------------------------
+# Per part: NVLink generation (the aggregate NVLink figure is `interconnect_bytes_per_s` above),
+# PCIe generation and x16 bandwidth, the inter-node NIC per GPU of the vendor's reference server,
+# and the node topology. PCIe x16: Gen4 64 GB/s, Gen5 128 GB/s bidirectional (PCI-SIG).
+_GEN4, _GEN5 = {"pcie_generation": 4, "pcie_bytes_per_s": 64e9}, {"pcie_generation": 5, "pcie_bytes_per_s": 128e9}
+_LINKS: dict[str, dict] = {
+    # DGX A100: NVLink 3 through 6 NVSwitches, 8 x 200 Gb/s HDR InfiniBand (one per GPU).
+    "a100-40g": {"nvlink_generation": 3, **_GEN4, "network_bytes_per_s": 25e9, "topology": "nvswitch",
+                 "links_source": "NVIDIA DGX A100 datasheet (NVLink 3, NVSwitch, 8x HDR 200 Gb/s)"},
+    "a100-80g": {"nvlink_generation": 3, **_GEN4, "network_bytes_per_s": 25e9, "topology": "nvswitch",
+                 "links_source": "NVIDIA DGX A100 datasheet (NVLink 3, NVSwitch, 8x HDR 200 Gb/s)"},
+    # PCIe-only inference cards: no NVLink; 100 Gb/s Ethernet per GPU assumed for a server of them.
+    "a10": {**_GEN4, "network_bytes_per_s": 12.5e9, "topology": "pcie", "gpus_per_node": 4,
+            "links_source": "NVIDIA A10 datasheet (PCIe Gen4 x16, no NVLink); NIC 100 GbE assumed"},
+    "l4": {**_GEN4, "network_bytes_per_s": 12.5e9, "topology": "pcie",
+           "links_source": "NVIDIA L4 datasheet (PCIe Gen4 x16, no NVLink); NIC 100 GbE assumed"},
+    "l40s": {**_GEN4, "network_bytes_per_s": 25e9, "topology": "pcie",
+             "links_source": "NVIDIA L40S datasheet (PCIe Gen4 x16, no NVLink); NIC 200 Gb/s assumed"},
+    # A40: NVLink 3 bridge joining two boards.
+    "a40": {"nvlink_generation": 3, **_GEN4, "network_bytes_per_s": 25e9, "topology": "nvlink_pairs",
+            "links_source": "NVIDIA A40 datasheet (NVLink bridge, 2 GPUs, PCIe Gen4); NIC 200 Gb/s assumed"},
+    # DGX H100 / H200: NVLink 4 through NVSwitch, 8 x 400 Gb/s ConnectX-7 (NDR) per node.
+    "h100-sxm": {"nvlink_generation": 4, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvswitch",
+                 "links_source": "NVIDIA DGX H100 datasheet (NVLink 4, NVSwitch, 8x 400 Gb/s NDR)"},
+    "h100-pcie": {"nvlink_generation": 4, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvlink_pairs",
+                  "links_source": "NVIDIA H100 PCIe datasheet (NVLink bridge pairs, PCIe Gen5); NIC 400 Gb/s assumed"},
+    "h200": {"nvlink_generation": 4, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvswitch",
+             "links_source": "NVIDIA DGX H200 datasheet (NVLink 4, NVSwitch, 8x 400 Gb/s NDR)"},
+    # DGX B200: NVLink 5 (1.8 TB/s per GPU) through NVSwitch, 8 x 400 Gb/s ConnectX-7.
+    "b200": {"nvlink_generation": 5, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvswitch",
+             "links_source": "NVIDIA DGX B200 datasheet (NVLink 5, NVSwitch, 8x 400 Gb/s)"},
+    # MI300X platform: 8 GPUs fully connected by Infinity Fabric (7 links each), PCIe Gen5, 400 Gb/s NICs.
+    "mi300x": {**_GEN5, "network_bytes_per_s": 50e9, "topology": "mesh", "nvlink_generation": None,
+               "links_source": "AMD Instinct MI300X platform brief (Infinity Fabric mesh of 8, PCIe Gen5)"},
+    # Host: processes exchange through DRAM (the interconnect figure above); no NIC assumed beyond 100 GbE.
+    "host-cpu": {**_GEN4, "network_bytes_per_s": 12.5e9, "topology": "nvswitch", "gpus_per_node": 1,
+                 "links_source": "generic host (assumed)"},
+}
+HARDWARE = {name: dataclasses.replace(spec, **_LINKS[name]) for name, spec in HARDWARE.items()}
 
 
 def get_hardware(name: str) -> HardwareSpec:
