@@ -11,6 +11,11 @@ without a trace.
     solm cost --model llama-3-70b --hardware h100-sxm --tp 4 --tokens 32 --kv-tokens 4096 \\
         --groups 32 --json
     solm cost --model llama-3-8b --hardware h200 --calibrate-from traces/gpu-h200/sequential
+    solm cost --model llama-3-70b --hardware h100-sxm --set num_sms=160 --tokens 512
+
+`--set FIELD=VALUE` answers "what if this part had ...": the part's catalog fields (as `solm
+simulate --set`); changing `num_sms` (or the clock) scales the tensor peak with it. An unknown
+field is one error line, exit 2.
 
 `--comm all_reduce,send_recv --workers 2,4,8 --bytes 4096,1048576` (no `--model` needed) times
 collective calls within one node instead (`simulator.comm`, calibrated on the A100 collectives)
@@ -66,6 +71,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--groups", type=str, default="1",
                         help="independent query streams in the pass (default 1)")
     parser.add_argument("--tp", type=str, default="1", help="tensor-parallel degree (default 1)")
+    parser.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                        help="override a field of the part, e.g. num_sms=160 (the tensor peak "
+                             "scales with the SMs) or hbm_bytes_per_s=6e12 (repeatable)")
     parser.add_argument("--calibrate-from", default=None, metavar="TRACE",
                         help="fit the efficiencies and per-pass overhead to a measured trace's passes "
                              "(captured on --hardware) instead of the shipped A100 calibration")
@@ -137,12 +145,19 @@ def _int_list(text: str, flag: str, minimum: int) -> list[int]:
 
 
 def _hardware(args: argparse.Namespace) -> Any:
+    """The catalog part, with `--set FIELD=VALUE` overrides and `--topology` applied (UsageError if invalid)."""
+    from simulator.hardware import override
+    from solm.commands.simulate import parse_set
+
     hardware = _lookup("hardware", args.hardware)
-    if getattr(args, "topology", None):
-        try:
+    try:
+        fields = parse_set(getattr(args, "set", None))
+        if fields:
+            hardware = override(hardware.name, **fields)
+        if getattr(args, "topology", None):
             hardware = dataclasses.replace(hardware, topology=args.topology)
-        except ValueError as error:
-            raise UsageError(str(error)) from None
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"--set/--topology: {error}") from None
     return hardware
 
 
