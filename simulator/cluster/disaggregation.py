@@ -152,8 +152,9 @@ def _merge(w: Workload, prefill: Cluster, decode: DecodeCluster, pre_shift, dec_
 
     p = merge(prefill.replicas, prefill.owner)
     d = merge(decode.replicas, decode.owner)
-    stretches = [(R, idx0 + pre_shift[R], rc, s, dur, b0) for R, idx0, rc, s, dur, b0 in p.stretches]
-    stretches += [(R, idx0 + dec_shift[R], rc, s, dur, b0 + p.n_pass) for R, idx0, rc, s, dur, b0 in d.stretches]
+    stretches = [dataclasses.replace(st, first_pass=st.first_pass + pre_shift[st.requests]) for st in p.stretches]
+    stretches += [dataclasses.replace(st, first_pass=st.first_pass + dec_shift[st.requests],
+                                      first_batch=st.first_batch + p.n_pass) for st in d.stretches]
     events = sorted([e for e in p.events if e[1] != "finish"] + [e for e in d.events if e[1] != "arrive"],
                     key=lambda e: e[2])
     finish = np.where(no_decode, p.finish_s, d.finish_s)

@@ -125,7 +125,7 @@ def merge(replicas: list[Replay], owner: np.ndarray) -> SimpleNamespace:
     pick = (lambda name: np.stack([getattr(r, name) for r in replicas])[rows, cols])  # noqa: E731
     stretches, offset = [], 0
     for r in replicas:
-        stretches += [(R, idx0, rc, starts, d, b0 + offset) for R, idx0, rc, starts, d, b0 in r.stretches]
+        stretches += [dataclasses.replace(st, first_batch=st.first_batch + offset) for st in r.stretches]
         offset += r.n_pass
     events = sorted((e for r in replicas for e in r.events), key=lambda e: e[2])
     error = {k: v for r in replicas for k, v in r.error.items()}

@@ -124,6 +124,8 @@ def deployment_metrics(res, cost: ParallelCost, plan: MemoryPlan, cluster: Clust
            "weight_bytes_per_gpu": plan.weight_bytes_per_gpu, "kv_pool_bytes_per_gpu": plan.kv_pool_bytes_per_gpu,
            "usable_bytes_per_gpu": plan.usable_bytes_per_gpu, "kv_capacity_tokens": plan.kv_capacity_tokens}
     out.update(comm_shares(res, cost))
-    out.update(goodput(res.requests, m["duration_s"], cluster.slo_ttft_ms, cluster.slo_tpot_ms))
+    rq = res.requests
+    out.update(goodput(rq["ttft_s"], rq["tpot_s"], (rq["status"] != "error").to_numpy(), m["duration_s"],
+                       cluster.slo_ttft_ms, cluster.slo_tpot_ms))
     out.update(cost_figures(cluster.gpus, m["duration_s"], m["total_output_tokens"], hardware.price_per_gpu_hour))
     return out

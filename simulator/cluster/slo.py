@@ -1,8 +1,8 @@
 """SLOs and cost of a simulated run: goodput, GPU count, GPU-hours, cost per million output tokens.
 
-Goodput (DistServe, Zhong et al., OSDI '24): completed requests per second whose TTFT and TPOT
-both meet their objectives (an objective not given is met by every request; a one-token request
-has no TPOT and meets that objective), over the run's duration. GPU-hours: every GPU of the
+Goodput (DistServe, Zhong et al., OSDI '24; `vllm bench serve --goodput`): completed requests per
+second whose TTFT and TPOT both meet the objectives given (a one-token request has TPOT 0), over
+the run's duration; None when no objective is given. GPU-hours: every GPU of the
 deployment held for the whole run (first arrival to last finish), as a rented node is billed.
 """
 
@@ -11,24 +11,25 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pandas as pd
 
 
-def goodput(requests: pd.DataFrame, duration_s: float, slo_ttft_ms: float | None = None,
+def goodput(ttft_s, tpot_s, ok, duration_s: float, slo_ttft_ms: float | None = None,
             slo_tpot_ms: float | None = None) -> dict:
-    """{goodput_rps, slo_attained_percent} from the per-request table (`ReplayResult.requests`)."""
-    ok = (requests["status"] != "error").to_numpy()
-    ttft_ms = requests["ttft_s"].to_numpy(float) * 1e3
-    tpot_ms = requests["tpot_s"].to_numpy(float) * 1e3
-    good = ok & ~np.isnan(ttft_ms)
+    """{request_goodput, slo_attained_percent, slo_ttft_ms, slo_tpot_ms}; None without an objective.
+
+    The same signature and keys as serve-sched's `simulator/slo.py`, which replaces this function
+    once it is on main (one count of goodput for measured and simulated runs)."""
+    if slo_ttft_ms is None and slo_tpot_ms is None:
+        return {"request_goodput": None, "slo_attained_percent": None, "slo_ttft_ms": None, "slo_tpot_ms": None}
+    good = np.asarray(ok, bool).copy()
     if slo_ttft_ms is not None:
-        good &= ttft_ms <= slo_ttft_ms
+        good &= np.nan_to_num(np.asarray(ttft_s, float), nan=np.inf) * 1e3 <= slo_ttft_ms
     if slo_tpot_ms is not None:
-        good &= np.isnan(tpot_ms) | (tpot_ms <= slo_tpot_ms)
-    n = len(requests)
-    return {"slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms,
-            "goodput_rps": float(good.sum() / duration_s) if duration_s > 0 else None,
-            "slo_attained_percent": float(100 * good.sum() / n) if n else None}
+        good &= np.nan_to_num(np.asarray(tpot_s, float), nan=0.0) * 1e3 <= slo_tpot_ms  # one token: TPOT 0
+    n = int(good.sum())
+    return {"request_goodput": n / duration_s if duration_s > 0 else None,
+            "slo_attained_percent": 100.0 * n / len(good) if len(good) else None,
+            "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms}
 
 
 def cost_figures(gpus: int, duration_s: float, output_tokens: int, price_per_gpu_hour: float | None) -> dict:

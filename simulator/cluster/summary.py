@@ -30,10 +30,11 @@ def deployment_lines(f: dict) -> list[str]:
     if f.get("kv_transfers") is not None:
         lines.append(f"  KV transfer     {f['kv_transfers']} transfers, {f['kv_transfer_bytes'] / GIB:.2f} GiB, "
                      f"mean {_num(f['mean_kv_transfer_ms'])} ms each")
-    slo = [f"TTFT <= {f['slo_ttft_ms']:g} ms" for _ in [0] if f.get("slo_ttft_ms") is not None]
-    slo += [f"TPOT <= {f['slo_tpot_ms']:g} ms" for _ in [0] if f.get("slo_tpot_ms") is not None]
-    lines.append(f"  goodput         {_num(f['goodput_rps'])} req/s ({_num(f['slo_attained_percent'], '.1f')}% meet "
-                 f"{' and '.join(slo) or 'no SLO given'})")
+    slo = " and ".join(f"{k.upper()} <= {f[f'slo_{k}_ms']:g} ms" for k in ("ttft", "tpot")
+                       if f.get(f"slo_{k}_ms") is not None)
+    if slo:
+        lines.append(f"  goodput         {_num(f['request_goodput'])} req/s meet {slo} "
+                     f"({_num(f['slo_attained_percent'], '.1f')}% of requests)")
     cost = (f"; ${f['cost_usd']:.2f}, ${f['cost_per_million_output_tokens']:.2f} per million output tokens"
             if f.get("cost_per_million_output_tokens") is not None else " (no --price-per-gpu-hour: not costed)")
     lines.append(f"  GPU-hours       {f['gpu_hours']:.4f}{cost}")

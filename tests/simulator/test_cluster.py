@@ -166,3 +166,17 @@ def test_disaggregation_sends_each_kv_once_and_decode_waits_for_it(tmp_path, qua
     assert res.metrics["kv_transfer_bytes"] == (4 + 6) * KV_BYTES_PER_TOKEN  # B's prompt sent once, not per thread
     assert res.metrics["completed"] == 2 and res.metrics["gpus"] == 2
     assert res.requests["decode_replica"].tolist() == [0, 0]
+
+
+def test_goodput_gpu_hours_and_cost(tmp_path, quarter_second_collectives):
+    hw = toy_part(interconnect_bytes_per_s=1e30, price_per_gpu_hour=3.0)
+    res = simulate(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2),
+                   ClusterConfig(Parallelism(tp=2), slo_ttft_ms=3000, slo_tpot_ms=5000),
+                   params=one_second_cost(hw, MODEL).params)
+    m = res.metrics  # TTFT: A 2 s, B 3.5 s; run 6 s on 2 GPUs; 5 output tokens
+    assert m["request_goodput"] == pytest.approx(1 / 6) and m["slo_attained_percent"] == 50.0
+    assert m["gpu_hours"] == pytest.approx(2 * 6 / 3600) and m["cost_usd"] == pytest.approx(3.0 * 2 * 6 / 3600)
+    assert m["cost_per_million_output_tokens"] == pytest.approx(m["cost_usd"] / 5 * 1e6)
+    unpriced = simulate(two_requests(tmp_path), toy_part(), MODEL, ReplayConfig(max_seqs=2), ClusterConfig(),
+                        params=one_second_cost(hw, MODEL).params).metrics
+    assert unpriced["cost_usd"] is None and unpriced["request_goodput"] is None
