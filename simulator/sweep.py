@@ -19,6 +19,7 @@ directory at once, so an interrupted sweep keeps what it finished and a rerun wi
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -32,23 +33,41 @@ import pandas as pd
 
 from simulator.hardware import get_hardware
 from simulator.models import ModelSpec, get_model
-from simulator.replay import ReplayConfig, replay
+from simulator.replay import ReplayConfig
 from simulator.workload import Workload, load_workload
 
 RESULTS_JSONL = "results.jsonl"
 RESULTS_PARQUET = "sweep.parquet"
 SETTINGS = ("trace", "hardware", "model", "max_seqs", "rate", "concurrency", "max_batch_tokens", "num_requests",
             "scheduler", "seed")
+# the deployment (simulator/cluster): swept over tp x pp x replicas; the rest fixed for a sweep
+CLUSTER_SETTINGS = ("tp", "pp", "replicas", "router", "workload", "time_scale", "price_per_gpu_hour", "slo_ttft_ms",
+                    "slo_tpot_ms")
+CLUSTER_DEFAULTS = {"tp": 1, "pp": 1, "replicas": 1, "router": "round_robin", "workload": None, "time_scale": 1.0,
+                    "price_per_gpu_hour": None, "slo_ttft_ms": None, "slo_tpot_ms": None}
 # (column, +1 to maximise / -1 to minimise)
 OBJECTIVES: tuple[tuple[str, int], ...] = (("quality_mean", 1), ("mean_e2el_ms", -1), ("output_throughput", 1),
                                            ("peak_kv_bytes", -1))
 
 
+def objectives_for(table: pd.DataFrame) -> tuple[tuple[str, int], ...]:
+    """Deployment sweeps (GPU counts differ) trade cost (or GPU count) against p99 TTFT and goodput
+    (or output throughput without an SLO); others keep OBJECTIVES."""
+    if "gpus" not in table or table["gpus"].dropna().nunique() < 2:
+        return OBJECTIVES
+    priced = "cost_per_million_output_tokens" in table and table["cost_per_million_output_tokens"].notna().any()
+    slo = "request_goodput" in table and table["request_goodput"].notna().any()
+    return (("cost_per_million_output_tokens" if priced else "gpus", -1), ("p99_ttft_ms", -1),
+            ("request_goodput" if slo else "output_throughput", 1))
+
+
 def grid(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] = ("",),
          max_seqs: Sequence[int] = (256,), rates: Sequence[float | None] = (None,),
          concurrency: Sequence[int | None] = (None,), max_batch_tokens: int = 8192, num_requests: int | None = None,
-         scheduler: str = "fcfs", seed: int = 0) -> list[dict]:
-    """Every combination, as plain dicts (model "" = the trace's own). Bad names fail here, before any work."""
+         scheduler: str = "fcfs", seed: int = 0, cluster: dict | None = None) -> list[dict]:
+    """Every combination, as plain dicts (model "" = the trace's own). Bad names fail here, before any work.
+
+    `cluster`: deployment settings (CLUSTER_DEFAULTS' keys); "tp", "pp" and "replicas" may be lists."""
     for h in hardware:
         get_hardware(h)
     for m in models:
@@ -56,14 +75,45 @@ def grid(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] =
             get_model(m)
     arrivals = [(r, None) for r in rates if r is not None] + [(None, c) for c in concurrency if c is not None]
     arrivals = arrivals or [(None, None)]
+    fixed = {**CLUSTER_DEFAULTS, **(cluster or {})}
+    shapes = list(itertools.product(*([int(x) for x in fixed[k]] if isinstance(fixed[k], (list, tuple)) else [fixed[k]]
+                                      for k in ("tp", "pp", "replicas"))))
     configs = []
-    for t, h, m, s, (r, c) in itertools.product(traces, hardware, models, max_seqs, arrivals):
+    for t, h, m, s, (r, c), (tp, pp, k) in itertools.product(traces, hardware, models, max_seqs, arrivals, shapes):
         cfg = {"trace": str(t), "hardware": h, "model": m, "max_seqs": int(s), "rate": r, "concurrency": c,
                "max_batch_tokens": int(max_batch_tokens), "num_requests": num_requests, "scheduler": scheduler,
-               "seed": int(seed)}
+               "seed": int(seed), **fixed, "tp": tp, "pp": pp, "replicas": k}
         _replay_config(cfg)  # ValueError for a bad setting, before any work
+        _cluster_config(cfg)
         configs.append(cfg)
     return configs
+
+
+def _cluster_config(cfg: dict):
+    from simulator.cluster.parallel import Parallelism
+    from simulator.cluster.run import ClusterConfig
+
+    return ClusterConfig(Parallelism(cfg["tp"], cfg["pp"]), replicas=cfg["replicas"], router=cfg["router"],
+                         slo_ttft_ms=cfg["slo_ttft_ms"], slo_tpot_ms=cfg["slo_tpot_ms"])
+
+
+def workload_key(cfg: dict) -> str:
+    return cfg["trace"] if not cfg.get("workload") else f"{cfg['workload']}@{cfg['time_scale']}|{cfg['trace']}"
+
+
+def load_workloads(configs: list[dict]) -> dict[str, Workload]:
+    """Each distinct (trace, workload file) once: the trace's own, or the file stretched over it."""
+    from simulator.cluster.workload_file import read_workload_file, stretch
+
+    out: dict[str, Workload] = {}
+    for cfg in configs:
+        key = workload_key(cfg)
+        if key not in out:
+            w = load_workload(cfg["trace"])
+            if cfg.get("workload"):
+                w = stretch(w, read_workload_file(cfg["workload"], time_scale=cfg["time_scale"]), seed=cfg["seed"])
+            out[key] = w
+    return out
 
 
 def _replay_config(cfg: dict) -> ReplayConfig:
@@ -73,17 +123,23 @@ def _replay_config(cfg: dict) -> ReplayConfig:
 
 
 def config_key(cfg: dict) -> str:
-    return json.dumps({k: cfg[k] for k in SETTINGS}, sort_keys=True)
+    return json.dumps({k: cfg.get(k, CLUSTER_DEFAULTS.get(k)) for k in (*SETTINGS, *CLUSTER_SETTINGS)},
+                      sort_keys=True)
 
 
 def run_one(cfg: dict, workloads: dict[str, Workload]) -> dict:
     """One configuration's row: settings, metrics, quality from the trace, status."""
-    w = workloads[cfg["trace"]]
+    from simulator.cluster.run import simulate
+
+    w = workloads[workload_key(cfg)]
     row = {**cfg, "key": config_key(cfg), "system": w.source.get("system"), "status": "ok", "error": ""}
     try:
         model = get_model(cfg["model"]) if cfg["model"] else ModelSpec.from_trace_meta(w.source["model"])
         row["model"] = model.name
-        res = replay(w, get_hardware(cfg["hardware"]), model, _replay_config(cfg))
+        hardware = get_hardware(cfg["hardware"])
+        if cfg.get("price_per_gpu_hour") is not None:
+            hardware = dataclasses.replace(hardware, price_per_gpu_hour=cfg["price_per_gpu_hour"])
+        res = simulate(w, hardware, model, _replay_config(cfg), _cluster_config(cfg))
         row.update(res.metrics)
         row["quality_mean"] = w.quality_mean  # from the trace (NaN: not scored), never from the simulation
     except (ValueError, KeyError) as e:
@@ -146,7 +202,7 @@ def read_results(out: str | Path) -> pd.DataFrame:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip().endswith("}")]
     table = pd.DataFrame(rows).drop_duplicates("key", keep="last").reset_index(drop=True) if rows else pd.DataFrame()
     if len(table):
-        table["pareto"] = pareto_mask(table)
+        table["pareto"] = pareto_mask(table, objectives_for(table))
     return table
 
 
@@ -162,7 +218,7 @@ def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] 
           concurrency: Sequence[int | None] = (None,), max_batch_tokens: int = 8192,
           num_requests: int | None = None, scheduler: str = "fcfs", seed: int = 0, backend: str = "local",
           address: str | None = None, workers: int | None = None, out: str | Path | None = None,
-          progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+          progress: Callable[[int, int], None] | None = None, cluster: dict | None = None) -> pd.DataFrame:
     """Run the grid; return the table (and write it under `out`). See the module docstring."""
     if backend not in ("local", "ray"):
         raise ValueError(f"unknown backend {backend!r}; valid: local, ray")
@@ -170,9 +226,9 @@ def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] 
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     configs = grid(traces, hardware, models, max_seqs, rates, concurrency, max_batch_tokens, num_requests,
-                   scheduler, seed)
+                   scheduler, seed, cluster)
     order = {config_key(c): i for i, c in enumerate(configs)}
-    workloads = {str(t): load_workload(t) for t in dict.fromkeys(traces)}
+    workloads = load_workloads(configs)
     out_dir = Path(out) if out is not None else None
     done: list[dict] = []
     if out_dir is not None:
@@ -226,7 +282,7 @@ def _table(rows: list[dict], order: dict[str, int]) -> pd.DataFrame:
     table = pd.DataFrame(rows).drop_duplicates("key", keep="last")
     table = table.assign(_o=table["key"].map(order)).sort_values("_o", kind="stable").drop(columns="_o")
     table = table.reset_index(drop=True)
-    table["pareto"] = pareto_mask(table)
+    table["pareto"] = pareto_mask(table, objectives_for(table))
     return table
 
 

@@ -41,11 +41,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", default=None, help="comma-separated Poisson rates, requests/s (inf allowed)")
     p.add_argument("--concurrency", default=None, help="comma-separated closed-loop client counts")
     add_batch_args(p)
+    g = p.add_argument_group("deployment (simulator/cluster; docs/cluster.md)")
+    g.add_argument("--tp", default="1", help="comma-separated tensor-parallel degrees (default 1)")
+    g.add_argument("--pp", default="1", help="comma-separated pipeline stages (default 1)")
+    g.add_argument("--replicas", default="1", help="comma-separated replica counts (default 1)")
+    g.add_argument("--router", default="round_robin", help="round_robin (default), least_outstanding, kv_aware")
+    g.add_argument("--workload", default=None, help="a request log (Splitwise CSV layout); each trace gives the "
+                   "structure its requests are stretched from")
+    g.add_argument("--time-scale", type=float, default=1.0, help="with --workload: arrivals this many times faster")
+    g.add_argument("--price-per-gpu-hour", type=float, default=None, help="USD per GPU-hour: cost per million tokens")
+    g.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT objective for goodput (ms)")
+    g.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT objective for goodput (ms)")
     p.add_argument("--backend", default="local", choices=("local", "ray"), help="process pool (default) or Ray")
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local one on loopback)")
     p.add_argument("--workers", type=int, default=None, help="parallel workers (default: one per core)")
     p.add_argument("--out", default=None, help="directory for results.jsonl and sweep.parquet")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
+
+
+def _cluster(args: argparse.Namespace) -> dict:
+    return {"tp": _list(args.tp, "--tp", int), "pp": _list(args.pp, "--pp", int),
+            "replicas": _list(args.replicas, "--replicas", int), "router": args.router, "workload": args.workload,
+            "time_scale": args.time_scale, "price_per_gpu_hour": args.price_per_gpu_hour,
+            "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         table = sweep(args.traces, _list(args.hardware, "--hardware"), models, _list(args.max_seqs, "--max-seqs", int),
                       rates or [None], conc or [None], args.max_batch_tokens, args.num_requests, args.scheduler,
                       args.seed, args.backend, args.address, args.workers, args.out,
-                      None if args.json else progress)
+                      None if args.json else progress, cluster=_cluster(args))
     finally:
         if bar is not None:
             bar.close()
@@ -85,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
               f"{args.backend}; {figures['pareto']} Pareto-optimal")
         cols = ["trace", "hardware", "model", "max_seqs", "rate", "concurrency", "mean_e2el_ms", "output_throughput",
                 "peak_kv_bytes", "quality_mean"]
+        if len(table) and "gpus" in table and table["gpus"].nunique() > 1:  # a deployment sweep
+            cols = ["hardware", "model", "tp", "pp", "replicas", "gpus", "p99_ttft_ms", "request_goodput",
+                    "output_throughput", "gpu_hours", "cost_per_million_output_tokens"]
         if len(front):
             print(front[[c for c in cols if c in front]].to_string(index=False, max_rows=20))
         for err in table.loc[table["status"] == "error", "error"].drop_duplicates().head(3) if len(table) else []:

@@ -180,3 +180,16 @@ def test_goodput_gpu_hours_and_cost(tmp_path, quarter_second_collectives):
     unpriced = simulate(two_requests(tmp_path), toy_part(), MODEL, ReplayConfig(max_seqs=2), ClusterConfig(),
                         params=one_second_cost(hw, MODEL).params).metrics
     assert unpriced["cost_usd"] is None and unpriced["request_goodput"] is None
+
+
+def test_deployment_sweep_trades_gpus_for_latency(tmp_path, small_trace):
+    from simulator.sweep import sweep
+
+    table = sweep([str(small_trace)], ["h100-sxm"], ["llama-3-70b"], rates=[50.0], num_requests=40, workers=1,
+                  cluster={"tp": [1, 4, 8], "replicas": [1, 2], "price_per_gpu_hour": 2.0, "slo_ttft_ms": 500.0})
+    ok = table[table["status"] == "ok"]
+    assert len(table) == 6 and len(ok) == 4  # TP 1: 70B does not fit an 80 GB part
+    assert sorted(ok["gpus"].tolist()) == [4, 8, 8, 16]
+    assert ok["cost_per_million_output_tokens"].notna().all() and ok["request_goodput"].notna().all()
+    front = table[table["pareto"]]
+    assert len(front) >= 1 and front["gpus"].min() == 4  # the cheapest deployment is never dominated on cost
