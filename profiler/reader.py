@@ -110,6 +110,15 @@ def _read_json(file: Path) -> dict:
     return doc
 
 
+def _graphs_by_id(graphs: dict) -> dict[int, dict]:
+    """{request id: graph}. Simulated traces may store each distinct structure once (`"format":
+    "shared"`, written by simulator/simtrace.py); requests then share the graph objects."""
+    if graphs.get("format") == "shared":
+        structures = graphs["structures"]
+        return {int(r): structures[str(int(s))] for r, s in zip(graphs["request_ids"], graphs["structure_of"])}
+    return {int(k): v for k, v in graphs.items()}
+
+
 def read_trace(path: str | Path) -> Trace:
     p = Path(path)
     if not p.exists():
@@ -126,9 +135,10 @@ def read_trace(path: str | Path) -> Trace:
     else:
         raise TraceError(f"{p}: trace is incomplete and has no committed parts")
     try:
-        graphs_by_id = {int(k): v for k, v in graphs.items()}
-    except ValueError:
-        raise TraceError(f"{p}: graph.json keys must be request ids") from None
+        graphs_by_id = _graphs_by_id(graphs)
+    except (ValueError, KeyError, TypeError):
+        raise TraceError(f"{p}: graph.json keys must be request ids (or the shared form: structures, "
+                         f"request_ids, structure_of)") from None
     counters_file = p / "counters.parquet"
     counters = read_table(counters_file, "counters") if counters_file.exists() else TABLES["counters"].empty_table()
     return Trace(

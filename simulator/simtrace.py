@@ -260,16 +260,26 @@ def simulated_meta(res: ReplayResult) -> dict:
     }
 
 
+def shared_graphs(request_ids, source_ids, graphs: dict) -> dict:
+    """graph.json in the shared form: each distinct source structure once, and which one each
+    request follows (a 100k-request replay of a 16-request trace stores 16 graphs, not 100,000).
+    `profiler.reader.read_trace` expands it to a graph per request (shared objects, no copies)."""
+    empty = {"directed": True, "multigraph": False, "graph": {}, "nodes": [], "links": []}
+    sid = np.asarray(source_ids, np.int64)
+    distinct = np.unique(sid)
+    return {"format": "shared", "structures": {str(int(s)): graphs.get(int(s), empty) for s in distinct},
+            "request_ids": [int(r) for r in request_ids], "structure_of": [int(s) for s in sid]}
+
+
 def write_simulated_trace(res: ReplayResult, out: str | Path, source=None) -> Path:
     """Write the replay as a trace directory (format v1, kind "simulated"); `source`: the read source trace."""
-    if source is None and res.workload.source.get("path"):
+    w = res.workload
+    if source is None and w.source.get("path"):
         from profiler.reader import read_trace
 
-        source = read_trace(res.workload.source["path"])
-    sid = res.workload.source_ids()
-    graphs = {int(i): res.workload.graphs.get(int(s), {"directed": True, "multigraph": False, "graph": {},
-                                                        "nodes": [], "links": []})
-              for i, s in zip(res.workload.request_ids, sid)}
-    tables = {"requests": _requests_table(res, source), "steps": _steps_table(res),
-              "tokens": _tokens_table(res, source)}
-    return write_trace(out, simulated_meta(res), tables, graphs)
+        source = read_trace(w.source["path"])
+    # a workload file's requests follow a source's structure, not its tokens or texts
+    token_source = None if w.source.get("workload_file") else source
+    tables = {"requests": _requests_table(res, token_source), "steps": _steps_table(res),
+              "tokens": _tokens_table(res, token_source)}
+    return write_trace(out, simulated_meta(res), tables, shared_graphs(w.request_ids, w.source_ids(), w.graphs))

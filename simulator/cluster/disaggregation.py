@@ -13,15 +13,13 @@ peer at once, a send/recv timed by `simulator.comm` over the node's links, or ov
 the deployment does not fit one node. A prefill replica's outbound link is a SimPy resource:
 its transfers queue one after another (STYLE 11: links are objects with their own process).
 
-Exactness: a decode replica plans its stretch of passes up to the earliest moment a new request
-could reach it (a pending transfer's end, the end of a busy prefill replica's stretch, or the
-next arrival), so it never runs past an admission a pass-by-pass loop would have made.
+Exactness: as for replicas (`replicas.ReplicaReplay`), a decode replica's stretch of passes is cut
+at the pass in which a transferred request reaches it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -36,23 +34,14 @@ from simulator.workload import Workload
 
 
 class DecodeCluster(Cluster):
-    """Decode replicas: requests arrive when their KV transfer ends."""
+    """Decode replicas: requests arrive when their KV transfer ends (no stream of their own)."""
 
-    def __init__(self, *args, upstream: Cluster, **kwargs) -> None:
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.upstream = upstream
-        self.pending: list[float] = []  # end times of transfers in flight
         self.arrival_sorted_s = np.zeros(0)
 
-    def pull_arrivals(self, upto: float) -> None:  # arrivals come from transfers, not a stream
+    def pull_arrivals(self, upto: float) -> None:
         return None
-
-    def next_arrival_s(self) -> float:
-        now = self.env.now
-        bounds = [t for t in self.pending if t >= now]
-        bounds += [r.busy_until for r in self.upstream.replicas if r.busy_until >= now]
-        bounds.append(self.upstream.next_arrival_s())
-        return min(bounds) if bounds else math.inf
 
 
 def _transfer(env: simpy.Environment, link: simpy.Resource, decode: DecodeCluster, r: int, seconds: float,
@@ -60,9 +49,7 @@ def _transfer(env: simpy.Environment, link: simpy.Resource, decode: DecodeCluste
     with link.request() as req:
         yield req
         start = env.now
-        decode.pending.append(start + seconds)
         yield env.timeout(seconds)
-    decode.pending.remove(start + seconds)
     log.append((r, start, env.now))
     decode.arrive(r, env.now)
 
@@ -89,7 +76,7 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
                       cluster.router, env=env)
     dec_cfg = dataclasses.replace(pre_cfg, rate=None, concurrency=None, kv_capacity_bytes=decode_plan.kv_capacity_bytes)
     decode = DecodeCluster(dec_w, [decode_cost] * n_d, model, decode_hw, dec_cfg, [decode_plan.kv_capacity_bytes] * n_d,
-                           cluster.router, env=env, upstream=prefill)
+                           cluster.router, env=env)
     for replica in prefill.replicas:
         replica.done = []  # a request is done when its decode ends
     for replica in decode.replicas:

@@ -41,18 +41,52 @@ class ReplicaReplay(Replay):
         self.device = Device(self.env)
         self.done = cluster.done
 
-    busy_until = -math.inf  # end of the stretch on the device (what a downstream cluster may wait for)
-
-    def plan(self, R: np.ndarray):
-        out = super().plan(R)
-        self.busy_until = self.env.now + float(np.sum(out[3]))
-        return out
+    _ends: np.ndarray | None = None  # end of each pass of the stretch on the device, while it runs
+    _cut: simpy.Event | None = None
+    _cut_passes = 0
 
     def pull_arrivals(self, upto: float) -> None:
         self.cluster.pull_arrivals(upto)
 
     def next_arrival_s(self) -> float:
-        return self.cluster.next_arrival_s()
+        """Stretches do not stop for arrivals that may go elsewhere (`arrive` cuts one routed here);
+        they are planned up to a horizon of as many arrivals as there are replicas, so a stretch
+        that an arrival will cut soon is not costed a thousand passes ahead."""
+        return self.cluster.horizon_s()
+
+    def arrive(self, r: int, t: float) -> None:
+        super().arrive(r, t)
+        if self._ends is not None and not self._cut.triggered:
+            m = int(np.searchsorted(self._ends, t, side="left")) + 1  # the pass it lands in ends the stretch
+            if m < len(self._ends):
+                self._cut_passes = m
+                self._cut.succeed()
+
+    def engine(self):
+        """`Replay.engine`, with a stretch cut short at the pass in which a request routed here lands
+        (the lone replay plans its stretch to stop there; here only this replica's arrivals stop it)."""
+        env = self.env
+        while self.n_done < self.w.n_requests:
+            self.pull_arrivals(upto=env.now)
+            running = self.scheduler.schedule(self)
+            if not running:
+                self._wakeup = env.event()
+                yield self._wakeup
+                continue
+            R, idx0, rc, durations = self.plan(np.asarray(running, np.int64))
+            starts = env.now + np.concatenate([[0.0], np.cumsum(durations[:-1])])
+            self._ends, self._cut = env.now + np.cumsum(durations), env.event()
+            yield env.timeout(float(np.sum(durations))) | self._cut
+            if self._cut.triggered and self._cut_passes < len(durations):
+                m = self._cut_passes
+                durations, starts = durations[:m], starts[:m]
+                if self._ends[m - 1] > env.now:
+                    yield env.timeout(float(self._ends[m - 1] - env.now))
+            self._ends = None
+            self.device.busy_s += float(np.sum(durations))
+            self.device.passes += len(durations)
+            self.commit(R, idx0, rc, starts, durations)
+            yield env.timeout(0)  # closed-loop clients of finished requests send their next first
 
     def not_mine(self) -> None:
         """A request routed to another replica: done, as far as this one is concerned."""
@@ -89,6 +123,10 @@ class Cluster:
 
     def next_arrival_s(self) -> float:
         i = self._next_arrival
+        return float(self.arrival_sorted_s[i]) if i < len(self.arrival_sorted_s) else math.inf
+
+    def horizon_s(self) -> float:
+        i = self._next_arrival + len(self.replicas) - 1
         return float(self.arrival_sorted_s[i]) if i < len(self.arrival_sorted_s) else math.inf
 
     def arrive(self, r: int, t: float) -> None:

@@ -162,5 +162,5 @@ def stretch(structure: Workload, log: RequestLog, seed: int = 0) -> Workload:
                     live_kv_tokens=live, alloc_kv_tokens=alloc,
                     evicted_tokens=np.round(w.evicted_tokens[flat] * np.where(is_pre, 1, o_scale)).astype(np.int64),
                     phase=w.phase[flat], emits=emits, status=("ok",) * len(src),
-                    streams=None if w.streams is None else w.streams[flat], source=source, graphs=w.graphs,
+                    streams=None, source=source, graphs=w.graphs,  # stream ids: not kept (memory at 100k)
                     source_request_ids=w.source_ids()[src], **per_req)

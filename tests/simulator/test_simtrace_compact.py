@@ -1,0 +1,28 @@
+"""Simulated traces store each distinct structure's graph once; readers expand it; old traces read."""
+
+from __future__ import annotations
+
+import json
+
+from profiler.reader import read_trace
+from profiler.validate import problems
+from simulator.replay import ReplayConfig, replay
+from simulator.simtrace import write_simulated_trace
+from simulator.workload import load_workload
+from tests.simulator.toy_traces import MODEL_META, one_second_cost, seq, toy_part, write_toy_trace
+from simulator.models import ModelSpec
+
+
+def test_graphs_once_per_structure(tmp_path):
+    src = write_toy_trace(tmp_path / "src", [seq(4, 3), seq(6, 2)], [4, 6])
+    hw, model = toy_part(), ModelSpec.from_trace_meta(MODEL_META)
+    res = replay(load_workload(src), hw, model, ReplayConfig(num_requests=50, rate=100.0),
+                 cost=one_second_cost(hw, model))
+    out = write_simulated_trace(res, tmp_path / "sim")
+    doc = json.loads((out / "graph.json").read_text())
+    assert doc["format"] == "shared" and len(doc["structures"]) == 2 and len(doc["request_ids"]) == 50
+    trace = read_trace(out)
+    assert len(trace.graphs) == 50 and trace.graphs[0] is trace.graphs[2]  # shared, not copied
+    assert trace.graphs[1] == read_trace(src).graphs[1]
+    assert problems(trace) == []
+    assert len(read_trace(src).graphs) == 2  # the per-request form (measured traces, old traces) still reads
