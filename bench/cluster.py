@@ -1,0 +1,156 @@
+"""bench/cluster.py: the cluster what-if at scale (issue 15 targets).
+
+What it measures, each printed with how it was obtained:
+- comm_mape_percent: `simulator.comm` against the measured A100 collectives, on the buffer sizes
+  its fit did not see (every other size of each series; within one node). Goal <= 10%.
+- replay_100k_s: N requests cycled from the Splitwise conversation workload (structure from
+  traces/sequential-reverse_words) on 8 replicas of Llama-3-8B on H100 behind least-outstanding
+  routing, arrivals scaled to about 70% load. Load = offered rate / capacity, the capacity being
+  the request throughput of the same 8 replicas with every request of a saturating batch arriving
+  at once (measured first, printed). Full run: N = 100,000 (requirement <= 60 s, aim <= 30 s);
+  --quick: N = 10,000 and replay_100k_s is that time x 10 (marked `replay_100k_extrapolated`).
+  replay_events_per_s: simulated (pass, request) rows per second of replay (a row is one request
+  in one batched forward pass); passes_per_s beside it.
+- sim_trace_mb_per_100k: the simulated trace of that replay written with `write_simulated_trace`
+  (Parquet tables + graph.json in the shared form), scaled to 100k requests. Aim <= 100 MB.
+- peak_rss_mb: this process's peak resident memory (ru_maxrss). Aim <= 2,000 MB.
+- trace_read_s: `profiler.reader.read_trace` of that simulated trace (what each dashboard page
+  loads first).
+- The deployment sweep: `solm sweep` over --tp 1,2,4,8 --replicas 1,2,4 for Llama-3-70B on H100
+  with the code workload, priced at --price USD/GPU-hour, SLO TTFT 2 s / TPOT 100 ms; its Pareto
+  rows (cost per million output tokens vs p99 TTFT and goodput) are printed.
+
+Wall times on this shared machine drift with the neighbours' load (and stretch far more when the
+two cores are oversubscribed): the replay's CPU time (`replay_cpu_s`, this process only) is printed
+beside its wall time; the replay is timed once per run (it is minutes long).
+
+    python bench/cluster.py [--quick]        (last line: {"bench": "cluster", ...})
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from profiler.reader import read_trace  # noqa: E402
+from simulator.cluster.run import ClusterConfig, simulate  # noqa: E402
+from simulator.cluster.workload_file import WORKLOADS_DIR, read_workload_file, stretch  # noqa: E402
+from simulator.comm import evaluate  # noqa: E402
+from simulator.hardware import get_hardware  # noqa: E402
+from simulator.models import get_model  # noqa: E402
+from simulator.replay import ReplayConfig  # noqa: E402
+from simulator.simtrace import write_simulated_trace  # noqa: E402
+from simulator.workload import load_workload  # noqa: E402
+
+STRUCTURE = ROOT / "traces" / "sequential-reverse_words"
+REPLICAS = 8
+TARGET_LOAD = 0.7
+
+
+def _dir_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
+
+
+def capacity_rps(structure, n: int) -> float:
+    """Request throughput of the 8 replicas when n requests all arrive at once."""
+    log = read_workload_file(WORKLOADS_DIR / "splitwise_conv.csv")
+    res = simulate(stretch(structure, log), get_hardware("h100-sxm"), get_model("llama-3-8b"),
+                   ReplayConfig(num_requests=n, rate=float("inf")),
+                   ClusterConfig(replicas=REPLICAS, router="least_outstanding"))
+    return float(res.metrics["request_throughput"])
+
+
+def replay_at_scale(n: int, quick: bool) -> dict:
+    structure = load_workload(STRUCTURE)
+    native = read_workload_file(WORKLOADS_DIR / "splitwise_conv.csv")
+    native_rps = len(native.arrival_s) / native.arrival_s[-1]
+    capacity = capacity_rps(structure, 2000 if quick else 8000)
+    scale = TARGET_LOAD * capacity / native_rps
+    print(f"load: capacity {capacity:.1f} req/s (8 x llama-3-8b on h100-sxm, saturating batch); the conversation "
+          f"trace offers {native_rps:.2f} req/s, so --time-scale {scale:.2f} offers {TARGET_LOAD * capacity:.1f} req/s "
+          f"({TARGET_LOAD:.0%} load)")
+    t0, c0 = time.perf_counter(), time.process_time()
+    w = stretch(structure, read_workload_file(WORKLOADS_DIR / "splitwise_conv.csv", time_scale=scale))
+    res = simulate(w, get_hardware("h100-sxm"), get_model("llama-3-8b"), ReplayConfig(num_requests=n),
+                   ClusterConfig(replicas=REPLICAS, router="least_outstanding"))
+    replay_s, replay_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    m = res.metrics
+    rows = len(res.rows["flat"])
+    print(f"replay: {n} requests in {replay_s:.1f} s wall, {replay_cpu_s:.1f} s CPU ({rows} pass-request rows, {m['passes']} passes); "
+          f"p99 TTFT {m['p99_ttft_ms']:.0f} ms, p99 TPOT {m['p99_tpot_ms']:.1f} ms, "
+          f"{m['request_throughput']:.1f} req/s over {m['duration_s']:.0f} s simulated")
+    out = Path(tempfile.mkdtemp(prefix="solm-cluster-bench-"))
+    try:
+        t1 = time.perf_counter()
+        write_simulated_trace(res, out / "sim")
+        write_s = time.perf_counter() - t1
+        mb = _dir_mb(out / "sim")
+        t2 = time.perf_counter()
+        read_trace(out / "sim")
+        read_s = time.perf_counter() - t2
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    print(f"simulated trace: {mb:.1f} MB for {n} requests (written in {write_s:.1f} s, read in {read_s:.1f} s)")
+    factor = 100_000 / n
+    return {"replay_requests": n, "replay_s": round(replay_s, 2), "replay_100k_s": round(replay_s * factor, 2),
+            "replay_cpu_s": round(replay_cpu_s, 2),
+            "replay_100k_extrapolated": n != 100_000, "replay_events_per_s": round(rows / replay_s),
+            "passes_per_s": round(m["passes"] / replay_s), "load_time_scale": round(scale, 3),
+            "capacity_rps": round(capacity, 2), "sim_trace_mb_per_100k": round(mb * factor, 1),
+            "trace_read_s": round(read_s, 2), "p99_ttft_ms": round(m["p99_ttft_ms"], 1)}
+
+
+def deployment_sweep(quick: bool, price: float) -> dict:
+    """`solm sweep` over tp x replicas for Llama-3-70B on H100 with the code workload."""
+    out = Path(tempfile.mkdtemp(prefix="solm-cluster-sweep-"))
+    n = 300 if quick else 2000
+    cmd = [sys.executable, "-m", "solm", "sweep", str(ROOT / "traces" / "pasta-word_facts"), "--hardware", "h100-sxm",
+           "--model", "llama-3-70b", "--workload", str(WORKLOADS_DIR / "splitwise_code.csv"), "--tp", "1,2,4,8",
+           "--replicas", "1,2,4", "--num-requests", str(n), "--price-per-gpu-hour", str(price),
+           "--slo-ttft-ms", "2000", "--slo-tpot-ms", "100", "--workers", "2", "--out", str(out)]
+    print("sweep:", " ".join(cmd[2:]))
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, check=False)
+        print(r.stdout, end="")
+        if r.returncode != 0:
+            print(r.stderr, file=sys.stderr)
+            return {"sweep_ok": False}
+        figures = json.loads(r.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return {"sweep_ok": True, "sweep_configs": figures["configs"], "sweep_pareto": figures["pareto"],
+            "sweep_requests": n}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="10,000 requests (extrapolated to 100k), a smaller sweep")
+    ap.add_argument("--requests", type=int, default=None, help="replay this many requests (default 100,000)")
+    ap.add_argument("--price", type=float, default=2.5, help="USD per GPU-hour for the sweep (default 2.5, "
+                    "an assumed H100 rental price)")
+    args = ap.parse_args()
+    comm = evaluate()
+    print(f"comm: held-out MAPE {comm['comm_mape_percent']}% over {comm['held_out_rows']} buffer sizes the fit did "
+          f"not see ({comm['comm_mape_percent_1mib_up']}% from 1 MiB up); per series {comm['series']}")
+    figures = {"bench": "cluster", "comm_mape_percent": comm["comm_mape_percent"],
+               "comm_mape_percent_1mib_up": comm["comm_mape_percent_1mib_up"]}
+    figures.update(replay_at_scale(args.requests or (10_000 if args.quick else 100_000), args.quick))
+    figures.update(deployment_sweep(args.quick, args.price))
+    figures["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    figures["quick"] = args.quick
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
