@@ -355,11 +355,16 @@ def whatif_point(trace: Trace, reqs: pd.DataFrame, hardware: str, model: str | N
 
 
 def whatif_run(trace: Trace, hardware: str, model: str | None, max_seqs: int, max_batch_tokens: int,
-               rate: float | None) -> dict:
+               rate: float | None, deployment: dict | None = None) -> dict:
     """Simulate `trace` under the settings: the SimPy replay where it is available (batching across
     requests, arrivals at `rate` requests/s or the trace's own times, the KV pool), else every pass
-    re-costed in place. Returns requests (request_id, e2e_s, ttft_s, ...), metrics and which engine."""
+    re-costed in place. Returns requests (request_id, e2e_s, ttft_s, ...), metrics and which engine.
+
+    `deployment` (the what-if page's cluster controls; `whatif_deployment` reads them): TP, PP,
+    replicas and router, disaggregation, a workload file, SLOs and a price."""
     label = f"{trace.system} on {hardware}" + (f" ({model})" if model else "")
+    if deployment and replay_available():
+        return whatif_deployment(trace, hardware, model, max_seqs, max_batch_tokens, rate, deployment, label)
     if replay_available():
         from simulator.hardware import get_hardware
         from simulator.models import ModelSpec, get_model
@@ -379,6 +384,47 @@ def whatif_run(trace: Trace, hardware: str, model: str | None, max_seqs: int, ma
         engine = "cost model per pass (replay not available: batch settings and rate not applied)"
     return {"requests": reqs, "point": whatif_point(trace, reqs, hardware, model, label), "metrics": metrics,
             "engine": engine}
+
+
+def whatif_deployment(trace: Trace, hardware: str, model: str | None, max_seqs: int, max_batch_tokens: int,
+                      rate: float | None, d: dict, label: str) -> dict:
+    """The cluster what-if (simulator.cluster.run): keys tp, pp, replicas, router, disaggregate
+    ("P:D" or ""), workload (a CSV path or ""), time_scale, num_requests, slo_ttft_ms, slo_tpot_ms,
+    price_per_gpu_hour (0 or None: not set)."""
+    import dataclasses
+
+    from simulator.cluster.cli import parse_disaggregate
+    from simulator.cluster.parallel import Parallelism
+    from simulator.cluster.run import ClusterConfig, simulate
+    from simulator.cluster.workload_file import read_workload_file, stretch
+    from simulator.hardware import get_hardware
+    from simulator.models import ModelSpec, get_model
+    from simulator.replay import ReplayConfig
+    from simulator.workload import from_trace
+
+    spec = get_model(model) if model else ModelSpec.from_trace_meta(trace.meta)
+    part = get_hardware(hardware)
+    if d.get("price_per_gpu_hour"):
+        part = dataclasses.replace(part, price_per_gpu_hour=float(d["price_per_gpu_hour"]))
+    workload = from_trace(trace)
+    if d.get("workload"):
+        workload = stretch(workload, read_workload_file(d["workload"], time_scale=float(d.get("time_scale") or 1.0)))
+    cfg = ReplayConfig(max_seqs=int(max_seqs), max_batch_tokens=int(max_batch_tokens), rate=rate,
+                       num_requests=int(d["num_requests"]) if d.get("num_requests") else None)
+    cluster = ClusterConfig(Parallelism(int(d.get("tp", 1)), int(d.get("pp", 1))), replicas=int(d.get("replicas", 1)),
+                            router=d.get("router", "round_robin"), disaggregate=parse_disaggregate(d.get("disaggregate") or None),
+                            slo_ttft_ms=d.get("slo_ttft_ms") or None, slo_tpot_ms=d.get("slo_tpot_ms") or None)
+    result = simulate(workload, part, spec, cfg, cluster)
+    reqs = result.requests.copy()
+    if d.get("workload"):  # requests of the file, not of the trace: no quality to carry over
+        reqs["quality_score"] = np.nan
+        point_trace = trace
+    else:
+        reqs = _replay_requests(result, trace)
+        point_trace = trace
+    metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float, str)) or v is None}
+    return {"requests": reqs, "point": whatif_point(point_trace, reqs, hardware, model, label), "metrics": metrics,
+            "engine": "SimPy replay of the deployment (simulator.cluster)"}
 
 
 def _replay_requests(result, trace: Trace) -> pd.DataFrame:
