@@ -42,15 +42,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from profiler.reader import read_trace  # noqa: E402
-from simulator.cluster.run import ClusterConfig, simulate  # noqa: E402
-from simulator.cluster.workload_file import WORKLOADS_DIR, read_workload_file, stretch  # noqa: E402
-from simulator.comm import evaluate  # noqa: E402
-from simulator.hardware import get_hardware  # noqa: E402
-from simulator.models import get_model  # noqa: E402
-from simulator.replay import ReplayConfig  # noqa: E402
-from simulator.simtrace import write_simulated_trace  # noqa: E402
-from simulator.workload import load_workload  # noqa: E402
+from profiler.reader import read_trace
+from simulator.cluster.run import ClusterConfig, simulate
+from simulator.cluster.workload_file import WORKLOADS_DIR, read_workload_file, stretch
+from simulator.comm import evaluate
+from simulator.hardware import get_hardware
+from simulator.models import get_model
+from simulator.replay import ReplayConfig
+from simulator.simtrace import write_simulated_trace
+from simulator.workload import load_workload
 
 STRUCTURE = ROOT / "traces" / "sequential-reverse_words"
 REPLICAS = 8

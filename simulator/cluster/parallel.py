@@ -147,7 +147,7 @@ def memory_plan(hardware: HardwareSpec, model: ModelSpec, par: Parallelism, memo
     tight = int(np.argmin([(usable - w) / k for w, k in zip(weights, kv_per_token)]))
     return MemoryPlan(gpus=par.gpus, usable_bytes_per_gpu=usable, weight_bytes_per_gpu=int(weights[tight]),
                       kv_pool_bytes_per_gpu=int(tokens * kv_per_token[tight]),
-                      kv_bytes_per_token_per_gpu=int(round(kv_per_token[tight])), kv_capacity_tokens=tokens,
+                      kv_bytes_per_token_per_gpu=round(kv_per_token[tight]), kv_capacity_tokens=tokens,
                       kv_capacity_bytes=int(tokens * model.kv_bytes_per_token))
 
 

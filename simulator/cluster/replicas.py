@@ -160,7 +160,7 @@ def merge(replicas: list[Replay], owner: np.ndarray) -> SimpleNamespace:
     first = replicas[0]
     n = first.w.n_requests
     rows, cols = np.maximum(owner, 0), np.arange(n)
-    pick = (lambda name: np.stack([getattr(r, name) for r in replicas])[rows, cols])  # noqa: E731
+    pick = (lambda name: np.stack([getattr(r, name) for r in replicas])[rows, cols])
     stretches, offset = [], 0
     for r in replicas:
         stretches += [dataclasses.replace(st, first_batch=st.first_batch + offset) for st in r.stretches]

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.cluster.parallel import MemoryPlan, ParallelCost, Parallelism, memory_plan
+from simulator.cluster.parallel import (
+    MemoryPlan,
+    ParallelCost,
+    Parallelism,
+    memory_plan,
+)
 from simulator.cluster.slo import cost_figures, goodput
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
@@ -29,7 +34,7 @@ from simulator.workload import Workload
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    parallelism: Parallelism = Parallelism()
+    parallelism: Parallelism = dataclasses.field(default_factory=Parallelism)
     replicas: int = 1
     router: str = "round_robin"
     disaggregate: tuple[int, int] | None = None  # (prefill replicas, decode replicas)
@@ -56,11 +61,12 @@ class ClusterConfig:
 
 
 def simulate(workload: Workload, hardware: HardwareSpec, model: ModelSpec, config: ReplayConfig,
-             cluster: ClusterConfig = ClusterConfig(), params=None):
+             cluster: ClusterConfig | None = None, params=None):
     """Replay `workload` on the deployment; a `simulator.simtrace.ReplayResult` with cluster metrics."""
     from simulator.cluster.replicas import Cluster, merge
     from simulator.simtrace import collect
 
+    cluster = cluster or ClusterConfig()
     par = cluster.parallelism
     cost = ParallelCost(hardware, model, par, params)
     plan = memory_plan(hardware, model, par, config.memory_utilization, config.kv_capacity_bytes)

@@ -19,9 +19,9 @@ def deployment_lines(f: dict) -> list[str]:
         shape = f"{f['replicas']} replicas of {shape}, router {f['router']}"
     lines = [
         f"  deployment      {shape} = {f['gpus']} GPUs",
-        f"  per GPU         weights {f['weight_bytes_per_gpu'] / GIB:.1f} GiB + KV pool "
-        f"{f['kv_pool_bytes_per_gpu'] / GIB:.1f} GiB of {f['usable_bytes_per_gpu'] / GIB:.1f} GiB usable "
-        f"({f['kv_capacity_tokens']:,} KV tokens per replica)",
+        (f"  per GPU         weights {f['weight_bytes_per_gpu'] / GIB:.1f} GiB + KV pool "
+         f"{f['kv_pool_bytes_per_gpu'] / GIB:.1f} GiB of {f['usable_bytes_per_gpu'] / GIB:.1f} GiB usable "
+         f"({f['kv_capacity_tokens']:,} KV tokens per replica)"),
     ]
     if f["tp"] * f["pp"] > 1:
         lines.append(f"  comm share      {f['comm_share_percent']:.1f}% of pass time (all-reduce "

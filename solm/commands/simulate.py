@@ -66,13 +66,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def simulate(args: argparse.Namespace) -> tuple[dict, object]:
+    from simulator.cluster.cli import cluster_config, with_links
+    from simulator.cluster.run import simulate as simulate_cluster
     from simulator.hardware import get_hardware, override
     from simulator.models import ModelSpec, get_model
     from simulator.replay import ReplayConfig
     from simulator.simtrace import write_simulated_trace
-
-    from simulator.cluster.cli import cluster_config, with_links
-    from simulator.cluster.run import simulate as simulate_cluster
 
     fields = parse_set(args.set)
     hardware = with_links(override(args.hardware, **fields) if fields else get_hardware(args.hardware), args)

@@ -5,15 +5,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import simulator.comm as comm
-from simulator.cluster.parallel import ParallelCost, Parallelism, memory_plan, stage_layers
+from simulator import comm
+from simulator.cluster.parallel import (
+    ParallelCost,
+    Parallelism,
+    memory_plan,
+    stage_layers,
+)
 from simulator.cluster.run import ClusterConfig, simulate
 from simulator.comm import CommParams, Ramp
 from simulator.hardware import GIB, override
 from simulator.models import ModelSpec, get_model
 from simulator.replay import ReplayConfig
 from simulator.workload import load_workload
-from tests.simulator.toy_traces import MODEL_META, one_second_cost, seq, toy_part, write_toy_trace
+from tests.simulator.toy_traces import (
+    MODEL_META,
+    one_second_cost,
+    seq,
+    toy_part,
+    write_toy_trace,
+)
 
 MODEL = ModelSpec.from_trace_meta(MODEL_META)  # 2 layers
 

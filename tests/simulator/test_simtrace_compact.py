@@ -6,11 +6,17 @@ import json
 
 from profiler.reader import read_trace
 from profiler.validate import problems
+from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
 from simulator.simtrace import write_simulated_trace
 from simulator.workload import load_workload
-from tests.simulator.toy_traces import MODEL_META, one_second_cost, seq, toy_part, write_toy_trace
-from simulator.models import ModelSpec
+from tests.simulator.toy_traces import (
+    MODEL_META,
+    one_second_cost,
+    seq,
+    toy_part,
+    write_toy_trace,
+)
 
 
 def test_graphs_once_per_structure(tmp_path):
