@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {name + ' ms':15s} mean {_ms(f[f'mean_{name}_ms'])}  median {_ms(f[f'median_{name}_ms'])}  "
                   f"p99 {_ms(f[f'p99_{name}_ms'])}")
         print(f"  peak KV         {f['peak_kv_bytes'] / 2**20:.2f} MiB of {f['kv_capacity_bytes'] / 2**30:.2f} GiB pool"
-              f"{' (per replica)' if f['gpus'] > f['tp'] * f['pp'] else ''}")
+              f"{' (one replica, its GPUs together)' if f['gpus'] > 1 else ''}")
         from simulator.cluster.summary import deployment_lines
 
         for line in deployment_lines(f):
