@@ -1,5 +1,6 @@
 """Scheduler policies, one short file each; the replay looks them up here by name."""
 
+from profiler.errors import UnknownName
 from simulator.schedulers.base import Scheduler
 from simulator.schedulers.fcfs import FCFS
 from simulator.schedulers.sjf import SJF
@@ -12,4 +13,4 @@ def get_scheduler(name: str) -> type[Scheduler]:
     try:
         return SCHEDULERS[name]
     except KeyError:
-        raise KeyError(f"unknown scheduler {name!r}; valid names: {', '.join(sorted(SCHEDULERS))}") from None
+        raise UnknownName(f"unknown scheduler {name!r}; valid names: {', '.join(sorted(SCHEDULERS))}") from None
