@@ -28,6 +28,8 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from profiler.errors import UnknownName, UsageError
+
 GIB = 2**30
 
 
@@ -336,7 +338,7 @@ def get_hardware(name: str) -> HardwareSpec:
     try:
         return HARDWARE[name]
     except KeyError:
-        raise KeyError(
+        raise UnknownName(
             f"unknown hardware {name!r}; valid names: {', '.join(sorted(HARDWARE))}"
         ) from None
 
@@ -347,19 +349,23 @@ def override(base_name: str, /, **fields: object) -> HardwareSpec:
     `override("h100-sxm", hbm_bytes_per_s=6e12)` is an H100 with 6 TB/s, named
     "h100-sxm-custom" unless `name=` is given. Changing `num_sms`,
     `tensor_flops_per_sm_per_clock` or `sustained_clock_hz` scales `peak_flops_per_s` with them
-    (unless it is given too). Unknown fields or impossible values raise ValueError with one line.
+    (unless it is given too). Unknown fields or impossible values raise UsageError (a ValueError)
+    with one line: the fields come from the user (`--set`).
     """
     base = get_hardware(base_name)
     valid = {f.name for f in dataclasses.fields(HardwareSpec)}
     unknown = sorted(set(fields) - valid)
     if unknown:
-        raise ValueError(
+        raise UsageError(
             f"unknown hardware field(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}"
         )
     fields.setdefault("name", f"{base_name}-custom")
     if "peak_flops_per_s" not in fields and base.has_chip_layout:
         fields["peak_flops_per_s"] = base.peak_flops_per_s * _peak_scale(base, fields)
-    return dataclasses.replace(base, **fields)  # __post_init__ validates
+    try:
+        return dataclasses.replace(base, **fields)  # __post_init__ validates
+    except (ValueError, TypeError) as e:
+        raise UsageError(str(e)) from None
 
 
 def _peak_scale(base: HardwareSpec, fields: dict[str, object]) -> float:
