@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from profiler.errors import UsageError
 from simulator.hardware import TOPOLOGIES, HardwareSpec, get_hardware
 
 Number = float | np.ndarray
@@ -99,14 +100,14 @@ def traffic_bytes(collective: str, nbytes: Number, workers: int) -> Number:
         return (n - 1) / n * nbytes
     if collective == "send_recv":
         return 1.0 * nbytes
-    raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
+    raise UsageError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
 
 
 def link(hardware: HardwareSpec, workers: int, topology: str | None = None) -> tuple[str, float]:
     """(path, one-way bytes/s) of the slowest link a ring of `workers` GPUs of one node crosses."""
     topo = topology or hardware.topology
     if topo not in TOPOLOGIES:
-        raise ValueError(f"unknown topology {topo!r}; valid: {', '.join(TOPOLOGIES)}")
+        raise UsageError(f"unknown topology {topo!r}; valid: {', '.join(TOPOLOGIES)}")
     nvlink = hardware.interconnect_bytes_per_s / 2
     if topo == "nvswitch":
         return "nvswitch", nvlink
@@ -134,11 +135,11 @@ def collective_time_s(collective: str, nbytes: Number, workers: int, hardware: H
     send/recv between two nodes, over the NICs.
     """
     if collective not in COLLECTIVES:
-        raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
+        raise UsageError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
     if not isinstance(workers, (int, np.integer)) or workers < 1:
-        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+        raise UsageError(f"workers must be a positive integer, got {workers!r}")
     if np.any(np.asarray(nbytes) < 0):
-        raise ValueError(f"bytes must be >= 0, got {nbytes!r}")
+        raise UsageError(f"bytes must be >= 0, got {nbytes!r}")
     params = params or load_params()
     family = FAMILY[collective]
     if workers == 1 and collective != "send_recv":
@@ -153,7 +154,7 @@ def collective_time_s(collective: str, nbytes: Number, workers: int, hardware: H
         path, bytes_per_s = link(hardware, workers, topology)
         return _ramp_time_s(params.ramp(path, family), traffic_bytes(collective, nbytes, workers), bytes_per_s)
     if workers % per_node:
-        raise ValueError(f"{workers} GPUs do not fill whole nodes of {per_node}")
+        raise UsageError(f"{workers} GPUs do not fill whole nodes of {per_node}")
     nodes = workers // per_node
     inside = collective_time_s(collective, nbytes, per_node, hardware, topology, params)
     between = _ramp_time_s(params.ramp("network", family),

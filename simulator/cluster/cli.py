@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from profiler.errors import UsageError
+
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("deployment (simulator/cluster; docs/cluster.md)")
@@ -40,7 +42,7 @@ def parse_disaggregate(text: str | None) -> tuple[int, int] | None:
     except ValueError:
         pd = None
     if not sep or pd is None or min(pd) < 1:
-        raise ValueError(f"--disaggregate takes P:D (prefill and decode replicas, each >= 1), got {text!r}")
+        raise UsageError(f"--disaggregate takes P:D (prefill and decode replicas, each >= 1), got {text!r}")
     return pd
 
 
@@ -51,7 +53,10 @@ def with_links(hardware, args: argparse.Namespace):
         fields["topology"] = args.topology
     if getattr(args, "price_per_gpu_hour", None) is not None:
         fields["price_per_gpu_hour"] = args.price_per_gpu_hour
-    return dataclasses.replace(hardware, **fields) if fields else hardware
+    try:
+        return dataclasses.replace(hardware, **fields) if fields else hardware
+    except ValueError as error:  # the catalog's own validation
+        raise UsageError(str(error)) from None
 
 
 def cluster_config(args: argparse.Namespace):
@@ -62,7 +67,7 @@ def cluster_config(args: argparse.Namespace):
     decode = None
     if getattr(args, "decode_hardware", None):
         if not args.disaggregate:
-            raise ValueError("--decode-hardware needs --disaggregate P:D")
+            raise UsageError("--decode-hardware needs --disaggregate P:D")
         decode = with_links(get_hardware(args.decode_hardware), args)
     return ClusterConfig(Parallelism(args.tp, args.pp, args.micro_batches), replicas=args.replicas,
                          router=args.router, disaggregate=parse_disaggregate(args.disaggregate),
@@ -78,15 +83,15 @@ def load_structure_and_workload(args: argparse.Namespace):
     structure_path = args.structure_from or args.trace
     if args.workload is None:
         if args.structure_from or args.columns or args.time_scale != 1.0:
-            raise ValueError("--structure-from, --columns and --time-scale go with --workload FILE")
+            raise UsageError("--structure-from, --columns and --time-scale go with --workload FILE")
         if not args.trace:
-            raise ValueError("give a trace directory, or --workload FILE --structure-from TRACE")
+            raise UsageError("give a trace directory, or --workload FILE --structure-from TRACE")
         trace = read_trace(args.trace)
         return trace, from_trace(trace)
     from simulator.cluster.workload_file import read_workload_file, stretch
 
     if not structure_path:
-        raise ValueError("--workload needs --structure-from TRACE (whose request structures it stretches)")
+        raise UsageError("--workload needs --structure-from TRACE (whose request structures it stretches)")
     log = read_workload_file(args.workload, args.columns, args.time_scale)
     trace = read_trace(structure_path)
     return trace, stretch(from_trace(trace), log, seed=args.seed)

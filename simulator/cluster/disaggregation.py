@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import numpy as np
 import simpy
 
+from profiler.errors import UsageError
 from simulator.cluster.parallel import ParallelCost, memory_plan
 from simulator.cluster.passes import leading_prefill_passes, slice_passes
 from simulator.cluster.replicas import Cluster
@@ -63,7 +64,7 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     w = resize(workload, config)
     n_pre = leading_prefill_passes(w)
     if np.any(n_pre == 0):
-        raise ValueError("--disaggregate: some requests do not start with a prefill pass")
+        raise UsageError("--disaggregate: some requests do not start with a prefill pass")
     pre_w, pre_shift = slice_passes(w, np.zeros_like(n_pre), n_pre)
     dec_w, dec_shift = slice_passes(w, n_pre, w.n_passes)
     decode_hw = cluster.decode_hardware or hardware

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from profiler.errors import UsageError
 from simulator.comm import collective_time_s
 from simulator.cost import CostModel, CostParams
 from simulator.hardware import HardwareSpec
@@ -50,9 +51,9 @@ class Parallelism:
         for name in ("tp", "pp"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"--{name} must be a positive integer, got {value!r}")
+                raise UsageError(f"--{name} must be a positive integer, got {value!r}")
         if self.micro_batches is not None and (not isinstance(self.micro_batches, int) or self.micro_batches < 1):
-            raise ValueError(f"--micro-batches must be a positive integer, got {self.micro_batches!r}")
+            raise UsageError(f"--micro-batches must be a positive integer, got {self.micro_batches!r}")
 
     @property
     def gpus(self) -> int:
@@ -65,12 +66,12 @@ class Parallelism:
     def check(self, model: ModelSpec, hardware: HardwareSpec) -> None:
         """ValueError (one line) for a split the model or the node cannot take."""
         if model.n_heads % self.tp:
-            raise ValueError(f"--tp {self.tp} does not divide {model.name}'s {model.n_heads} attention heads")
+            raise UsageError(f"--tp {self.tp} does not divide {model.name}'s {model.n_heads} attention heads")
         if self.pp > model.n_layers:
-            raise ValueError(f"--pp {self.pp} exceeds {model.name}'s {model.n_layers} layers")
+            raise UsageError(f"--pp {self.pp} exceeds {model.name}'s {model.n_layers} layers")
         node = hardware.gpus_per_node
         if self.tp > node and self.tp % node:
-            raise ValueError(f"--tp {self.tp} on {hardware.name} must fill whole nodes of {node} GPUs")
+            raise UsageError(f"--tp {self.tp} on {hardware.name} must fill whole nodes of {node} GPUs")
 
 
 def stage_layers(n_layers: int, pp: int) -> list[int]:
@@ -138,7 +139,7 @@ def memory_plan(hardware: HardwareSpec, model: ModelSpec, par: Parallelism, memo
     if usable - weights[heaviest] <= 0:
         split = (f" split over tp {par.tp} x pp {par.pp}: {weights[heaviest] / GIB:.1f} GiB per GPU"
                  if par.gpus > 1 else "")
-        raise ValueError(f"{model.name} weights ({model.weight_bytes / GIB:.1f} GiB{split}) leave no room for KV in {hardware.name}'s "
+        raise UsageError(f"{model.name} weights ({model.weight_bytes / GIB:.1f} GiB{split}) leave no room for KV in {hardware.name}'s "
                          f"{usable / GIB:.1f} GiB usable memory; pick a larger part, shard it with --tp/--pp, or "
                          f"model a smaller one")
     tokens = min(int((usable - w) // k) for w, k in zip(weights, kv_per_token))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from profiler.errors import UsageError
 from simulator.cluster.parallel import (
     MemoryPlan,
     ParallelCost,
@@ -47,10 +48,10 @@ class ClusterConfig:
         from simulator.cluster.slo import check_slo
 
         if not isinstance(self.replicas, int) or self.replicas < 1:
-            raise ValueError(f"--replicas must be a positive integer, got {self.replicas!r}")
+            raise UsageError(f"--replicas must be a positive integer, got {self.replicas!r}")
         get_router(self.router)
         if self.disaggregate is not None and (len(self.disaggregate) != 2 or min(self.disaggregate) < 1):
-            raise ValueError(f"--disaggregate needs P:D with P, D >= 1, got {self.disaggregate!r}")
+            raise UsageError(f"--disaggregate needs P:D with P, D >= 1, got {self.disaggregate!r}")
         check_slo(self.slo_ttft_ms, "--slo-ttft-ms")
         check_slo(self.slo_tpot_ms, "--slo-tpot-ms")
 

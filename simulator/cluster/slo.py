@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from profiler.errors import UsageError
+
 
 def goodput(ttft_s, tpot_s, ok, duration_s: float, slo_ttft_ms: float | None = None,
             slo_tpot_ms: float | None = None) -> dict:
@@ -43,4 +45,4 @@ def cost_figures(gpus: int, duration_s: float, output_tokens: int, price_per_gpu
 
 def check_slo(value: float | None, flag: str) -> None:
     if value is not None and not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{flag} must be a positive number of milliseconds, got {value!r}")
+        raise UsageError(f"{flag} must be a positive number of milliseconds, got {value!r}")

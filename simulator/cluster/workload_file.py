@@ -3,7 +3,7 @@
 What: `read_workload_file` reads a CSV in the layout of the public Azure/Splitwise traces
 (`arrived_at,num_prefill_tokens,num_decode_tokens`, one row per request in arrival order; the
 copies in `simulator/data/workloads/` with their README and licence), validated: a missing
-column, a length below 1 or an arrival before the previous one is one ValueError line.
+column, a length below 1 or an arrival before the previous one is one UsageError line.
 `--columns arrived_at=ts,...` reads a file whose columns are named otherwise.
 
 `stretch` gives each request of the file a structure sampled (seeded) from a trace's requests and
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from profiler.errors import UsageError
 from simulator.workload import Workload
 
 COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
@@ -53,7 +54,7 @@ def parse_columns(text: str | None) -> dict[str, str]:
             continue
         key, sep, value = item.partition("=")
         if not sep or key.strip() not in COLUMNS or not value.strip():
-            raise ValueError(f"--columns takes EXPECTED=FILE_COLUMN pairs for {', '.join(COLUMNS)}; got {item!r}")
+            raise UsageError(f"--columns takes EXPECTED=FILE_COLUMN pairs for {', '.join(COLUMNS)}; got {item!r}")
         mapping[key.strip()] = value.strip()
     return mapping
 
@@ -63,42 +64,42 @@ def read_workload_file(path: str | Path, columns: str | None = None, time_scale:
     import pandas as pd
 
     if not (time_scale > 0 and np.isfinite(time_scale)):
-        raise ValueError(f"--time-scale must be a positive number, got {time_scale!r}")
+        raise UsageError(f"--time-scale must be a positive number, got {time_scale!r}")
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"workload file {path} does not exist")
+        raise UsageError(f"workload file {path} does not exist")
     mapping = parse_columns(columns)
     try:
         frame = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not a CSV workload ({str(error).splitlines()[0]})") from None
+        raise UsageError(f"{path}: not a CSV workload ({str(error).splitlines()[0]})") from None
     missing = [f"{want}" + (f" (as {have!r})" if have != want else "") for want, have in mapping.items()
                if have not in frame.columns]
     if missing:
-        raise ValueError(f"{path}: missing column {', '.join(missing)}; expected {', '.join(COLUMNS)} "
+        raise UsageError(f"{path}: missing column {', '.join(missing)}; expected {', '.join(COLUMNS)} "
                          f"(or map yours with --columns arrived_at=...,num_prefill_tokens=...,num_decode_tokens=...)")
     if not len(frame):
-        raise ValueError(f"{path}: no requests")
+        raise UsageError(f"{path}: no requests")
     values = {}
     for want, have in mapping.items():
         col = pd.to_numeric(frame[have], errors="coerce").to_numpy(float)
         bad = np.flatnonzero(~np.isfinite(col))
         if len(bad):
-            raise ValueError(f"{path}: row {bad[0] + 1}: {have} is not a number ({frame[have].iloc[bad[0]]!r})")
+            raise UsageError(f"{path}: row {bad[0] + 1}: {have} is not a number ({frame[have].iloc[bad[0]]!r})")
         values[want] = col
     for want in COLUMNS[1:]:
         col = values[want]
         bad = np.flatnonzero((col < 1) | (col != np.round(col)))
         if len(bad):
-            raise ValueError(f"{path}: row {bad[0] + 1}: {mapping[want]} must be a whole number >= 1, "
+            raise UsageError(f"{path}: row {bad[0] + 1}: {mapping[want]} must be a whole number >= 1, "
                              f"got {col[bad[0]]:g}")
     arrival = values["arrived_at"]
     back = np.flatnonzero(np.diff(arrival) < 0)
     if len(back):
-        raise ValueError(f"{path}: row {back[0] + 2}: arrival {arrival[back[0] + 1]:g} before the previous "
+        raise UsageError(f"{path}: row {back[0] + 2}: arrival {arrival[back[0] + 1]:g} before the previous "
                          f"{arrival[back[0]]:g}; rows must be in arrival order")
     if arrival[0] < 0:
-        raise ValueError(f"{path}: row 1: negative arrival {arrival[0]:g}")
+        raise UsageError(f"{path}: row 1: negative arrival {arrival[0]:g}")
     return RequestLog((arrival - arrival[0]) / time_scale, values["num_prefill_tokens"].astype(np.int64),
                       values["num_decode_tokens"].astype(np.int64), str(path))
 
@@ -111,7 +112,7 @@ def _source_shape(w: Workload) -> tuple[np.ndarray, np.ndarray]:
     ok = (w.n_passes > 0) & (n_pre >= 1) & (w.n_passes > n_pre) & (w.output_tokens >= 1) & np.array(
         [s != "error" for s in w.status])
     if not ok.any():
-        raise ValueError(f"{w.source.get('path', 'structure trace')}: no request with a prefill and generation "
+        raise UsageError(f"{w.source.get('path', 'structure trace')}: no request with a prefill and generation "
                          f"passes to take a structure from")
     return np.flatnonzero(ok), n_pre
 

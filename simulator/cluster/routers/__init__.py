@@ -1,5 +1,6 @@
 """Routers: which replica serves an arriving request. One short file each, looked up by name."""
 
+from profiler.errors import UnknownName
 from simulator.cluster.routers.base import Router
 from simulator.cluster.routers.kv_aware import KVAware
 from simulator.cluster.routers.least_outstanding import LeastOutstanding
@@ -14,4 +15,4 @@ def get_router(name: str) -> type[Router]:
     try:
         return ROUTERS[name]
     except KeyError:
-        raise KeyError(f"unknown router {name!r}; valid names: {', '.join(sorted(ROUTERS))}") from None
+        raise UnknownName(f"unknown router {name!r}; valid names: {', '.join(sorted(ROUTERS))}") from None
