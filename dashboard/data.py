@@ -64,7 +64,7 @@ def load_traces(paths: list[str | Path]) -> tuple[list[Trace], pd.DataFrame]:
     traces, errors = [], []
     for p in paths:
         try:
-            traces.append(read_trace(p))
+            traces.append(read_trace(p, tokens=False))  # per-token rows: read by the page that needs them
         except TraceError as e:
             errors.append({"path": str(p), "error": str(e)})
         except Exception as e:  # a foreign file the reader did not anticipate: still one row

@@ -28,6 +28,7 @@ class Trace:
     counters: pd.DataFrame
     graphs: dict[int, dict]
     complete: bool
+    tokens_loaded: bool = True  # False: read with tokens=False, `tokens` is empty (not the trace's)
 
     @property
     def name(self) -> str:
@@ -118,7 +119,9 @@ def _graphs_by_id(graphs: dict) -> dict[int, dict]:
     return {int(k): v for k, v in graphs.items()}
 
 
-def read_trace(path: str | Path) -> Trace:
+def read_trace(path: str | Path, tokens: bool = True) -> Trace:
+    """Read a trace directory. `tokens=False` skips the per-token table (the largest of a
+    simulated trace at scale) for views that need only requests, steps and graphs."""
     p = Path(path)
     if not p.exists():
         raise TraceError(f"{p}: no such directory")
@@ -127,7 +130,10 @@ def read_trace(path: str | Path) -> Trace:
     meta = read_meta(p)
     complete = bool(meta.get("complete", True)) and (p / "requests.parquet").exists()
     if complete:
-        tables = {name: read_table(p / f"{name}.parquet", name) for name in ("requests", "steps", "tokens")}
+        tables = {name: read_table(p / f"{name}.parquet", name) for name in ("requests", "steps", "tokens")
+                  if tokens or name != "tokens"}
+        if not tokens:
+            tables["tokens"] = TABLES["tokens"].empty_table()
         graphs = _read_json(p / "graph.json")
     elif (p / "parts").is_dir():
         tables, graphs = read_parts(p)
@@ -149,4 +155,5 @@ def read_trace(path: str | Path) -> Trace:
         counters=counters.to_pandas(),
         graphs=graphs_by_id,
         complete=complete,
+        tokens_loaded=tokens or not complete,
     )

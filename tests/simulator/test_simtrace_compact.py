@@ -32,3 +32,11 @@ def test_graphs_once_per_structure(tmp_path):
     assert trace.graphs[1] == read_trace(src).graphs[1]
     assert problems(trace) == []
     assert len(read_trace(src).graphs) == 2  # the per-request form (measured traces, old traces) still reads
+
+
+def test_read_without_tokens(tmp_path):
+    src = write_toy_trace(tmp_path / "src", [seq(4, 3)], [4])
+    lean = read_trace(src, tokens=False)
+    assert not lean.tokens_loaded and len(lean.tokens) == 0 and list(lean.tokens.columns) == list(
+        read_trace(src).tokens.columns)
+    assert len(lean.steps) == 3 and read_trace(src).tokens_loaded
