@@ -46,10 +46,15 @@ def table_from_rows(name: str, rows: list[dict]) -> pa.Table:
     return pa.Table.from_pydict(cols, schema=schema)
 
 
+# zstd: a third smaller than the default snappy on simulated steps tables at scale (bench/cluster.py);
+# every Parquet reader decodes it.
+COMPRESSION = "zstd"
+
+
 def write_table(path: Path, table: pa.Table) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
-    pq.write_table(table, tmp)
+    pq.write_table(table, tmp, compression=COMPRESSION)
     os.replace(tmp, path)
 
 
