@@ -201,21 +201,7 @@ class ParallelCost:
 
     def step_time_s(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None):
         if self.par.pp == 1:
-            if isinstance(query_tokens, np.ndarray) and len(query_tokens) > 8 and hasattr(self.full, "_dense_cache"):
-                return self._stretch_time_s(query_tokens, kv_tokens_read, query_groups, logit_tokens)
             return self.full.step_time_s(query_tokens, kv_tokens_read, query_groups, logit_tokens)
         scalar = not any(isinstance(v, np.ndarray) for v in (query_tokens, kv_tokens_read, query_groups, logit_tokens))
         total = self.breakdown(query_tokens, kv_tokens_read, query_groups, logit_tokens)["total_s"]
         return float(total[0]) if scalar else total
-
-    def _stretch_time_s(self, q, kv, g, lg):
-        """The passes of a stretch: a fixed batch repeats a few (query, logit) counts, so the dense
-        part comes from CostModel's per-count cache and only attention is computed per pass."""
-        full = self.full
-        lg = q if lg is None else lg
-        keys, inverse = np.unique(np.asarray(q, np.int64) * (1 << 32) + np.asarray(lg, np.int64), return_inverse=True)
-        dense = np.array([full._dense_cache(float(k >> 32), float(k & 0xFFFFFFFF)) for k in keys.tolist()])
-        q, kv, g = (np.asarray(x, float) for x in (q, kv, g))
-        prefill = full._attention_s(q, kv, g, "attn_prefill")
-        decode = full._attention_s(q, kv, g, "attn_decode")
-        return dense[inverse.ravel()] + self.model.n_layers * np.where(q <= g, decode, prefill)
