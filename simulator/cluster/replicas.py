@@ -9,8 +9,10 @@ replica 0 exactly as a lone replay computes them) and, at each arrival, asks its
 routed elsewhere as done for it, so its engine ends when the whole stream is served.
 
 Ties at one instant resolve as in a lone replay: a replica's engine pulls every arrival due by
-now (through the cluster) before it schedules, and plans its stretches up to the next global
-arrival, since that arrival may be routed to it.
+now (through the cluster) before it schedules. A replica's stretch of passes is not stopped by
+arrivals routed elsewhere; one routed to it cuts the stretch after the pass it lands in, where a
+lone replay would have planned it to stop (`CuttableDevice`), so 8 replicas do not all replan at
+every arrival and the timeline stays the pass-by-pass one (tests compare exact timelines).
 
 `merge` flattens the replicas into one object `simulator.simtrace.collect` reads, so a cluster
 run gives one `ReplayResult` and one simulated trace (batch indices numbered replica by replica).
@@ -30,63 +32,79 @@ from simulator.replay import Device, Replay, ReplayConfig, arrivals, closed_loop
 from simulator.workload import Workload
 
 
+class CuttableDevice(Device):
+    """The replica's device: a stretch of passes runs to its end, or to the end of the pass in
+    which a request routed to this replica arrives (`ReplicaReplay.arrive` cuts it)."""
+
+    def __init__(self, env: simpy.Environment, replica: ReplicaReplay) -> None:
+        super().__init__(env)
+        self.replica = replica
+
+    def run(self, seconds: float, passes: int):
+        rep = self.replica
+        with self.resource.request() as req:
+            yield req
+            yield self.env.timeout(seconds) | rep._cut
+            if rep._cut_m is not None:
+                end = float(rep._ends[rep._cut_m - 1])
+                if end > self.env.now:
+                    yield self.env.timeout(end - self.env.now)
+                seconds, passes = float(np.sum(rep._durations[:rep._cut_m])), rep._cut_m
+        self.busy_s += seconds
+        self.passes += passes
+
+
 class ReplicaReplay(Replay):
-    """One replica: a `Replay` on the cluster's environment, its arrivals handed in by the cluster."""
+    """One replica: a `Replay` on the cluster's environment, its arrivals handed in by the cluster.
+
+    Its stretches do not stop for arrivals that may go elsewhere; an arrival routed here cuts the
+    running stretch after the pass it lands in (where a lone replay would have planned it to stop),
+    and `commit` keeps only the passes that ran."""
 
     def __init__(self, workload: Workload, cost, model, hardware, config: ReplayConfig, cluster: Cluster,
                  index: int) -> None:
         super().__init__(workload, cost, model, hardware, config)
         self.cluster, self.index = cluster, index
         self.env = cluster.env
-        self.device = Device(self.env)
+        self.device = CuttableDevice(self.env, self)
         self.done = cluster.done
-
-    _ends: np.ndarray | None = None  # end of each pass of the stretch on the device, while it runs
-    _cut: simpy.Event | None = None
-    _cut_passes = 0
+        self._ends: np.ndarray | None = None  # end of each planned pass, while a stretch runs
+        self._durations = np.zeros(0)
+        self._cut = self.env.event()
+        self._cut_m: int | None = None
 
     def pull_arrivals(self, upto: float) -> None:
         self.cluster.pull_arrivals(upto)
 
     def next_arrival_s(self) -> float:
-        """Stretches do not stop for arrivals that may go elsewhere (`arrive` cuts one routed here);
-        they are planned up to a horizon of as many arrivals as there are replicas, so a stretch
-        that an arrival will cut soon is not costed a thousand passes ahead."""
+        """Planning horizon: as many arrivals ahead as there are replicas (a stretch an arrival
+        will soon cut is not costed a thousand passes ahead)."""
         return self.cluster.horizon_s()
+
+    def plan(self, *args):
+        out = super().plan(*args)
+        self._durations = out.durations_s if hasattr(out, "durations_s") else out[3]
+        self._ends = self.env.now + np.cumsum(self._durations)
+        self._cut, self._cut_m = self.env.event(), None
+        return out
 
     def arrive(self, r: int, t: float) -> None:
         super().arrive(r, t)
-        if self._ends is not None and not self._cut.triggered:
+        if self._ends is not None and self._cut_m is None:
             m = int(np.searchsorted(self._ends, t, side="left")) + 1  # the pass it lands in ends the stretch
             if m < len(self._ends):
-                self._cut_passes = m
+                self._cut_m = m
                 self._cut.succeed()
 
-    def engine(self):
-        """`Replay.engine`, with a stretch cut short at the pass in which a request routed here lands
-        (the lone replay plans its stretch to stop there; here only this replica's arrivals stop it)."""
-        env = self.env
-        while self.n_done < self.w.n_requests:
-            self.pull_arrivals(upto=env.now)
-            running = self.scheduler.schedule(self)
-            if not running:
-                self._wakeup = env.event()
-                yield self._wakeup
-                continue
-            R, idx0, rc, durations = self.plan(np.asarray(running, np.int64))
-            starts = env.now + np.concatenate([[0.0], np.cumsum(durations[:-1])])
-            self._ends, self._cut = env.now + np.cumsum(durations), env.event()
-            yield env.timeout(float(np.sum(durations))) | self._cut
-            if self._cut.triggered and self._cut_passes < len(durations):
-                m = self._cut_passes
-                durations, starts = durations[:m], starts[:m]
-                if self._ends[m - 1] > env.now:
-                    yield env.timeout(float(self._ends[m - 1] - env.now))
-            self._ends = None
-            self.device.busy_s += float(np.sum(durations))
-            self.device.passes += len(durations)
-            self.commit(R, idx0, rc, starts, durations)
-            yield env.timeout(0)  # closed-loop clients of finished requests send their next first
+    def commit(self, *args) -> None:
+        m, self._ends, self._cut_m = self._cut_m, None, None
+        if m is not None:
+            if len(args) == 1:  # a Stretch
+                args = (dataclasses.replace(args[0], starts_s=args[0].starts_s[:m],
+                                            durations_s=args[0].durations_s[:m]),)
+            else:  # (R, idx0, rc, starts, durations)
+                args = (*args[:3], args[3][:m], args[4][:m])
+        super().commit(*args)
 
     def not_mine(self) -> None:
         """A request routed to another replica: done, as far as this one is concerned."""
