@@ -64,6 +64,8 @@ class ReplicaReplay(Replay):
     def __init__(self, workload: Workload, cost, model, hardware, config: ReplayConfig, cluster: Cluster,
                  index: int) -> None:
         super().__init__(workload, cost, model, hardware, config)
+        if cluster.replicas:  # one (passes,) blocks array for all replicas, not one copy each
+            self.blocks = cluster.replicas[0].blocks
         self.cluster, self.index = cluster, index
         self.env = cluster.env
         self.device = CuttableDevice(self.env, self)
@@ -123,9 +125,10 @@ class Cluster:
         self.w, self.config = workload, config
         n = workload.n_requests
         self.done = [self.env.event() for _ in range(n)] if config.arrival == "closed" else []
-        self.replicas = [
-            ReplicaReplay(workload, cost, model, hardware, dataclasses.replace(config, kv_capacity_bytes=kv), self, k)
-            for k, (cost, kv) in enumerate(zip(costs, kv_capacity_bytes))]
+        self.replicas: list[ReplicaReplay] = []
+        for k, (cost, kv) in enumerate(zip(costs, kv_capacity_bytes)):
+            self.replicas.append(ReplicaReplay(workload, cost, model, hardware,
+                                               dataclasses.replace(config, kv_capacity_bytes=kv), self, k))
         first = self.replicas[0]
         self.arrival_sorted_s, self._arrival_order = first.arrival_sorted_s, getattr(first, "_arrival_order", None)
         self._next_arrival = 0

@@ -52,6 +52,8 @@ class ClusterConfig:
         get_router(self.router)
         if self.disaggregate is not None and (len(self.disaggregate) != 2 or min(self.disaggregate) < 1):
             raise UsageError(f"--disaggregate needs P:D with P, D >= 1, got {self.disaggregate!r}")
+        if self.disaggregate is not None and self.replicas != 1:
+            raise UsageError("--disaggregate P:D sets the replica counts; leave out --replicas")
         check_slo(self.slo_ttft_ms, "--slo-ttft-ms")
         check_slo(self.slo_tpot_ms, "--slo-tpot-ms")
 
