@@ -110,7 +110,10 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     extra = {"disaggregate": [n_p, n_d], "decode_hardware": decode_hw.name, "kv_transfers": len(log),
              "kv_transfer_bytes": float(kv_bytes[[r for r, _, _ in log]].sum()) if log else 0.0,
              "mean_kv_transfer_ms": float(done.mean() * 1e3) if len(done) else None,
-             "kv_transfer_across_nodes": bool(across)}
+             "kv_transfer_across_nodes": bool(across),
+             "decode_weight_bytes_per_gpu": decode_plan.weight_bytes_per_gpu,
+             "decode_kv_pool_bytes_per_gpu": decode_plan.kv_pool_bytes_per_gpu,
+             "decode_kv_capacity_tokens": decode_plan.kv_capacity_tokens}
     if decode_hw.price_per_gpu_hour != hardware.price_per_gpu_hour:
         extra.update(_split_cost(res.metrics, n_p, n_d, par.gpus, hardware, decode_hw))
     return res, extra

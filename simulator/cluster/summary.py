@@ -15,6 +15,8 @@ def deployment_lines(f: dict) -> list[str]:
     if f.get("disaggregate"):
         p, d = f["disaggregate"]
         shape = f"{p} prefill + {d} decode replicas of {shape}"
+        if f.get("decode_hardware") and f["decode_hardware"] != f.get("hardware"):
+            shape += f" (decode on {f['decode_hardware']})"
     elif f.get("replicas", 1) and f["replicas"] > 1:
         shape = f"{f['replicas']} replicas of {shape}, router {f['router']}"
     lines = [
@@ -23,6 +25,10 @@ def deployment_lines(f: dict) -> list[str]:
          f"{f['kv_pool_bytes_per_gpu'] / GIB:.1f} GiB of {f['usable_bytes_per_gpu'] / GIB:.1f} GiB usable "
          f"({f['kv_capacity_tokens']:,} KV tokens per replica)"),
     ]
+    if f.get("decode_weight_bytes_per_gpu") is not None and f.get("decode_hardware") != f.get("hardware"):
+        lines.append(f"  decode per GPU  weights {f['decode_weight_bytes_per_gpu'] / GIB:.1f} GiB + KV pool "
+                     f"{f['decode_kv_pool_bytes_per_gpu'] / GIB:.1f} GiB on {f['decode_hardware']} "
+                     f"({f['decode_kv_capacity_tokens']:,} KV tokens per replica)")
     if f["tp"] * f["pp"] > 1:
         lines.append(f"  comm share      {f['comm_share_percent']:.1f}% of pass time (all-reduce "
                      f"{f['all_reduce_share_percent']:.1f}%, stage send/recv {f['send_recv_share_percent']:.1f}%), "
