@@ -204,3 +204,17 @@ def test_deployment_sweep_trades_gpus_for_latency(tmp_path, small_trace):
     assert ok["cost_per_million_output_tokens"].notna().all() and ok["request_goodput"].notna().all()
     front = table[table["pareto"]]
     assert len(front) >= 1 and front["gpus"].min() == 4  # the cheapest deployment is never dominated on cost
+
+
+def test_solm_simulate_tp4_explains_the_numbers(small_trace, capsys):
+    from solm.cli import main
+
+    assert main(["simulate", str(small_trace), "--model", "llama-3-70b", "--hardware", "h100-sxm"]) == 2
+    assert "leave no room for KV" in capsys.readouterr().err
+    assert main(["simulate", str(small_trace), "--model", "llama-3-70b", "--hardware", "h100-sxm", "--tp", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "tp 4 x pp 1 = 4 GPUs" in out and "per GPU         weights 32.9 GiB" in out and "comm share" in out
+    import json
+
+    f = json.loads(out.strip().splitlines()[-1])
+    assert f["gpus"] == 4 and 0 < f["comm_share_percent"] < 100 and f["kv_pool_bytes_per_gpu"] > 0
