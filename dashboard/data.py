@@ -48,6 +48,20 @@ def find_trace_dirs(roots: list[str | Path], depth: int = 2) -> list[Path]:
     return list(dict.fromkeys(p.resolve() for p in found))
 
 
+def within(path: str | Path, allowed: list[str | Path]) -> bool:
+    """True if `path` (symlinks resolved) is one of the `allowed` folders or below one."""
+    p = Path(path).expanduser().resolve()
+    return any(p.is_relative_to(Path(a).expanduser().resolve()) for a in allowed)
+
+
+def split_allowed(roots: list[str], allowed: list[str] | None) -> tuple[list[str], list[str]]:
+    """(kept, refused): the sidebar's folders inside `allowed` (None: any folder) and the others."""
+    if allowed is None:
+        return list(roots), []
+    kept = [r for r in roots if within(r, allowed)]
+    return kept, [r for r in roots if r not in kept]
+
+
 def signature(paths: list[Path]) -> tuple:
     """A cache key that changes when a trace is rewritten (paths and meta.json mtimes)."""
     out = []

@@ -25,7 +25,6 @@ run tasks, and tears everything down on exit (also on SIGTERM/Ctrl-C, through `f
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import os
 import shutil
@@ -38,6 +37,8 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from profiler.services import is_loopback
+
 try:
     from profiler.errors import UsageError
 except ImportError:  # until profiler/errors.py lands
@@ -45,16 +46,6 @@ except ImportError:  # until profiler/errors.py lands
 
 CONNECT_TIMEOUT_S = 5.0
 LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage report leaves the machine
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback (`::ffff:127.0.0.1`)."""
-    try:
-        ip = ipaddress.ip_address(host.strip("[]").split("%")[0])
-    except ValueError:
-        return host == "localhost"
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 def parse_address(address: str) -> tuple[str, int] | None:

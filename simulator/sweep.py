@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from profiler.children import die_with_parent
+from profiler.services import die_with_parent
 from simulator.hardware import get_hardware
 from simulator.models import ModelSpec, get_model
 from simulator.replay import ReplayConfig, replay

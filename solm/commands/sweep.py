@@ -18,7 +18,7 @@ import json
 import sys
 import time
 
-from profiler.children import terminate_on_signal
+from profiler.services import terminate_on_signal
 from solm.commands.simulate import add_batch_args
 
 

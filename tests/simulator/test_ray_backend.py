@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.ray_backend import is_loopback, parse_address, probe
+from profiler.services import is_loopback
+from simulator.ray_backend import parse_address, probe
 from simulator.sweep import sweep
 from tests.processes import descendants, ss_listeners, wait_for, wait_gone
 from tests.simulator.toy_traces import seq, write_toy_trace

@@ -1,4 +1,4 @@
-"""Child processes die with their parent: the two helpers every long-running command uses.
+"""Processes and services: children die with their parent; servers stay on loopback.
 
 What: `die_with_parent()` asks Linux to send the calling process SIGTERM when its parent exits
 (prctl PR_SET_PDEATHSIG), so a pool worker or a server child never outlives a parent that was
@@ -8,6 +8,9 @@ child, write what was finished) instead of the process vanishing and leaving its
 
     with terminate_on_signal():        # in the parent (a command's run())
         subprocess.Popen(cmd, preexec_fn=die_with_parent)   # or as a pool initializer
+
+`is_loopback(host)` tells a loopback address (127.0.0.0/8, ::1, IPv4-mapped loopback) from one
+other machines may reach: commands that listen warn about the latter.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import ipaddress
 import os
 import signal
 import sys
@@ -61,3 +65,13 @@ def terminate_on_signal(signals: tuple[int, ...] = SIGNALS) -> Iterator[None]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback (`::ffff:127.0.0.1`)."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]").split("%")[0])
+    except ValueError:
+        return host == "localhost"
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
