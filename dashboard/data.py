@@ -7,7 +7,6 @@ directory becomes an error row while the other traces load.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import networkx as nx
@@ -304,10 +303,6 @@ def diff_graph_rows(d: TraceDiff, a_id: int) -> pd.DataFrame:
     rows += [{"change": "dependence", "chunk": c["chunk"],
               "detail": f"{c['a_depends_on']} -> {c['b_depends_on']}"} for c in g["changed_dependence"]]
     return pd.DataFrame(rows, columns=["change", "chunk", "detail"])
-
-
-def json_cell(x) -> str:
-    return json.dumps(x, default=str)
 
 
 # ---- what-if ---------------------------------------------------------------------------------

@@ -73,10 +73,6 @@ def _delta(a, b) -> tuple[float | None, float | None]:
     return b - a, (b / a if a != 0 else (1.0 if b == 0 else None))
 
 
-def _side(v: float | None, d: float | None, r: float | None) -> dict:
-    return {"a": v, "delta": d, "ratio": r}
-
-
 @dataclass
 class TraceDiff:
     a: Trace
