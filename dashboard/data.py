@@ -13,8 +13,9 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
-from profiler.diff import TraceDiff, METRICS
+from profiler.diff import METRICS, TraceDiff
 from profiler.reader import Trace, TraceError, read_trace
+from profiler.stats import non_dominated
 from profiler.summary import summarize
 
 TRACE_MARKERS = ("meta.json", "requests.parquet", "steps.parquet", "graph.json")
@@ -156,14 +157,11 @@ def pareto_points(traces: list[Trace]) -> pd.DataFrame:
 
 
 def pareto_front(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
-    """Rows not dominated for lower `x` and higher `y`, sorted by `x` (NaN rows are skipped)."""
-    d = df.dropna(subset=[x, y]).sort_values([x, y], ascending=[True, False])
-    keep, best = [], -np.inf
-    for idx, yv in zip(d.index, d[y]):
-        if yv > best:
-            keep.append(idx)
-            best = yv
-    return d.loc[keep]
+    """Rows not dominated for lower `x` and higher `y`, sorted by `x` (NaN rows are skipped; of
+    identical points the first is kept)."""
+    d = df.dropna(subset=[x, y]).sort_values([x, y], ascending=[True, False], kind="stable")
+    front = d[non_dominated(np.stack([-d[x].to_numpy(float), d[y].to_numpy(float)], axis=1).reshape(-1, 2))]
+    return front.drop_duplicates(subset=[x, y])
 
 
 def find_sweep_tables(roots: list[str | Path], depth: int = 2) -> list[Path]:

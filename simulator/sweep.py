@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from profiler.services import die_with_parent
+from profiler.stats import non_dominated
 from simulator.hardware import get_hardware
 from simulator.models import ModelSpec, get_model
 from simulator.replay import ReplayConfig, replay
@@ -112,12 +113,8 @@ def pareto_mask(table: pd.DataFrame, objectives: Sequence[tuple[str, int]] = OBJ
     cols = [c for c, _ in objectives if c in table]
     x = np.stack([table[c].astype(float).to_numpy() * s for c, s in objectives if c in table], axis=1) \
         if cols else np.zeros((len(table), 0))
-    x = np.where(np.isnan(x), -np.inf, x)[ok]
-    ge = (x[:, None, :] >= x[None, :, :]).all(-1)  # ge[i, j]: i at least as good as j everywhere
-    gt = (x[:, None, :] > x[None, :, :]).any(-1)
-    dominated = (ge & gt).any(0)
     out = np.zeros(len(table), bool)
-    out[np.flatnonzero(ok)] = ~dominated
+    out[np.flatnonzero(ok)] = non_dominated(x[ok])
     return out
 
 
