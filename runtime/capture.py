@@ -28,6 +28,7 @@ from profiler.counters import CounterSampler
 from profiler.recorder import RecordedRun, Recorder, make_timer
 from profiler.runs import run_rows, write_runs
 from profiler.writer import TraceWriter
+from profiler.host import read_host_cpu
 from runtime.checkpoint import REPO_ROOT, load_model
 from runtime.engines import Completion, GenerationConfig, Request, drain, get_engine
 from runtime.model import TinyLM
@@ -101,6 +102,7 @@ def device_meta(device: str, sampler: CounterSampler) -> dict:
     else:
         info["name"] = f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
         info["threads"] = torch.get_num_threads()
+        info["cpu"] = read_host_cpu()  # model, cores, clock at capture: what validation replays on
     return info
 
 
