@@ -29,6 +29,7 @@ from profiler.recorder import RecordedRun, Recorder, make_timer
 from profiler.runs import run_rows, write_runs
 from profiler.writer import TraceWriter
 from profiler.host import read_host_cpu
+from runtime.answer_length import default_max_tokens
 from runtime.checkpoint import REPO_ROOT, load_model
 from runtime.engines import Completion, GenerationConfig, Request, drain, get_engine
 from runtime.model import TinyLM
@@ -52,7 +53,7 @@ class CaptureConfig:
     split: str = "test"
     device: str = "cpu"
     seed: int = 0
-    max_tokens: int = 128
+    max_tokens: int | None = None  # None: room for the task's longest answer (runtime.answer_length)
     temperature: float = 0.0
     top_p: float = 1.0
     page_size: int = 16
@@ -179,6 +180,8 @@ def check_config(cfg: CaptureConfig) -> None:
     """Bad settings, each one clear line (ValueError), before anything is loaded."""
     if cfg.n < 1:
         raise ValueError(f"--n must be >= 1, got {cfg.n}")
+    if cfg.max_tokens is not None and cfg.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {cfg.max_tokens}")
     if cfg.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {cfg.warmup}")
     if cfg.repeats < 1:
@@ -366,6 +369,8 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         cfg = CaptureConfig(**{**asdict(cfg), "task": ref_meta.get("task") or cfg.task,
                                "split": ref_meta.get("split") or cfg.split})
     task = get_task(cfg.task)
+    if cfg.max_tokens is None:
+        cfg = CaptureConfig(**{**asdict(cfg), "max_tokens": default_max_tokens(cfg.task)})
     model, info = loaded or load_model(cfg.model, cfg.device, seed=cfg.seed)
     tok = Tokenizer()
     start = make_start(cfg, model, tok, scripts)
