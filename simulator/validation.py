@@ -93,9 +93,9 @@ def _replay_as_captured(w, hw: HardwareSpec, model: ModelSpec, cost: CostModel):
     return replay(w, hw, model, ReplayConfig(concurrency=1, max_seqs=1, memory_utilization=1.0), cost=cost)
 
 
-def validate(path: str | Path, hardware: HardwareSpec | str | None = None) -> dict:
+def validate(path: str | Path | Trace, hardware: HardwareSpec | str | None = None) -> dict:
     """Calibrate on even requests, check on odd ones; figures as a dict (see the module doc)."""
-    trace = read_trace(path)
+    trace = path if isinstance(path, Trace) else read_trace(path)  # a Trace: e.g. profiler.runs.single_run's view
     if trace.kind != "measured":
         raise ValueError(f"{trace.path}: validate needs a measured trace, this one is {trace.kind}")
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(trace.meta)

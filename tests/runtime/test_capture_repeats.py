@@ -51,6 +51,9 @@ def test_repeats_lay_recorded_runs_on_one_timeline_and_keep_every_run(tmp_path):
     assert np.allclose(view.requests.set_index("request_id").sort_index()["e2e_s"], first.sort_index())
     assert (view.requests["e2e_s"] >= req["e2e_s"].to_numpy() - 1e-12).all()  # the first run is never faster than the fastest
     assert len(view.steps) == len(t.steps)
+    from simulator.validation import validate  # the view validates as a trace (bench/simulator.py's first-run figure)
+
+    assert validate(view)["check_requests"] == 1 and validate(t)["check_requests"] == 1
 
 
 def test_capture_cut_short_after_round_one_keeps_every_request(tmp_path, monkeypatch):
