@@ -224,7 +224,7 @@ def main() -> int:
         write_operating_point("planned_diffusion", {
             "model": args.pd_model, "knobs": {k: best["knobs"][k] for k in PD_KNOBS if k in best["knobs"]},
             "rule": f"fastest planned_diffusion setting within {QUALITY_MARGIN:.2f} quality of AR on the dev split",
-            "command": "python bench/planned_diffusion.py --write-operating-point" + (" --quick" if args.quick else ""),
+            "command": " ".join(["python", "bench/planned_diffusion.py", *sys.argv[1:]]),
             "dev_prompts": len(split["dev"]), "dev_quality": best["quality"], "dev_speedup_geomean": best["speedup_geomean"],
             "ar_dev_quality": dev_rows[0]["quality"], "chosen_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     print(json.dumps({"bench": "planned_diffusion", "dev_prompts": len(split["dev"]), "test_prompts": len(split["test"]),

@@ -33,3 +33,18 @@ def test_capture_without_max_tokens_uses_the_tasks_default(tmp_path):
     out = capture(CaptureConfig(system="sequential", model="tiny-2l", n=1, page_size=4), tmp_path / "c", progress=False)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["task"] == "reverse_words" and meta["knobs"]["max_tokens"] == default_max_tokens("reverse_words")
+
+
+def test_planned_diffusion_defaults_are_the_operating_point_chosen_on_dev():
+    """`solm capture --system planned_diffusion` with no knobs runs the setting bench/planned_diffusion.py
+    chose on the dev split, recorded with the command and dev figures that chose it."""
+    from runtime.engines.operating_points import OPERATING_POINTS_FILE, engine_defaults, operating_points
+
+    entry = json.loads(OPERATING_POINTS_FILE.read_text())["planned_diffusion"]
+    assert entry == operating_points()["planned_diffusion"]
+    assert entry["command"].startswith("python bench/planned_diffusion.py") and "dev split" in entry["rule"]
+    assert entry["dev_quality"] >= entry["ar_dev_quality"] - 0.03 and entry["dev_speedup_geomean"] > 1
+    defaults = engine_defaults("planned_diffusion")
+    assert entry["knobs"] and {k: defaults[k] for k in entry["knobs"]} == entry["knobs"]
+    assert defaults["steps_ratio"] == entry["knobs"]["steps_ratio"]  # not the paper's plain 1.0 / no threshold by accident
+    assert defaults["confidence_threshold"] == entry["knobs"].get("confidence_threshold")
