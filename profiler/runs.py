@@ -10,7 +10,7 @@ plain `--repeats 1` capture would have measured, from the same trace.
     view, info = single_run(read_trace("traces/tip-var_tracking"), run=0)
 
 Traces captured before this table existed, and simulated ones, have no `runs.parquet`:
-`read_runs` returns None and `single_run` raises a ValueError saying so.
+`read_runs` returns None and `single_run` raises a UsageError saying so.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from profiler.errors import TraceError, UsageError
 from profiler.schema import RUNS
 
 RUNS_FILE = "runs.parquet"
@@ -46,8 +47,6 @@ def write_runs(trace_dir: str | Path, rows: list[dict]) -> None:
 
 def read_runs(trace_dir: str | Path) -> pd.DataFrame | None:
     """The runs table, or None when the trace has none (one run per request, or older than it)."""
-    from profiler.reader import TraceError
-
     file = Path(trace_dir) / RUNS_FILE
     if not file.is_file():
         return None
@@ -65,11 +64,11 @@ def single_run(trace, run: int = 0):
     Returns (the view, {"run", "requests", "left_out"})."""
     runs = read_runs(trace.path)
     if runs is None:
-        raise ValueError(f"{trace.path}: no {RUNS_FILE} (captured with one run per request, or before every "
+        raise UsageError(f"{trace.path}: no {RUNS_FILE} (captured with one run per request, or before every "
                          f"run's timings were kept)")
     mine = runs[(runs["run"] == run) & runs["same_output"]]
     if mine.empty:
-        raise ValueError(f"{trace.path}: no run {run} in {RUNS_FILE} (runs 0..{int(runs['run'].max())})")
+        raise UsageError(f"{trace.path}: no run {run} in {RUNS_FILE} (runs 0..{int(runs['run'].max())})")
     steps = trace.steps.merge(mine[["request_id", "step_index", "start_s", "duration_s"]],
                               on=["request_id", "step_index"], how="left", suffixes=("_recorded", ""))
     n_steps = trace.steps.groupby("request_id").size()

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from profiler.counters import CounterSampler
+from profiler.errors import UsageError
 from profiler.recorder import RecordedRun, Recorder, make_timer
 from profiler.runs import run_rows, write_runs
 from profiler.writer import TraceWriter
@@ -168,28 +169,28 @@ def structure_scripts(cfg: CaptureConfig) -> tuple[list, dict]:
     from runtime.structure_replay import REPLAYABLE, read_scripts
 
     if cfg.system not in REPLAYABLE:
-        raise ValueError(f"--structure-from supports {', '.join(REPLAYABLE)}, not {cfg.system!r}")
+        raise UsageError(f"--structure-from supports {', '.join(REPLAYABLE)}, not {cfg.system!r}")
     ref = read_trace(cfg.structure_from)  # a missing or corrupt trace is a TraceError, one line
     if ref.meta.get("system") != cfg.system:
-        raise ValueError(f"--structure-from {cfg.structure_from} holds a {ref.meta.get('system')!r} trace, "
+        raise UsageError(f"--structure-from {cfg.structure_from} holds a {ref.meta.get('system')!r} trace, "
                          f"not {cfg.system!r}")
     return read_scripts(cfg.structure_from)[: cfg.n], ref.meta
 
 
 def check_config(cfg: CaptureConfig) -> None:
-    """Bad settings, each one clear line (ValueError), before anything is loaded."""
+    """Bad settings, each one clear line (UsageError), before anything is loaded."""
     if cfg.n < 1:
-        raise ValueError(f"--n must be >= 1, got {cfg.n}")
+        raise UsageError(f"--n must be >= 1, got {cfg.n}")
     if cfg.max_tokens is not None and cfg.max_tokens < 1:
-        raise ValueError(f"--max-tokens must be >= 1, got {cfg.max_tokens}")
+        raise UsageError(f"--max-tokens must be >= 1, got {cfg.max_tokens}")
     if cfg.warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {cfg.warmup}")
+        raise UsageError(f"--warmup must be >= 0, got {cfg.warmup}")
     if cfg.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {cfg.repeats}")
+        raise UsageError(f"--repeats must be >= 1, got {cfg.repeats}")
     if cfg.keep not in KEEP:
-        raise ValueError(f"--keep must be one of {', '.join(KEEP)}, got {cfg.keep!r}")
+        raise UsageError(f"--keep must be one of {', '.join(KEEP)}, got {cfg.keep!r}")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda asked for, but torch sees no CUDA device")
+        raise UsageError("--device cuda asked for, but torch sees no CUDA device")
 
 
 def make_start(cfg: CaptureConfig, model, tok: Tokenizer, scripts: list | None):
@@ -205,8 +206,8 @@ def make_start(cfg: CaptureConfig, model, tok: Tokenizer, scripts: list | None):
 
         replayer = Replayer(cfg.system, model, tok, gen_cfg, **cfg.knobs)
         return lambda rid, ex, script: replayer.run(Request(rid, ex.prompt), script)
-    except TypeError as e:  # an unknown knob for this engine
-        raise ValueError(f"bad knob for {cfg.system}: {e}") from None
+    except (TypeError, ValueError) as e:  # an unknown knob for this engine, or a value it refuses
+        raise UsageError(f"bad knob for {cfg.system}: {e}") from None
 
 
 def workload(cfg: CaptureConfig, task, scripts: list | None) -> tuple[list[Example], list[tuple]]:

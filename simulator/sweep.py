@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from profiler.errors import UsageError
 from simulator.hardware import get_hardware
 from simulator.models import ModelSpec, get_model
 from simulator.replay import ReplayConfig, replay
@@ -165,10 +166,10 @@ def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] 
           progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Run the grid; return the table (and write it under `out`). See the module docstring."""
     if backend not in ("local", "ray"):
-        raise ValueError(f"unknown backend {backend!r}; valid: local, ray")
+        raise UsageError(f"unknown backend {backend!r}; valid: local, ray")
     workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+        raise UsageError(f"workers must be >= 1, got {workers}")
     configs = grid(traces, hardware, models, max_seqs, rates, concurrency, max_batch_tokens, num_requests,
                    scheduler, seed)
     order = {config_key(c): i for i, c in enumerate(configs)}
@@ -235,7 +236,7 @@ def _run_ray(chunks: list[list[dict]], workloads: dict[str, Workload], address: 
     try:
         import ray
     except ImportError:
-        raise ValueError("--backend ray needs the ray package (pip install ray)") from None
+        raise UsageError("--backend ray needs the ray package (pip install ray)") from None
     started = False
     if not ray.is_initialized():
         if address:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from profiler.errors import TraceError
 from profiler.host import read_host_cpu
 from simulator.hardware import cpu_spec, host_cpu_spec
 from simulator.validation import trace_hardware, validate
@@ -40,5 +41,5 @@ def test_old_trace_falls_back_on_this_machine_and_says_so():
 @pytest.mark.parametrize("bad", [{"clock_mhz": "fast"}, {"clock_mhz": -5}, {"flops_per_cycle": [1]},
                                  {"clock_mhz": float("inf")}])
 def test_a_broken_cpu_record_is_one_clear_error(bad):
-    with pytest.raises(ValueError, match="CPU record"):
+    with pytest.raises(TraceError, match="CPU record"):
         cpu_spec({**read_host_cpu(), **bad}, 2)
