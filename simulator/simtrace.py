@@ -150,6 +150,12 @@ def _peak(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 
 # ---- the simulated trace --------------------------------------------------------------------
+def _strings(codes: np.ndarray, values) -> pa.Array:
+    """A string column from small codes into a few values, built in Arrow (a numpy or object
+    array of 21 million short strings takes gigabytes; this takes the offsets and the bytes)."""
+    return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(list(values), pa.string())).cast(pa.string())
+
+
 def _steps_table(res: ReplayResult) -> pa.Table:
     w, r = res.workload, res.rows
     flat, rc, req = r["flat"], r["recompute"], r["request"]
@@ -159,9 +165,8 @@ def _steps_table(res: ReplayResult) -> pa.Table:
     blocks = -(-w.alloc_kv_tokens[flat] // bs)
     prev_blocks = np.where(flat > w.offsets[:-1][req], -(-w.alloc_kv_tokens[np.maximum(flat - 1, 0)] // bs), 0)
     evicted = np.where(rc, 0, w.evicted_tokens[flat])
-    phases = np.array(PHASES, dtype=object)[w.phase[flat]]
-    phases[rc] = "prefill"
-    streams = w.streams[flat] if w.streams is not None else np.full(len(flat), "0", dtype=object)
+    phases = _strings(np.where(rc, PHASES.index("prefill"), w.phase[flat]), PHASES)
+    streams = w.streams[flat] if w.streams is not None else _strings(np.zeros(len(flat), np.int8), ["0"])
     return pa.table({
         "request_id": w.request_ids[req], "step_index": r["step_index"], "batch_index": r["batch_index"],
         "phase": phases, "start_s": r["start_s"], "duration_s": r["duration_s"], "streams": streams,
@@ -172,7 +177,7 @@ def _steps_table(res: ReplayResult) -> pa.Table:
         "evicted_tokens": evicted,
         "freed_kv_bytes": np.where((evicted > 0) & ~rc, np.maximum(prev_blocks - blocks, 0) * bpb, 0),
         "device_memory_bytes": np.full(len(flat), -1, np.int64),
-        "note": np.where(rc, RECOMPUTE_NOTE, ""),
+        "note": _strings(rc.astype(np.int8), ["", RECOMPUTE_NOTE]),
     }, schema=TABLES["steps"])
 
 
@@ -201,9 +206,9 @@ def _tokens_table(res: ReplayResult, source) -> pa.Table:
     k = len(owner)
     return pa.table({
         "request_id": w.request_ids[owner], "token_index": index, "token_id": np.full(k, -1, np.int64),
-        "token_text": np.full(k, "", object), "stream": np.zeros(k, np.int64),
+        "token_text": _strings(np.zeros(k, np.int8), [""]), "stream": np.zeros(k, np.int64),
         "step_index": np.repeat(r["step_index"], em), "position_id": np.full(k, -1, np.int64),
-        "kv_slot": np.full(k, -1, np.int64), "kind": np.full(k, "content", object),
+        "kv_slot": np.full(k, -1, np.int64), "kind": _strings(np.zeros(k, np.int8), ["content"]),
         "visible_streams": pa.ListArray.from_arrays(np.zeros(k + 1, np.int32), pa.array([], pa.int64())),
         "evicted_at_step": np.full(k, -1, np.int64),
     }, schema=TABLES["tokens"])
