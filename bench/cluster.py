@@ -14,8 +14,8 @@ What it measures, each printed with how it was obtained:
 - sim_trace_mb_per_100k: the simulated trace of that replay written with `write_simulated_trace`
   (Parquet tables + graph.json in the shared form), scaled to 100k requests. Aim <= 100 MB.
 - peak_rss_mb: this process's peak resident memory (ru_maxrss). Aim <= 2,000 MB.
-- trace_read_s: `profiler.reader.read_trace` of that simulated trace (what each dashboard page
-  loads first).
+- trace_read_s: `profiler.reader.read_trace(tokens=False)` of that simulated trace (what the
+  dashboard loads for every page; per-token rows are left to the page that reads them).
 - The deployment sweep: `solm sweep` over --tp 1,2,4,8 --replicas 1,2,4 for Llama-3-70B on H100
   with the code workload, priced at --price USD/GPU-hour, SLO TTFT 2 s / TPOT 100 ms; its Pareto
   rows (cost per million output tokens vs p99 TTFT and goodput) are printed.
@@ -57,6 +57,10 @@ REPLICAS = 8
 TARGET_LOAD = 0.7
 
 
+def _rss_mb() -> int:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
 def _dir_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
 
@@ -86,6 +90,7 @@ def replay_at_scale(n: int, quick: bool) -> dict:
     replay_s, replay_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     m = res.metrics
     rows = len(res.rows["flat"])
+    rss_replayed = _rss_mb()
     print(f"replay: {n} requests in {replay_s:.1f} s wall, {replay_cpu_s:.1f} s CPU ({rows} pass-request rows, {m['passes']} passes); "
           f"p99 TTFT {m['p99_ttft_ms']:.0f} ms, p99 TPOT {m['p99_tpot_ms']:.1f} ms, "
           f"{m['request_throughput']:.1f} req/s over {m['duration_s']:.0f} s simulated")
@@ -95,19 +100,22 @@ def replay_at_scale(n: int, quick: bool) -> dict:
         write_simulated_trace(res, out / "sim")
         write_s = time.perf_counter() - t1
         mb = _dir_mb(out / "sim")
+        rss_written = _rss_mb()
         t2 = time.perf_counter()
-        read_trace(out / "sim")
+        read_trace(out / "sim", tokens=False)  # as the dashboard loads it
         read_s = time.perf_counter() - t2
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    print(f"simulated trace: {mb:.1f} MB for {n} requests (written in {write_s:.1f} s, read in {read_s:.1f} s)")
+    print(f"simulated trace: {mb:.1f} MB for {n} requests (written in {write_s:.1f} s, read without per-token "
+          f"rows in {read_s:.1f} s); peak RSS {rss_replayed} MB after the replay, {rss_written} MB after writing")
     factor = 100_000 / n
     return {"replay_requests": n, "replay_s": round(replay_s, 2), "replay_100k_s": round(replay_s * factor, 2),
             "replay_cpu_s": round(replay_cpu_s, 2),
             "replay_100k_extrapolated": n != 100_000, "replay_events_per_s": round(rows / replay_s),
             "passes_per_s": round(m["passes"] / replay_s), "load_time_scale": round(scale, 3),
             "capacity_rps": round(capacity, 2), "sim_trace_mb_per_100k": round(mb * factor, 1),
-            "trace_read_s": round(read_s, 2), "p99_ttft_ms": round(m["p99_ttft_ms"], 1)}
+            "trace_read_s": round(read_s, 2), "p99_ttft_ms": round(m["p99_ttft_ms"], 1),
+            "peak_rss_mb_after_replay": rss_replayed}
 
 
 def deployment_sweep(quick: bool, price: float) -> dict:
@@ -146,7 +154,7 @@ def main() -> int:
                "comm_mape_percent_1mib_up": comm["comm_mape_percent_1mib_up"]}
     figures.update(replay_at_scale(args.requests or (10_000 if args.quick else 100_000), args.quick))
     figures.update(deployment_sweep(args.quick, args.price))
-    figures["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    figures["peak_rss_mb"] = _rss_mb()
     figures["quick"] = args.quick
     print(json.dumps(figures))
     return 0
