@@ -9,6 +9,12 @@ an interrupted sweep keeps them, and the same command resumes where it stopped.
 
     solm sweep traces/sequential-tiny --hardware a100-80g,h100-sxm,h200 --model llama-3-8b \
         --max-seqs 1,8,32 --rate 1,10,inf --num-requests 200 --out runs/sweep1
+    solm sweep traces/pasta-word_facts --hardware h100-sxm --model llama-3-70b --tp 1,2,4,8 --replicas 1,2,4 \
+        --workload simulator/data/workloads/splitwise_code.csv --price-per-gpu-hour 2.5 --slo-ttft-ms 2000
+
+Deployment sweeps (`--tp`, `--pp`, `--replicas` lists; docs/cluster.md) add GPU count, GPU-hours,
+goodput and cost to each row; when the GPU count varies, `pareto` marks the front on cost per
+million output tokens (GPU count without a price) vs p99 TTFT and goodput.
 """
 
 from __future__ import annotations
