@@ -79,12 +79,13 @@ def simulate(workload: Workload, hardware: HardwareSpec, model: ModelSpec, confi
         res, extra = simulate_disaggregated(workload, hardware, model, config, cluster, cost, plan, params)
     else:
         cfg = dataclasses.replace(config, kv_capacity_bytes=plan.kv_capacity_bytes)
+        pass_cost = cost.full if par.gpus == 1 else cost  # one GPU: the plain CostModel, one call less a pass
         if cluster.replicas == 1:
-            res = replay(workload, hardware, model, cfg, cost=cost)
+            res = replay(workload, hardware, model, cfg, cost=pass_cost)
             res.requests["replica"] = 0
         else:
             k = cluster.replicas
-            sim = Cluster(resize(workload, config), [cost] * k, model, hardware, cfg, [plan.kv_capacity_bytes] * k,
+            sim = Cluster(resize(workload, config), [pass_cost] * k, model, hardware, cfg, [plan.kv_capacity_bytes] * k,
                           cluster.router).run()
             res = collect(merge(sim.replicas, sim.owner))
             res.requests["replica"] = sim.owner
