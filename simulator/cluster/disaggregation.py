@@ -105,11 +105,8 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     res = collect(_merge(w, prefill, decode, pre_shift, dec_shift, no_decode))
     res.requests["replica"] = prefill.owner
     res.requests["decode_replica"] = decode.owner
-    done = np.array([t for _, _, t in log]) - np.array([s for _, s, _ in log]) if log else np.zeros(0)
     res.extra["kv_transfers"] = log
-    extra = {"disaggregate": [n_p, n_d], "decode_hardware": decode_hw.name, "kv_transfers": len(log),
-             "kv_transfer_bytes": float(kv_bytes[[r for r, _, _ in log]].sum()) if log else 0.0,
-             "mean_kv_transfer_ms": float(done.mean() * 1e3) if len(done) else None,
+    extra = {"disaggregate": [n_p, n_d], "decode_hardware": decode_hw.name, **_transfer_figures(log, kv_bytes),
              "kv_transfer_across_nodes": bool(across),
              "decode_weight_bytes_per_gpu": decode_plan.weight_bytes_per_gpu,
              "decode_kv_pool_bytes_per_gpu": decode_plan.kv_pool_bytes_per_gpu,
@@ -117,6 +114,13 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     if decode_hw.price_per_gpu_hour != hardware.price_per_gpu_hour:
         extra.update(_split_cost(res.metrics, n_p, n_d, par.gpus, hardware, decode_hw))
     return res, extra
+
+
+def _transfer_figures(log: list[tuple[int, float, float]], kv_bytes: np.ndarray) -> dict:
+    seconds = np.array([end - start for _, start, end in log])
+    return {"kv_transfers": len(log),
+            "kv_transfer_bytes": float(kv_bytes[[r for r, _, _ in log]].sum()) if log else 0.0,
+            "mean_kv_transfer_ms": float(seconds.mean() * 1e3) if log else None}
 
 
 def _chain(replica, finish, then):
