@@ -8,6 +8,12 @@ JSON line; `--out DIR` also writes the simulated trace (format v1, kind "simulat
 
     solm simulate traces/sequential-tiny --hardware h100-sxm --model llama-3-8b --rate 8 --num-requests 200
     solm simulate traces/sequential-tiny --hardware h100-sxm --set hbm_bytes_per_s=6e12 --json
+    solm simulate traces/pasta-word_facts --model llama-3-70b --hardware h100-sxm --tp 4 --replicas 2
+    solm simulate --workload simulator/data/workloads/splitwise_code.csv --structure-from traces/pasta-word_facts \
+        --model llama-3-8b --hardware h100-sxm --disaggregate 1:2 --slo-ttft-ms 500 --price-per-gpu-hour 2.5
+
+The deployment flags (TP, PP, replicas and routers, disaggregation, workload files, SLOs, cost)
+are described in docs/cluster.md.
 """
 
 from __future__ import annotations
