@@ -68,18 +68,18 @@ def test_diff_page_pairs_two_traces(app):
 
 def test_whatif_deployment_controls_show_gpus_and_memory(app):
     app.switch_page("views/whatif.py").run()
-    app.selectbox(key="whatif_model").set_value("llama-3-70b").run()
+    app.selectbox(key="whatif_model").set_value("llama-3-70b")
     app.selectbox(key="whatif_hardware").set_value("h100-sxm").run()
     assert app.error  # 70B on one 80 GB part: the clear memory error
-    app.selectbox(key="whatif_tp").set_value(4).run()
+    app.selectbox(key="whatif_tp").set_value(4)
     app.number_input(key="whatif_replicas").set_value(2).run()
     _ok(app, "What-if")
     assert not app.error, [e.value for e in app.error]
     metrics = {m.label: m.value for m in app.metric}
     assert metrics["GPUs"] == "8" and metrics["weights per GPU"].endswith("GiB")
     assert float(metrics["KV pool per GPU"].split()[0]) > 0
-    app.selectbox(key="whatif_workload").set_value("splitwise_code").run()
-    app.number_input(key="whatif_num_requests").set_value(50).run()
+    app.selectbox(key="whatif_workload").set_value("splitwise_code")
+    app.number_input(key="whatif_num_requests").set_value(50)
     app.number_input(key="whatif_slo_ttft").set_value(1000.0).run()
     _ok(app, "What-if")
     assert not app.error, [e.value for e in app.error]
