@@ -26,6 +26,8 @@ scheduler built with `oracle=True` may read `remaining_passes`.
 
 from __future__ import annotations
 
+import numpy as np
+
 from scheduling.protocol import ServingState
 
 RESERVE_MODES = ("current", "peak")
@@ -60,18 +62,21 @@ class Scheduler:
 
     def _running_pass(self, state: ServingState) -> tuple[dict[int, int], int, int]:
         """Token allotment of every running request under the budget: (batch, tokens left, blocks after)."""
-        budget, used, batch = self.max_batch_tokens, 0, {}
-        for r in state.running:
-            limit = [max(budget, 0)] if self.chunked_prefill else None
-            (q,), (blocks,) = state.next_tokens_and_blocks([r], limit)
-            used += int(blocks)
-            if q == 0 and limit is not None:
-                (full,), _ = state.next_tokens_and_blocks([r])
-                if full > 0:  # a chunked prefill with no budget left: sits this pass out
-                    continue
-            batch[r] = int(q)
-            budget -= int(q)
-        return batch, budget, used
+        running = list(state.running)
+        if not running:
+            return {}, self.max_batch_tokens, 0
+        full, blocks = state.next_tokens_and_blocks(running)
+        take = [int(x) for x in full]
+        if self.chunked_prefill and sum(take) > self.max_batch_tokens:  # cut prefills, in running order
+            fixed = state.next_tokens_and_blocks(running, [0] * len(running))[0]  # what a zero budget cannot cut
+            budget = self.max_batch_tokens
+            for i, (f, z) in enumerate(zip(take, fixed.tolist())):
+                take[i] = f if z == f else min(f, max(budget, 0))
+                budget -= take[i]
+            _, blocks = state.next_tokens_and_blocks(running, take)
+        # a prefill cut to nothing sits this pass out; a pass with no rows of its own (a sync) still runs
+        batch = {r: t for r, t, f in zip(running, take, full.tolist()) if t > 0 or f == 0}
+        return batch, self.max_batch_tokens - sum(take), int(np.sum(blocks))
 
     def schedule(self, state: ServingState) -> dict[int, int]:
         """Preempt until the next pass fits, admit while caps allow.

@@ -53,6 +53,11 @@ def next_demand(sim, rs, limit=None) -> Demand:
     w, bs = sim.w, sim.config.block_size
     rs = np.asarray(rs, np.int64)
     idx = sim.off[rs] + sim.ptr[rs]
+    if not sim.recompute[rs].any() and not sim.chunk_done[rs].any() and (
+            limit is None or (np.asarray(limit) >= w.query_tokens[idx]).all()):  # whole passes of the workload
+        n = len(rs)
+        return Demand(w.query_tokens[idx], w.kv_tokens_read[idx], w.query_groups[idx], w.logit_tokens[idx],
+                      sim.blocks[idx], w.live_kv_tokens[idx], w.emits[idx], np.zeros(n, np.int64), np.ones(n, bool), idx)
     prev = np.maximum(idx - 1, 0)
     rc = sim.recompute[rs]
     has_prev = (sim.ptr[rs] > 0) & ~rc  # holds the KV of its last pass (not freed by a preemption)
