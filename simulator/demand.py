@@ -13,8 +13,10 @@ emitted. Three cases beyond a plain pass of the workload:
   passes, diffusion denoise steps) are never split.
 - Recompute after preemption (vLLM's RECOMPUTE): the readmitted request's next pass carries, on
   top of its own rows, a causal re-prefill of the live KV it held (its tokens so far); that
-  combined pass is a prefill (may be chunked) and emits what the pass emits. The re-prefilled
-  tokens are recorded as `rebuild` and are not new demand: the workload's pass list is unchanged.
+  combined pass is a prefill (may be chunked) and emits what the pass emits. A prefill preempted
+  between chunks restarts; its chunks already done are lost. Every token computed a second time
+  (the re-prefill, the lost chunks run again) is recorded as `rebuild` and is not new demand: the
+  workload's pass list is unchanged.
 - Pages: a chunk holds the share of the pass's pages its rows reached (whole pages).
 """
 
@@ -39,7 +41,7 @@ class Demand(NamedTuple):
     blocks: np.ndarray  # pages held after it
     live: np.ndarray  # live KV tokens after it
     emits: np.ndarray  # output tokens it produces
-    rebuild: np.ndarray  # tokens of it that re-prefill KV lost to a preemption
+    rebuild: np.ndarray  # tokens of it that recompute KV lost to a preemption (not new demand)
     final: np.ndarray  # bool: it completes the workload pass (else a chunk, more to come)
     flat: np.ndarray  # flat workload index of the pass it belongs to
 
@@ -53,7 +55,7 @@ def next_demand(sim, rs, limit=None) -> Demand:
     w, bs = sim.w, sim.config.block_size
     rs = np.asarray(rs, np.int64)
     idx = sim.off[rs] + sim.ptr[rs]
-    if not sim.recompute[rs].any() and not sim.chunk_done[rs].any() and (
+    if not sim.recompute[rs].any() and not sim.chunk_done[rs].any() and not sim.redo[rs].any() and (
             limit is None or (np.asarray(limit) >= w.query_tokens[idx]).all()):  # whole passes of the workload
         n = len(rs)
         return Demand(w.query_tokens[idx], w.kv_tokens_read[idx], w.query_groups[idx], w.logit_tokens[idx],
@@ -64,6 +66,7 @@ def next_demand(sim, rs, limit=None) -> Demand:
     rebuild = np.where(rc, w.live_kv_tokens[prev], 0)
     full = w.query_tokens[idx] + rebuild
     done = sim.chunk_done[rs]
+    redo = sim.redo[rs]  # the pass's first `redo` tokens were computed before and lost to a preemption
     left = full - done
     chunkable = rc | (w.phase[idx] == PREFILL)
     run = left if limit is None else np.where(chunkable, np.minimum(left, np.maximum(np.asarray(limit), 0)), left)
@@ -82,5 +85,5 @@ def next_demand(sim, rs, limit=None) -> Demand:
     kv = np.where(whole, kv_full, np.round(kv_full * frac).astype(np.int64))
     return Demand(query=run, kv_read=kv, groups=np.where(final, w.query_groups[idx], 1),
                   logits=np.where(final, w.logit_tokens[idx], 1), blocks=blocks, live=live,
-                  emits=np.where(final, w.emits[idx], 0), rebuild=np.minimum(upto, rebuild) - np.minimum(done, rebuild),
+                  emits=np.where(final, w.emits[idx], 0), rebuild=np.minimum(upto, redo) - np.minimum(done, redo),
                   final=final, flat=idx)

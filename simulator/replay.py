@@ -193,6 +193,7 @@ class Replay:
         self.ptr = np.zeros(n, np.int64)  # passes done
         self.chunk_done = np.zeros(n, np.int64)  # tokens of the current pass computed by earlier chunks
         self.recompute = np.zeros(n, bool)  # preempted: the next pass re-prefills the KV it lost
+        self.redo = np.zeros(n, np.int64)  # tokens at the start of the current pass computed before and lost
         self.arrival_s = np.full(n, np.nan)
         self.start_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
@@ -303,6 +304,8 @@ class Replay:
         self.running.remove(r)
         self.waiting.appendleft(r)
         self.recompute[r] = self.ptr[r] > 0
+        live = self.w.live_kv_tokens[self.off[r] + self.ptr[r] - 1] if self.ptr[r] > 0 else 0
+        self.redo[r] = max(self.redo[r], live, self.chunk_done[r])  # all of it is computed again
         self.chunk_done[r] = 0  # a half-done prefill is lost with its pages
         self.preemptions[r] += 1
         self.events.append((r, "preempt", float(self.env.now)))
@@ -348,7 +351,7 @@ class Replay:
         """The longest stretch of passes the batch runs before the scheduler could decide otherwise."""
         R = np.fromiter(batch, np.int64, len(batch))
         d = next_demand(self, R, np.fromiter(batch.values(), np.int64, len(batch)))
-        if (len(R) < len(self.running) or self.recompute[R].any() or self.chunk_done[R].any()
+        if (len(R) < len(self.running) or self.recompute[R].any() or self.chunk_done[R].any() or self.redo[R].any()
                 or not d.final.all()):  # a chunk, a recompute or a request sitting out: one pass
             self.pool.note(d.blocks.sum())
             return self._stretch(R, d.flat, self._pass_times([d.query.sum()], [d.kv_read.sum()], [d.groups.sum()],
@@ -417,6 +420,7 @@ class Replay:
             self.ptr[R[fin]] += 1
             self.recompute[R[fin]] = False
             self.chunk_done[R[fin]] = 0
+            self.redo[R[fin]] = 0
             self.chunk_done[R[~fin]] += s.demand.query[~fin]
         else:
             self.ptr[R] += m

@@ -30,10 +30,8 @@ import pyarrow as pa
 from profiler.schema import PHASES, TABLES
 from profiler.writer import write_trace
 from simulator.slo import goodput
-from simulator.workload import Workload
+from simulator.workload import CHUNK_NOTE, RECOMPUTE_NOTE, Workload
 
-RECOMPUTE_NOTE = "recompute after preemption"
-CHUNK_NOTE = "prefill chunk"  # a chunk of a prefill that is not its last
 
 
 @dataclass
@@ -176,9 +174,10 @@ def _steps_table(res: ReplayResult) -> pa.Table:
     prev_blocks = np.where(first, 0, np.roll(blocks, 1))
     evicted = np.where(final, w.evicted_tokens[flat], 0)
     phases = np.array(PHASES, dtype=object)[w.phase[flat]]
-    phases[(rebuild > 0) | ~final] = "prefill"
+    phases[~final] = "prefill"  # a recompute keeps its pass's own phase; its note says what it re-prefilled
     streams = w.streams[flat] if w.streams is not None else np.full(len(flat), "0", dtype=object)
-    note = np.where(rebuild > 0, RECOMPUTE_NOTE, np.where(final, "", CHUNK_NOTE)).astype(object)
+    note = np.array([(f"{RECOMPUTE_NOTE} ({n} tokens)" if n else "") + ("" if f else ("; " if n else "") + CHUNK_NOTE)
+                     for n, f in zip(rebuild.tolist(), final.tolist())], dtype=object)
     return pa.table({
         "request_id": w.request_ids[req], "step_index": r["step_index"], "batch_index": r["batch_index"],
         "phase": phases, "start_s": r["start_s"], "duration_s": r["duration_s"], "streams": streams,

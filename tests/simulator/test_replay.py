@@ -92,10 +92,10 @@ def test_small_pool_preempts_and_recomputes(tmp_path):
     out = write_simulated_trace(res, tmp_path / "sim")
     steps = read_trace(out).steps
     rebuild = steps[steps["note"] != ""]
-    assert len(rebuild) == 1 and rebuild.iloc[0]["note"] == "recompute after preemption"
+    assert len(rebuild) == 1 and rebuild.iloc[0]["note"] == "recompute after preemption (16 tokens)"
     # B had 16 tokens of KV (14 prompt + 2 written by decodes): re-prefilled with its next decode row
     assert rebuild.iloc[0]["query_tokens"] == 17 and rebuild.iloc[0]["start_s"] == 6.0
-    assert rebuild.iloc[0]["emitted_tokens"] == 1 and rebuild.iloc[0]["phase"] == "prefill"
+    assert rebuild.iloc[0]["emitted_tokens"] == 1 and rebuild.iloc[0]["phase"] == "decode"
 
 
 def test_small_pool_queues_without_dropping(tmp_path):
