@@ -189,7 +189,9 @@ def validate_one(trace: Trace, cost: HostCost, hw: HardwareSpec, model: ModelSpe
         passes) else np.zeros(0)
     errors["pass_time_mape_percent"] = (float(np.mean(np.abs(predicted / passes[:, 2] - 1)) * 100)
                                         if len(passes) else float("nan"))
-    return {"trace": str(trace.path), "system": trace.system, **load_level(trace.meta), "requests": int(len(w.request_ids)),
+    level = load_level(trace.meta) if config.arrival == "trace" else {"rate": config.rate,
+                                                                       "concurrency": config.concurrency}
+    return {"trace": str(trace.path), "system": trace.system, **level, "requests": int(len(w.request_ids)),
             "passes_measured": int(len(passes)), "passes_simulated": int(res.metrics["passes"]),
             "mean_batch_measured": float(passes[:, 4].mean()) if len(passes) else None,
             "mean_batch_simulated": res.metrics["mean_batch_requests"],
