@@ -42,6 +42,7 @@ from simulator.cost import CostModel
 from simulator.hardware import HardwareSpec, get_hardware
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
+from simulator.slo import goodput
 from simulator.validation import trace_hardware
 from simulator.workload import from_trace
 
@@ -184,6 +185,12 @@ def validate_one(trace: Trace, cost: HostCost, hw: HardwareSpec, model: ModelSpe
     sim = _figures(r["arrival_s"].to_numpy(float), r["ttft_s"].to_numpy(float), r["e2e_s"].to_numpy(float),
                    r["output_tokens"].to_numpy(np.int64))
     measured, simulated, errors = _compare(meas, sim)
+    for which, fig, ok in (("measured", meas, good), ("simulated", sim, np.isfinite(sim["e2e"]))):
+        duration = (float(np.nanmax(arrival + meas["e2e"]) - np.nanmin(arrival)) if which == "measured"
+                    else float(res.metrics["duration_s"]))
+        g = goodput(fig["ttft"], fig["tpot"], ok, duration, config.slo_ttft_ms, config.slo_tpot_ms)
+        (measured if which == "measured" else simulated).update(
+            request_goodput=g["request_goodput"], slo_attained_percent=g["slo_attained_percent"])
     passes = pass_arrays(trace)
     predicted = np.asarray(cost.forward.step_time_s(passes[:, 0], passes[:, 1], passes[:, 3]), float) if len(
         passes) else np.zeros(0)
