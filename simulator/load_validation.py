@@ -140,6 +140,22 @@ def _figures(arrival, ttft, e2e, out_tokens) -> dict:
             "request_throughput": float(ok.sum() / duration) if duration > 0 else float("nan")}
 
 
+def summarize_run(arrival, ttft, e2e, out_tokens, slo_ttft_ms=None, slo_tpot_ms=None) -> dict:
+    """Median and p99 TTFT, TPOT, E2E (ms), throughputs and goodput of one run's requests (NaN e2e: failed)."""
+    arrival, ttft, e2e = (np.asarray(x, float) for x in (arrival, ttft, e2e))
+    fig = _figures(arrival, ttft, e2e, np.asarray(out_tokens, np.int64))
+    out = {}
+    for name in ("ttft", "tpot", "e2e"):
+        v = fig[name][np.isfinite(fig[name])]
+        out[f"{name}_p50_ms"] = float(np.median(v) * 1e3) if len(v) else None
+        out[f"{name}_p99_ms"] = float(np.percentile(v, 99) * 1e3) if len(v) else None
+    ok = np.isfinite(e2e)
+    duration = float(np.nanmax(arrival + e2e) - np.nanmin(arrival)) if ok.any() else 0.0
+    g = goodput(fig["ttft"], fig["tpot"], ok, duration, slo_ttft_ms, slo_tpot_ms)
+    return {**out, "output_throughput": fig["output_throughput"], "request_throughput": fig["request_throughput"],
+            "request_goodput": g["request_goodput"], "slo_attained_percent": g["slo_attained_percent"]}
+
+
 def _ape(sim: float, meas: float) -> float:
     return float(abs(sim / meas - 1) * 100) if meas > 0 and np.isfinite(sim) else float("nan")
 
