@@ -43,7 +43,7 @@ from simulator.hardware import HardwareSpec, get_hardware
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
 from simulator.slo import goodput
-from simulator.validation import trace_hardware
+from simulator.validation import pass_table, trace_hardware
 from simulator.workload import from_trace
 
 MIB = 1 << 20
@@ -53,21 +53,9 @@ SERVING_KEYS = {"max_seqs": "max_seqs", "max_batch_tokens": "max_batch_tokens", 
 
 
 def pass_arrays(trace: Trace) -> np.ndarray:
-    """One row per forward pass: query_tokens, kv_tokens_read, duration_s, active_streams, requests.
-
-    Rows of a trace that share a `batch_index` >= 0 are one batched pass (summed); a trace without
-    batch indices (-1) has one pass per row."""
-    s = trace.steps
-    s = s[s["query_tokens"] > 0]
-    if not len(s):
-        return np.zeros((0, 5))
-    b = s["batch_index"].to_numpy(np.int64)
-    if (b < 0).any():
-        cols = s[["query_tokens", "kv_tokens_read", "duration_s", "active_streams"]].to_numpy(float)
-        return np.column_stack([cols, np.ones(len(cols))])
-    g = s.groupby("batch_index", sort=True)
-    return np.column_stack([g["query_tokens"].sum(), g["kv_tokens_read"].sum(), g["duration_s"].max(),
-                            g["active_streams"].sum(), g.size()]).astype(float)
+    """One row per forward pass: query_tokens, kv_tokens_read, duration_s, active_streams, requests
+    (`simulator.validation.pass_table`: a batched pass is one row)."""
+    return pass_table(trace.steps)
 
 
 def host_line(trace: Trace) -> tuple[float, float]:
