@@ -43,6 +43,7 @@ RESULTS_JSONL = "results.jsonl"
 RESULTS_PARQUET = "sweep.parquet"
 SETTINGS = ("trace", "hardware", "model", "max_seqs", "rate", "concurrency", "max_batch_tokens", "num_requests",
             "scheduler", "seed")
+OPTIONS = ("chunked_prefill", "reserve", "sjf_oracle", "slo_ttft_ms", "slo_tpot_ms")  # ReplayConfig fields passed as given
 # (column, +1 to maximise / -1 to minimise)
 OBJECTIVES: tuple[tuple[str, int], ...] = (("quality_mean", 1), ("mean_e2el_ms", -1), ("output_throughput", 1),
                                            ("peak_kv_bytes", -1))
@@ -51,7 +52,7 @@ OBJECTIVES: tuple[tuple[str, int], ...] = (("quality_mean", 1), ("mean_e2el_ms",
 def grid(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] = ("",),
          max_seqs: Sequence[int] = (256,), rates: Sequence[float | None] = (None,),
          concurrency: Sequence[int | None] = (None,), max_batch_tokens: int = 8192, num_requests: int | None = None,
-         scheduler: str = "fcfs", seed: int = 0) -> list[dict]:
+         scheduler: str = "fcfs", seed: int = 0, options: dict | None = None) -> list[dict]:
     """Every combination, as plain dicts (model "" = the trace's own). Bad names fail here, before any work."""
     for h in hardware:
         get_hardware(h)
@@ -64,7 +65,7 @@ def grid(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] =
     for t, h, m, s, (r, c) in itertools.product(traces, hardware, models, max_seqs, arrivals):
         cfg = {"trace": str(t), "hardware": h, "model": m, "max_seqs": int(s), "rate": r, "concurrency": c,
                "max_batch_tokens": int(max_batch_tokens), "num_requests": num_requests, "scheduler": scheduler,
-               "seed": int(seed)}
+               "seed": int(seed), **(options or {})}
         _replay_config(cfg)  # ValueError for a bad setting, before any work
         configs.append(cfg)
     return configs
@@ -73,11 +74,12 @@ def grid(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] =
 def _replay_config(cfg: dict) -> ReplayConfig:
     return ReplayConfig(max_seqs=cfg["max_seqs"], max_batch_tokens=cfg["max_batch_tokens"],
                         rate=None if cfg["rate"] is None else float(cfg["rate"]), concurrency=cfg["concurrency"],
-                        num_requests=cfg["num_requests"], scheduler=cfg["scheduler"], seed=cfg["seed"])
+                        num_requests=cfg["num_requests"], scheduler=cfg["scheduler"], seed=cfg["seed"],
+                        **{k: cfg[k] for k in OPTIONS if k in cfg})
 
 
 def config_key(cfg: dict) -> str:
-    return json.dumps({k: cfg[k] for k in SETTINGS}, sort_keys=True)
+    return json.dumps({k: cfg[k] for k in SETTINGS + OPTIONS if k in cfg}, sort_keys=True)
 
 
 def run_one(cfg: dict, workloads: dict[str, Workload]) -> dict:
@@ -163,7 +165,7 @@ def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] 
           concurrency: Sequence[int | None] = (None,), max_batch_tokens: int = 8192,
           num_requests: int | None = None, scheduler: str = "fcfs", seed: int = 0, backend: str = "local",
           address: str | None = None, workers: int | None = None, out: str | Path | None = None,
-          progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+          progress: Callable[[int, int], None] | None = None, options: dict | None = None) -> pd.DataFrame:
     """Run the grid; return the table (and write it under `out`). See the module docstring."""
     if backend not in ("local", "ray"):
         raise UsageError(f"unknown backend {backend!r}; valid: local, ray")
@@ -171,7 +173,7 @@ def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] 
     if workers < 1:
         raise UsageError(f"workers must be >= 1, got {workers}")
     configs = grid(traces, hardware, models, max_seqs, rates, concurrency, max_batch_tokens, num_requests,
-                   scheduler, seed)
+                   scheduler, seed, options)
     if backend == "ray" and address:
         from simulator.ray_backend import probe
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, figures
+from dashboard import data, figures, load_data
 from dashboard.views import _shared
 from profiler.reader import read_trace
 from simulator.hardware import HARDWARE
@@ -36,6 +36,11 @@ if _shared.need_traces(measured):
     chosen = st.multiselect("Traces to replay", list(labels), default=list(labels)[:6], format_func=labels.get,
                             key="whatif_traces")
     model_arg = None if model == TRACE_MODEL else model
+    serving = [labels[p] for p in chosen if load_data.is_serving(next(t for t in measured if str(t.path) == p))]
+    if serving:
+        st.caption(f"Serving runs ({', '.join(serving)}): rate 0 replays their own arrivals, another rate replays "
+                   f"their requests as Poisson arrivals at that rate (the Load page overlays them with the "
+                   f"measured curve).")
     results, failures = [], []
     for path in chosen:
         sig = data.signature([Path(path)])

@@ -20,7 +20,7 @@ import time
 
 from profiler.errors import UsageError
 from profiler.services import terminate_on_signal
-from solm.commands.simulate import add_batch_args
+from solm.commands.simulate import add_batch_args, scheduling_kwargs
 
 
 def _list(text: str, flag: str, kind=str) -> list:
@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
             table = sweep(args.traces, _list(args.hardware, "--hardware"), models,
                           _list(args.max_seqs, "--max-seqs", int), rates or [None], conc or [None],
                           args.max_batch_tokens, args.num_requests, args.scheduler, args.seed, args.backend,
-                          args.address, args.workers, args.out, None if args.json else progress)
+                          args.address, args.workers, args.out, None if args.json else progress,
+                          options={k: v for k, v in scheduling_kwargs(args).items() if k != "scheduler"})
     finally:
         if bar is not None:
             bar.close()
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"sweep: {figures['configs']} configurations ({figures['errors']} errors) in {wall:.1f} s on "
               f"{args.backend}; {figures['pareto']} Pareto-optimal")
         cols = ["trace", "hardware", "model", "max_seqs", "rate", "concurrency", "mean_e2el_ms", "output_throughput",
-                "peak_kv_bytes", "quality_mean"]
+                "peak_kv_bytes", "quality_mean", "request_goodput"]
         if len(front):
             print(front[[c for c in cols if c in front]].to_string(index=False, max_rows=20))
         for err in table.loc[table["status"] == "error", "error"].drop_duplicates().head(3) if len(table) else []:
