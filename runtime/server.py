@@ -82,6 +82,7 @@ class Entry:
     recompute_tokens: int = 0  # re-prefill rows (a readmission's replay) in this pass
     chunk: bool = False  # a chunk of a prefill or re-prefill: computed, nothing sampled
     step: Step | None = None
+    attention_kv_tokens: int = 0  # keys the attention scored for its rows
 
 
 @dataclass
@@ -278,6 +279,9 @@ class Server:
             entries.append(Entry(rid, 0 if chunk else inp.rows - inp.skip, 0 if chunk else inp.kv_read,
                                  recompute_tokens=min(q, replay) if replay else 0, chunk=chunk))
         logits, attn, scored = self.forward(inputs)
+        for e, k in zip(entries, scored):
+            e.attention_kv_tokens = k
+        scored = sum(scored)
         self.clock.passed(sum(inp.rows for inp in inputs))
         end = self.clock.now()
         r = 0
@@ -317,20 +321,20 @@ class Server:
         self.finished.append(rid)
 
     # ------------------------------------------------------------------ the forward pass
-    def forward(self, inputs: list[PassInputs]) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-        """One pass over every request's rows: logits (R, V), per-slot attention or None, and the
-        keys the attention scored (mask: every row times the pool; gather: each request's rows
-        times its own slots)."""
+    def forward(self, inputs: list[PassInputs]) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+        """One pass over every request's rows: logits (R, V), per-slot attention or None, and per
+        request the keys the attention scored (mask: its rows times the whole pool; gather: its
+        rows times its own slots)."""
         if self.attention == "mask":
             logits, attn = self.engine.forward(inputs, self.store)
-            return logits, attn, sum(inp.rows for inp in inputs) * self.store.num_slots
+            return logits, attn, [inp.rows * self.store.num_slots for inp in inputs]
         dev = self.engine.device
-        groups, r, scored = [], 0, 0
+        groups, r, scored = [], 0, []
         for inp in inputs:
             groups.append(Group(r, r + inp.rows, torch.from_numpy(inp.cols).to(dev),
                                 torch.from_numpy(inp.vis).to(dev)[None, None], inp.attention))
             r += inp.rows
-            scored += inp.rows * len(inp.cols)
+            scored.append(inp.rows * len(inp.cols))
         ids = np.array([[i for inp in inputs for i in inp.ids], [p for inp in inputs for p in inp.positions],
                         [s for inp in inputs for s in inp.slots]], dtype=np.int64)
         t = torch.from_numpy(ids).to(dev)
