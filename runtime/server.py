@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from runtime.engines.base import Completion, Engine, PassInputs, Request, RequestState, Step, pool_visibility
-from runtime.kv import KVPoolFull, RequestKV
+from runtime.kv import PagedKVStore, RequestKV
 from runtime.model import Group
 
 ATTENTION_MODES = ("mask", "gather")
@@ -322,26 +322,7 @@ class Server:
 
     # ------------------------------------------------------------------ the forward pass
     def forward(self, inputs: list[PassInputs]) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
-        """One pass over every request's rows: logits (R, V), per-slot attention or None, and per
-        request the keys the attention scored (mask: its rows times the whole pool; gather: its
-        rows times its own slots)."""
-        if self.attention == "mask":
-            logits, attn = self.engine.forward(inputs, self.store)
-            return logits, attn, [inp.rows * self.store.num_slots for inp in inputs]
-        dev = self.engine.device
-        groups, r, scored = [], 0, []
-        for inp in inputs:
-            groups.append(Group(r, r + inp.rows, torch.from_numpy(inp.cols).to(dev),
-                                torch.from_numpy(inp.vis).to(dev)[None, None], inp.attention))
-            r += inp.rows
-            scored.append(inp.rows * len(inp.cols))
-        ids = np.array([[i for inp in inputs for i in inp.ids], [p for inp in inputs for p in inp.positions],
-                        [s for inp in inputs for s in inp.slots]], dtype=np.int64)
-        t = torch.from_numpy(ids).to(dev)
-        want = any(inp.attention for inp in inputs)
-        out = self.engine.model(t[0], t[1], t[2], None, self.store, return_attention=want, groups=groups)
-        logits, attn = out if want else (out, None)
-        return logits, attn, scored
+        return forward_batch(self.engine.model, self.store, inputs, self.attention)
 
     # ------------------------------------------------------------------ a whole load
     def serve(self, arrivals: Sequence[tuple[float, str]], next_arrival: Callable[[int, float], tuple[float, str] | None]
@@ -376,6 +357,31 @@ class Server:
                 "preemptions": self.preemptions, "recomputes": self.recomputes,
                 "recompute_tokens": self.recompute_tokens, "pool_pages": self.pool_capacity_blocks,
                 "pool_bytes": self.pool_capacity_blocks * self.store.page_bytes}
+
+
+def forward_batch(model, store: PagedKVStore, inputs: list[PassInputs], attention: str = "mask"
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+    """One pass over every request's rows: logits (R, V), per-slot attention or None, and per
+    request the keys the attention scored (mask: its rows times the whole pool; gather: its rows
+    times its own slots)."""
+    dev = model.embed.weight.device
+    ids = np.array([[i for inp in inputs for i in inp.ids], [p for inp in inputs for p in inp.positions],
+                    [s for inp in inputs for s in inp.slots]], dtype=np.int64)
+    t = torch.from_numpy(ids).to(dev)
+    want = any(inp.attention for inp in inputs)
+    if attention == "mask":
+        out = model(t[0], t[1], t[2], pool_visibility(inputs, store.num_slots, dev), store, return_attention=want)
+        scored = [inp.rows * store.num_slots for inp in inputs]
+    else:
+        groups, r, scored = [], 0, []
+        for inp in inputs:
+            groups.append(Group(r, r + inp.rows, torch.from_numpy(inp.cols).to(dev),
+                                torch.from_numpy(inp.vis).to(dev)[None, None], inp.attention))
+            r += inp.rows
+            scored.append(inp.rows * len(inp.cols))
+        out = model(t[0], t[1], t[2], None, store, return_attention=want, groups=groups)
+    logits, attn = out if want else (out, None)
+    return logits, attn, scored
 
 
 def serve(engine: Engine, prompts: list[str], pool_bytes: int, scheduler=None, attention: str = "mask") -> dict:
