@@ -180,12 +180,14 @@ class RequestState:
     recomputes: int = 0  # readmissions after a preemption
     recompute_tokens: int = 0  # tokens re-prefilled by them
     prompt_owner = None  # the store owner of the prompt's pages
+    inp: PassInputs | None = None  # the rows of the pass in flight (a re-prefill's replay first)
     _replay: PassInputs | None = None
 
     def inputs(self) -> PassInputs:
         inp = self.next_inputs()
         replay, self._replay = self._replay, None
-        return prepend(replay, inp)
+        self.inp = prepend(replay, inp)  # what `after` reads its rows from
+        return self.inp
 
     # ------------------------------------------------------------------ chunked prefill
     def prompt_tokens(self) -> int:

@@ -76,7 +76,7 @@ def test_request_larger_than_the_pool_gets_an_error_row():
     eng = engine("sequential")
     ps = prompts("sequential", 3)
     huge = " ".join(ps) * 3
-    out = served(eng, [ps[0], huge, ps[1]], max_pages=12)
+    out = served(eng, [ps[0], huge, ps[1]], max_pages=40)  # 160 tokens: each prompt fits, `huge` never does
     status = [t.completion.status for t in out["requests"]]
     assert status[1] == "error" and "KV pages" in out["requests"][1].completion.error
     assert status[0] != "error" and status[2] != "error"
