@@ -1,6 +1,7 @@
 """Runtime micro-benchmark: what one forward pass costs as query rows grow (the reason parallel
-threads are nearly free on this hardware), what the paged KV store's bookkeeping costs, and what a
-server's batched pass costs (runtime/server.py): 8 requests' decode rows in one pass over one
+threads are nearly free on this hardware), how much of that is the model's matmuls (its
+`nn.Linear` layers alone, at the same row counts), what the paged KV store's bookkeeping costs, and
+what a server's batched pass costs (runtime/server.py): 8 requests' decode rows in one pass over one
 shared pool, with the attention as a mask over the whole pool or as per-request gathers of each
 request's own slots, against one request's pass alone.
 
@@ -67,6 +68,25 @@ def batched_passes(model: TinyLM, context: int, requests: int, reps: int) -> dic
     return {k: (min(v), statistics.median(v), scored[k]) for k, v in times.items()}
 
 
+def linear_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+@torch.no_grad()
+def linear_layers_us(model: torch.nn.Module, rows_list: list[int], reps: int) -> dict[int, float]:
+    """Median time of every `nn.Linear` of the model applied once to `r` rows, r interleaved."""
+    layers = linear_layers(model)
+    inputs = {r: [torch.randn(r, m.in_features) for m in layers] for r in rows_list}
+    times: dict[int, list[float]] = {r: [] for r in rows_list}
+    for _ in range(reps):
+        for r in rows_list:
+            t0 = time.perf_counter()
+            for m, x in zip(layers, inputs[r]):
+                m(x)
+            times[r].append(time.perf_counter() - t0)
+    return {r: statistics.median(t) * 1e6 for r, t in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -77,7 +97,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     reps = 30 if args.quick else 200
-    rows_list = [1, 2, 4, 8, 16]
+    rows_list = [1, 2, 3, 4, 8, 16]
 
     model = TinyLM(ModelConfig.from_name(args.preset)).eval()
     kv = model.new_kv_store(page_size=16)
@@ -104,6 +124,10 @@ def main() -> None:
         ratios[r] = m / base
         print(f"{r:>10} {m * 1000:>8.3f} {m / base:>10.2f} {r * base / m:>12.2f}")
 
+    linear_us = linear_layers_us(model, rows_list, reps)
+    print(f"the model's {len(linear_layers(model))} matmuls (nn.Linear) alone, median of {reps}: "
+          + ", ".join(f"{r} row{'s' if r > 1 else ''} {linear_us[r]:.0f} us" for r in rows_list))
+
     # KV store bookkeeping: allocate + free a page worth of slots, versus one forward pass
     t0 = time.perf_counter()
     n = 2000 if args.quick else 20000
@@ -127,6 +151,8 @@ def main() -> None:
     print(json.dumps({"bench": "runtime", "preset": args.preset, "context_tokens": args.context,
                       "forward_ms_1_row": base * 1000,
                       "forward_ratio_by_rows": {str(r): round(v, 3) for r, v in ratios.items()},
+                      "forward_ms_by_rows": {str(r): round(statistics.median(times[r]) * 1000, 4) for r in rows_list},
+                      "linear_layers_us_by_rows": {str(r): round(v, 1) for r, v in linear_us.items()},
                       "page_alloc_free_us": round(alloc_free_us, 2),
                       "batched_requests": args.requests,
                       "batched_pass_ms": {k: {"fastest": round(v[0] * 1000, 4), "median": round(v[1] * 1000, 4),

@@ -26,6 +26,7 @@ import numpy as np
 from profiler.counters import CounterSampler
 from profiler.writer import TraceWriter
 from runtime.capture import CaptureConfig, model_meta, provenance_meta, quality_applicable, request_row, token_rows
+from profiler.errors import UsageError
 from runtime.checkpoint import load_model
 from runtime.engines import GenerationConfig, Request, get_engine
 from runtime.sampling import SamplingConfig
@@ -47,29 +48,32 @@ class LoadConfig:
     def check(self) -> None:
         """Bad settings: ValueError with one clear line (the CLI prints it, exit 2)."""
         if (self.rate is None) == (self.concurrency is None):
-            raise ValueError("give exactly one of --rate and --concurrency")
+            raise UsageError("give exactly one of --rate and --concurrency")
         if self.rate is not None and not (self.rate > 0 and math.isfinite(self.rate)):
-            raise ValueError(f"--rate must be a positive number of requests/s, got {self.rate}")
+            raise UsageError(f"--rate must be a positive number of requests/s, got {self.rate}")
         if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError(f"--concurrency must be >= 1, got {self.concurrency}")
+            raise UsageError(f"--concurrency must be >= 1, got {self.concurrency}")
         if self.max_seqs < 1 or self.max_batch_tokens < 1:
-            raise ValueError(f"--max-seqs and --max-batch-tokens must be >= 1, got {self.max_seqs}, {self.max_batch_tokens}")
+            raise UsageError(f"--max-seqs and --max-batch-tokens must be >= 1, got {self.max_seqs}, {self.max_batch_tokens}")
         if not (self.kv_budget_mib > 0 and math.isfinite(self.kv_budget_mib)):
-            raise ValueError(f"--kv-budget-mib must be > 0, got {self.kv_budget_mib}")
+            raise UsageError(f"--kv-budget-mib must be > 0, got {self.kv_budget_mib}")
         if self.attention not in ATTENTION_MODES:
-            raise ValueError(f"--attention must be one of {', '.join(ATTENTION_MODES)}, got {self.attention!r}")
+            raise UsageError(f"--attention must be one of {', '.join(ATTENTION_MODES)}, got {self.attention!r}")
 
 
 def make_scheduler(load: LoadConfig):
     from scheduling import get_scheduler
 
-    cls = get_scheduler(load.scheduler)
+    try:
+        cls = get_scheduler(load.scheduler)
+    except KeyError as e:  # an unknown policy name: the lookup's message lists the valid ones
+        raise UsageError(f"--scheduler: {e.args[0] if e.args else e}") from None
     if not load.chunked_prefill:
         return cls(max_seqs=load.max_seqs, max_batch_tokens=load.max_batch_tokens)
     try:
         return cls(max_seqs=load.max_seqs, max_batch_tokens=load.max_batch_tokens, chunked_prefill=True)
     except TypeError:
-        raise ValueError("--chunked-prefill: this build's scheduler has no chunked prefill") from None
+        raise UsageError("--chunked-prefill: this build's scheduler has no chunked prefill") from None
 
 
 def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
@@ -103,9 +107,9 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
     load.check()
     cfg = cfg.resolved()
     if cfg.n < 1:
-        raise ValueError(f"--n must be >= 1, got {cfg.n}")
+        raise UsageError(f"--n must be >= 1, got {cfg.n}")
     if cfg.repeats != 1 or cfg.structure_from:
-        raise ValueError("--repeats and --structure-from apply to one-at-a-time capture, not to --rate/--concurrency "
+        raise UsageError("--repeats and --structure-from apply to one-at-a-time capture, not to --rate/--concurrency "
                          "(repeat a load run with separate captures: arrivals never mix across runs)")
     from runtime.tasks import get_task
 
@@ -117,7 +121,7 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
     try:
         engine = get_engine(cfg.system)(model, tok, gen_cfg, **cfg.knobs)
     except TypeError as e:
-        raise ValueError(f"bad knob for {cfg.system}: {e}") from None
+        raise UsageError(f"bad knob for {cfg.system}: {e}") from None
     server_args = dict(kv_budget_mib=load.kv_budget_mib, attention=load.attention)
     Server(engine, scheduler=make_scheduler(load), **server_args)  # a budget below one page fails before any work
     examples = task.examples(cfg.split, cfg.n, cfg.seed)

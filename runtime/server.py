@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from profiler.errors import UsageError
 from runtime.engines.base import Completion, Engine, PassInputs, Request, RequestState, Step, pool_visibility
 from runtime.kv import PagedKVStore, RequestKV
 from runtime.model import Group
@@ -120,20 +121,20 @@ class Server:
                  scheduler=None, clock=None, attention: str = "mask",
                  on_pass: Callable[[PassRecord], None] | None = None) -> None:
         if attention not in ATTENTION_MODES:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
+            raise UsageError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
         if attention == "gather" and not getattr(engine.model, "supports_groups", False):
-            raise ValueError("attention='gather' needs a model with per-request gathers (TinyLM)")
+            raise UsageError("attention='gather' needs a model with per-request gathers (TinyLM)")
         P = engine.config.page_size
         page_bytes = engine.model.kv_bytes_per_token * P
         if max_pages is None:
             if kv_budget_mib is None or not kv_budget_mib > 0:
-                raise ValueError(f"kv_budget_mib must be > 0, got {kv_budget_mib}")
+                raise UsageError(f"kv_budget_mib must be > 0, got {kv_budget_mib}")
             max_pages = int(kv_budget_mib * MIB // page_bytes)
             if max_pages < 1:
-                raise ValueError(f"a KV budget of {kv_budget_mib} MiB is smaller than one page "
+                raise UsageError(f"a KV budget of {kv_budget_mib} MiB is smaller than one page "
                                  f"({page_bytes} bytes: {P} tokens of {engine.model.kv_bytes_per_token} bytes)")
         if max_pages < 1:
-            raise ValueError(f"max_pages must be >= 1, got {max_pages}")
+            raise UsageError(f"max_pages must be >= 1, got {max_pages}")
         self.engine, self.scheduler, self.attention = engine, scheduler, attention
         if scheduler is None:
             from scheduling import get_scheduler

@@ -10,6 +10,7 @@ neither `runtime` nor `simulator` nor torch.
     batch = sched.schedule(state)   # state: anything implementing ServingState
 """
 
+from profiler.errors import UnknownName
 from scheduling.base import Scheduler
 from scheduling.fcfs import FCFS
 from scheduling.protocol import ServingState
@@ -19,11 +20,11 @@ SCHEDULERS: dict[str, type[Scheduler]] = {"fcfs": FCFS, "sjf": SJF}
 
 
 def get_scheduler(name: str) -> type[Scheduler]:
-    """Exact lookup; `KeyError` naming the valid policies."""
+    """Exact lookup; `UnknownName` (a KeyError) naming the valid policies."""
     try:
         return SCHEDULERS[name]
     except KeyError:
-        raise KeyError(f"unknown scheduler {name!r}; valid names: {', '.join(sorted(SCHEDULERS))}") from None
+        raise UnknownName(f"unknown scheduler {name!r}; valid names: {', '.join(sorted(SCHEDULERS))}") from None
 
 
 __all__ = ["FCFS", "SCHEDULERS", "SJF", "Scheduler", "ServingState", "get_scheduler"]

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import simpy
 
+from profiler.errors import UsageError
 from scheduling import get_scheduler
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
@@ -60,19 +61,19 @@ class ReplayConfig:
         for name in ("max_seqs", "max_batch_tokens", "block_size"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {v!r}")
+                raise UsageError(f"{name.replace('_', '-')} must be a positive integer, got {v!r}")
         if not 0 < self.memory_utilization <= 1:
-            raise ValueError(f"memory utilization must be in (0, 1], got {self.memory_utilization!r}")
+            raise UsageError(f"memory utilization must be in (0, 1], got {self.memory_utilization!r}")
         if self.kv_capacity_bytes is not None and not self.kv_capacity_bytes > 0:
-            raise ValueError(f"KV capacity must be > 0 bytes, got {self.kv_capacity_bytes!r}")
+            raise UsageError(f"KV capacity must be > 0 bytes, got {self.kv_capacity_bytes!r}")
         if self.rate is not None and not (self.rate > 0):  # also refuses NaN
-            raise ValueError(f"rate must be > 0 requests/s (or inf), got {self.rate!r}")
+            raise UsageError(f"rate must be > 0 requests/s (or inf), got {self.rate!r}")
         if self.concurrency is not None and (not isinstance(self.concurrency, (int, np.integer)) or self.concurrency < 1):
-            raise ValueError(f"concurrency must be a positive integer, got {self.concurrency!r}")
+            raise UsageError(f"concurrency must be a positive integer, got {self.concurrency!r}")
         if self.rate is not None and self.concurrency is not None:
-            raise ValueError("give a rate or a concurrency, not both")
+            raise UsageError("give a rate or a concurrency, not both")
         if self.num_requests is not None and self.num_requests < 1:
-            raise ValueError(f"num-requests must be >= 1, got {self.num_requests!r}")
+            raise UsageError(f"num-requests must be >= 1, got {self.num_requests!r}")
         get_scheduler(self.scheduler)  # KeyError listing the policies
 
     @property
@@ -90,7 +91,7 @@ def kv_capacity_bytes(hardware: HardwareSpec, model: ModelSpec, config: ReplayCo
     usable = int(hardware.hbm_capacity_bytes * config.memory_utilization)
     free = usable - model.weight_bytes
     if free <= 0:
-        raise ValueError(f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB) leave no room for KV in "
+        raise UsageError(f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB) leave no room for KV in "
                          f"{hardware.name}'s {usable / 2**30:.1f} GiB usable memory; pick a larger part or model "
                          f"a smaller one")
     return free
@@ -133,7 +134,7 @@ class KVPool:
         self.bytes_per_block = block_size * kv_bytes_per_token
         self.capacity_blocks = capacity_bytes // self.bytes_per_block
         if self.capacity_blocks < 1:
-            raise ValueError(f"KV pool of {capacity_bytes} bytes holds no {block_size}-token block "
+            raise UsageError(f"KV pool of {capacity_bytes} bytes holds no {block_size}-token block "
                              f"({self.bytes_per_block} bytes)")
         self.used_blocks = 0
         self.peak_blocks = 0

@@ -42,15 +42,12 @@ import json
 import sys
 from typing import Any
 
+from profiler.errors import UsageError
 from simulator.cost import LAYER_OPS, CostModel
 from simulator.hardware import HARDWARE, get_hardware
 from simulator.models import MODELS, get_model
 
 PROG = "solm cost"
-
-
-class UsageError(Exception):
-    """A user mistake: reported as one line, never a traceback."""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -119,7 +116,7 @@ def _lookup(kind: str, name: str) -> Any:
 
 def _fit_to_trace(path: str, hardware: Any) -> Any:
     """Cost parameters fitted to every forward pass of a measured trace (its own model's shapes)."""
-    from profiler.reader import TraceError, read_trace
+    from profiler.reader import TraceError, read_trace  # noqa: F401
     from simulator.calibrate import fit_cost_params_to_steps
     from simulator.models import ModelSpec
     from simulator.validation import step_arrays
