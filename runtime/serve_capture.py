@@ -15,7 +15,6 @@ as it is; this module only adds the load loop and reuses its row builders.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,6 +162,13 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
         result = server.serve(arrivals, more)
     finally:
         counters = sampler.stop()
+    write_requests(writer, result, examples, task, tok, scored)
+    writer.set_counters(counters)
+    return writer.close(serving_summary(result))
+
+
+def write_requests(writer: TraceWriter, result: dict, examples: list, task, tok: Tokenizer, scored: bool) -> None:
+    """Commit every served request with its pass rows and tokens."""
     steps: dict[int, list[dict]] = {}
     for rec in result["passes"]:
         for rid, rows in step_rows(rec).items():
@@ -176,20 +182,17 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
         row.update(queue_s=times.start_s - t.arrival_s, preemptions=t.preemptions,
                    recompute_tokens=t.state.recompute_tokens if t.state else 0)
         writer.add_request(row, steps.get(c.request_id, []), token_rows(c, tok), c.graph)
-    writer.set_counters(counters)
-    passes = result["passes"]
-    wall = max((t.end_s for t in result["requests"]), default=0.0)
-    return writer.close({"wall_s": wall, "serving_summary": {
+
+
+def serving_summary(result: dict) -> dict:
+    """meta.json extras of a load run: wall time and the serving totals."""
+    passes, reqs = result["passes"], result["requests"]
+    wall = max((t.end_s for t in reqs), default=0.0)
+    out_tokens = sum(len(t.completion.output_ids) for t in reqs)
+    return {"wall_s": wall, "serving_summary": {
         "passes": len(passes), "preemptions": result["preemptions"], "recomputes": result["recomputes"],
         "recompute_tokens": result["recompute_tokens"],
         "mean_batch_requests": float(np.mean([len(p.entries) for p in passes])) if passes else 0.0,
         "max_batch_requests": max((len(p.entries) for p in passes), default=0),
-        "errors": sum(t.completion.status == "error" for t in result["requests"]),
-        "output_tokens": sum(len(t.completion.output_ids) for t in result["requests"]),
-        "output_tokens_per_s": sum(len(t.completion.output_ids) for t in result["requests"]) / wall if wall > 0 else None,
-    }})
-
-
-def summary_line(path: Path) -> str:
-    meta = json.loads((Path(path) / "meta.json").read_text())
-    return json.dumps({"trace": str(path), **meta.get("serving", {}), **meta.get("serving_summary", {})})
+        "errors": sum(t.completion.status == "error" for t in reqs), "output_tokens": out_tokens,
+        "output_tokens_per_s": out_tokens / wall if wall > 0 else None}}
