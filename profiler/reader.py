@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from profiler.errors import TraceError
-from profiler.schema import KINDS, META_REQUIRED, SCHEMA_VERSION, TABLES
+from profiler.schema import KINDS, META_REQUIRED, SCHEMA_VERSION, TABLES, fill_defaults
 
 __all__ = ["Trace", "TraceError", "read_meta", "read_parts", "read_table", "read_trace"]
 
@@ -71,6 +71,7 @@ def read_table(file: Path, name: str) -> pa.Table:
     except (pa.ArrowException, OSError) as e:
         raise TraceError(f"{file}: unreadable Parquet ({str(e).splitlines()[0]})") from None
     expected = TABLES[name]
+    table = fill_defaults(name, table)  # columns of later minor revisions
     missing = [f.name for f in expected if f.name not in table.column_names]
     if missing:
         raise TraceError(f"{file}: missing columns {', '.join(missing)}")

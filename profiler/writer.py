@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from profiler.schema import SCHEMA_VERSION, TABLES
+from profiler.schema import BASE_TABLES, MINOR_COLUMNS, SCHEMA_MINOR, SCHEMA_VERSION, TABLES, fill_defaults
 
 PARTS = "parts"
 
@@ -42,14 +42,18 @@ def write_json(path: Path, doc: dict) -> None:
 
 def table_from_rows(name: str, rows: list[dict]) -> pa.Table:
     """Rows (dicts) to a table of the schema; missing columns raise with the table's name."""
-    schema = TABLES[name]
+    schema = BASE_TABLES[name]
     cols = {}
     for field in schema:
         try:
             cols[field.name] = [r[field.name] for r in rows]
         except KeyError:
             raise KeyError(f"{name} row lacks column {field.name!r}") from None
-    return pa.Table.from_pydict(cols, schema=schema)
+    table = pa.Table.from_pydict(cols, schema=schema)
+    for field, _ in MINOR_COLUMNS.get(name, []):  # a later revision's column: given, or its default
+        if rows and all(field.name in r for r in rows):
+            table = table.append_column(field, pa.array([r[field.name] for r in rows], type=field.type))
+    return fill_defaults(name, table).select(TABLES[name].names)
 
 
 def write_table(path: Path, table: pa.Table) -> None:
@@ -67,7 +71,7 @@ class TraceWriter:
                 raise FileExistsError(f"{self.dir} exists and is not empty (choose another --out or pass --force)")
             shutil.rmtree(self.dir)
         (self.dir / PARTS).mkdir(parents=True, exist_ok=True)
-        self.meta = {**meta, "schema_version": SCHEMA_VERSION, "complete": False}
+        self.meta = {**meta, "schema_version": SCHEMA_VERSION, "schema_minor": SCHEMA_MINOR, "complete": False}
         write_json(self.dir / "meta.json", self.meta)
         self.n_committed = 0
         self._gen: dict[int, int] = {}  # request id -> its committed generation
@@ -123,9 +127,10 @@ def write_trace(out_dir: str | Path, meta: dict, tables: dict[str, pa.Table], gr
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     for name, schema in TABLES.items():
-        t = tables.get(name, schema.empty_table())
+        t = fill_defaults(name, tables.get(name, schema.empty_table()))
+        t = t.select(schema.names)
         write_table(out / f"{name}.parquet", t.cast(schema) if t.schema != schema else t)
     write_json(out / "graph.json", {str(k): v for k, v in graphs.items()})
     n = tables["requests"].num_rows if "requests" in tables else 0
-    write_json(out / "meta.json", {**meta, "schema_version": SCHEMA_VERSION, "complete": True, "n_requests": n})
+    write_json(out / "meta.json", {**meta, "schema_version": SCHEMA_VERSION, "schema_minor": SCHEMA_MINOR, "complete": True, "n_requests": n})
     return out

@@ -40,6 +40,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="replay the structure (forks, chunk lengths, register reuse, evictions, plans) recorded in "
                         "TRACE, a trace of the same system, with this model's real forward passes; quality is then "
                         "not applicable (NaN)")
+    load = p.add_argument_group("serving under load (runtime/serve_capture.py): continuous batching over one KV pool")
+    load.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (or --concurrency)")
+    load.add_argument("--concurrency", type=int, default=None, help="closed loop of this many clients (or --rate)")
+    load.add_argument("--max-seqs", type=int, default=64, help="most requests in one pass (default 64)")
+    load.add_argument("--max-batch-tokens", type=int, default=4096, help="most query rows in one pass (default 4096)")
+    load.add_argument("--kv-budget-mib", type=float, default=8.0, help="KV pool size in MiB, fractions allowed (default 8)")
+    load.add_argument("--scheduler", default="fcfs", help="admission policy: fcfs or sjf (default fcfs)")
+    load.add_argument("--chunked-prefill", action="store_true", help="split long prefills over passes (vLLM's default)")
+    load.add_argument("--attention", default="mask", choices=["mask", "gather"],
+                      help="attention over the whole pool with a mask, or over each request's gathered slots")
     p.add_argument("--out", required=True, help="trace directory to write")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -74,11 +84,20 @@ def run(args: argparse.Namespace) -> int:
                         top_p=args.top_p, page_size=args.page_size, counters_interval_s=1.0 / args.counters_hz,
                         knobs=parse_knobs(args.knob), warmup=args.warmup, repeats=args.repeats, keep=args.keep,
                         structure_from=args.structure_from)
-    out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
+    if args.rate is not None or args.concurrency is not None:
+        from runtime.serve_capture import LoadConfig, capture_load
+
+        load = LoadConfig(rate=args.rate, concurrency=args.concurrency, max_seqs=args.max_seqs,
+                          max_batch_tokens=args.max_batch_tokens, kv_budget_mib=args.kv_budget_mib,
+                          scheduler=args.scheduler, chunked_prefill=args.chunked_prefill, attention=args.attention)
+        out = capture_load(cfg, load, args.out, overwrite=args.force)
+    else:
+        out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
     s = summarize(read_trace(out))
     if not args.json:
         print(f"captured {s['requests']} requests of {s['task']} with {s['system']} on {s['device']} -> {out}")
         q = "n/a" if s["quality_mean"] is None else f"{s['quality_mean']:.3f}"
-        print(f"  quality {q}  {s['tokens_per_s']:.1f} tokens/s  e2e p50 {s['e2e_s_p50']*1000:.1f} ms")
+        if s.get("tokens_per_s") is not None and s.get("e2e_s_p50") is not None:
+            print(f"  quality {q}  {s['tokens_per_s']:.1f} tokens/s  e2e p50 {s['e2e_s_p50']*1000:.1f} ms")
     print(json.dumps(s))
     return 0

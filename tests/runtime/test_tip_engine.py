@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from runtime.engines import GenerationConfig, Request, drain
-from runtime.engines.tip import TipEngine, serve
+from runtime.engines.tip import TipEngine
+from runtime.server import serve
 from runtime.lang.tip import DEFAULT_REGISTERS, annotate, tip_visibility
 from runtime.tasks import get_task
 
@@ -156,7 +157,8 @@ def test_serving_batches_requests_and_matches_single_runs(tiny_model, tok):
     roomy = serve(eng, prompts, pool_bytes=200 * 4 * tiny_model.kv_bytes_per_token)
     assert roomy["max_concurrency"] == 5 and roomy["preemptions"] == 0
     tight = serve(eng, prompts, pool_bytes=16 * 4 * tiny_model.kv_bytes_per_token)
-    assert tight["requests"] == 5 and tight["max_concurrency"] < 5
+    # admitted by what their next pass needs (vLLM), so a tight pool preempts; readmission re-prefills
+    assert tight["requests"] == 5 and tight["preemptions"] > 0 and tight["recomputes"] > 0
     for r in (roomy, tight):
         for c, ids in zip(r["completions"], single):
             assert c.output_ids == ids
