@@ -23,6 +23,7 @@ import json
 import math
 from pathlib import Path
 
+from profiler.outdir import write_file_atomic
 from profiler.reader import Trace, read_trace
 from profiler.schema import COUNTERS
 
@@ -118,7 +119,7 @@ def export_perfetto(paths: list[str | Path], out: str | Path) -> dict:
     out_path = Path(out)
     if out_path.parent and not out_path.parent.exists():
         raise FileNotFoundError(f"{out_path.parent}: no such directory for the --perfetto output")
-    out_path.write_text(json.dumps(doc, separators=(",", ":")))
+    write_file_atomic(out_path, json.dumps(doc, separators=(",", ":")))  # whole or not at all
     ev = doc["traceEvents"]
     return {
         "out": str(out_path), "traces": [str(t.path) for t in traces],

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from profiler.errors import UsageError
+from profiler.outdir import claim_out_dir
 from runtime.capture import KEEP, CaptureConfig, capture
 from runtime.engines import systems
 
@@ -72,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
                         top_p=args.top_p, page_size=args.page_size, counters_interval_s=1.0 / args.counters_hz,
                         knobs=parse_knobs(args.knob), warmup=args.warmup, repeats=args.repeats, keep=args.keep,
                         structure_from=args.structure_from)
-    out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
+    inputs = [args.structure_from, args.model if args.model and Path(args.model).exists() else ""]
+    with claim_out_dir(args.out, inputs, args.force):  # held while capturing: one writer per --out
+        out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
     s = summarize(read_trace(out))
     if not args.json:
         print(f"captured {s['requests']} requests of {s['task']} with {s['system']} on {s['device']} -> {out}")

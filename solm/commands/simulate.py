@@ -13,11 +13,13 @@ JSON line; `--out DIR` also writes the simulated trace (format v1, kind "simulat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 from pathlib import Path
 
 from profiler.errors import UsageError
+from profiler.outdir import claim_out_dir
 
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
@@ -77,16 +79,16 @@ def simulate(args: argparse.Namespace) -> tuple[dict, object]:
                           memory_utilization=args.memory_utilization, rate=args.rate, concurrency=args.concurrency,
                           num_requests=args.num_requests, scheduler=args.scheduler, seed=args.seed)
     out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and any(out.iterdir()) and not args.force:
-        raise FileExistsError(f"{out} exists and is not empty (choose another --out or pass --force)")
-    trace = read_trace(args.trace)
-    model = get_model(args.model) if args.model else ModelSpec.from_trace_meta(trace.meta)
-    result = replay(from_trace(trace), hardware, model, config)
-    figures = {"trace": str(trace.path), "system": trace.system, "hardware": hardware.name, "model": model.name,
-               "arrival": config.arrival, "rate": args.rate, "concurrency": args.concurrency,
-               "max_seqs": config.max_seqs, "max_batch_tokens": config.max_batch_tokens, **result.metrics}
-    if out is not None:
-        figures["out"] = str(write_simulated_trace(result, out, source=trace))
+    lock = claim_out_dir(out, [args.trace], args.force) if out is not None else contextlib.nullcontext()
+    with lock:  # held from the check to the last file written: one writer per --out
+        trace = read_trace(args.trace)
+        model = get_model(args.model) if args.model else ModelSpec.from_trace_meta(trace.meta)
+        result = replay(from_trace(trace), hardware, model, config)
+        figures = {"trace": str(trace.path), "system": trace.system, "hardware": hardware.name, "model": model.name,
+                   "arrival": config.arrival, "rate": args.rate, "concurrency": args.concurrency,
+                   "max_seqs": config.max_seqs, "max_batch_tokens": config.max_batch_tokens, **result.metrics}
+        if out is not None:
+            figures["out"] = str(write_simulated_trace(result, out, source=trace))
     return figures, result
 
 
