@@ -24,7 +24,8 @@ import math
 from pathlib import Path
 
 from profiler.outdir import write_file_atomic
-from profiler.reader import Trace, read_trace
+from profiler.reader import Trace
+from profiler.validate import read_valid_trace
 from profiler.schema import COUNTERS
 
 US = 1e6
@@ -114,7 +115,7 @@ def to_chrome_trace(traces: list[Trace]) -> dict:
 
 def export_perfetto(paths: list[str | Path], out: str | Path) -> dict:
     """Read the traces at `paths`, write `out`; returns a summary of what was written."""
-    traces = [read_trace(p) for p in paths]
+    traces = [read_valid_trace(p) for p in paths]
     doc = to_chrome_trace(traces)
     out_path = Path(out)
     if out_path.parent and not out_path.parent.exists():

@@ -272,6 +272,8 @@ class Replay:
         self.n_done += 1
         if self.done:
             self.done[r].succeed()
+        if self._wakeup is not None and not self._wakeup.triggered:  # an idle engine sees the last one end
+            self._wakeup.succeed()
 
     # ---- the engine ------------------------------------------------------------------
     def engine(self):
@@ -391,4 +393,8 @@ def replay(workload: Workload, hardware: HardwareSpec, model: ModelSpec, config:
             period = last + (last / (r - 1) if r > 1 else 0.0)
             workload = dataclasses.replace(workload, arrival_s=workload.arrival_s + (np.arange(n) // r) * period)
     cost = cost if cost is not None else CostModel(hardware, model)
-    return collect(Replay(workload, cost, model, hardware, config).run())
+    result = collect(Replay(workload, cost, model, hardware, config).run())
+    if result.metrics["completed"] == 0 and result.metrics["failed"] > 0:  # a setting nothing can run under
+        first = result.requests.loc[result.requests["status"] == "error", "error"].iloc[0]
+        raise UsageError(f"no request can run on {hardware.name} with these settings: {first}")
+    return result
