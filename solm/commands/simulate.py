@@ -30,6 +30,9 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (default 0)")
 
 
+MAX_SET_VALUE = 1e30  # beyond any real part's bytes, FLOP/s or seconds either way; times stay finite
+
+
 def parse_set(items: list[str] | None) -> dict:
     """`--set FIELD=VALUE` pairs (numbers parsed) for a hypothetical part."""
     fields = {}
@@ -38,9 +41,14 @@ def parse_set(items: list[str] | None) -> dict:
         if not sep or not key:
             raise UsageError(f"--set expects FIELD=VALUE, got {item!r}")
         try:
-            fields[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+            number = int(value) if value.strip().lstrip("-").isdigit() else float(value)
         except ValueError:
             fields[key.strip()] = value
+            continue
+        if not (number == 0 or 1 / MAX_SET_VALUE <= abs(number) <= MAX_SET_VALUE):  # inf, NaN, 1e400, 1e-300
+            raise UsageError(f"--set {key.strip()} must be 0 or a finite number of magnitude "
+                             f"{1 / MAX_SET_VALUE:.0e}..{MAX_SET_VALUE:.0e}, got {value.strip()}")
+        fields[key.strip()] = number
     return fields
 
 
