@@ -1,7 +1,8 @@
 """SimPy replay: a trace's workload served by one device under continuous batching.
 
 What: requests arrive (the trace's own times, Poisson at a rate, or a closed loop of C clients);
-a scheduler (`simulator/schedulers/`, FCFS by default) forms each forward pass's batch under caps
+a scheduler (the shared `scheduling` package, FCFS by default; the replay implements its
+`ServingState` protocol) forms each forward pass's batch under caps
 on sequences and batched tokens; a paged KV pool of the device's memory minus the weights admits
 requests, and preempts them (recompute) when full; the device runs one batched pass at a time,
 costing `cost.step_time_s(sum query tokens, sum KV read, sum streams, sum logit rows)`.
@@ -32,9 +33,9 @@ import numpy as np
 import simpy
 
 from profiler.errors import UsageError
+from scheduling import get_scheduler
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
-from simulator.schedulers import get_scheduler
 from simulator.workload import Workload
 
 MAX_STRETCH_PASSES = 1024  # passes planned at once (bounds the requests x passes gather)
@@ -98,6 +99,18 @@ def kv_capacity_bytes(hardware: HardwareSpec, model: ModelSpec, config: ReplayCo
                          f"{hardware.name}'s {usable / 2**30:.1f} GiB usable memory; pick a larger part or model "
                          f"a smaller one")
     return free
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """Passes a fixed batch ran back to back: one row per request, one column per pass."""
+
+    requests: np.ndarray  # (R,) request positions in the batch
+    first_pass: np.ndarray  # (R,) flat workload index of each request's first pass in the stretch
+    rebuild: np.ndarray  # (R,) bool: this (single) pass re-prefills the request's KV (recompute)
+    starts_s: np.ndarray  # (m,) start of each pass
+    durations_s: np.ndarray  # (m,)
+    first_batch: int  # global index of the stretch's first pass
 
 
 class Device:
@@ -175,7 +188,7 @@ class Replay:
         self.waiting: deque[int] = deque()
         self.running: list[int] = []
         self.events: list[tuple[int, str, float]] = []
-        self.stretches: list[tuple] = []  # (R, idx0, rc, starts, durations, batch0)
+        self.stretches: list[Stretch] = []
         self.n_done = 0
         self.n_pass = 0
         self._wakeup: simpy.Event | None = None
@@ -194,11 +207,28 @@ class Replay:
             self.arrival_sorted_s = times[self._arrival_order]
         self._next_arrival = 0
 
-    # ---- demands -----------------------------------------------------------------------
+    # ---- scheduling.ServingState (running, waiting: attributes above) -------------------
+    @property
+    def pool_capacity_blocks(self) -> int:
+        return self.pool.capacity_blocks
+
+    def arrival_of(self, rs) -> np.ndarray:
+        return self.arrival_s[np.asarray(rs, np.int64)]
+
+    def prompt_tokens_of(self, rs) -> np.ndarray:
+        return self.w.prompt_tokens[np.asarray(rs, np.int64)]
+
+    def max_tokens_of(self, rs) -> np.ndarray:
+        """The source's max_tokens knob where it has one, else each request's own output length."""
+        rs = np.asarray(rs, np.int64)
+        knob = (self.w.source.get("knobs") or {}).get("max_tokens")
+        return np.full(len(rs), int(knob), np.int64) if knob else self.w.output_tokens[rs]
+
     def remaining_passes(self, rs) -> np.ndarray:
         rs = np.asarray(rs, np.int64)
         return self.npass[rs] - self.ptr[rs]
 
+    # ---- demands -----------------------------------------------------------------------
     def next_demand(self, rs) -> tuple[np.ndarray, ...]:
         """(query, kv read, groups, logit rows, blocks after) of each request's next pass."""
         rs = np.asarray(rs, np.int64)
@@ -307,7 +337,7 @@ class Replay:
 
     def plan(self, R: np.ndarray):
         """The longest stretch of passes the batch R runs before the scheduler could decide otherwise."""
-        cap, cfg = self.pool.capacity_blocks, self.config
+        cap, cfg = self.pool_capacity_blocks, self.config
         if self.recompute[R].any():  # a rebuild pass: one pass, then back to the normal plan
             q, kv, g, lg, b = self.next_demand(R)
             self.pool.note(b.sum())
@@ -350,7 +380,7 @@ class Replay:
 
     def commit(self, R, idx0, rc, starts, durations) -> None:
         m = len(durations)
-        self.stretches.append((R, idx0, rc, starts, durations, self.n_pass))
+        self.stretches.append(Stretch(R, idx0, rc, starts, durations, self.n_pass))
         self.n_pass += m
         if rc.any():  # rebuild pass: requests being rebuilt keep their pointer
             self.ptr[R[~rc]] += 1

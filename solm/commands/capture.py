@@ -21,10 +21,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="", help="checkpoint dir, shipped model name or preset (default: the system's shipped model)")
     p.add_argument("--task", default="", help="task name (default: the system's default task)")
     p.add_argument("--n", type=int, default=8, help="number of held-out prompts")
-    p.add_argument("--split", default="test", choices=["train", "test"])
+    p.add_argument("--split", default="test", choices=["train", "dev", "test"],
+                   help="prompt split: test (reported figures), dev (where settings are chosen) or train")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="bound on generated tokens (default: 1.25 x the task's longest answer, runtime/answer_length.py)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--page-size", type=int, default=16, help="KV page size in slots")
@@ -77,7 +79,7 @@ def check_args(args: argparse.Namespace) -> None:
     """Every flag in range before anything is loaded, built or written (UsageError, one line)."""
     for flag, (attr, lo, hi) in LIMITS.items():
         value = getattr(args, attr)
-        if not lo <= value <= hi:
+        if value is not None and not lo <= value <= hi:  # None: the default chosen later (--max-tokens)
             raise UsageError(f"{flag} must be in {lo}..{hi}, got {value}")
     if not 0 < args.counters_hz <= 1000:  # also refuses NaN: a sampler at NaN Hz spins
         raise UsageError(f"--counters-hz must be a number in (0, 1000], got {args.counters_hz}")
