@@ -26,6 +26,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Self
 
 from profiler.errors import UsageError
 
@@ -151,7 +152,7 @@ class OutLock:
         os.close(self.fd)
         self.fd = -1
 
-    def __enter__(self) -> OutLock:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from profiler.outdir import write_file_atomic
 from profiler.reader import Trace
-from profiler.validate import read_valid_trace
 from profiler.schema import COUNTERS
+from profiler.validate import read_valid_trace
 
 US = 1e6
 PID_BLOCK = 1_000_000  # process ids of trace i: i * PID_BLOCK + ...

@@ -74,12 +74,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def simulate(args: argparse.Namespace) -> tuple[dict, object]:
+    from profiler.reader import read_trace
     from simulator.hardware import get_hardware, override
     from simulator.models import ModelSpec, get_model
     from simulator.replay import ReplayConfig, replay
     from simulator.simtrace import write_simulated_trace
     from simulator.workload import from_trace
-    from profiler.reader import read_trace
 
     fields = parse_set(args.set)
     hardware = override(args.hardware, **fields) if fields else get_hardware(args.hardware)
