@@ -121,7 +121,8 @@ def run_case(case: Case) -> tuple[str, str]:
         r = run_solm(case.argv, base, case.timeout_s)
         if first is not None:  # the race happened only if the first was still writing: then stop it
             raced = first.poll() is None
-            os.killpg(first.pid, signal.SIGINT)  # a capture cut short keeps its finished requests
+            if raced:
+                os.killpg(first.pid, signal.SIGINT)  # a capture cut short keeps its finished requests
             try:
                 first.communicate(timeout=60)
             except subprocess.TimeoutExpired:
