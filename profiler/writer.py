@@ -19,7 +19,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from profiler.errors import UsageError
+from profiler.outdir import LOCK_NAME, TRACE_KINDS, clear_dir, project_kind
 from profiler.schema import BASE_TABLES, MINOR_COLUMNS, SCHEMA_MINOR, SCHEMA_VERSION, TABLES, fill_defaults
+
+
+class OutputExists(UsageError, FileExistsError):
+    """The output folder holds something the writer may not replace (a FileExistsError too)."""
 
 PARTS = "parts"
 
@@ -63,13 +69,22 @@ def write_table(path: Path, table: pa.Table) -> None:
     os.replace(tmp, path)
 
 
+def prepare_out(out: Path, overwrite: bool) -> None:
+    """Create `out`, or empty it when `overwrite` and it is a folder solm wrote (never anything
+    else: `profiler.outdir`; the command has checked it against its inputs and holds its lock)."""
+    if out.exists() and out.is_dir() and any(c.name != LOCK_NAME for c in out.iterdir()):
+        if not overwrite:
+            raise OutputExists(f"{out} exists and is not empty (choose another --out or pass --force)")
+        if project_kind(out) not in TRACE_KINDS:
+            raise OutputExists(f"{out} is not a trace solm wrote; refusing to replace it")
+        clear_dir(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
 class TraceWriter:
     def __init__(self, out_dir: str | Path, meta: dict, overwrite: bool = False) -> None:
         self.dir = Path(out_dir)
-        if self.dir.exists() and any(self.dir.iterdir()):
-            if not overwrite:
-                raise FileExistsError(f"{self.dir} exists and is not empty (choose another --out or pass --force)")
-            shutil.rmtree(self.dir)
+        prepare_out(self.dir, overwrite)
         (self.dir / PARTS).mkdir(parents=True, exist_ok=True)
         self.meta = {**meta, "schema_version": SCHEMA_VERSION, "schema_minor": SCHEMA_MINOR, "complete": False}
         write_json(self.dir / "meta.json", self.meta)
@@ -121,11 +136,7 @@ class TraceWriter:
 def write_trace(out_dir: str | Path, meta: dict, tables: dict[str, pa.Table], graphs: dict, overwrite: bool = True) -> Path:
     """Write a whole trace at once (the simulator's output). Same layout, complete from the start."""
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out} exists and is not empty")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_out(out, overwrite)
     for name, schema in TABLES.items():
         t = fill_defaults(name, tables.get(name, schema.empty_table()))
         t = t.select(schema.names)

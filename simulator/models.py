@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.errors import UnknownName
+from profiler.errors import TraceMetaError, UnknownName
 
 
 @dataclass(frozen=True)
@@ -106,29 +106,35 @@ class ModelSpec:
 
         Required keys: name, n_layers, d_model, n_heads, n_kv_heads, d_ff, vocab_size,
         dtype_bytes. Optional: gated_mlp, tied_embeddings, parallel_attn_mlp, head_dim. Missing
-        keys raise ValueError naming them.
+        keys, non-integer sizes or impossible shapes raise TraceMetaError (a ValueError) naming them.
         """
         model = meta.get("model", meta) if isinstance(meta, dict) else meta
         if not isinstance(model, dict):
-            raise ValueError(f"trace meta 'model' must be a dict, got {type(model).__name__}")
+            raise TraceMetaError(f"trace meta 'model' must be a dict, got {type(model).__name__}")
         required = ("name", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff",
                     "vocab_size", "dtype_bytes")
         missing = [key for key in required if key not in model]
         if missing:
-            raise ValueError(f"trace meta 'model' lacks {', '.join(missing)}")
+            raise TraceMetaError(f"trace meta 'model' lacks {', '.join(missing)}")
+        wrong = [key for key in required[1:] if isinstance(model[key], bool) or not isinstance(model[key], int)]
+        if wrong:
+            raise TraceMetaError(f"trace meta 'model': {', '.join(wrong)} must be integers")
         optional: dict[str, Any] = {
             key: model[key]
             for key in ("gated_mlp", "tied_embeddings", "parallel_attn_mlp")
             if key in model
         }
-        head_dim = model.get("head_dim")
-        if head_dim is not None and int(head_dim) * int(model["n_heads"]) != int(model["d_model"]):
-            optional["head_dim_override"] = int(head_dim)
-        return cls(
-            name=str(model["name"]),
-            **{key: int(model[key]) for key in required[1:]},
-            **optional,
-        )
+        try:
+            head_dim = model.get("head_dim")
+            if head_dim is not None and int(head_dim) * int(model["n_heads"]) != int(model["d_model"]):
+                optional["head_dim_override"] = int(head_dim)
+            return cls(
+                name=str(model["name"]),
+                **{key: int(model[key]) for key in required[1:]},
+                **optional,
+            )
+        except (TypeError, ValueError, OverflowError) as e:
+            raise TraceMetaError(f"trace meta 'model': {e}") from None
 
 
 # Each preset from the model's Hugging Face config.json (fields: num_hidden_layers, hidden_size,

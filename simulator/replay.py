@@ -42,6 +42,10 @@ from simulator.slo import check_slo
 from simulator.workload import Workload
 
 MAX_STRETCH_PASSES = 1024  # passes planned at once (bounds the requests x passes gather)
+# slower than one request a day, arrival times grow so large that float64 loses the microseconds
+# latencies are made of (at 1e-300 requests/s every latency read 0.0 ms)
+MIN_RATE = 1e-5
+MAX_REQUESTS = 1_000_000  # replayed requests: their pass arrays stay within a few GiB
 SCALAR_COST_BELOW = 48  # fewer passes than this: cost them one by one (cached scalar path)
 
 
@@ -74,14 +78,14 @@ class ReplayConfig:
             raise UsageError(f"memory utilization must be in (0, 1], got {self.memory_utilization!r}")
         if self.kv_capacity_bytes is not None and not self.kv_capacity_bytes > 0:
             raise UsageError(f"KV capacity must be > 0 bytes, got {self.kv_capacity_bytes!r}")
-        if self.rate is not None and not (self.rate > 0):  # also refuses NaN
-            raise UsageError(f"rate must be > 0 requests/s (or inf), got {self.rate!r}")
+        if self.rate is not None and not (self.rate >= MIN_RATE):  # also refuses NaN
+            raise UsageError(f"rate must be > 0 requests/s, at least {MIN_RATE:g} (or inf), got {self.rate!r}")
         if self.concurrency is not None and (not isinstance(self.concurrency, (int, np.integer)) or self.concurrency < 1):
             raise UsageError(f"concurrency must be a positive integer, got {self.concurrency!r}")
         if self.rate is not None and self.concurrency is not None:
             raise UsageError("give a rate or a concurrency, not both")
-        if self.num_requests is not None and self.num_requests < 1:
-            raise UsageError(f"num-requests must be >= 1, got {self.num_requests!r}")
+        if self.num_requests is not None and not 1 <= self.num_requests <= MAX_REQUESTS:
+            raise UsageError(f"num-requests must be in 1..{MAX_REQUESTS}, got {self.num_requests!r}")
         if self.reserve not in RESERVE_MODES:
             raise UsageError(f"reserve must be one of {', '.join(RESERVE_MODES)}, got {self.reserve!r}")
         check_slo(self.slo_ttft_ms, self.slo_tpot_ms)
@@ -316,6 +320,8 @@ class Replay:
         self.n_done += 1
         if self.done:
             self.done[r].succeed()
+        if self._wakeup is not None and not self._wakeup.triggered:  # an idle engine sees the last one end
+            self._wakeup.succeed()
 
     # ---- the engine ------------------------------------------------------------------
     def engine(self):
@@ -463,4 +469,8 @@ def replay(workload: Workload, hardware: HardwareSpec, model: ModelSpec, config:
             period = last + (last / (r - 1) if r > 1 else 0.0)
             workload = dataclasses.replace(workload, arrival_s=workload.arrival_s + (np.arange(n) // r) * period)
     cost = cost if cost is not None else CostModel(hardware, model)
-    return collect(Replay(workload, cost, model, hardware, config).run())
+    result = collect(Replay(workload, cost, model, hardware, config).run())
+    if result.metrics["completed"] == 0 and result.metrics["failed"] > 0:  # a setting nothing can run under
+        first = result.requests.loc[result.requests["status"] == "error", "error"].iloc[0]
+        raise UsageError(f"no request can run on {hardware.name} with these settings: {first}")
+    return result

@@ -79,7 +79,10 @@ def _replay_config(cfg: dict) -> ReplayConfig:
 
 
 def config_key(cfg: dict) -> str:
-    return json.dumps({k: cfg[k] for k in SETTINGS + OPTIONS if k in cfg}, sort_keys=True)
+    """The identity of a configuration: its settings, the trace by its resolved path (a resumed
+    sweep finds its rows however the trace's path is spelled: ./t, t/, a symlink)."""
+    return json.dumps({**{k: cfg[k] for k in SETTINGS + OPTIONS if k in cfg}, "trace": os.path.realpath(cfg["trace"])},
+                      sort_keys=True)
 
 
 def run_one(cfg: dict, workloads: dict[str, Workload]) -> dict:

@@ -116,7 +116,7 @@ def _lookup(kind: str, name: str) -> Any:
 
 def _fit_to_trace(path: str, hardware: Any) -> Any:
     """Cost parameters fitted to every forward pass of a measured trace (its own model's shapes)."""
-    from profiler.reader import TraceError, read_trace  # noqa: F401
+    from profiler.reader import TraceError, read_trace
     from simulator.calibrate import fit_cost_params_to_steps
     from simulator.models import ModelSpec
     from simulator.validation import step_arrays

@@ -13,11 +13,13 @@ JSON line; `--out DIR` also writes the simulated trace (format v1, kind "simulat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 from pathlib import Path
 
 from profiler.errors import UsageError
+from profiler.outdir import claim_out_dir
 
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
@@ -51,6 +53,9 @@ def scheduling_kwargs(args: argparse.Namespace) -> dict:
     return {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
 
 
+MAX_SET_VALUE = 1e30  # beyond any real part's bytes, FLOP/s or seconds either way; times stay finite
+
+
 def parse_set(items: list[str] | None) -> dict:
     """`--set FIELD=VALUE` pairs (numbers parsed) for a hypothetical part."""
     fields = {}
@@ -59,9 +64,14 @@ def parse_set(items: list[str] | None) -> dict:
         if not sep or not key:
             raise UsageError(f"--set expects FIELD=VALUE, got {item!r}")
         try:
-            fields[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+            number = int(value) if value.strip().lstrip("-").isdigit() else float(value)
         except ValueError:
             fields[key.strip()] = value
+            continue
+        if not (number == 0 or 1 / MAX_SET_VALUE <= abs(number) <= MAX_SET_VALUE):  # inf, NaN, 1e400, 1e-300
+            raise UsageError(f"--set {key.strip()} must be 0 or a finite number of magnitude "
+                             f"{1 / MAX_SET_VALUE:.0e}..{MAX_SET_VALUE:.0e}, got {value.strip()}")
+        fields[key.strip()] = number
     return fields
 
 
@@ -87,12 +97,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def simulate(args: argparse.Namespace) -> tuple[dict, object]:
+    from profiler.reader import read_trace
     from simulator.hardware import get_hardware, override
     from simulator.models import ModelSpec, get_model
     from simulator.replay import ReplayConfig, replay
     from simulator.simtrace import write_simulated_trace
     from simulator.workload import from_trace
-    from profiler.reader import read_trace
 
     fields = parse_set(args.set)
     hardware = override(args.hardware, **fields) if fields else get_hardware(args.hardware)
@@ -100,18 +110,18 @@ def simulate(args: argparse.Namespace) -> tuple[dict, object]:
                           memory_utilization=args.memory_utilization, rate=args.rate, concurrency=args.concurrency,
                           num_requests=args.num_requests, seed=args.seed, **scheduling_kwargs(args))
     out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and any(out.iterdir()) and not args.force:
-        raise FileExistsError(f"{out} exists and is not empty (choose another --out or pass --force)")
-    trace = read_trace(args.trace)
-    model = get_model(args.model) if args.model else ModelSpec.from_trace_meta(trace.meta)
-    result = replay(from_trace(trace), hardware, model, config)
-    figures = {"trace": str(trace.path), "system": trace.system, "hardware": hardware.name, "model": model.name,
-               "arrival": config.arrival, "rate": args.rate, "concurrency": args.concurrency,
-               "max_seqs": config.max_seqs, "max_batch_tokens": config.max_batch_tokens, "scheduler": config.scheduler,
-               "chunked_prefill": config.chunked_prefill, "reserve": config.reserve, "sjf_oracle": config.sjf_oracle,
-               **result.metrics}
-    if out is not None:
-        figures["out"] = str(write_simulated_trace(result, out, source=trace))
+    lock = claim_out_dir(out, [args.trace], args.force) if out is not None else contextlib.nullcontext()
+    with lock:  # held from the check to the last file written: one writer per --out
+        trace = read_trace(args.trace)
+        model = get_model(args.model) if args.model else ModelSpec.from_trace_meta(trace.meta)
+        result = replay(from_trace(trace), hardware, model, config)
+        figures = {"trace": str(trace.path), "system": trace.system, "hardware": hardware.name, "model": model.name,
+                   "arrival": config.arrival, "rate": args.rate, "concurrency": args.concurrency,
+                   "max_seqs": config.max_seqs, "max_batch_tokens": config.max_batch_tokens,
+                   "scheduler": config.scheduler, "chunked_prefill": config.chunked_prefill,
+                   "reserve": config.reserve, "sjf_oracle": config.sjf_oracle, **result.metrics}
+        if out is not None:
+            figures["out"] = str(write_simulated_trace(result, out, source=trace))
     return figures, result
 
 

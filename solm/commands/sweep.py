@@ -14,11 +14,13 @@ an interrupted sweep keeps them, and the same command resumes where it stopped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 
 from profiler.errors import UsageError
+from profiler.outdir import claim_out_dir
 from profiler.services import terminate_on_signal
 from solm.commands.simulate import add_batch_args, scheduling_kwargs
 
@@ -68,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
         bar.refresh()
 
     t0 = time.perf_counter()
+    # one writer per --out; an existing sweep folder is resumed, anything else non-empty refused
+    lock = claim_out_dir(args.out, args.traces, None, resume="sweep") if args.out else contextlib.nullcontext()
     try:
-        with terminate_on_signal():  # SIGTERM/SIGHUP: the pool stops, finished rows stay; exit 143/129
+        with lock, terminate_on_signal():  # SIGTERM/SIGHUP: the pool stops, finished rows stay; exit 143/129
             table = sweep(args.traces, _list(args.hardware, "--hardware"), models,
                           _list(args.max_seqs, "--max-seqs", int), rates or [None], conc or [None],
                           args.max_batch_tokens, args.num_requests, args.scheduler, args.seed, args.backend,
