@@ -12,11 +12,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from profiler.errors import TraceError
 from profiler.schema import KINDS, META_REQUIRED, SCHEMA_VERSION, TABLES
 
-
-class TraceError(Exception):
-    """A directory that cannot be read as a trace of this version."""
+__all__ = ["Trace", "TraceError", "read_meta", "read_parts", "read_table", "read_trace"]
 
 
 @dataclass

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from profiler.counters import CounterSampler
+from profiler.errors import UsageError
 from profiler.recorder import Recorder, make_timer
 from profiler.writer import TraceWriter
 from runtime.checkpoint import REPO_ROOT, load_model
@@ -159,10 +160,10 @@ def structure_scripts(cfg: CaptureConfig) -> tuple[list, dict]:
     from runtime.structure_replay import REPLAYABLE, read_scripts
 
     if cfg.system not in REPLAYABLE:
-        raise ValueError(f"--structure-from supports {', '.join(REPLAYABLE)}, not {cfg.system!r}")
+        raise UsageError(f"--structure-from supports {', '.join(REPLAYABLE)}, not {cfg.system!r}")
     ref = read_trace(cfg.structure_from)  # a missing or corrupt trace is a TraceError, one line
     if ref.meta.get("system") != cfg.system:
-        raise ValueError(f"--structure-from {cfg.structure_from} holds a {ref.meta.get('system')!r} trace, "
+        raise UsageError(f"--structure-from {cfg.structure_from} holds a {ref.meta.get('system')!r} trace, "
                          f"not {cfg.system!r}")
     return read_scripts(cfg.structure_from)[: cfg.n], ref.meta
 
@@ -173,15 +174,15 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
     instead of loading `cfg.model` (bench/gpu_capture.py loads an 8B model once for every system)."""
     cfg = cfg.resolved()
     if cfg.n < 1:
-        raise ValueError(f"--n must be >= 1, got {cfg.n}")
+        raise UsageError(f"--n must be >= 1, got {cfg.n}")
     if cfg.warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {cfg.warmup}")
+        raise UsageError(f"--warmup must be >= 0, got {cfg.warmup}")
     if cfg.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {cfg.repeats}")
+        raise UsageError(f"--repeats must be >= 1, got {cfg.repeats}")
     if cfg.keep not in KEEP:
-        raise ValueError(f"--keep must be one of {', '.join(KEEP)}, got {cfg.keep!r}")
+        raise UsageError(f"--keep must be one of {', '.join(KEEP)}, got {cfg.keep!r}")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda asked for, but torch sees no CUDA device")
+        raise UsageError("--device cuda asked for, but torch sees no CUDA device")
     engine_cls = get_engine(cfg.system)
     scripts = None
     if cfg.structure_from:
@@ -200,8 +201,8 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
             from runtime.structure_replay import Replayer
 
             replayer = Replayer(cfg.system, model, tok, gen_cfg, **cfg.knobs)
-    except TypeError as e:  # an unknown knob for this engine
-        raise ValueError(f"bad knob for {cfg.system}: {e}") from None
+    except (TypeError, ValueError) as e:  # an unknown knob for this engine, or a value it refuses
+        raise UsageError(f"bad knob for {cfg.system}: {e}") from None
     # `start(rid, example, script)`: a request's step generator; `warm`: untimed (example, script) runs
     if scripts is None:
         examples = task.examples(cfg.split, cfg.n, cfg.seed)

@@ -23,6 +23,8 @@ from functools import cached_property
 
 import torch
 
+from profiler.errors import KVPoolFull
+
 
 @dataclass(frozen=True)
 class KVLayout:
@@ -98,7 +100,7 @@ class PagedKVStore:
     # ----------------------------------------------------------------- allocation
     def _new_page(self) -> int:
         if self.max_pages is not None and len(self._used) >= self.max_pages:
-            raise MemoryError(
+            raise KVPoolFull(
                 f"KV store full: {len(self._used)} pages of {self.page_size} slots held (max_pages={self.max_pages})"
             )
         page = self._free_page_ids.pop(0) if self._free_page_ids else self._next_page_id

@@ -37,12 +37,9 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from profiler.errors import UsageError
 from profiler.services import is_loopback
 
-try:
-    from profiler.errors import UsageError
-except ImportError:  # until profiler/errors.py lands
-    UsageError = ValueError  # type: ignore[misc,assignment]
 
 CONNECT_TIMEOUT_S = 5.0
 LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage report leaves the machine

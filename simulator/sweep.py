@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from profiler.errors import UsageError
 from profiler.services import die_with_parent
 from profiler.stats import non_dominated
 from simulator.hardware import get_hardware
@@ -57,7 +58,8 @@ def grid(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] =
     for m in models:
         if m:
             get_model(m)
-    arrivals = [(r, None) for r in rates if r is not None] + [(None, c) for c in concurrency if c is not None]
+    arrivals: list[tuple[float | None, int | None]] = [(r, None) for r in rates if r is not None]
+    arrivals += [(None, c) for c in concurrency if c is not None]
     arrivals = arrivals or [(None, None)]
     configs = []
     for t, h, m, s, (r, c) in itertools.product(traces, hardware, models, max_seqs, arrivals):
@@ -165,10 +167,10 @@ def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] 
           progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Run the grid; return the table (and write it under `out`). See the module docstring."""
     if backend not in ("local", "ray"):
-        raise ValueError(f"unknown backend {backend!r}; valid: local, ray")
+        raise UsageError(f"unknown backend {backend!r}; valid: local, ray")
     workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+        raise UsageError(f"workers must be >= 1, got {workers}")
     configs = grid(traces, hardware, models, max_seqs, rates, concurrency, max_batch_tokens, num_requests,
                    scheduler, seed)
     if backend == "ray" and address:

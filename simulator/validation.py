@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from profiler.errors import UnknownName, UsageError
 from profiler.reader import Trace, read_trace
 from simulator.calibrate import fit_cost_params_to_steps
 from simulator.cost import CostModel
@@ -53,7 +54,7 @@ def trace_hardware(meta: dict) -> HardwareSpec:
             if part == "a100":
                 part = "a100-80g" if int(device.get("memory_bytes") or 80 * 2**30) > 48 * 2**30 else "a100-40g"
             return get_hardware(part)
-    raise KeyError(f"trace device {name!r} matches no catalog part ({', '.join(sorted(HARDWARE))}); "
+    raise UnknownName(f"trace device {name!r} matches no catalog part ({', '.join(sorted(HARDWARE))}); "
                    f"pass --hardware")
 
 
@@ -91,19 +92,19 @@ def validate(path: str | Path, hardware: HardwareSpec | str | None = None) -> di
     """Calibrate on even requests, check on odd ones; figures as a dict (see the module doc)."""
     trace = read_trace(path)
     if trace.kind != "measured":
-        raise ValueError(f"{trace.path}: validate needs a measured trace, this one is {trace.kind}")
+        raise UsageError(f"{trace.path}: validate needs a measured trace, this one is {trace.kind}")
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(trace.meta)
     model = ModelSpec.from_trace_meta(trace.meta)
     req = trace.requests.sort_values("request_id").reset_index(drop=True)
     usable = req[(req["status"] != "error") & (req["steps"] > 0)]
     if len(usable) < 2:
-        raise ValueError(f"{trace.path}: validation needs at least 2 requests with forward passes "
+        raise UsageError(f"{trace.path}: validation needs at least 2 requests with forward passes "
                          f"(one to calibrate on, one to check), found {len(usable)}")
     calib_ids = usable["request_id"].to_numpy()[0::2]
     check_ids = usable["request_id"].to_numpy()[1::2]
     calib = step_arrays(trace, calib_ids)
     if len(calib) < 4:
-        raise ValueError(f"{trace.path}: the calibration half has {len(calib)} forward passes; need >= 4")
+        raise UsageError(f"{trace.path}: the calibration half has {len(calib)} forward passes; need >= 4")
     params = fit_cost_params_to_steps(hw, model, calib)
     gap_s = _host_gap_s(trace, calib_ids)
     cost = CostModel(hw, model, params)
@@ -141,7 +142,7 @@ def cross_check(path: str | Path, hardware: HardwareSpec | str | None = None) ->
     said about that GPU before anyone measured it."""
     trace = read_trace(path)
     if trace.kind != "measured":
-        raise ValueError(f"{trace.path}: cross_check needs a measured trace, this one is {trace.kind}")
+        raise UsageError(f"{trace.path}: cross_check needs a measured trace, this one is {trace.kind}")
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(trace.meta)
     model = ModelSpec.from_trace_meta(trace.meta)
     cost = CostModel(hw, model)

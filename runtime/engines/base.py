@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from profiler.errors import UsageError
 from runtime.kv import PagedKVStore
 from runtime.model import TinyLM
 from runtime.sampling import SamplingConfig
@@ -37,9 +38,9 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+            raise UsageError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+            raise UsageError(f"page_size must be >= 1, got {self.page_size}")
 
 
 @dataclass

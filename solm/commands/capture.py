@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from profiler.errors import UsageError
 from runtime.capture import KEEP, CaptureConfig, capture
 from runtime.engines import systems
 
@@ -47,7 +48,7 @@ def parse_knobs(items: list[str]) -> dict:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--knob expects KEY=VALUE, got {item!r}")
+            raise UsageError(f"--knob expects KEY=VALUE, got {item!r}")
         try:
             knobs[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -60,12 +61,12 @@ def run(args: argparse.Namespace) -> int:
     from profiler.summary import summarize
 
     if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        raise UsageError(f"--threads must be >= 1, got {args.threads}")
     import torch
 
     torch.set_num_threads(args.threads)
     if args.counters_hz <= 0:
-        raise ValueError(f"--counters-hz must be > 0, got {args.counters_hz}")
+        raise UsageError(f"--counters-hz must be > 0, got {args.counters_hz}")
     cfg = CaptureConfig(system=args.system, model=args.model, task=args.task, n=args.n, split=args.split,
                         device=args.device, seed=args.seed, max_tokens=args.max_tokens, temperature=args.temperature,
                         top_p=args.top_p, page_size=args.page_size, counters_interval_s=1.0 / args.counters_hz,

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from profiler.errors import UsageError
 from profiler.services import die_with_parent, is_loopback, terminate_on_signal
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
@@ -72,15 +73,15 @@ def serve(cmd: list[str], env: dict[str, str]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
-        raise ValueError(f"--port {args.port} is not a port (1..65535)")
+        raise UsageError(f"--port {args.port} is not a port (1..65535)")
     dirs = [str(Path(d).resolve()) for d in (args.dirs or ["."])]
     missing = [d for d in dirs if not Path(d).is_dir()]
     if missing:
-        raise FileNotFoundError(f"{missing[0]}: no such directory (pass trace directories or folders of traces)")
+        raise UsageError(f"{missing[0]}: no such directory (pass trace directories or folders of traces)")
     try:
         import streamlit  # noqa: F401
     except ModuleNotFoundError:
-        raise ValueError("streamlit is not installed in this environment (make venv installs it)") from None
+        raise UsageError("streamlit is not installed in this environment (make venv installs it)") from None
     cmd = command(dirs, args.port, args.address, args.allow_any_path)
     url = f"http://{args.address}:{args.port}"
     warning = exposure_warning(args.address, args.allow_any_path)

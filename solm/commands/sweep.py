@@ -18,6 +18,7 @@ import json
 import sys
 import time
 
+from profiler.errors import UsageError
 from profiler.services import terminate_on_signal
 from solm.commands.simulate import add_batch_args
 
@@ -25,11 +26,11 @@ from solm.commands.simulate import add_batch_args
 def _list(text: str, flag: str, kind=str) -> list:
     items = [x.strip() for x in str(text).split(",") if x.strip()]
     if not items:
-        raise ValueError(f"{flag} needs a comma-separated list, got {text!r}")
+        raise UsageError(f"{flag} needs a comma-separated list, got {text!r}")
     try:
         return [kind(x) for x in items]
     except ValueError:
-        raise ValueError(f"{flag} must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
+        raise UsageError(f"{flag} must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
