@@ -40,7 +40,6 @@ from urllib.parse import urlsplit
 from profiler.errors import UsageError
 from profiler.services import is_loopback
 
-
 CONNECT_TIMEOUT_S = 5.0
 LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage report leaves the machine
 

@@ -119,7 +119,8 @@ def _temp_dirs(pids: set[int]) -> set[Path]:
     out = set()
     for pid in pids:
         try:
-            out |= {Path(m) for m in re.findall(r"(/[^\s=]*/solm-ray-[^/\s]+)", " ".join(psutil.Process(pid).cmdline()))}
+            cmdline = " ".join(psutil.Process(pid).cmdline())
+            out |= {Path(m) for m in re.findall(r"(/[^\s=]*/solm-ray-[^/\s]+)", cmdline)}
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return out

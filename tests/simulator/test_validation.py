@@ -45,7 +45,7 @@ def _retime(src, dst, cost: CostModel, noise: float, gap_s: float = 1e-4, seed: 
     dur = np.asarray(cost.step_time_s(s["query_tokens"].to_numpy(float), s["kv_tokens_read"].to_numpy(float),
                                       s["active_streams"].to_numpy(float), s["query_tokens"].to_numpy(float)), float)
     dur = dur * np.exp(rng.normal(0.0, noise, len(dur)))
-    start, clock, first = np.zeros(len(s)), 0.0, {}
+    start, clock = np.zeros(len(s)), 0.0
     times = {}
     for i, (rid, d, emits) in enumerate(zip(s["request_id"], dur, s["emitted_tokens"])):
         if rid not in times:
