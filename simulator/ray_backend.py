@@ -15,8 +15,9 @@ run tasks, and tears everything down on exit (also on SIGTERM/Ctrl-C, through `f
   /tmp/ray/session_*) and usage statistics are off. Ray's own token authentication stays as Ray
   sets it up (on by default in 2.60, with its per-user token in ~/.ray/auth_token).
 - Existing cluster (`address`): the address is probed with a TCP connect first (5 s), so a wrong
-  address is one line, not Ray's retry loop (12 minutes at its defaults); a port that accepts but
-  is not a GCS fails after one attempt (about 40 s) instead of twenty.
+  address is one line, not Ray's connect loop (20 attempts of about half a minute each at its
+  defaults; RAY_gcs_server_port_wait_time_s); a port that accepts but is not a GCS fails after
+  one attempt (set to 1 here unless the environment sets it).
 
     with ray_session(None, workers=2) as ray:
         print(ray.get(ray.remote(lambda: 1).remote()))
@@ -107,7 +108,7 @@ def warn_non_loopback() -> list[tuple[int, str, str, int]]:
 
 
 # A SIGKILLed driver runs no `finally`: Ray's gcs_server, raylet and workers then die with it
-# (Ray's own fate sharing), but its dashboard and runtime-env agents outlived it by minutes in
+# (Ray's own fate sharing), but its dashboard and runtime-env agents outlived it (over a minute) in
 # Ray 2.60, and the session folder stayed. This watchdog, a sibling process, notes the driver's
 # descendants every half second; when the driver is gone it stops them and removes the folder.
 # On a normal exit the driver cleans up itself and ends the watchdog. It ignores Ctrl-C (sent to
