@@ -25,10 +25,10 @@ Run `python -m simulator.hardware` to print the table.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
-from profiler.errors import UnknownName, UsageError
+from profiler.errors import TraceError, UnknownName, UsageError
+from profiler.host import read_host_cpu
 
 GIB = 2**30
 
@@ -378,51 +378,32 @@ def _peak_scale(base: HardwareSpec, fields: dict[str, object]) -> float:
     return scale
 
 
-def _cpu_flops_per_cycle(flags: set[str]) -> int:
-    """fp32 FLOP per cycle per core from the ISA: two FMA pipes x lanes x 2 FLOP."""
-    if "avx512f" in flags:
-        return 64  # 2 x 16 lanes x 2
-    if "avx2" in flags and "fma" in flags:
-        return 32  # 2 x 8 lanes x 2
-    return 8  # SSE: 4 lanes, separate add and multiply
-
-
-def host_cpu_spec(cores: int | None = None) -> HardwareSpec:
-    """The `host-cpu` entry rescaled to the running machine (cores, ISA, clock, RAM).
-
-    Memory bandwidth cannot be read from the OS, so it keeps the generic DRAM figure.
-    """
+def cpu_spec(cpu: dict, cores: int | None = None, origin: str = "this host") -> HardwareSpec:
+    """The `host-cpu` entry rescaled to a CPU described as `read_host_cpu` returns it (a trace's
+    recorded `device.cpu`, or this machine's): `cores` (default: the usable ones) x clock x FLOP per
+    cycle; 3 GHz when the clock is unknown; a record that is not numbers is a TraceError. Memory bandwidth cannot be read from the OS, so it keeps
+    the generic DRAM figure."""
     base = HARDWARE["host-cpu"]
-    if cores is None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cores = os.cpu_count() or 1
-    flags: set[str] = set()
-    clocks_hz: list[float] = []
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                if key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-                elif key.strip() == "cpu MHz":
-                    clocks_hz.append(float(value) * 1e6)
-    except (OSError, ValueError):
-        pass
-    clock_hz = max(clocks_hz) if clocks_hz else 3.0e9  # current clock; 3 GHz if unknown
-    per_cycle = _cpu_flops_per_cycle(flags) if flags else 32
-    try:
-        ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        ram_bytes = base.hbm_capacity_bytes
+        cores = int(cores or cpu.get("usable_cores") or cpu.get("logical_cores") or 1)
+        clock_hz = float(cpu["clock_mhz"]) * 1e6 if cpu.get("clock_mhz") else 3.0e9
+        per_cycle = int(cpu.get("flops_per_cycle") or 32)
+    except (TypeError, ValueError, OverflowError):
+        raise TraceError(f"CPU record {cpu!r}: cores, clock_mhz and flops_per_cycle must be numbers") from None
+    if not (cores >= 1 and 0 < clock_hz < 1e11 and per_cycle >= 1):
+        raise TraceError(f"CPU record {cpu!r}: impossible cores ({cores}), clock ({clock_hz:g} Hz) or FLOP/cycle")
     return dataclasses.replace(
         base,
         name=f"host-cpu-{cores}c",
         peak_flops_per_s=cores * clock_hz * per_cycle,
-        hbm_capacity_bytes=int(ram_bytes),
-        source=f"this host: {cores} cores x {clock_hz / 1e9:.2f} GHz x {per_cycle} FLOP/cycle",
+        hbm_capacity_bytes=int(cpu.get("ram_bytes") or base.hbm_capacity_bytes),
+        source=f"{origin}: {cpu.get('model') or 'cpu'}, {cores} cores x {clock_hz / 1e9:.2f} GHz x {per_cycle} FLOP/cycle",
     )
+
+
+def host_cpu_spec(cores: int | None = None) -> HardwareSpec:
+    """The `host-cpu` entry rescaled to the running machine (cores, ISA, current clock, RAM)."""
+    return cpu_spec(read_host_cpu(), cores)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="", help="checkpoint dir, shipped model name or preset (default: the system's shipped model)")
     p.add_argument("--task", default="", help="task name (default: the system's default task)")
     p.add_argument("--n", type=int, default=8, help="number of held-out prompts")
-    p.add_argument("--split", default="test", choices=["train", "test"])
+    p.add_argument("--split", default="test", choices=["train", "dev", "test"],
+                   help="prompt split: test (reported figures), dev (where settings are chosen) or train")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="bound on generated tokens (default: 1.25 x the task's longest answer, runtime/answer_length.py)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--page-size", type=int, default=16, help="KV page size in slots")
