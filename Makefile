@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.solm-installed
 
-.PHONY: demo test bench venv clean-venv
+.PHONY: demo test lint bench venv clean-venv
 
 venv: $(STAMP)
 
@@ -18,7 +18,13 @@ $(STAMP): requirements.lock pyproject.toml
 demo: $(STAMP)
 	$(PY) bench/demo.py
 
-test: $(STAMP)
+# ruff (lint and format check) and mypy on the annotated packages, before any test runs
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy profiler simulator
+
+test: $(STAMP) lint
 	$(PY) -m pytest
 
 bench: $(STAMP)

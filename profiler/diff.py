@@ -97,7 +97,7 @@ class TraceDiff:
         per_request = []
         for row in self.requests.to_dict("records"):
             rid = int(row["a_id"])
-            item = {"a_id": rid, "b_id": int(row["b_id"]), "speedup": _num(row["speedup"])}
+            item: dict[str, object] = {"a_id": rid, "b_id": int(row["b_id"]), "speedup": _num(row["speedup"])}
             for m, _ in METRICS:
                 item[m] = {"a": _num(row[f"{m}_a"]), "b": _num(row[f"{m}_b"]),
                            "delta": _num(row[f"{m}_delta"]), "ratio": _num(row[f"{m}_ratio"])}
@@ -157,7 +157,7 @@ def text_diff(a_tokens: list[str], b_tokens: list[str]) -> dict:
     """Token-level diff of two outputs: counts per opcode, similarity, and the opcodes."""
     sm = difflib.SequenceMatcher(None, a_tokens, b_tokens, autojunk=False)
     counts = {"equal_tokens": 0, "inserted_tokens": 0, "deleted_tokens": 0, "replaced_tokens": 0}
-    ops = []
+    ops: list[tuple[str, str, str]] = []
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":
             counts["equal_tokens"] += i2 - i1

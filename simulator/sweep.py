@@ -9,9 +9,10 @@ the part's memory) is a row with its error, not a crash.
 How: a local process pool by default (one worker per core, workloads sent once per worker);
 `backend="ray"` runs the same chunks as Ray tasks, on an existing cluster (`address`) or on a
 local instance bound to loopback (`simulator.ray_backend`). Workers die with the sweep: the pool
-is stopped on any exit, and each worker asks Linux for SIGTERM when its parent dies. Each finished chunk is appended to `results.jsonl` in the output
-directory at once, so an interrupted sweep keeps what it finished and a rerun with the same
-`out` skips it; `sweep.parquet` is written at the end (and on interrupt) with the Pareto marks.
+is stopped on any exit, and each worker asks Linux for SIGTERM when its parent dies. Each
+finished chunk is appended to `results.jsonl` in the output directory at once, so an interrupted
+sweep keeps what it finished and a rerun with the same `out` skips it; `sweep.parquet` is written
+at the end (and on interrupt) with the Pareto marks.
 
     from simulator.sweep import sweep
     table = sweep(["traces/sequential-tiny"], hardware=["a100-80g", "h100-sxm"], max_seqs=[1, 8, 32],
@@ -59,7 +60,8 @@ def grid(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] =
     for m in models:
         if m:
             get_model(m)
-    arrivals = [(r, None) for r in rates if r is not None] + [(None, c) for c in concurrency if c is not None]
+    arrivals: list[tuple[float | None, int | None]] = [(r, None) for r in rates if r is not None]
+    arrivals += [(None, c) for c in concurrency if c is not None]
     arrivals = arrivals or [(None, None)]
     configs = []
     for t, h, m, s, (r, c) in itertools.product(traces, hardware, models, max_seqs, arrivals):
@@ -172,7 +174,8 @@ def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] 
     """Run the grid; return the table (and write it under `out`). See the module docstring."""
     if backend not in ("local", "ray"):
         raise UsageError(f"unknown backend {backend!r}; valid: local, ray")
-    workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = workers or max(1, cores)
     if workers < 1:
         raise UsageError(f"workers must be >= 1, got {workers}")
     configs = grid(traces, hardware, models, max_seqs, rates, concurrency, max_batch_tokens, num_requests,
@@ -189,7 +192,8 @@ def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] 
         out_dir.mkdir(parents=True, exist_ok=True)
         finished = read_results(out_dir)
         keys = set(finished["key"]) if len(finished) else set()
-        done = [r for r in finished.drop(columns="pareto").to_dict("records") if r["key"] in order] if len(finished) else []
+        rows = finished.drop(columns="pareto").to_dict("records") if len(finished) else []
+        done = [r for r in rows if r["key"] in order]
         configs = [c for c in configs if config_key(c) not in keys]
     total = len(configs) + len(done)
     size = max(1, min(25, math.ceil(len(configs) / (workers * 8)))) if configs else 1
