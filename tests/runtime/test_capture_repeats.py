@@ -103,3 +103,19 @@ def test_reader_takes_a_refined_requests_newest_generation(tmp_path):
     assert len(t.requests) == 1 and t.requests["e2e_s"].iloc[0] == 123.0
     with pytest.raises(ValueError, match="already written"):
         w.add_request(row, steps, toks, t0.graphs[0])
+
+
+def test_validate_run_zero_on_the_command_line(tmp_path):
+    """`solm validate T --run 0`: the same figures on the first round alone; a trace without every
+    run's timings is one clear error line, exit 2."""
+    import json
+
+    from tests.cli import solm
+
+    rep = capture(CaptureConfig(**CFG, repeats=2), tmp_path / "rep", progress=False)
+    one = capture(CaptureConfig(**CFG), tmp_path / "one", progress=False)
+    r = solm("validate", str(rep), "--run", "0")
+    assert r.returncode == 0, r.stderr
+    assert "run 0 alone: 3 requests" in r.stdout and json.loads(r.stdout.splitlines()[-1])["run"] == 0
+    bad = solm("validate", str(one), "--run", "0")
+    assert bad.returncode == 2 and "no runs.parquet" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
