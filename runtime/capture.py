@@ -332,8 +332,17 @@ def capture_meta(cfg: CaptureConfig, model, info: dict, sampler: CounterSampler,
         **provenance_meta(cfg.device, sampler, timer_name, cfg.seed),
         "quality_applicable": scored, "quality_note": "" if scored else NOT_APPLICABLE,
         "structure_source": cfg.structure_from or "the model's own tokens",
-        "warmup_requests": cfg.warmup, "runs_per_request": cfg.repeats,
+        "engine_settings": engine_settings(cfg), "warmup_requests": cfg.warmup, "runs_per_request": cfg.repeats,
     }
+
+
+def engine_settings(cfg: CaptureConfig) -> dict:
+    """Every keyword setting the engine ran with: its defaults (a shipped operating point among
+    them) overlaid with the knobs given (`knobs` holds only those)."""
+    from runtime.engines.operating_points import engine_defaults
+
+    plain = (type(None), bool, int, float, str)
+    return {**{k: v for k, v in engine_defaults(cfg.system).items() if isinstance(v, plain)}, **cfg.knobs}
 
 
 def run_rounds(cfg: CaptureConfig, s: Session, start, scripts: list | None, recorder: Recorder, sampler, bar) -> None:
