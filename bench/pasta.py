@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from profiler.stats import geomean  # noqa: E402
 from runtime.checkpoint import load_model  # noqa: E402
 from runtime.engines import GenerationConfig, Request, get_engine  # noqa: E402
 from runtime.structure_replay import ForcedLogits  # noqa: E402
@@ -55,11 +56,6 @@ METHODS = (  # (method, engine, shipped model)
     ("pasta-sft", "pasta", "pasta-sft"),
     ("skeleton", "skeleton", "pasta-fast"),
 )
-
-
-def geomean(xs: list[float]) -> float:
-    xs = [x for x in xs if x > 0]
-    return float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")
 
 
 def parse_args() -> argparse.Namespace:

@@ -29,17 +29,18 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from profiler.recorder import Recorder  # noqa: E402
+from profiler.stats import geomean, non_dominated  # noqa: E402
 from runtime.checkpoint import CHECKPOINTS_DIR, load_model  # noqa: E402
 from runtime.engines import GenerationConfig, Request, get_engine  # noqa: E402
 from runtime.engines.operating_points import OPERATING_POINTS_FILE, engine_defaults, write_operating_point  # noqa: E402
@@ -85,15 +86,11 @@ def ar_model_name() -> str:
                      "train one: solm train --system planned_diffusion --stage ar --threads 1 --out checkpoints/pd-ar")
 
 
-def geomean(xs: list[float]) -> float:
-    xs = [x for x in xs if x > 0]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
-
-
 def pareto(rows: list[dict]) -> None:
-    for r in rows:
-        r["pareto"] = not any(o is not r and o["quality"] >= r["quality"] and o["speedup_geomean"] >= r["speedup_geomean"]
-                              and (o["quality"] > r["quality"] or o["speedup_geomean"] > r["speedup_geomean"]) for o in rows)
+    """Mark the rows no other row beats on quality and geomean speedup together."""
+    marks = non_dominated(np.array([[r["quality"], r["speedup_geomean"]] for r in rows], dtype=float).reshape(-1, 2))
+    for r, m in zip(rows, marks):
+        r["pareto"] = bool(m)
 
 
 def warm_up(engines: list, tok: Tokenizer) -> None:

@@ -19,6 +19,7 @@ import sys
 import time
 
 from profiler.errors import UsageError
+from profiler.services import terminate_on_signal
 from solm.commands.simulate import add_batch_args
 
 
@@ -68,10 +69,11 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     try:
-        table = sweep(args.traces, _list(args.hardware, "--hardware"), models, _list(args.max_seqs, "--max-seqs", int),
-                      rates or [None], conc or [None], args.max_batch_tokens, args.num_requests, args.scheduler,
-                      args.seed, args.backend, args.address, args.workers, args.out,
-                      None if args.json else progress)
+        with terminate_on_signal():  # SIGTERM/SIGHUP: the pool stops, finished rows stay; exit 143/129
+            table = sweep(args.traces, _list(args.hardware, "--hardware"), models,
+                          _list(args.max_seqs, "--max-seqs", int), rates or [None], conc or [None],
+                          args.max_batch_tokens, args.num_requests, args.scheduler, args.seed, args.backend,
+                          args.address, args.workers, args.out, None if args.json else progress)
     finally:
         if bar is not None:
             bar.close()
