@@ -19,17 +19,17 @@ import platform
 import socket
 import subprocess
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 
 from profiler.counters import CounterSampler
 from profiler.errors import UsageError
+from profiler.host import read_host_cpu
 from profiler.recorder import RecordedRun, Recorder, make_timer
 from profiler.runs import run_rows, write_runs
 from profiler.writer import TraceWriter
-from profiler.host import read_host_cpu
 from runtime.answer_length import default_max_tokens
 from runtime.checkpoint import REPO_ROOT, load_model
 from runtime.engines import Completion, GenerationConfig, Request, drain, get_engine
@@ -129,7 +129,7 @@ def provenance_meta(device: str, sampler: CounterSampler, timer_name: str, seed:
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cores": os.cpu_count(),
                  "python": platform.python_version()},
         "solm_version": solm_version(), "git_commit": git_commit(), "seed": seed,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timer": timer_name,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"), "timer": timer_name,
         "counters_source": sampler.source, "nvml": sampler.source == "nvml", "nvml_reason": sampler.reason,
     }
 
@@ -408,7 +408,7 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         if bar:
             bar.close()
         rows = sampler.stop()
-    extra = {"wall_s": recorder.now_s(), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    extra = {"wall_s": recorder.now_s(), "finished_at": datetime.now(UTC).isoformat(timespec="seconds")}
     if cfg.repeats > 1:
         extra["repeats"] = session.rounds.meta(cfg.repeats)
     session.writer.set_counters(rows)

@@ -13,7 +13,7 @@ from profiler.runs import read_runs, single_run
 from profiler.validate import validate as trace_problems
 from runtime.capture import CaptureConfig, capture
 
-CFG = dict(system="sequential", model="tiny-2l", n=3, max_tokens=8, page_size=4)
+CFG = {"system": "sequential", "model": "tiny-2l", "n": 3, "max_tokens": 8, "page_size": 4}
 
 
 def _assert_one_timeline(t) -> None:
@@ -51,7 +51,9 @@ def test_repeats_lay_recorded_runs_on_one_timeline_and_keep_every_run(tmp_path):
     assert np.allclose(view.requests.set_index("request_id").sort_index()["e2e_s"], first.sort_index())
     assert (view.requests["e2e_s"] >= req["e2e_s"].to_numpy() - 1e-12).all()  # the first run is never faster than the fastest
     assert len(view.steps) == len(t.steps)
-    from simulator.validation import validate  # the view validates as a trace (bench/simulator.py's first-run figure)
+    from simulator.validation import (
+        validate,  # the view validates as a trace (bench/simulator.py's first-run figure)
+    )
 
     assert validate(view)["check_requests"] == 1 and validate(t)["check_requests"] == 1
 

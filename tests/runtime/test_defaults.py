@@ -7,7 +7,11 @@ import json
 
 import pytest
 
-from runtime.answer_length import answer_tokens, default_max_tokens, longest_answer_tokens
+from runtime.answer_length import (
+    answer_tokens,
+    default_max_tokens,
+    longest_answer_tokens,
+)
 from runtime.tasks import get_task, task_names
 from runtime.tokenizer import Tokenizer
 
@@ -38,7 +42,11 @@ def test_capture_without_max_tokens_uses_the_tasks_default(tmp_path):
 def test_planned_diffusion_defaults_are_the_operating_point_chosen_on_dev():
     """`solm capture --system planned_diffusion` with no knobs runs the setting bench/planned_diffusion.py
     chose on the dev split, recorded with the command and dev figures that chose it."""
-    from runtime.engines.operating_points import OPERATING_POINTS_FILE, engine_defaults, operating_points
+    from runtime.engines.operating_points import (
+        OPERATING_POINTS_FILE,
+        engine_defaults,
+        operating_points,
+    )
 
     entry = json.loads(OPERATING_POINTS_FILE.read_text())["planned_diffusion"]
     assert entry == operating_points()["planned_diffusion"]
