@@ -19,17 +19,17 @@ import platform
 import socket
 import subprocess
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 
 from profiler.counters import CounterSampler
 from profiler.errors import UsageError
+from profiler.host import read_host_cpu
 from profiler.recorder import RecordedRun, Recorder, make_timer
 from profiler.runs import run_rows, write_runs
 from profiler.writer import TraceWriter
-from profiler.host import read_host_cpu
 from runtime.answer_length import default_max_tokens
 from runtime.checkpoint import REPO_ROOT, load_model
 from runtime.engines import Completion, GenerationConfig, Request, drain, get_engine
@@ -129,7 +129,7 @@ def provenance_meta(device: str, sampler: CounterSampler, timer_name: str, seed:
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cores": os.cpu_count(),
                  "python": platform.python_version()},
         "solm_version": solm_version(), "git_commit": git_commit(), "seed": seed,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timer": timer_name,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"), "timer": timer_name,
         "counters_source": sampler.source, "nvml": sampler.source == "nvml", "nvml_reason": sampler.reason,
     }
 
@@ -332,8 +332,17 @@ def capture_meta(cfg: CaptureConfig, model, info: dict, sampler: CounterSampler,
         **provenance_meta(cfg.device, sampler, timer_name, cfg.seed),
         "quality_applicable": scored, "quality_note": "" if scored else NOT_APPLICABLE,
         "structure_source": cfg.structure_from or "the model's own tokens",
-        "warmup_requests": cfg.warmup, "runs_per_request": cfg.repeats,
+        "engine_settings": engine_settings(cfg), "warmup_requests": cfg.warmup, "runs_per_request": cfg.repeats,
     }
+
+
+def engine_settings(cfg: CaptureConfig) -> dict:
+    """Every keyword setting the engine ran with: its defaults (a shipped operating point among
+    them) overlaid with the knobs given (`knobs` holds only those)."""
+    from runtime.engines.operating_points import engine_defaults
+
+    plain = (type(None), bool, int, float, str)
+    return {**{k: v for k, v in engine_defaults(cfg.system).items() if isinstance(v, plain)}, **cfg.knobs}
 
 
 def run_rounds(cfg: CaptureConfig, s: Session, start, scripts: list | None, recorder: Recorder, sampler, bar) -> None:
@@ -399,7 +408,7 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         if bar:
             bar.close()
         rows = sampler.stop()
-    extra = {"wall_s": recorder.now_s(), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    extra = {"wall_s": recorder.now_s(), "finished_at": datetime.now(UTC).isoformat(timespec="seconds")}
     if cfg.repeats > 1:
         extra["repeats"] = session.rounds.meta(cfg.repeats)
     session.writer.set_counters(rows)

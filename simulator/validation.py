@@ -32,7 +32,13 @@ from profiler.errors import UnknownName, UsageError
 from profiler.reader import Trace, read_trace
 from simulator.calibrate import fit_cost_params_to_steps
 from simulator.cost import CostModel
-from simulator.hardware import HARDWARE, HardwareSpec, cpu_spec, get_hardware, host_cpu_spec
+from simulator.hardware import (
+    HARDWARE,
+    HardwareSpec,
+    cpu_spec,
+    get_hardware,
+    host_cpu_spec,
+)
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
 from simulator.workload import from_trace

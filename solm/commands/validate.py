@@ -37,6 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware", default=None, help="catalog part (default: the device the trace names)")
     p.add_argument("--uncalibrated", action="store_true",
                    help="predict from the catalog part's default cost model, fitting nothing to the trace")
+    p.add_argument("--run", type=int, default=None, metavar="K",
+                   help="a --repeats capture: validate the trace as its run K alone saw it (0: the first round, what "
+                        "a --repeats 1 capture would have recorded; from runs.parquet)")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
 
 
@@ -77,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     if len(args.trace) > 1:
         raise UsageError("several traces need --calibrate-from (validation under load)")
     args.trace = args.trace[0]
+    if args.uncalibrated and args.run is not None:
+        raise UsageError("--run applies to the calibrated validation, not --uncalibrated")
     if args.uncalibrated:
         v = cross_check(args.trace, args.hardware)
         if not args.json:
@@ -88,11 +93,20 @@ def run(args: argparse.Namespace) -> int:
                   f"simulated {v['simulated_e2e_s_mean'] * 1e3:.1f} ms")
         print(json.dumps(v))
         return 0
-    v = validate(args.trace, args.hardware)
+    source, note = args.trace, ""
+    if args.run is not None:
+        from profiler.reader import read_trace
+        from profiler.runs import single_run
+
+        source, info = single_run(read_trace(args.trace), args.run)
+        note = f" [run {args.run} alone: {info['requests']} requests, {info['left_out']} left out]"
+    v = validate(source, args.hardware)
+    if args.run is not None:
+        v["run"] = args.run
     if not args.json:
         print(f"{v['trace']}: {v['system']} on {v['hardware']} with {v['model']}; calibrated on "
               f"{v['calibration_requests']} requests ({v['calibration_steps']} passes), checked on "
-              f"{v['check_requests']} ({v['check_steps']} passes)")
+              f"{v['check_requests']} ({v['check_steps']} passes){note}")
         print(f"  hardware        {v['hardware_source']}")
         print(f"  step time       MAPE {v['step_time_mape_percent']:.1f}%  (median APE "
               f"{v['step_time_median_ape_percent']:.1f}%)")
