@@ -12,6 +12,7 @@ without a trace.
         --groups 32 --json
     solm cost --model llama-3-8b --hardware h200 --calibrate-from traces/gpu-h200/sequential
     solm cost --model llama-3-70b --hardware h100-sxm --set num_sms=160 --tokens 512
+    solm cost --model llama-3-8b --hardware h100-sxm --tokens 1,300,4096 --explain
 
 `--set FIELD=VALUE` answers "what if this part had ...": the part's catalog fields (as `solm
 simulate --set`); changing `num_sms` (or the clock) scales the tensor peak with it. An unknown
@@ -20,6 +21,9 @@ field is one error line, exit 2.
 `--calibrate-from TRACE` fits the efficiencies and the per-pass overhead to the measured passes of
 a trace captured on that part (`simulator.calibrate.fit_cost_params_to_steps`, the fit `solm
 validate` uses) and predicts with those instead.
+
+`--explain` adds, per GEMM and token count, the kernel the tile-and-wave model chose (tile shape,
+split-K, tiles, waves) and whether it is compute-, memory-, wave- (quantization) or launch-bound.
 
 Query rows see `--kv-tokens` KV slots each (kv_tokens_read = tokens x K); without it each pass
 is a causal prefill from empty (row i sees i + 1 slots). `--groups G` says the rows come from G
@@ -72,6 +76,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--calibrate-from", default=None, metavar="TRACE",
                         help="fit the efficiencies and per-pass overhead to a measured trace's passes "
                              "(captured on --hardware) instead of the shipped A100 calibration")
+    parser.add_argument("--explain", action="store_true",
+                        help="per GEMM and token count: the chosen tile, split-K, tiles, waves "
+                             "and whether it is compute-, memory-, wave- or launch-bound")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     parser.set_defaults(func=run)
     return parser
@@ -163,9 +170,50 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
             "step_time_ms": float(cost.step_time_s(n, kv, query_groups)) * 1e3,
             "bound": cost.bound(n, kv, query_groups),
         })
-    return {"model": model.name, "hardware": hardware.name, "tensor_parallel": tp,
-            "n_layers": model.n_layers, "calibration": cost.params.source,
-            "ops": ops, "steps": steps}
+    result = {"model": model.name, "hardware": hardware.name, "tensor_parallel": tp,
+              "n_layers": model.n_layers, "calibration": cost.params.source,
+              "ops": ops, "steps": steps}
+    if getattr(args, "explain", False):
+        result["explain"] = explain(cost, tokens)
+    return result
+
+
+def explain(cost: CostModel, tokens: list[int]) -> list[dict[str, Any]]:
+    """Why each GEMM takes its time: the kernel the tile model chose (or the roofline's bound)."""
+    from simulator.cost import GEMM_OPS, gemm_shapes
+    from simulator.gemm import bound
+
+    shapes = gemm_shapes(cost.model, cost.tensor_parallel)
+    rows: list[dict[str, Any]] = []
+    for n in tokens:
+        for op in GEMM_OPS:
+            k, width = shapes[op]
+            row: dict[str, Any] = {"num_tokens": n, "op": op, "k": int(k), "n": int(width)}
+            if cost.uses_tiles:
+                kernel = cost.gemm_kernel(op, n)
+                row.update(tile=kernel.tile[0], split=int(kernel.split),
+                           tiles=int(kernel.tiles), waves=int(kernel.waves),
+                           kernel_ms=kernel.time_s * 1e3, bound=bound(kernel))
+            else:
+                row.update(tile=None, bound="roofline (no tile model for this part)")
+            rows.append(row)
+    return rows
+
+
+def _explain_table(result: dict[str, Any]) -> str:
+    lines = [f"why (GEMM kernels on {result['hardware']}, {result['model']} shard of tp "
+             f"{result['tensor_parallel']}):",
+             f"{'tokens':>7s} {'op':15s} {'K x N':>13s} {'tile':>11s} {'split':>5s} "
+             f"{'tiles':>6s} {'waves':>5s} {'ms':>9s}  bound"]
+    for row in result["explain"]:
+        shape = f"{row['k']}x{row['n']}"
+        if row["tile"] is None:
+            lines.append(f"{row['num_tokens']:7d} {row['op']:15s} {shape:>13s}  {row['bound']}")
+            continue
+        lines.append(f"{row['num_tokens']:7d} {row['op']:15s} {shape:>13s} {row['tile']:>11s} "
+                     f"{row['split']:5d} {row['tiles']:6d} {row['waves']:5d} "
+                     f"{row['kernel_ms']:9.4f}  {row['bound']}")
+    return "\n".join(lines)
 
 
 def _table(result: dict[str, Any]) -> str:
@@ -203,5 +251,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not args.json:
         print(_table(result))
+        if "explain" in result:
+            print(_explain_table(result))
     print(json.dumps(result))
     return 0
