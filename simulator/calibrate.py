@@ -10,6 +10,10 @@ What, two sources:
     `fit_cost_params_to_steps` rescales a `CostParams` (compute and memory efficiencies, step
     overhead) so that `CostModel.step_time_s` matches the trace, e.g. a CPU capture.
 
+The tile-and-wave GEMM parameters (`CostParams.gemm`, `simulator.gemm_fit.fit_gemm`) are fitted
+on the same data's GEMM rows by `write_a100_calibration`; their held-out error on unseen shapes
+is reported by bench/cost_model.py (`simulator.gemm_fit.holdout_predictions` and `summary`).
+
 Held-out error: the fits report median absolute percentage error (APE) on rows they did not see.
 Default split "interleaved": within each (model, TP) profile sorted by token count, even rows
 train and odd rows test (measures interpolation between token counts). Split "model": leave one

@@ -17,6 +17,12 @@ numbers per op family (`OpEfficiency`) are priors from `HardwareSpec` or fitted 
 (norms, residual adds stay whole, as in the vidur data) and two ring all-reduces per layer are
 added.
 
+On a GPU with a chip layout in the catalog (`HardwareSpec.has_chip_layout`: SMs, clocks, L2,
+architecture), the GEMMs (`GEMM_OPS`: fused QKV, output projection, fused gate+up, down, and
+the lm_head) are timed instead by the tile-and-wave model of `simulator.gemm`, whose per-tile
+parameters (`CostParams.gemm`) are fitted once on the A100 data and serve every NVIDIA part
+(docs/cost_model.md). CPUs keep the roofline for every op.
+
 Attention is described by `num_tokens` query rows, `kv_tokens_read` (the sum over query rows of
 the KV slots each row can see, as the trace's `steps.parquet` records it) and `query_groups`, the
 number of independent streams the rows come in (1 for a prefill or one diffusion span, B for B

@@ -2,24 +2,27 @@
 
 What: an (M tokens) x K @ K x N GEMM (QKV, output projection, MLP up/gate and down, LM head) runs
 as ceil(M/tm) x ceil(N/tn) output tiles (times `split` slices of K for split-K), dispatched in
-waves of num_sms x CTAs-per-SM tiles. Every SM of a wave works through its share of the wave's
-tiles; concurrent CTAs on one SM share its tensor cores, so a wave's compute time is its busiest
-SM's tile count x one tile's time at the SM's peak. One tile's time is its k-iterations (plus
-`fill_iters` of pipeline prologue and epilogue) each limited either by the tensor cores (at
-`tensor_eff` of the SM's peak, the per-SM peak at the sustained clock) or by feeding its operands
-from L2 (`feed_bytes_per_clock` per SM). A wave's memory time is its share of the kernel's HBM
-bytes (operands not reused from L2, plus outputs) at `memory_eff` of the HBM bandwidth; the wave
-takes the max of the two, the kernel the sum over waves plus `launch_overheads` launches. The
-tile shape and split-K are chosen as the fastest of the architecture family's usual kernels
-(`TILES`), as cuBLAS / CUTLASS / hipBLASLt heuristics roughly do.
+waves of num_sms x CTAs-per-SM tiles. Concurrent CTAs on one SM share its tensor cores, so a
+wave's compute time is its busiest SM's tile count x one tile's time at the SM's peak (a wave of
+5 tiles on 4 SMs takes two tile-times, one of 4 tiles one). One tile's time is its k-iterations
+(plus `fill_iters` of pipeline prologue and epilogue), each limited either by the tensor cores (at
+`tensor_eff` of the SM's peak: the part's peak at its sustained clock over its SMs) or by feeding
+the tile's operands from L2 (`feed_bytes_per_clock` per SM: small tiles reuse less). The memory
+time is the kernel's HBM bytes (operands not reused from L2, plus outputs and split-K partials)
+at `memory_eff` of the HBM bandwidth. Every full wave carries the same bytes per tile, so the
+waves' compute and memory times are summed first and overlapped once, as a p-norm
+(`overlap_p`: large p is max(compute, memory), 1 is their sum); plus `launch_overheads` launches
+per kernel. The tile shape and split-K come from the architecture family's usual kernels
+(`TILES`): the fastest, or with `choice_q` > 0 a power mean (exponent -q) of all of them, which
+stays close to the fastest but admits that library heuristics do not always find it.
 
 Why: a smooth roofline with one fill curve cannot express wave quantization (a GEMM of 109 tiles
 on 108 SMs takes two waves), which is where the old model's errors on mid-size token counts
 swing in sign; and efficiencies that describe a tile, not a whole op, carry to parts with other
 SM counts, clocks and bandwidths (NeuSight, ASPLOS 2025: per-tile utilisation bounded by the
 roofline, counted over waves). Monotone by construction: more tokens never mean fewer tiles,
-waves or bytes; more SMs or bandwidth never mean more waves or longer ones; the minimum over
-kernels of monotone times is monotone.
+waves or bytes; more SMs or bandwidth never mean more waves, fewer reused bytes or slower
+tiles; a minimum or power mean over kernels of monotone times is monotone.
 
 Vectorised over M (floats or numpy arrays); the other arguments are scalars.
 """
@@ -57,8 +60,10 @@ class Tile:
 #   tiles fill 164 KB of shared memory at 3 stages (1 CTA/SM), the smaller ones fit 2.
 # - hopper (wgmma, TMA): cuBLAS sm90 kernels tilesize128x256x64, 256x128x64, 128x128x64,
 #   64x256x64, 64x128x64 (warpgroup M granularity is 64).
-# - blackwell (tcgen05): CUTLASS sm100 1-SM tiles 128x256, 256x128 (2-SM pair counted as one
-#   256-row tile per SM pair is not modelled), 128x128, 64x256 (the MMA's minimum M is 64).
+# - blackwell (tcgen05): CUTLASS sm100 1-SM tiles 128x256, 256x128, 128x128, 64x256 (the MMA's
+#   minimum M is 64); the 2-SM (CTA pair) tiles are not modelled.
+# - every family: 16- and 32-row tiles stand for the small-M kernels (gemv-like, or Hopper's
+#   swapped operands) the libraries use for a few tokens, so 3 tokens are not padded to 64 rows.
 # - cdna3 (MFMA): hipBLASLt MI300X macro tiles 256x256x64, 256x128x64, 128x256x64, 128x128x64,
 #   64x128x64, 64x64x64.
 _SMALL_M = (Tile(16, 128, 64, 2), Tile(32, 128, 64, 2))
@@ -171,8 +176,10 @@ def _hbm_bytes(m: np.ndarray, k: float, n: float, rows: np.ndarray, cols: np.nda
     split-K partials) once."""
     a_bytes, w_bytes = m * k * dtype_bytes, k * n * dtype_bytes
     out_bytes = m * n * (dtype_bytes if split == 1 else PARTIAL_BYTES * split)
-    wave_rows = np.minimum(rows, max(1.0, np.floor(np.sqrt(per_wave / split))))
-    wave_cols = np.minimum(cols, np.ceil(per_wave / split / wave_rows))
+    # A wave covers about sqrt(S) x sqrt(S) tiles (fewer rows when M is short, then wider);
+    # continuous in S so that more SMs never mean more passes.
+    wave_rows = np.minimum(rows, np.sqrt(per_wave / split))
+    wave_cols = np.minimum(cols, per_wave / split / wave_rows)
     resident = hw.l2_bytes / 2  # half of L2 for an operand kept across waves
     w_passes = np.where(w_bytes <= resident, 1.0, np.ceil(rows / wave_rows))
     a_passes = np.where(a_bytes <= resident, 1.0, np.ceil(cols / wave_cols))
@@ -180,16 +187,17 @@ def _hbm_bytes(m: np.ndarray, k: float, n: float, rows: np.ndarray, cols: np.nda
 
 
 def gemm_kernel(m: Number, k: float, n: float, hw: HardwareSpec, p: GemmParams,
-                dtype_bytes: int = 2) -> KernelTimes:
-    """The fastest kernel of `hw.arch`'s tiles and split-K choices for each M, with its terms."""
+                dtype_bytes: int = 2, tiles: tuple[Tile, ...] | None = None,
+                splits: tuple[int, ...] = SPLITS) -> KernelTimes:
+    """The fastest kernel of `hw.arch`'s tiles (or `tiles`) and split-K choices for each M."""
     if not hw.has_chip_layout:
         raise ValueError(f"hardware {hw.name!r} has no chip layout (num_sms, clocks, L2, arch)")
     scalar = not isinstance(m, np.ndarray)
     m_arr = np.atleast_1d(np.asarray(m, dtype=float))
     choices = []
-    for tile in TILES[hw.arch]:
+    for tile in TILES[hw.arch] if tiles is None else tiles:
         iters = np.ceil(k / tile.tk)
-        for split in SPLITS:
+        for split in splits:
             if split > 1 and iters / split < MIN_SPLIT_ITERS:
                 break
             choices.append((tile, split, _kernel(m_arr, k, n, tile, split, hw, p, dtype_bytes)))

@@ -247,7 +247,8 @@ _CHIP: dict[str, tuple[str, int, float, float, float, int]] = {
     # cores per SM, 2x A100's FMA rate per SM-clock = 4,096 FLOP; 50 MB L2. H100 SXM5: 132 SMs,
     # max boost 1,980 MHz; the 989.4 TFLOP/s peak is rated at 989.4e12 / (132 x 4,096) = 1.83 GHz.
     "h100-sxm": ("hopper", 132, 4096.0, 1.98e9, 989.4e12 / (132 * 4096), 50 * MIB),
-    # H100 PCIe: 114 SMs, max boost 1,755 MHz; 756 TFLOP/s rated at 756e12 / (114 x 4,096).
+    # H100 datasheet (PCIe) and the Hopper whitepaper: 114 SMs, max boost 1,755 MHz, 50 MB L2;
+    # 756 TFLOP/s rated at 756e12 / (114 x 4,096).
     "h100-pcie": ("hopper", 114, 4096.0, 1.755e9, 756e12 / (114 * 4096), 50 * MIB),
     # H200 datasheet: the H100 SXM5 die (132 SMs, 50 MB L2) with HBM3e; same clocks and peak.
     "h200": ("hopper", 132, 4096.0, 1.98e9, 989.4e12 / (132 * 4096), 50 * MIB),
