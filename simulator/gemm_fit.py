@@ -83,7 +83,7 @@ def predict_old(rows: pd.DataFrame, families: dict[str, Any],
 
 
 def fit_gemm(rows: pd.DataFrame, hardware: HardwareSpec = A100, thin: int = 1,
-             fixed: dict[str, float] | None = None) -> GemmParams:
+             fixed: dict[str, float] | None = None, f_scale: float = 0.05) -> GemmParams:
     """Least-squares fit of the tile parameters to measured GEMM rows (every `thin`-th token
     count of each shape, to bound the time); `fixed` holds fields not fitted."""
     rows = rows[rows.groupby(["model", "tp", "op"]).cumcount() % thin == 0].reset_index(drop=True)
@@ -102,7 +102,7 @@ def fit_gemm(rows: pd.DataFrame, hardware: HardwareSpec = A100, thin: int = 1,
     # Soft-L1: a few kernels the library picks badly (a 40% jump from one token count to the
     # next) should not pull the tile parameters.
     result = least_squares(residuals, _START[free], bounds=(_LOWER[free], _UPPER[free]),
-                           x_scale=_START[free], diff_step=1e-2, loss="soft_l1", f_scale=0.05,
+                           x_scale=_START[free], diff_step=1e-2, loss="soft_l1", f_scale=f_scale,
                            method="trf")
     return params_of(result.x)
 
