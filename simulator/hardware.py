@@ -16,6 +16,10 @@ Conventions:
 - Bandwidths are decimal (1 GB/s = 1e9 B/s), as vendors state them.
 - `hbm_capacity_bytes` reads datasheet "GB" as GiB: HBM/GDDR stacks come in binary sizes (the
   driver reports an A100 40GB as 40960 MiB). The driver reserves a little of it.
+- The chip layout of each GPU (`num_sms`, tensor FLOP per SM-clock, boost and sustained clocks,
+  L2, GEMM kernel family; the `_CHIP` block, each entry with its source) drives the
+  tile-and-wave GEMM model (`simulator.gemm`). The part's peak = SMs x FLOP per SM-clock x
+  sustained clock, so `override(..., num_sms=...)` scales it.
 - `interconnect_bytes_per_s` is the datasheet GPU-to-GPU figure, which for NVLink/Infinity Fabric
   is the bidirectional aggregate per GPU; collectives see about half of it in each direction.
 
@@ -358,8 +362,10 @@ def host_cpu_spec(cores: int | None = None) -> HardwareSpec:
 
 if __name__ == "__main__":
     for spec in HARDWARE.values():
+        chip = (f" {spec.num_sms:4d} SMs {spec.sustained_clock_hz / 1e9:.2f} GHz "
+                f"L2 {spec.l2_bytes / MIB:4.0f} MiB" if spec.has_chip_layout else "")
         print(
             f"{spec.name:10s} {spec.peak_flops_per_s / 1e12:8.1f} TFLOP/s "
             f"{spec.hbm_bytes_per_s / 1e12:6.3f} TB/s {spec.hbm_capacity_bytes / GIB:6.0f} GiB "
-            f"ridge {spec.ridge_flops_per_byte:6.1f} FLOP/B  ({spec.source})"
+            f"ridge {spec.ridge_flops_per_byte:6.1f} FLOP/B{chip}  ({spec.source})"
         )

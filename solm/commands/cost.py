@@ -1,9 +1,11 @@
 """`solm cost`: predicted per-layer time of each operator of one forward pass.
 
 What: for a catalog model on a catalog part, the simulator's cost model (`simulator.cost`) with
-the A100-calibrated efficiencies (shipped in `simulator/data/a100_calibration.json`, carried to
-other parts by their efficiency priors) predicts the time of every operator of one layer for
-each requested token count, plus the whole pass.
+the A100-calibrated parameters (shipped in `simulator/data/a100_calibration.json`) predicts the
+time of every operator of one layer for each requested token count, plus the whole pass. On a
+GPU the GEMMs come from the tile-and-wave model (`simulator.gemm`: output tiles in waves over the
+part's SMs, per-tile efficiencies fitted once on the A100, docs/cost_model.md); the other ops
+from a roofline per op family, carried to other parts by their efficiency priors.
 Why: the quickest way to see where a forward pass goes and how a part or model changes it,
 without a trace.
 
@@ -29,8 +31,9 @@ Query rows see `--kv-tokens` KV slots each (kv_tokens_read = tokens x K); withou
 is a causal prefill from empty (row i sees i + 1 slots). `--groups G` says the rows come from G
 independent streams (G sequences decoding one token each: `--tokens G --groups G`).
 Output: a table, then one JSON line {"model", "hardware", "tensor_parallel", "calibration",
-"ops": [{"num_tokens", "kv_tokens_read", "op", "time_ms"}], "steps": [...]}; `--json` prints
-only the JSON line. Bad input: one line on stderr, exit 2.
+"ops": [{"num_tokens", "kv_tokens_read", "op", "time_ms"}], "steps": [...]} (with --explain,
+"explain": [{"num_tokens", "op", "k", "n", "tile", "split", "tiles", "waves", "kernel_ms",
+"bound"}]); `--json` prints only the JSON line. Bad input: one line on stderr, exit 2.
 """
 
 from __future__ import annotations
