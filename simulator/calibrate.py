@@ -41,9 +41,17 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from simulator.cost import (CALIBRATION_PATH, OP_FAMILY,
-                            RESIDUAL_ADDS_PER_LAYER, CostModel, CostParams, OpEfficiency,
-                            layer_work, op_time_s, pass_work)
+from simulator.cost import (
+    CALIBRATION_PATH,
+    OP_FAMILY,
+    RESIDUAL_ADDS_PER_LAYER,
+    CostModel,
+    CostParams,
+    OpEfficiency,
+    layer_work,
+    op_time_s,
+    pass_work,
+)
 from simulator.hardware import HARDWARE, HardwareSpec
 from simulator.models import ModelSpec
 
@@ -196,7 +204,12 @@ def write_a100_calibration(data_dir: Path | str | None = None,
     row; the tile-and-wave GEMM parameters (`gemm`) on every second token count of each GEMM
     profile (`gemm_fit.fit_gemm`, about a minute); their held-out error is bench/cost_model.py's.
     """
-    from simulator.gemm_fit import FIXED_FROM_DATASHEETS, fit_gemm, gemm_rows, predict_tiles
+    from simulator.gemm_fit import (
+        FIXED_FROM_DATASHEETS,
+        fit_gemm,
+        gemm_rows,
+        predict_tiles,
+    )
 
     table = load_vidur(data_dir)
     rows = gemm_rows(table)
@@ -208,7 +221,7 @@ def write_a100_calibration(data_dir: Path | str | None = None,
         "command": "python -m simulator.calibrate",
         "params": params.to_json(),
         "report": {
-            "gemm_fit": {"rows": int(len(rows)), "fitted_on": "every 2nd token count",
+            "gemm_fit": {"rows": len(rows), "fitted_on": "every 2nd token count",
                          "fixed": FIXED_FROM_DATASHEETS,
                          "in_sample_median_ape_percent": float(np.median(ape)),
                          "in_sample_p90_ape_percent": float(np.percentile(ape, 90)),
@@ -216,7 +229,7 @@ def write_a100_calibration(data_dir: Path | str | None = None,
             "hardware": A100.name,
             "data": "microsoft/vidur data/profiling/compute/a100/*/mlp.csv (commit 7d47513)",
             "models": sorted(table["model"].unique()),
-            "op_rows": int(len(table)),
+            "op_rows": len(table),
             "fitted_on": "all rows",
             "heldout_median_ape_percent": {
                 "interleaved": heldout_errors(table, "interleaved"),

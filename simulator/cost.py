@@ -403,7 +403,6 @@ class CostModel:
                    query_groups: Number = 1) -> dict[str, Number]:
         """Seconds of each op in ONE layer (plus `all_reduce` when tensor_parallel > 1)."""
         num_tokens, kv_tokens_read, query_groups = _check(num_tokens, kv_tokens_read, query_groups)
-        p = self.params
         times = {
             op: self._op_s(op, work, num_tokens)
             for op, work in layer_work(self.model, num_tokens, self.tensor_parallel).items()

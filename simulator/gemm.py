@@ -30,6 +30,7 @@ Vectorised over M (floats or numpy arrays); the other arguments are scalars.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -104,7 +105,7 @@ class GemmParams:
         minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0}
         for name, (low, high) in bounds.items():
             value = getattr(self, name)
-            ok = isinstance(value, (int, float)) and value == value
+            ok = isinstance(value, (int, float)) and not math.isnan(value)
             ok = ok and (value > low if low is not None else value >= minimum[name])
             ok = ok and (high is None or value <= high)
             if not ok:

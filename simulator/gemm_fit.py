@@ -150,7 +150,7 @@ def summary(held: pd.DataFrame) -> dict[str, Any]:
 
     def stats(values: np.ndarray) -> dict[str, float]:
         return {"median": float(np.median(values)), "p90": float(np.percentile(values, 90)),
-                "n": int(len(values))}
+                "n": len(values)}
 
     def by(column: pd.Series) -> dict[str, dict[str, dict[str, float]]]:
         return {str(key): {"tiles": stats(tiles[mask]), "old": stats(old[mask])}
@@ -158,7 +158,7 @@ def summary(held: pd.DataFrame) -> dict[str, Any]:
 
     bands = pd.cut(unseen["num_tokens"], TOKEN_BINS, right=True).astype(str)
     return {
-        "rows": int(len(held)), "unseen_rows": int(len(unseen)),
+        "rows": len(held), "unseen_rows": len(unseen),
         "tiles": stats(tiles), "old": stats(old),
         "by_family": by(unseen["op"].map(OP_FAMILY)), "by_tokens": by(bands),
         "by_fold": by(unseen["fold"]),

@@ -15,7 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.cost import GEMM_OPS, CostModel, default_params, gemm_shapes, load_a100_params
+from simulator.cost import (
+    GEMM_OPS,
+    CostModel,
+    default_params,
+    gemm_shapes,
+    load_a100_params,
+)
 from simulator.gemm import GemmParams, Tile, gemm_kernel, gemm_time_s
 from simulator.hardware import CHIP_FIELDS, HARDWARE, get_hardware, override
 from simulator.models import get_model
@@ -142,7 +148,7 @@ def test_every_gpu_has_chip_fields_with_a_source_comment(name: str) -> None:
         comment.append(lines[above])
         above -= 1
     text = " ".join(comment)
-    assert re.search(r"whitepaper|datasheet|technical brief", text, re.I), name
+    assert re.search(r"whitepaper|datasheet|technical brief", text, re.IGNORECASE), name
     assert str(spec.num_sms) in text or f"{spec.num_sms:,}" in text, name
 
 
