@@ -19,7 +19,11 @@ profile (the full run on every 2nd); evaluation always covers every held-out row
 Last line: {"bench": "cost_model", "a100_unseen_median_ape_percent", "a100_unseen_p90_ape_percent",
 "old_model_unseen_median_ape_percent", "old_model_unseen_p90_ape_percent", ...}.
 
-    .venv/bin/python bench/cost_model.py [--quick]
+`--transfer` prints only what the two models predict on other parts (no measurement: there is
+no public GEMM data for them here): achieved TFLOP/s and TB/s of Llama-3-8B's GEMMs at 1, 300
+and 4096 tokens on every GPU of the catalog.
+
+    .venv/bin/python bench/cost_model.py [--quick | --transfer]
 """
 
 from __future__ import annotations
@@ -33,7 +37,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import dataclasses  # noqa: E402
+
 from simulator.calibrate import load_vidur  # noqa: E402
+from simulator.cost import CostModel, gemm_shapes  # noqa: E402
+from simulator.hardware import HARDWARE  # noqa: E402
+from simulator.models import get_model  # noqa: E402
 from simulator.gemm_fit import holdout_predictions, summary  # noqa: E402
 
 
@@ -43,10 +52,42 @@ def _row(name: str, entry: dict) -> str:
             f"   {old['median']:6.1f} {old['p90']:6.1f}")
 
 
+def transfer() -> dict:
+    """Predicted achieved rate of the up projection (4096 x 28672 per token) per part."""
+    model = get_model("llama-3-8b")
+    k, n = gemm_shapes(model)["mlp_up_proj"]
+    print("Llama-3-8B mlp_up_proj (K 4096, N 28672): predicted achieved TFLOP/s (300 and 4096 "
+          "tokens) and TB/s of weight streaming (1 token), tile model / old model")
+    rows = {}
+    for name, hw in HARDWARE.items():
+        if hw.kind != "gpu":
+            continue
+        tiles = CostModel(hw, model)
+        old = CostModel(hw, model, dataclasses.replace(tiles.params, gemm=None))
+        rates = []
+        for cost in (tiles, old):
+            times = {m: float(cost.op_times_s(m, m)["mlp_up_proj"]) for m in (1, 300, 4096)}
+            rates.append({"tb_s_1": k * n * 2 / times[1] / 1e12,
+                          "tflop_s_300": 2 * 300 * k * n / times[300] / 1e12,
+                          "tflop_s_4096": 2 * 4096 * k * n / times[4096] / 1e12})
+        rows[name] = {"tiles": rates[0], "old": rates[1]}
+        print(f"  {name:10s} peak {hw.peak_flops_per_s / 1e12:7.1f}: 4096 tokens "
+              f"{rates[0]['tflop_s_4096']:6.1f} / {rates[1]['tflop_s_4096']:6.1f}   300 tokens "
+              f"{rates[0]['tflop_s_300']:6.1f} / {rates[1]['tflop_s_300']:6.1f}   1 token "
+              f"{rates[0]['tb_s_1']:5.2f} / {rates[1]['tb_s_1']:5.2f} TB/s")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fit on every 8th token count")
+    parser.add_argument("--transfer", action="store_true",
+                        help="only print both models' predictions on the catalog's GPUs")
     args = parser.parse_args()
+    if args.transfer:
+        rows = transfer()
+        print(json.dumps({"bench": "cost_model_transfer", "llama_3_8b_up_proj": rows}))
+        return
     thin = 8 if args.quick else 2
     start = time.perf_counter()
     held = holdout_predictions(load_vidur(), thin=thin)

@@ -43,15 +43,22 @@ Number = Union[float, np.ndarray]
 
 @dataclass(frozen=True)
 class Tile:
-    """One kernel's output tile (tm x tn), k-step tk and resident CTAs per SM."""
+    """One kernel's output tile per SM (tm x tn), k-step tk and resident CTAs per SM.
+
+    `operand_share` > 1: SMs that compute one MMA together (Blackwell's 2-SM CTA pair) each load
+    1/share of its operands from L2 (the label then names the pair's tile).
+    """
 
     tm: int
     tn: int
     tk: int
     ctas_per_sm: int = 1
+    operand_share: int = 1
 
     @property
     def label(self) -> str:
+        if self.operand_share > 1:
+            return f"{self.tm * self.operand_share}x{self.tn}x{self.tk}/{self.operand_share}sm"
         return f"{self.tm}x{self.tn}x{self.tk}"
 
 
@@ -61,8 +68,9 @@ class Tile:
 #   tiles fill 164 KB of shared memory at 3 stages (1 CTA/SM), the smaller ones fit 2.
 # - hopper (wgmma, TMA): cuBLAS sm90 kernels tilesize128x256x64, 256x128x64, 128x128x64,
 #   64x256x64, 64x128x64 (warpgroup M granularity is 64).
-# - blackwell (tcgen05): CUTLASS sm100 1-SM tiles 128x256, 256x128, 128x128, 64x256 (the MMA's
-#   minimum M is 64); the 2-SM (CTA pair) tiles are not modelled.
+# - blackwell (tcgen05): CUTLASS sm100 2-SM tiles 256x256 and 256x128 (a CTA pair computes one
+#   MMA, each SM holding 128 rows and loading half of each operand: the Blackwell technical
+#   brief's "2-SM" UMMA) and 1-SM tiles 128x256, 256x128, 128x128, 64x256 (minimum M 64).
 # - every family: 16- and 32-row tiles stand for the small-M kernels (gemv-like, or Hopper's
 #   swapped operands) the libraries use for a few tokens, so 3 tokens are not padded to 64 rows.
 # - cdna3 (MFMA): hipBLASLt MI300X macro tiles 256x256x64, 256x128x64, 128x256x64, 128x128x64,
@@ -73,7 +81,8 @@ TILES: dict[str, tuple[Tile, ...]] = {
                Tile(128, 64, 32, 2), Tile(64, 128, 32, 2), Tile(64, 64, 64, 2), *_SMALL_M),
     "hopper": (Tile(128, 256, 64), Tile(256, 128, 64), Tile(128, 128, 64),
                Tile(64, 256, 64), Tile(64, 128, 64, 2), *_SMALL_M),
-    "blackwell": (Tile(128, 256, 64), Tile(256, 128, 64), Tile(128, 128, 64),
+    "blackwell": (Tile(128, 256, 64, operand_share=2), Tile(128, 128, 64, operand_share=2),
+                  Tile(128, 256, 64), Tile(256, 128, 64), Tile(128, 128, 64),
                   Tile(64, 256, 64), *_SMALL_M),
     "cdna3": (Tile(256, 256, 64), Tile(256, 128, 64), Tile(128, 256, 64), Tile(128, 128, 64),
               Tile(64, 128, 64, 2), Tile(64, 64, 64, 2), *_SMALL_M),
@@ -145,7 +154,8 @@ def _kernel(m: np.ndarray, k: float, n: float, tile: Tile, split: int, hw: Hardw
     iters = np.ceil(np.ceil(k / split) / tile.tk)
     clock = hw.sustained_clock_hz
     iter_s = max(2.0 * tile.tm * tile.tn * tile.tk / (hw.sm_peak_flops_per_s * p.tensor_eff),
-                 (tile.tm + tile.tn) * tile.tk * dtype_bytes / (p.feed_bytes_per_clock * clock))
+                 (tile.tm + tile.tn) * tile.tk * dtype_bytes / tile.operand_share
+                 / (p.feed_bytes_per_clock * clock))
     tile_s = (iters + p.fill_iters) * iter_s
     # busiest SM of each wave: ctas_per_sm tiles in a full wave, ceil(last / SMs) in the last
     compute = (full_waves * tile.ctas_per_sm + np.ceil(last / sms)) * tile_s
