@@ -29,8 +29,10 @@ Run `python -m simulator.hardware` to print the table.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
+
+from profiler.errors import TraceError, UnknownName, UsageError
+from profiler.host import read_host_cpu
 
 GIB = 2**30
 
@@ -57,9 +59,19 @@ class HardwareSpec:
     sustained_clock_hz: float | None = None  # the clock its tensor peak is rated at (see _CHIP)
     l2_bytes: int | None = None  # last-level on-chip cache shared by all SMs
     arch: str | None = None  # GEMM kernel family: its tile shapes (simulator.gemm.TILES)
+    # ---- interconnect and price (simulator/comm.py, simulator/cluster/; see _LINKS below) ----
+    nvlink_generation: int | None = None  # None: no NVLink / Infinity Fabric between GPUs
+    pcie_generation: int = 4
+    pcie_bytes_per_s: float = 64e9  # x16 slot, bidirectional aggregate (as vendors state it)
+    network_bytes_per_s: float = 25e9  # inter-node NIC per GPU, per direction (200 Gb/s = 25e9)
+    gpus_per_node: int = 8
+    topology: str = "nvswitch"  # nvswitch | nvlink_pairs | pcie | mesh (simulator.comm.TOPOLOGIES)
+    links_source: str = ""
+    price_per_gpu_hour: float | None = None  # user's price (USD); None: results are not costed
 
     def __post_init__(self) -> None:
         _validate(self)
+        _validate_links(self)
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -127,6 +139,25 @@ def _validate(spec: HardwareSpec) -> None:
     if (spec.boost_clock_hz is not None and spec.sustained_clock_hz is not None
             and spec.sustained_clock_hz > spec.boost_clock_hz * 1.0001):
         raise ValueError(f"hardware {spec.name!r}: sustained_clock_hz exceeds boost_clock_hz")
+
+
+TOPOLOGIES = ("nvswitch", "nvlink_pairs", "pcie", "mesh")  # node topologies (simulator.comm)
+
+
+def _validate_links(spec: HardwareSpec) -> None:
+    """ValueError (one line) for impossible interconnect or price fields."""
+    if spec.topology not in TOPOLOGIES:
+        raise ValueError(f"hardware {spec.name!r}: topology must be one of {', '.join(TOPOLOGIES)}, "
+                         f"got {spec.topology!r}")
+    for name in ("pcie_bytes_per_s", "network_bytes_per_s"):
+        value = getattr(spec, name)
+        if not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"hardware {spec.name!r}: {name} must be > 0, got {value!r}")
+    if not isinstance(spec.gpus_per_node, int) or spec.gpus_per_node < 1:
+        raise ValueError(f"hardware {spec.name!r}: gpus_per_node must be a positive int, got {spec.gpus_per_node!r}")
+    price = spec.price_per_gpu_hour
+    if price is not None and (not isinstance(price, (int, float)) or not price >= 0):
+        raise ValueError(f"hardware {spec.name!r}: price_per_gpu_hour must be >= 0, got {price!r}")
 
 
 # Priors shared by the NVIDIA data-centre parts. Matmul 0.70: the vidur A100 data reaches about
@@ -272,12 +303,53 @@ for _name, (_arch, _sms, _per_clock, _boost, _sustained, _l2) in _CHIP.items():
         boost_clock_hz=_boost, sustained_clock_hz=_sustained, l2_bytes=_l2)
 
 
+# ---- interconnect block ------------------------------------------------------------------------
+# Per part: NVLink generation (the aggregate NVLink figure is `interconnect_bytes_per_s` above),
+# PCIe generation and x16 bandwidth, the inter-node NIC per GPU of the vendor's reference server,
+# and the node topology. PCIe x16: Gen4 64 GB/s, Gen5 128 GB/s bidirectional (PCI-SIG).
+_GEN4, _GEN5 = {"pcie_generation": 4, "pcie_bytes_per_s": 64e9}, {"pcie_generation": 5, "pcie_bytes_per_s": 128e9}
+_LINKS: dict[str, dict] = {
+    # DGX A100: NVLink 3 through 6 NVSwitches, 8 x 200 Gb/s HDR InfiniBand (one per GPU).
+    "a100-40g": {"nvlink_generation": 3, **_GEN4, "network_bytes_per_s": 25e9, "topology": "nvswitch",
+                 "links_source": "NVIDIA DGX A100 datasheet (NVLink 3, NVSwitch, 8x HDR 200 Gb/s)"},
+    "a100-80g": {"nvlink_generation": 3, **_GEN4, "network_bytes_per_s": 25e9, "topology": "nvswitch",
+                 "links_source": "NVIDIA DGX A100 datasheet (NVLink 3, NVSwitch, 8x HDR 200 Gb/s)"},
+    # PCIe-only inference cards: no NVLink; 100 Gb/s Ethernet per GPU assumed for a server of them.
+    "a10": {**_GEN4, "network_bytes_per_s": 12.5e9, "topology": "pcie", "gpus_per_node": 4,
+            "links_source": "NVIDIA A10 datasheet (PCIe Gen4 x16, no NVLink); NIC 100 GbE assumed"},
+    "l4": {**_GEN4, "network_bytes_per_s": 12.5e9, "topology": "pcie",
+           "links_source": "NVIDIA L4 datasheet (PCIe Gen4 x16, no NVLink); NIC 100 GbE assumed"},
+    "l40s": {**_GEN4, "network_bytes_per_s": 25e9, "topology": "pcie",
+             "links_source": "NVIDIA L40S datasheet (PCIe Gen4 x16, no NVLink); NIC 200 Gb/s assumed"},
+    # A40: NVLink 3 bridge joining two boards.
+    "a40": {"nvlink_generation": 3, **_GEN4, "network_bytes_per_s": 25e9, "topology": "nvlink_pairs",
+            "links_source": "NVIDIA A40 datasheet (NVLink bridge, 2 GPUs, PCIe Gen4); NIC 200 Gb/s assumed"},
+    # DGX H100 / H200: NVLink 4 through NVSwitch, 8 x 400 Gb/s ConnectX-7 (NDR) per node.
+    "h100-sxm": {"nvlink_generation": 4, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvswitch",
+                 "links_source": "NVIDIA DGX H100 datasheet (NVLink 4, NVSwitch, 8x 400 Gb/s NDR)"},
+    "h100-pcie": {"nvlink_generation": 4, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvlink_pairs",
+                  "links_source": "NVIDIA H100 PCIe datasheet (NVLink bridge pairs, PCIe Gen5); NIC 400 Gb/s assumed"},
+    "h200": {"nvlink_generation": 4, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvswitch",
+             "links_source": "NVIDIA DGX H200 datasheet (NVLink 4, NVSwitch, 8x 400 Gb/s NDR)"},
+    # DGX B200: NVLink 5 (1.8 TB/s per GPU) through NVSwitch, 8 x 400 Gb/s ConnectX-7.
+    "b200": {"nvlink_generation": 5, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvswitch",
+             "links_source": "NVIDIA DGX B200 datasheet (NVLink 5, NVSwitch, 8x 400 Gb/s)"},
+    # MI300X platform: 8 GPUs fully connected by Infinity Fabric (7 links each), PCIe Gen5, 400 Gb/s NICs.
+    "mi300x": {**_GEN5, "network_bytes_per_s": 50e9, "topology": "mesh", "nvlink_generation": None,
+               "links_source": "AMD Instinct MI300X platform brief (Infinity Fabric mesh of 8, PCIe Gen5)"},
+    # Host: processes exchange through DRAM (the interconnect figure above); no NIC assumed beyond 100 GbE.
+    "host-cpu": {**_GEN4, "network_bytes_per_s": 12.5e9, "topology": "nvswitch", "gpus_per_node": 1,
+                 "links_source": "generic host (assumed)"},
+}
+HARDWARE = {name: dataclasses.replace(spec, **_LINKS[name]) for name, spec in HARDWARE.items()}
+
+
 def get_hardware(name: str) -> HardwareSpec:
     """Exact lookup; `KeyError` naming the valid parts for an unknown one."""
     try:
         return HARDWARE[name]
     except KeyError:
-        raise KeyError(
+        raise UnknownName(
             f"unknown hardware {name!r}; valid names: {', '.join(sorted(HARDWARE))}"
         ) from None
 
@@ -288,19 +360,23 @@ def override(base_name: str, /, **fields: object) -> HardwareSpec:
     `override("h100-sxm", hbm_bytes_per_s=6e12)` is an H100 with 6 TB/s, named
     "h100-sxm-custom" unless `name=` is given. Changing `num_sms`,
     `tensor_flops_per_sm_per_clock` or `sustained_clock_hz` scales `peak_flops_per_s` with them
-    (unless it is given too). Unknown fields or impossible values raise ValueError with one line.
+    (unless it is given too). Unknown fields or impossible values raise UsageError (a ValueError)
+    with one line: the fields come from the user (`--set`).
     """
     base = get_hardware(base_name)
     valid = {f.name for f in dataclasses.fields(HardwareSpec)}
     unknown = sorted(set(fields) - valid)
     if unknown:
-        raise ValueError(
+        raise UsageError(
             f"unknown hardware field(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}"
         )
     fields.setdefault("name", f"{base_name}-custom")
     if "peak_flops_per_s" not in fields and base.has_chip_layout:
         fields["peak_flops_per_s"] = base.peak_flops_per_s * _peak_scale(base, fields)
-    return dataclasses.replace(base, **fields)  # __post_init__ validates
+    try:
+        return dataclasses.replace(base, **fields)  # __post_init__ validates
+    except (ValueError, TypeError) as e:
+        raise UsageError(str(e)) from None
 
 
 def _peak_scale(base: HardwareSpec, fields: dict[str, object]) -> float:
@@ -313,51 +389,32 @@ def _peak_scale(base: HardwareSpec, fields: dict[str, object]) -> float:
     return scale
 
 
-def _cpu_flops_per_cycle(flags: set[str]) -> int:
-    """fp32 FLOP per cycle per core from the ISA: two FMA pipes x lanes x 2 FLOP."""
-    if "avx512f" in flags:
-        return 64  # 2 x 16 lanes x 2
-    if "avx2" in flags and "fma" in flags:
-        return 32  # 2 x 8 lanes x 2
-    return 8  # SSE: 4 lanes, separate add and multiply
-
-
-def host_cpu_spec(cores: int | None = None) -> HardwareSpec:
-    """The `host-cpu` entry rescaled to the running machine (cores, ISA, clock, RAM).
-
-    Memory bandwidth cannot be read from the OS, so it keeps the generic DRAM figure.
-    """
+def cpu_spec(cpu: dict, cores: int | None = None, origin: str = "this host") -> HardwareSpec:
+    """The `host-cpu` entry rescaled to a CPU described as `read_host_cpu` returns it (a trace's
+    recorded `device.cpu`, or this machine's): `cores` (default: the usable ones) x clock x FLOP per
+    cycle; 3 GHz when the clock is unknown; a record that is not numbers is a TraceError. Memory bandwidth cannot be read from the OS, so it keeps
+    the generic DRAM figure."""
     base = HARDWARE["host-cpu"]
-    if cores is None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cores = os.cpu_count() or 1
-    flags: set[str] = set()
-    clocks_hz: list[float] = []
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                if key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-                elif key.strip() == "cpu MHz":
-                    clocks_hz.append(float(value) * 1e6)
-    except (OSError, ValueError):
-        pass
-    clock_hz = max(clocks_hz) if clocks_hz else 3.0e9  # current clock; 3 GHz if unknown
-    per_cycle = _cpu_flops_per_cycle(flags) if flags else 32
-    try:
-        ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        ram_bytes = base.hbm_capacity_bytes
+        cores = int(cores or cpu.get("usable_cores") or cpu.get("logical_cores") or 1)
+        clock_hz = float(cpu["clock_mhz"]) * 1e6 if cpu.get("clock_mhz") else 3.0e9
+        per_cycle = int(cpu.get("flops_per_cycle") or 32)
+    except (TypeError, ValueError, OverflowError):
+        raise TraceError(f"CPU record {cpu!r}: cores, clock_mhz and flops_per_cycle must be numbers") from None
+    if not (cores >= 1 and 0 < clock_hz < 1e11 and per_cycle >= 1):
+        raise TraceError(f"CPU record {cpu!r}: impossible cores ({cores}), clock ({clock_hz:g} Hz) or FLOP/cycle")
     return dataclasses.replace(
         base,
         name=f"host-cpu-{cores}c",
         peak_flops_per_s=cores * clock_hz * per_cycle,
-        hbm_capacity_bytes=int(ram_bytes),
-        source=f"this host: {cores} cores x {clock_hz / 1e9:.2f} GHz x {per_cycle} FLOP/cycle",
+        hbm_capacity_bytes=int(cpu.get("ram_bytes") or base.hbm_capacity_bytes),
+        source=f"{origin}: {cpu.get('model') or 'cpu'}, {cores} cores x {clock_hz / 1e9:.2f} GHz x {per_cycle} FLOP/cycle",
     )
+
+
+def host_cpu_spec(cores: int | None = None) -> HardwareSpec:
+    """The `host-cpu` entry rescaled to the running machine (cores, ISA, current clock, RAM)."""
+    return cpu_spec(read_host_cpu(), cores)
 
 
 if __name__ == "__main__":
