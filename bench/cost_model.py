@@ -94,8 +94,8 @@ def main() -> None:
     report = summary(held)
     elapsed = time.perf_counter() - start
     print(f"A100 GEMMs held out: {report['rows']} rows over 8 folds, {report['unseen_rows']} "
-          f"with a (K, N) shape absent from their fold's fit set (fit on every {thin}th token "
-          f"count; {elapsed:.0f} s)")
+          f"with a (K, N) shape absent from their fold's fit set (tile model fitted on every "
+          f"{ {2: '2nd', 8: '8th'}.get(thin, f'{thin}th') } token count; {elapsed:.0f} s)")
     header = f"  {'unseen rows':26s} {'n':>6s}  {'tiles APE % median':>6s} {'p90':>4s}   {'old median':>6s} {'p90':>4s}"
     print(header)
     print(_row("all (pooled)", report))

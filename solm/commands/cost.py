@@ -264,14 +264,14 @@ def explain(cost: CostModel, tokens: list[int]) -> list[dict[str, Any]]:
 def _explain_table(result: dict[str, Any]) -> str:
     lines = [f"why (GEMM kernels on {result['hardware']}, {result['model']} shard of tp "
              f"{result['tensor_parallel']}):",
-             f"{'tokens':>7s} {'op':15s} {'K x N':>13s} {'tile':>11s} {'split':>5s} "
+             f"{'tokens':>7s} {'op':15s} {'K x N':>13s} {'tile':>15s} {'split':>5s} "
              f"{'tiles':>6s} {'waves':>5s} {'ms':>9s}  bound"]
     for row in result["explain"]:
         shape = f"{row['k']}x{row['n']}"
         if row["tile"] is None:
             lines.append(f"{row['num_tokens']:7d} {row['op']:15s} {shape:>13s}  {row['bound']}")
             continue
-        lines.append(f"{row['num_tokens']:7d} {row['op']:15s} {shape:>13s} {row['tile']:>11s} "
+        lines.append(f"{row['num_tokens']:7d} {row['op']:15s} {shape:>13s} {row['tile']:>15s} "
                      f"{row['split']:5d} {row['tiles']:6d} {row['waves']:5d} "
                      f"{row['kernel_ms']:9.4f}  {row['bound']}")
     return "\n".join(lines)
