@@ -174,6 +174,20 @@ MODELS: dict[str, ModelSpec] = {
     # Dream-org/Dream-v0-Base-7B is a masked-diffusion LM initialised from Qwen2.5-7B with the
     # same config (bidirectional attention changes the mask, not the shapes).
     "dream-7b": dataclasses.replace(_QWEN25_7B, name="dream-7b"),
+    "codellama-34b": ModelSpec(  # codellama/CodeLlama-34b-hf: GQA with 8 KV heads
+        "codellama-34b", n_layers=48, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=22016,
+        vocab_size=32000,
+    ),
+    "internlm-20b": ModelSpec(  # internlm/internlm-20b: multi-head attention (40 KV heads)
+        "internlm-20b", n_layers=60, d_model=5120, n_heads=40, n_kv_heads=40, d_ff=13824,
+        vocab_size=103168,
+    ),
+    # Qwen/Qwen-72B: QKV bias (not counted); its config.json lists intermediate_size 49152 for
+    # the gate and up projections together, i.e. 24,576 per projection.
+    "qwen-72b": ModelSpec(
+        "qwen-72b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=64, d_ff=24576,
+        vocab_size=152064,
+    ),
     # microsoft/phi-2: not gated (fc1 -> gelu_new -> fc2), LayerNorm, and attention and MLP run
     # in parallel on one normed input (one norm per layer); partial rotary (40% of head_dim);
     # separate lm_head.
