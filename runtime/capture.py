@@ -24,6 +24,7 @@ from profiler.recorder import Recorder, make_timer
 from profiler.writer import TraceWriter
 from runtime.checkpoint import REPO_ROOT, load_model
 from runtime.engines import Completion, GenerationConfig, Request, drain, get_engine
+from runtime.hf_tokenizer import tokenizer_for
 from runtime.model import TinyLM
 from runtime.sampling import SamplingConfig
 from runtime.tasks import Example, get_task
@@ -33,7 +34,7 @@ from runtime.tokenizer import Tokenizer
 KEEP = {"min": lambda n: 0, "median": lambda n: (n - 1) // 2}
 
 NOT_APPLICABLE = ("not applicable: a model that does not speak the project's tokenizer (random real-scale "
-                  "weights, a transformers checkpoint) or a structure replayed from another trace")
+                  "weights, a transformers checkpoint, real GGUF weights) or a structure replayed from another trace")
 
 
 @dataclass
@@ -149,7 +150,7 @@ def quality_applicable(info: dict, structure_from: str) -> bool:
     """Scored only when a solm model (trained or a preset, whose score is a real measurement) chooses
     its own tokens: a transformers model does not speak the project's tokenizer, and a replayed
     structure's text is the reference's, not the model's."""
-    return "arch" not in info and "hf_dir" not in info and not structure_from
+    return "arch" not in info and "hf_dir" not in info and "gguf" not in info and not structure_from
 
 
 def structure_scripts(cfg: CaptureConfig) -> tuple[list, dict]:
@@ -190,7 +191,7 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
                                "split": ref_meta.get("split") or cfg.split})
     task = get_task(cfg.task)
     model, info = loaded or load_model(cfg.model, cfg.device, seed=cfg.seed)
-    tok = Tokenizer()
+    tok = tokenizer_for(model, structure_replay=scripts is not None)  # a real model: its own tokenizer
     gen_cfg = GenerationConfig(max_tokens=cfg.max_tokens, page_size=cfg.page_size,
                                sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.seed))
     try:
@@ -215,7 +216,7 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
 
         def start(rid: int, ex: Example, script):
             return replayer.run(Request(rid, ex.prompt), script)
-    scored = quality_applicable(info, cfg.structure_from)
+    scored = quality_applicable(info, cfg.structure_from) and task.scored
 
     timer = make_timer(cfg.device)
     origin = timer.now()
@@ -227,7 +228,7 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         "temperature": cfg.temperature, "top_p": cfg.top_p, "page_size": cfg.page_size},
         "task": cfg.task, "split": cfg.split, "model": model_meta(model, cfg.model, info),
         **provenance_meta(cfg.device, sampler, timer.name, cfg.seed),
-        "quality_applicable": scored, "quality_note": "" if scored else NOT_APPLICABLE,
+        "quality_applicable": scored, "quality_note": "" if scored else (NOT_APPLICABLE if task.scored else task.quality_note),
         "structure_source": cfg.structure_from or "the model's own tokens",
     }
     for i, (ex, script) in enumerate(warm):  # same engine and settings, nothing recorded
