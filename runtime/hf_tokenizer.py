@@ -40,6 +40,23 @@ class HFTokenizer:
         ids = out["input_ids"] if hasattr(out, "keys") else out
         return [int(i) for i in ids]
 
+    def followup_text(self, first_user: str, assistant: str, next_user: str) -> str:
+        """The template's text that follows an assistant reply `assistant` to `first_user` (as
+        `chat_ids(first_user)` framed it) to open a second user turn `next_user` and the
+        assistant's answer to it. ValueError when the template does not extend the first turn
+        (a template that rewrites earlier turns)."""
+        if not self.has_chat_template:
+            return f"\n\n{next_user}\n\n"
+        first = self.hf.apply_chat_template([{"role": "user", "content": first_user}], add_generation_prompt=True,
+                                            tokenize=False) + assistant
+        full = self.hf.apply_chat_template([{"role": "user", "content": first_user},
+                                            {"role": "assistant", "content": assistant},
+                                            {"role": "user", "content": next_user}], add_generation_prompt=True,
+                                           tokenize=False)
+        if not full.startswith(first):
+            raise ValueError("the chat template does not extend the first turn (it rewrites earlier turns)")
+        return full[len(first):]
+
     def encode(self, text: str, *, specials: bool = True) -> list[int]:
         return [int(i) for i in self.hf.encode(text, add_special_tokens=False)]
 
