@@ -59,9 +59,12 @@ class CaptureConfig:
 
     def resolved(self) -> "CaptureConfig":
         """Fill in the system's shipped model and default task (the engine class names them)."""
+        from runtime.gguf import REAL_DEFAULT_TASK, is_gguf_spec
+
         engine = get_engine(self.system)
-        return CaptureConfig(**{**asdict(self), "model": self.model or engine.default_model,
-                                "task": self.task or engine.default_task})
+        model = self.model or engine.default_model
+        default_task = REAL_DEFAULT_TASK if is_gguf_spec(model) and not self.structure_from else engine.default_task
+        return CaptureConfig(**{**asdict(self), "model": model, "task": self.task or default_task})
 
 
 def solm_version() -> str:

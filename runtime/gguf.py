@@ -35,6 +35,7 @@ GGUF_MAGIC = b"GGUF"
 # GGUF `general.architecture` values the adapter drives (its SUPPORTED families that transformers'
 # GGUF loader reads; `gemma` GGUFs are not read by transformers)
 GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+REAL_DEFAULT_TASK = "open_questions"  # a real model's task when none is given (the tiny ones' tasks need their tags)
 NAMED = {SMOLLM2: (SMOLLM2_PACKAGE, SMOLLM2_FILE)}
 
 
