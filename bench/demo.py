@@ -32,6 +32,27 @@ def solm(*args: str) -> dict:
     return json.loads(lines[-1])
 
 
+def print_summary(captured: list, simulated: list, wall_s: float) -> None:
+    """What each capture measured, grouped by task: each system runs its own shipped model on its
+    own default task, so rows are not a comparison of systems (the benchmarks compare them on
+    equal terms: bench/pasta.py, bench/tip.py, bench/planned_diffusion.py)."""
+    print(f"\ndemo: captured {len(captured)} system(s) in {wall_s:.0f} s, each with its own shipped model on its own "
+          f"default task\n(not a comparison of systems: for that, bench/pasta.py, bench/tip.py, bench/planned_diffusion.py):")
+    by_task: dict[str, list] = {}
+    for system, trace, s in captured:
+        by_task.setdefault(s["task"], []).append((system, trace, s))
+    for task, rows in sorted(by_task.items()):
+        print(f"  task {task}:")
+        for system, trace, s in rows:
+            print(f"    {system:<18} model {s['model']:<14} quality {s['quality_mean']:.3f}  {s['tokens_per_s']:.0f} tokens/s  "
+                  f"e2e p50 {s['e2e_s_p50'] * 1000:.0f} ms  peak KV {s['peak_kv_bytes'] / 1024:.0f} KiB  -> {trace.relative_to(ROOT)}")
+    if simulated:
+        print("  each trace's structure replayed as Llama-3-8B on an H100 at 8 req/s (same caveat):")
+    for system, sim_out, m in simulated:
+        print(f"    {system:<18} e2e median {m['median_e2el_ms']:.0f} ms, {m['output_throughput']:.0f} output tokens/s  "
+              f"-> {sim_out.relative_to(ROOT)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=6, help="prompts per system")
@@ -62,13 +83,7 @@ def main() -> None:
                      "--num-requests", "200", "--out", str(sim_out), "--force")
             simulated.append((system, sim_out, m))
 
-    print(f"\ndemo: captured {len(captured)} system(s) in {time.perf_counter() - t0:.0f} s:")
-    for system, trace, s in captured:
-        print(f"  {system:<18} quality {s['quality_mean']:.3f}  {s['tokens_per_s']:.0f} tokens/s  "
-              f"e2e p50 {s['e2e_s_p50'] * 1000:.0f} ms  peak KV {s['peak_kv_bytes'] / 1024:.0f} KiB  -> {trace.relative_to(ROOT)}")
-    for system, sim_out, m in simulated:
-        print(f"  {system:<18} replayed as Llama-3-8B on an H100 at 8 req/s: e2e median {m['median_e2el_ms']:.0f} ms, "
-              f"{m['output_throughput']:.0f} output tokens/s  -> {sim_out.relative_to(ROOT)}")
+    print_summary(captured, simulated, time.perf_counter() - t0)
     print("\nnext:")
     first = next((c for c in captured if c[0] == "sequential"), captured[0] if captured else None)
     if first:

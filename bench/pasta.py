@@ -7,7 +7,9 @@ Speedups are measured side by side in one run: for each prompt every method runs
 times (default 3), the methods interleaved in an order rotated per prompt, and a run's wall time
 is the fastest of its repeats (this shared machine's speed drifts by up to 40% within seconds and
 only ever down, so the fastest run is the least disturbed, as `timeit` reports; a plain prompt is
-only ~25 passes). The speedup of a method on a prompt is the sequential wall time
+only ~25 passes); the same speedups from each method's first run alone, unfiltered, are printed
+beside them (`1st run`, `..._first_run`). It chooses nothing (every method runs at its shipped
+defaults), so it needs no dev split. The speedup of a method on a prompt is the sequential wall time
 of that prompt over the method's; reported as geometric means. Parallelisable prompts (word_facts,
 map_numbers, list_stats) and prompts with no parallel structure (copy_line) are reported apart.
 
@@ -33,11 +35,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from profiler.stats import geomean  # noqa: E402
 from runtime.checkpoint import load_model  # noqa: E402
 from runtime.engines import GenerationConfig, Request, get_engine  # noqa: E402
 from runtime.structure_replay import ForcedLogits  # noqa: E402
@@ -54,12 +58,7 @@ METHODS = (  # (method, engine, shipped model)
 )
 
 
-def geomean(xs: list[float]) -> float:
-    xs = [x for x in xs if x > 0]
-    return float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")
-
-
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small sample (under 3 minutes)")
     ap.add_argument("--n", type=int, default=0, help="held-out prompts per task (default 30; --quick 5)")
@@ -67,39 +66,46 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3,
                     help="runs of each (prompt, method), interleaved; the fastest is kept (default 3)")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    n = args.n or (5 if args.quick else 30)
-    repeats = max(1, args.repeats)
-    tok = Tokenizer()
-    cfg = GenerationConfig(max_tokens=args.max_tokens)
-    methods = [(m, e, spec) for m, e, spec in METHODS if (Path(__file__).resolve().parent.parent / "checkpoints" / spec).is_dir()]
-    engines = {m: get_engine(e)(load_model(spec)[0], tok, cfg) for m, e, spec in methods}
-    prompts = [(t, ex) for t in (*PARALLEL_TASKS, "copy_line") for ex in get_task(t).examples("test", n, seed=0)]
-    # the same answer decoded token by token by the same model (attained speedup's baseline)
-    same = {m: get_engine("sequential")(ForcedLogits(engines[m].model, tok.eos_id), tok,
-                                        GenerationConfig(max_tokens=4 * args.max_tokens))
-            for m, e, _ in methods if e in ("pasta", "skeleton")}
+    return ap.parse_args()
 
-    def same_answer_wall(m: str, request: Request, output_ids: list[int]) -> float:
-        same[m].model.script, same[m].model.i = list(output_ids), 0
+
+class Methods:
+    """The shipped models' engines, and for PASTA and skeleton the same model decoding a given
+    answer token by token (the attained speedup's baseline)."""
+
+    def __init__(self, tok: Tokenizer, max_tokens: int) -> None:
+        cfg = GenerationConfig(max_tokens=max_tokens)
+        self.methods = [(m, e, spec) for m, e, spec in METHODS if (ROOT / "checkpoints" / spec).is_dir()]
+        self.engines = {m: get_engine(e)(load_model(spec)[0], tok, cfg) for m, e, spec in self.methods}
+        self.same = {m: get_engine("sequential")(ForcedLogits(self.engines[m].model, tok.eos_id), tok,
+                                                 GenerationConfig(max_tokens=4 * max_tokens))
+                     for m, e, _ in self.methods if e in ("pasta", "skeleton")}
+
+    def same_answer_wall(self, m: str, request: Request, output_ids: list[int]) -> float:
+        same = self.same[m]
+        same.model.script, same.model.i = list(output_ids), 0
         t0 = time.perf_counter()
-        c = same[m].generate(request)
+        c = same.generate(request)
         wall = time.perf_counter() - t0
         # (a truncated answer has no <eos>: the forced decode appends one, one pass more)
         assert c.output_ids[: len(output_ids)] == list(output_ids), "forced decode diverged"
         return wall
 
-    for m, eng in engines.items():  # warm up on a training prompt of each task (first-seen pass shapes cost ~90 ms once)
-        for t in (*PARALLEL_TASKS, "copy_line"):
-            p = get_task(t).examples("train", 1, seed=0)[0].prompt
-            c = eng.generate(Request(0, p))
-            if m in same:
-                same_answer_wall(m, Request(0, p), c.output_ids)
+    def warm_up(self) -> None:
+        """A training prompt of each task through every engine (first-seen pass shapes cost ~90 ms once)."""
+        for m, eng in self.engines.items():
+            for t in (*PARALLEL_TASKS, "copy_line"):
+                p = get_task(t).examples("train", 1, seed=0)[0].prompt
+                c = eng.generate(Request(0, p))
+                if m in self.same:
+                    self.same_answer_wall(m, Request(0, p), c.output_ids)
 
-    rec: dict[str, list[dict]] = {m: [] for m in engines}
-    names = list(engines)
-    t_start = time.perf_counter()
+
+def measure(ms: Methods, prompts: list, repeats: int, tok: Tokenizer) -> dict[str, list[dict]]:
+    """Every method on every prompt `repeats` times, interleaved in an order rotated per prompt;
+    per method and prompt the fastest run's wall time (and the first run's, unfiltered)."""
+    names = list(ms.engines)
+    rec: dict[str, list[dict]] = {m: [] for m in names}
     for i, (t, ex) in enumerate(prompts):
         order = names[i % len(names):] + names[: i % len(names)]
         walls: dict[str, list[float]] = {m: [] for m in names}
@@ -108,59 +114,83 @@ def main() -> None:
         for _ in range(repeats):  # greedy: every repeat writes the same answer
             for m in order:
                 t0 = time.perf_counter()
-                c = engines[m].generate(Request(i, ex.prompt))
+                c = ms.engines[m].generate(Request(i, ex.prompt))
                 walls[m].append(time.perf_counter() - t0)
                 assert runs.setdefault(m, c).output_ids == c.output_ids, "greedy decode changed between repeats"
-                same_walls[m].append(same_answer_wall(m, Request(i, ex.prompt), c.output_ids) if m in same else walls[m][-1])
+                same_walls[m].append(ms.same_answer_wall(m, Request(i, ex.prompt), c.output_ids) if m in ms.same else walls[m][-1])
         for m in order:
             c = runs[m]
-            rec[m].append({"task": t, "wall_s": min(walls[m]), "quality": get_task(t).score(ex, c.text),
+            rec[m].append({"task": t, "wall_s": min(walls[m]), "first_wall_s": walls[m][0],
+                           "quality": get_task(t).score(ex, c.text),
                            "theoretical": c.theoretical_speedup if m != "sequential" else 1.0,
-                           "same_answer_wall_s": min(same_walls[m]),
+                           "same_answer_wall_s": min(same_walls[m]), "first_same_answer_wall_s": same_walls[m][0],
                            "tokens": len(tok.encode(c.text)), "steps": c.steps, "events": len(c.events)})
-    seq = rec["sequential"]
-    rows = []
-    for m in names:
-        r = rec[m]
-        par = [k for k, x in enumerate(r) if x["task"] in PARALLEL_TASKS]
-        plain = [k for k, x in enumerate(r) if x["task"] not in PARALLEL_TASKS]
-        sp = geomean([seq[k]["wall_s"] / r[k]["wall_s"] for k in par])
-        th = geomean([r[k]["theoretical"] for k in par])
-        attained = geomean([r[k]["same_answer_wall_s"] / r[k]["wall_s"] for k in par])
-        rows.append({
-            "method": m, "model": dict((a, c) for a, _, c in methods)[m], "prompts": len(r),
-            "quality": round(float(np.mean([x["quality"] for x in r])), 4),
-            "quality_parallel": round(float(np.mean([r[k]["quality"] for k in par])), 4),
-            "quality_plain": round(float(np.mean([r[k]["quality"] for k in plain])), 4) if plain else None,
-            "speedup_geomean": round(sp, 3),
-            "speedup_geomean_plain": round(geomean([seq[k]["wall_s"] / r[k]["wall_s"] for k in plain]), 3) if plain else None,
-            # per forward pass cost against sequential's on the same plain prompts (the models' outputs
-            # may differ in length, so the wall ratio alone mixes overhead with what was written)
-            "plain_step_cost_vs_sequential": round(geomean([(r[k]["wall_s"] / r[k]["steps"]) / (seq[k]["wall_s"] / seq[k]["steps"])
-                                                            for k in plain]), 3) if plain else None,
-            "theoretical_speedup_geomean": round(th, 3),
-            "attained_speedup_geomean": round(attained, 3),
-            "attained_over_theoretical": round(attained / th, 3),
-            "speedup_over_theoretical": round(sp / th, 3),
-            "tokens_per_s": round(sum(x["tokens"] for x in r) / sum(x["wall_s"] for x in r), 1),
-            "steps_mean": round(float(np.mean([x["steps"] for x in r])), 1),
-            "requests_with_events": sum(1 for x in r if x["events"]),
-        })
-    print(f"PASTA benchmark: {len(prompts)} held-out prompts ({n} per task; parallel: {', '.join(PARALLEL_TASKS)}; "
-          f"plain: copy_line), fastest of {repeats} interleaved runs each, {torch.get_num_threads()} thread(s), "
-          f"{time.perf_counter() - t_start:.0f} s")
-    head = (f"{'method':<14} {'quality':>7} {'q(par)':>7} {'q(plain)':>8} {'speedup':>8} {'theory':>7} {'attain':>7} "
-            f"{'att/th':>7} {'sp/th':>6} {'plain x':>8} {'plain/st':>8} {'tok/s':>7}")
+    return rec
+
+
+def row_of(m: str, model: str, r: list[dict], seq: list[dict]) -> dict:
+    par = [k for k, x in enumerate(r) if x["task"] in PARALLEL_TASKS]
+    plain = [k for k, x in enumerate(r) if x["task"] not in PARALLEL_TASKS]
+    sp = geomean([seq[k]["wall_s"] / r[k]["wall_s"] for k in par])
+    th = geomean([r[k]["theoretical"] for k in par])
+    attained = geomean([r[k]["same_answer_wall_s"] / r[k]["wall_s"] for k in par])
+    return {
+        "method": m, "model": model, "prompts": len(r),
+        "quality": round(float(np.mean([x["quality"] for x in r])), 4),
+        "quality_parallel": round(float(np.mean([r[k]["quality"] for k in par])), 4),
+        "quality_plain": round(float(np.mean([r[k]["quality"] for k in plain])), 4) if plain else None,
+        "speedup_geomean": round(sp, 3),
+        "speedup_geomean_first_run": round(geomean([seq[k]["first_wall_s"] / r[k]["first_wall_s"] for k in par]), 3),
+        "speedup_geomean_plain": round(geomean([seq[k]["wall_s"] / r[k]["wall_s"] for k in plain]), 3) if plain else None,
+        # per forward pass cost against sequential's on the same plain prompts (the models' outputs
+        # may differ in length, so the wall ratio alone mixes overhead with what was written)
+        "plain_step_cost_vs_sequential": round(geomean([(r[k]["wall_s"] / r[k]["steps"]) / (seq[k]["wall_s"] / seq[k]["steps"])
+                                                        for k in plain]), 3) if plain else None,
+        "theoretical_speedup_geomean": round(th, 3),
+        "attained_speedup_geomean": round(attained, 3),
+        "attained_speedup_geomean_first_run": round(geomean([r[k]["first_same_answer_wall_s"] / r[k]["first_wall_s"]
+                                                             for k in par]), 3),
+        "attained_over_theoretical": round(attained / th, 3),
+        "speedup_over_theoretical": round(sp / th, 3),
+        "tokens_per_s": round(sum(x["tokens"] for x in r) / sum(x["wall_s"] for x in r), 1),
+        "steps_mean": round(float(np.mean([x["steps"] for x in r])), 1),
+        "requests_with_events": sum(1 for x in r if x["events"]),
+    }
+
+
+def print_rows(rows: list[dict]) -> None:
+    head = (f"{'method':<14} {'quality':>7} {'q(par)':>7} {'q(plain)':>8} {'speedup':>8} {'1st run':>7} {'theory':>7} "
+            f"{'attain':>7} {'att/th':>7} {'sp/th':>6} {'plain x':>8} {'plain/st':>8} {'tok/s':>7}")
     print(head)
     for r in rows:
         print(f"{r['method']:<14} {r['quality']:>7.3f} {r['quality_parallel']:>7.3f} {r['quality_plain'] or 0:>8.3f} "
-              f"{r['speedup_geomean']:>8.2f} {r['theoretical_speedup_geomean']:>7.2f} {r['attained_speedup_geomean']:>7.2f} "
-              f"{r['attained_over_theoretical']:>7.2f} {r['speedup_over_theoretical']:>6.2f} "
+              f"{r['speedup_geomean']:>8.2f} {r['speedup_geomean_first_run']:>7.2f} {r['theoretical_speedup_geomean']:>7.2f} "
+              f"{r['attained_speedup_geomean']:>7.2f} {r['attained_over_theoretical']:>7.2f} {r['speedup_over_theoretical']:>6.2f} "
               f"{r['speedup_geomean_plain'] or 0:>8.2f} {r['plain_step_cost_vs_sequential'] or 0:>8.2f} {r['tokens_per_s']:>7.1f}")
-    print("speedup / theory: geometric means over parallelisable prompts (speedup: over the sequential baseline model); "
+    print("speedup / theory: geometric means over parallelisable prompts (speedup: over the sequential baseline model, "
+          "fastest of the repeats of each; 1st run: the same from each method's first run alone, unfiltered); "
           "attain: over decoding the same answer token by token with the same model; att/th = attain / theory; "
           "sp/th = speedup / theory; plain x: wall speedup on copy_line prompts; "
           "plain/st: cost of one forward pass there relative to sequential's")
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    n = args.n or (5 if args.quick else 30)
+    repeats = max(1, args.repeats)
+    tok = Tokenizer()
+    ms = Methods(tok, args.max_tokens)
+    prompts = [(t, ex) for t in (*PARALLEL_TASKS, "copy_line") for ex in get_task(t).examples("test", n, seed=0)]
+    ms.warm_up()
+    t_start = time.perf_counter()
+    rec = measure(ms, prompts, repeats, tok)
+    models = {a: c for a, _, c in ms.methods}
+    rows = [row_of(m, models[m], rec[m], rec["sequential"]) for m in ms.engines]
+    print(f"PASTA benchmark: {len(prompts)} held-out prompts ({n} per task; parallel: {', '.join(PARALLEL_TASKS)}; "
+          f"plain: copy_line), fastest of {repeats} interleaved runs each, {torch.get_num_threads()} thread(s), "
+          f"{time.perf_counter() - t_start:.0f} s")
+    print_rows(rows)
     print(json.dumps({"bench": "pasta", "quick": args.quick, "prompts_per_task": n, "repeats": repeats, "rows": rows}))
 
 

@@ -1,5 +1,6 @@
 """Runtime micro-benchmark: what one forward pass costs as query rows grow (the reason parallel
-threads are nearly free on this hardware), and what the paged KV store's bookkeeping costs.
+threads are nearly free on this hardware), how much of that is the model's matmuls (its
+`nn.Linear` layers alone, at the same row counts), and what the paged KV store's bookkeeping costs.
 
 Ratios are measured side by side in one run (interleaved repetitions), never against a stored
 wall time. Last line: one JSON object {"bench": "runtime", ...}.
@@ -24,6 +25,25 @@ from runtime.engines.base import visibility_rows  # noqa: E402
 from runtime.model import ModelConfig, TinyLM  # noqa: E402
 
 
+def linear_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+@torch.no_grad()
+def linear_layers_us(model: torch.nn.Module, rows_list: list[int], reps: int) -> dict[int, float]:
+    """Median time of every `nn.Linear` of the model applied once to `r` rows, r interleaved."""
+    layers = linear_layers(model)
+    inputs = {r: [torch.randn(r, m.in_features) for m in layers] for r in rows_list}
+    times: dict[int, list[float]] = {r: [] for r in rows_list}
+    for _ in range(reps):
+        for r in rows_list:
+            t0 = time.perf_counter()
+            for m, x in zip(layers, inputs[r]):
+                m(x)
+            times[r].append(time.perf_counter() - t0)
+    return {r: statistics.median(t) * 1e6 for r, t in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -33,7 +53,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     reps = 30 if args.quick else 200
-    rows_list = [1, 2, 4, 8, 16]
+    rows_list = [1, 2, 3, 4, 8, 16]
 
     model = TinyLM(ModelConfig.from_name(args.preset)).eval()
     kv = model.new_kv_store(page_size=16)
@@ -60,6 +80,10 @@ def main() -> None:
         ratios[r] = m / base
         print(f"{r:>10} {m * 1000:>8.3f} {m / base:>10.2f} {r * base / m:>12.2f}")
 
+    linear_us = linear_layers_us(model, rows_list, reps)
+    print(f"the model's {len(linear_layers(model))} matmuls (nn.Linear) alone, median of {reps}: "
+          + ", ".join(f"{r} row{'s' if r > 1 else ''} {linear_us[r]:.0f} us" for r in rows_list))
+
     # KV store bookkeeping: allocate + free a page worth of slots, versus one forward pass
     t0 = time.perf_counter()
     n = 2000 if args.quick else 20000
@@ -70,6 +94,8 @@ def main() -> None:
     print(json.dumps({"bench": "runtime", "preset": args.preset, "context_tokens": args.context,
                       "forward_ms_1_row": base * 1000,
                       "forward_ratio_by_rows": {str(r): round(v, 3) for r, v in ratios.items()},
+                      "forward_ms_by_rows": {str(r): round(statistics.median(times[r]) * 1000, 4) for r in rows_list},
+                      "linear_layers_us_by_rows": {str(r): round(v, 1) for r, v in linear_us.items()},
                       "page_alloc_free_us": round(alloc_free_us, 2)}))
 
 

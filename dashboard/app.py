@@ -3,7 +3,8 @@
 variable SOLM_TRACE_DIRS, separated by the OS path separator).
 
 What: a multipage Streamlit app (Overview, Pareto, Timeline, Dependence graph, What-if, Diff)
-over the traces found in the given folders; the folders can be edited in the sidebar.
+over the traces found in the given folders; the folders can be edited in the sidebar, within the
+folders given on the command line (any folder with `--allow-any-path`).
 Why thin: every page only lays out widgets; frames come from `dashboard.data`, figures from
 `dashboard.figures` (style item 14).
 """
@@ -40,12 +41,24 @@ def initial_roots() -> list[str]:
     return args or [os.getcwd()]
 
 
+def any_path() -> bool:
+    """`solm dashboard --allow-any-path` (or `-- --allow-any-path` after `streamlit run app.py`)."""
+    return os.environ.get("SOLM_ALLOW_ANY_PATH") == "1" or "--allow-any-path" in sys.argv[1:]
+
+
+# a local analysis tool: no Deploy button, rerun or clear-cache in the toolbar (viewer options only)
+st.set_option("client.toolbarMode", "viewer")
 st.set_page_config(page_title="solm dashboard", layout="wide")
 if "roots" not in st.session_state:
     st.session_state["roots"] = "\n".join(initial_roots())
+    st.session_state["allowed_roots"] = None if any_path() else initial_roots()
 with st.sidebar:
+    allowed = _shared.allowed_roots()
     st.text_area("Trace folders (one per line)", key="roots", height=90,
-                 help="trace directories, or folders holding traces (searched two levels deep)")
+                 help="trace directories, or folders holding traces (searched two levels deep)"
+                 + ("" if allowed is None else "; only the folders the dashboard was started on, and below"))
+    for r in _shared.refused_roots():
+        st.warning(f"{r}: outside the folders given on the command line (start with --allow-any-path to allow)")
     traces, errors = _shared.load()
     st.caption(f"{len(traces)} trace(s) loaded" + (f", {len(errors)} unreadable" if len(errors) else ""))
 nav = st.navigation([st.Page(p, title=t, icon=i, default=(u == "overview")) for p, t, u, i in PAGES])

@@ -7,15 +7,15 @@ directory becomes an error row while the other traces load.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import networkx as nx
 import numpy as np
 import pandas as pd
 
-from profiler.diff import TraceDiff, METRICS
+from profiler.diff import METRICS, TraceDiff
 from profiler.reader import Trace, TraceError, read_trace
+from profiler.stats import non_dominated
 from profiler.summary import summarize
 
 TRACE_MARKERS = ("meta.json", "requests.parquet", "steps.parquet", "graph.json")
@@ -46,6 +46,20 @@ def find_trace_dirs(roots: list[str | Path], depth: int = 2) -> list[Path]:
     for r in roots:
         walk(Path(r), 0)
     return list(dict.fromkeys(p.resolve() for p in found))
+
+
+def within(path: str | Path, allowed: list[str | Path]) -> bool:
+    """True if `path` (symlinks resolved) is one of the `allowed` folders or below one."""
+    p = Path(path).expanduser().resolve()
+    return any(p.is_relative_to(Path(a).expanduser().resolve()) for a in allowed)
+
+
+def split_allowed(roots: list[str], allowed: list[str] | None) -> tuple[list[str], list[str]]:
+    """(kept, refused): the sidebar's folders inside `allowed` (None: any folder) and the others."""
+    if allowed is None:
+        return list(roots), []
+    kept = [r for r in roots if within(r, allowed)]
+    return kept, [r for r in roots if r not in kept]
 
 
 def signature(paths: list[Path]) -> tuple:
@@ -143,14 +157,11 @@ def pareto_points(traces: list[Trace]) -> pd.DataFrame:
 
 
 def pareto_front(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
-    """Rows not dominated for lower `x` and higher `y`, sorted by `x` (NaN rows are skipped)."""
-    d = df.dropna(subset=[x, y]).sort_values([x, y], ascending=[True, False])
-    keep, best = [], -np.inf
-    for idx, yv in zip(d.index, d[y]):
-        if yv > best:
-            keep.append(idx)
-            best = yv
-    return d.loc[keep]
+    """Rows not dominated for lower `x` and higher `y`, sorted by `x` (NaN rows are skipped; of
+    identical points the first is kept)."""
+    d = df.dropna(subset=[x, y]).sort_values([x, y], ascending=[True, False], kind="stable")
+    front = d[non_dominated(np.stack([-d[x].to_numpy(float), d[y].to_numpy(float)], axis=1).reshape(-1, 2))]
+    return front.drop_duplicates(subset=[x, y])
 
 
 def find_sweep_tables(roots: list[str | Path], depth: int = 2) -> list[Path]:
@@ -290,10 +301,6 @@ def diff_graph_rows(d: TraceDiff, a_id: int) -> pd.DataFrame:
     rows += [{"change": "dependence", "chunk": c["chunk"],
               "detail": f"{c['a_depends_on']} -> {c['b_depends_on']}"} for c in g["changed_dependence"]]
     return pd.DataFrame(rows, columns=["change", "chunk", "detail"])
-
-
-def json_cell(x) -> str:
-    return json.dumps(x, default=str)
 
 
 # ---- what-if ---------------------------------------------------------------------------------

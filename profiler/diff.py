@@ -29,6 +29,7 @@ import pandas as pd
 
 from profiler.reader import Trace, TraceError, read_trace
 from profiler.schema import SCHEMA_VERSION
+from profiler.stats import geomean
 
 # per-request metrics: (name, lower is better). Order is the order of every table.
 METRICS: tuple[tuple[str, bool], ...] = (
@@ -71,10 +72,6 @@ def _delta(a, b) -> tuple[float | None, float | None]:
     if a is None or b is None:
         return None, None
     return b - a, (b / a if a != 0 else (1.0 if b == 0 else None))
-
-
-def _side(v: float | None, d: float | None, r: float | None) -> dict:
-    return {"a": v, "delta": d, "ratio": r}
 
 
 @dataclass
@@ -225,11 +222,6 @@ def counter_summary(counters: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def _geomean(xs: pd.Series) -> float | None:
-    a = np.asarray([x for x in xs if x == x and 0 < x < math.inf], dtype=float)
-    return float(np.exp(np.log(a).mean())) if len(a) else None
-
-
 def diff_traces(a: Trace, b: Trace) -> TraceDiff:
     va, vb = a.meta.get("schema_version"), b.meta.get("schema_version")
     if va != vb:
@@ -259,7 +251,7 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
     overall = {
         # speedup: A's total latency over B's on the matched requests (>1: B is faster)
         "speedup": _num(total_a / total_b) if total_b > 0 else None,
-        "speedup_geomean": _geomean(rows["speedup"]),
+        "speedup_geomean": _num(geomean(rows["speedup"])),
         "e2e_s_total_a": total_a, "e2e_s_total_b": total_b,
         "tokens_per_s_a": _num(tok_a / total_a) if total_a > 0 else None,
         "tokens_per_s_b": _num(tok_b / total_b) if total_b > 0 else None,

@@ -12,11 +12,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from profiler.errors import TraceError
 from profiler.schema import KINDS, META_REQUIRED, SCHEMA_VERSION, TABLES
 
-
-class TraceError(Exception):
-    """A directory that cannot be read as a trace of this version."""
+__all__ = ["Trace", "TraceError", "read_meta", "read_parts", "read_table", "read_trace"]
 
 
 @dataclass
@@ -86,16 +85,31 @@ def read_parts(path: Path) -> tuple[dict[str, pa.Table], dict[str, dict]]:
     parts = path / "parts"
     tables: dict[str, list[pa.Table]] = {"requests": [], "steps": [], "tokens": []}
     graphs: dict[str, dict] = {}
-    for req in sorted(parts.glob("request-*.parquet")):
-        tag = req.stem.split("-", 1)[1]
-        tables["requests"].append(read_table(req, "requests"))
+    for rid, tag in _newest_parts(parts):
+        tables["requests"].append(read_table(parts / f"request-{tag}.parquet", "requests"))
         tables["steps"].append(read_table(parts / f"steps-{tag}.parquet", "steps"))
         tables["tokens"].append(read_table(parts / f"tokens-{tag}.parquet", "tokens"))
-        graphs[str(int(tag))] = _read_json(parts / f"graph-{tag}.json")
+        graphs[str(rid)] = _read_json(parts / f"graph-{tag}.json")
     merged = {
         name: pa.concat_tables(ts) if ts else TABLES[name].empty_table() for name, ts in tables.items()
     }
     return merged, graphs
+
+
+def _newest_parts(parts: Path) -> list[tuple[int, str]]:
+    """(request id, tag) of each committed request's newest generation, by id: a refined request
+    (`capture --repeats`) commits `request-RID.gN` before it removes the generation it replaces."""
+    newest: dict[int, tuple[int, str]] = {}
+    for req in parts.glob("request-*.parquet"):
+        tag = req.stem.split("-", 1)[1]
+        rid, _, gen = tag.partition(".g")
+        try:
+            key = (int(rid), int(gen or 0))
+        except ValueError:
+            raise TraceError(f"{req}: not a request part name (request-ID[.gN].parquet)") from None
+        if key[0] not in newest or key[1] > newest[key[0]][0]:
+            newest[key[0]] = (key[1], tag)
+    return [(rid, tag) for rid, (_, tag) in sorted(newest.items())]
 
 
 def _read_json(file: Path) -> dict:

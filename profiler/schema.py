@@ -92,6 +92,22 @@ COUNTERS = pa.schema([
 
 TABLES: dict[str, pa.Schema] = {"requests": REQUESTS, "steps": STEPS, "tokens": TOKENS, "counters": COUNTERS}
 
+# Optional `runs.parquet` of a measured trace: every timed run of every request (`capture --repeats`
+# records one run per request in the tables above; this keeps them all, one row per forward pass of
+# each run, on the capture's real clock). See profiler/runs.py.
+RUNS = pa.schema([
+    ("request_id", pa.int64()),
+    ("run", pa.int64()),  # the round it ran in: 0 = the first (a `--repeats 1` capture's only run)
+    ("recorded", pa.bool_()),  # the run the trace's tables hold (shifted onto their timeline)
+    ("same_output", pa.bool_()),  # its output tokens equal the first run's
+    ("arrival_s", pa.float64()),  # the request's, on the capture's clock (repeated on each of its rows)
+    ("ttft_s", pa.float64()),
+    ("e2e_s", pa.float64()),
+    ("step_index", pa.int64()),
+    ("start_s", pa.float64()),
+    ("duration_s", pa.float64()),
+])
+
 META_REQUIRED = ("schema_version", "kind", "system", "model", "device", "created_at")
 
 PHASES = ("prefill", "decode", "plan", "denoise", "sync")

@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from profiler.reader import Trace
+from profiler.stats import geomean
 
 
 def _f(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
-
-
-def geomean(xs) -> float:
-    a = np.asarray([x for x in xs if x == x and x > 0], dtype=float)
-    return float(np.exp(np.log(a).mean())) if len(a) else float("nan")
 
 
 def summarize(trace: Trace) -> dict:

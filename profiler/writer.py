@@ -2,7 +2,8 @@
 
 Each finished request is committed as its own part files under `parts/` (steps, tokens, graph,
 then the request row last: the request part is the commit marker), each written to a temporary
-name and renamed into place. Counters are snapshotted at every commit. A run cut short therefore
+name and renamed into place. A committed request can be refined (a later, faster run of it): its
+next generation is committed whole before the previous one is removed. Counters are snapshotted at every commit. A run cut short therefore
 keeps every finished request, and `read_trace` can read it. `close()` merges the parts into the
 final tables, marks meta.json complete and removes `parts/`.
 """
@@ -21,6 +22,11 @@ import pyarrow.parquet as pq
 from profiler.schema import SCHEMA_VERSION, TABLES
 
 PARTS = "parts"
+
+
+def part_tag(request_id: int, generation: int = 0) -> str:
+    """The name tag of a request's part files: `00000003`, refined `00000003.g1`, `.g2`, ..."""
+    return f"{request_id:08d}" + (f".g{generation}" if generation else "")
 
 
 def _atomic_bytes(path: Path, data: bytes) -> None:
@@ -64,20 +70,30 @@ class TraceWriter:
         self.meta = {**meta, "schema_version": SCHEMA_VERSION, "complete": False}
         write_json(self.dir / "meta.json", self.meta)
         self.n_committed = 0
-        self._ids: set[int] = set()
+        self._gen: dict[int, int] = {}  # request id -> its committed generation
 
-    def add_request(self, request_row: dict, step_rows: list[dict], token_rows: list[dict], graph: dict) -> None:
+    def add_request(self, request_row: dict, step_rows: list[dict], token_rows: list[dict], graph: dict,
+                    replace: bool = False) -> None:
+        """Commit one request. `replace=True` refines a committed one (`capture --repeats`): the new
+        generation is committed (`request-RID.gN`, readers take the newest) before the old one is
+        removed, so a run cut short at any point keeps one whole version of every committed request."""
         rid = int(request_row["request_id"])
-        if rid in self._ids:
+        if rid in self._gen and not replace:
             raise ValueError(f"request {rid} already written")
+        gen = self._gen[rid] + 1 if rid in self._gen else 0
         parts = self.dir / PARTS
-        tag = f"{rid:08d}"
+        tag = part_tag(rid, gen)
         write_table(parts / f"steps-{tag}.parquet", table_from_rows("steps", step_rows))
         write_table(parts / f"tokens-{tag}.parquet", table_from_rows("tokens", token_rows))
         write_json(parts / f"graph-{tag}.json", graph)
         write_table(parts / f"request-{tag}.parquet", table_from_rows("requests", [request_row]))
-        self._ids.add(rid)
-        self.n_committed += 1
+        if gen:
+            old = part_tag(rid, gen - 1)  # uncommit the old generation first (its request part), then the rest
+            for name in (f"request-{old}.parquet", f"steps-{old}.parquet", f"tokens-{old}.parquet", f"graph-{old}.json"):
+                (parts / name).unlink(missing_ok=True)
+        else:
+            self.n_committed += 1
+        self._gen[rid] = gen
 
     def set_counters(self, rows: list[dict]) -> None:
         write_table(self.dir / "counters.parquet", table_from_rows("counters", rows))

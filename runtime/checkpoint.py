@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from profiler.errors import UsageError
 from runtime.model import PRESETS, ModelConfig, TinyLM
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +38,7 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[TinyLM, dict
         doc = json.loads(cfg_file.read_text())
         cfg = ModelConfig.from_dict(doc["config"])
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{cfg_file}: unreadable checkpoint config ({e})") from None
+        raise UsageError(f"{cfg_file}: unreadable checkpoint config ({e})") from None
     model = TinyLM(cfg)
     model.load_state_dict(load_file(str(weights)))
     return model.to(device).eval(), doc.get("info", {})
@@ -80,7 +81,7 @@ def _load_hf(spec: str, device: str, seed: int) -> tuple[TinyLM, dict]:
     try:
         from runtime import hf_adapter
     except ImportError as e:
-        raise ValueError(f"model {spec!r} needs transformers: {e}") from None
+        raise UsageError(f"model {spec!r} needs transformers: {e}") from None
     from runtime.tokenizer import Tokenizer
 
     vocab = Tokenizer().vocab_size

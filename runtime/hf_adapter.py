@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from profiler.errors import UnknownName
 from runtime.kv import PagedKVModel, PagedKVStore, attention_mask
 
 try:
@@ -214,7 +215,7 @@ def build_arch(name: str, device: str = "cpu", seed: int = 0, dtype: torch.dtype
     """A randomly initialised model of a named architecture (`runtime/hf_configs/NAME.json`)."""
     path = HF_CONFIGS_DIR / f"{name}.json"
     if not path.is_file():
-        raise KeyError(f"unknown architecture {name!r}; valid: {', '.join(arch_names())}")
+        raise UnknownName(f"unknown architecture {name!r}; valid: {', '.join(arch_names())}")
     cfg = hf_config_from_file(path)
     cfg._attn_implementation = "sdpa"
     dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)

@@ -23,6 +23,8 @@ from functools import cached_property
 
 import torch
 
+from profiler.errors import KVPoolFull
+
 
 @dataclass(frozen=True)
 class KVLayout:
@@ -95,17 +97,10 @@ class PagedKVStore:
         """Size of the slot address space (highest page id ever used + 1, times page size)."""
         return self._next_page_id * self.page_size
 
-    def is_live(self, slot: int) -> bool:
-        page, off = divmod(slot, self.page_size)
-        return off in self._used.get(page, ())
-
-    def live_slots(self) -> list[int]:
-        return sorted(p * self.page_size + o for p, used in self._used.items() for o in used)
-
     # ----------------------------------------------------------------- allocation
     def _new_page(self) -> int:
         if self.max_pages is not None and len(self._used) >= self.max_pages:
-            raise MemoryError(
+            raise KVPoolFull(
                 f"KV store full: {len(self._used)} pages of {self.page_size} slots held (max_pages={self.max_pages})"
             )
         page = self._free_page_ids.pop(0) if self._free_page_ids else self._next_page_id
@@ -178,13 +173,6 @@ class PagedKVStore:
             del self._open[owner]
         self.pages_freed_total += 1
         return nbytes
-
-    def reset(self) -> None:
-        for page in list(self._used):
-            self._release(page)
-        self._free_page_ids.clear()
-        self._next_page_id = 0
-        self._open.clear()
 
     # ----------------------------------------------------------------- read / write
     def check_slots(self, slots: list[int]) -> None:

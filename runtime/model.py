@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from profiler.errors import UnknownName
 from runtime.kv import PagedKVModel, PagedKVStore, attention_mask
 
 
@@ -61,7 +62,7 @@ class ModelConfig:
     @classmethod
     def from_name(cls, name: str) -> "ModelConfig":
         if name not in PRESETS:
-            raise KeyError(f"unknown model preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
+            raise UnknownName(f"unknown model preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
         return cls(name=name, **PRESETS[name])
 
     @classmethod

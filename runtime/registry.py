@@ -9,6 +9,8 @@ import importlib
 import importlib.util
 from typing import Any
 
+from profiler.errors import UnknownName
+
 
 def available(table: dict[str, str]) -> list[str]:
     out = []
@@ -21,6 +23,6 @@ def available(table: dict[str, str]) -> list[str]:
 
 def resolve(table: dict[str, str], name: str, what: str) -> Any:
     if name not in table or name not in available(table):
-        raise KeyError(f"unknown {what} {name!r}; valid {what}s: {', '.join(available(table))}")
+        raise UnknownName(f"unknown {what} {name!r}; valid {what}s: {', '.join(available(table))}")
     mod, attr = table[name].split(":")
     return getattr(importlib.import_module(mod), attr)

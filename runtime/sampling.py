@@ -6,9 +6,12 @@ the same tokens however many other requests ran before it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+from profiler.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -18,10 +21,10 @@ class SamplingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0 <= self.temperature < math.inf):  # also refuses NaN
+            raise UsageError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise UsageError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
 class Sampler:

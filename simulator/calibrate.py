@@ -1,7 +1,7 @@
 """Calibration: fit the cost model's efficiencies to measured times (least squares).
 
 What, two sources:
-(a) the public vidur A100 per-operator profiles (`../shared/data/vidur-a100/*.mlp.csv`: one
+(a) the public vidur A100 per-operator profiles (`simulator/data/vidur-a100/*.mlp.csv`: one
     transformer layer of Llama-2-7B/70B, Llama-3-8B and Phi-2 on one tensor-parallel shard, 1 to
     32768 tokens, TP 1-8). For each op family, the four `OpEfficiency` numbers are fitted on the
     `a100-80g` spec by minimising log(predicted / measured), i.e. relative error.
@@ -43,7 +43,7 @@ from simulator.cost import (CALIBRATION_PATH, OP_FAMILY,
 from simulator.hardware import HARDWARE, HardwareSpec
 from simulator.models import ModelSpec
 
-VIDUR_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "vidur-a100"
+VIDUR_DIR = Path(__file__).resolve().parent / "data" / "vidur-a100"  # copied in, see its README
 VIDUR_OPS: tuple[str, ...] = (
     "emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
     "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add",
@@ -66,7 +66,7 @@ def load_vidur(data_dir: Path | str | None = None) -> pd.DataFrame:
     directory holds no CSV.
     """
     data_dir = Path(data_dir) if data_dir is not None else VIDUR_DIR
-    paths = sorted(data_dir.glob("*.csv"))
+    paths = sorted(data_dir.glob("*.mlp.csv"))
     if not paths:
         raise FileNotFoundError(f"no vidur CSV files in {data_dir}")
     frames = []

@@ -98,7 +98,7 @@ class CostParams:
     smooth_p: float = 4.0  # sharpness of the roofline ridge (large = hard max)
     q_tile_tokens: int = 128  # query rows sharing one KV load (FlashAttention-2 block size)
     step_overhead_s: float = 0.0  # per forward pass: host scheduling, sampling (fit from traces)
-    interconnect_efficiency: float = 0.8  # NCCL ring all-reduce bus bandwidth / link bandwidth
+    interconnect_efficiency: float = 0.8  # unused since simulator.comm times the all-reduces (kept: old JSON)
     source: str = "prior"
 
     def __post_init__(self) -> None:
@@ -287,16 +287,12 @@ class CostModel:
         return self.params.families[OP_FAMILY[op]]
 
     def _all_reduce_s(self, num_tokens: Number) -> Number:
-        """Two ring all-reduces of the (n, d_model) activations per layer (Megatron-LM)."""
-        tp = self.tensor_parallel
-        hw = self.hardware
+        """Two all-reduces of the (n, d_model) activations per layer (Megatron-LM), timed by the
+        calibrated collectives model (`simulator.comm`) on the part's links and topology."""
+        from simulator.comm import collective_time_s
+
         bytes_ = num_tokens * self.model.d_model * self.model.dtype_bytes
-        per_direction_bytes_per_s = (hw.interconnect_bytes_per_s / 2
-                                     * self.params.interconnect_efficiency)
-        # ring: 2 (tp - 1) steps, each a hop latency, moving 2 (tp - 1) / tp of the bytes
-        one_s = (2 * (tp - 1) * hw.interconnect_latency_s
-                 + 2 * (tp - 1) / tp * bytes_ / per_direction_bytes_per_s)
-        return 2 * one_s
+        return 2 * collective_time_s("all_reduce", bytes_, self.tensor_parallel, self.hardware)
 
     def op_times_s(self, num_tokens: Number, kv_tokens_read: Number,
                    query_groups: Number = 1) -> dict[str, Number]:

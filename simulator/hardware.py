@@ -25,8 +25,10 @@ Run `python -m simulator.hardware` to print the table.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
+
+from profiler.errors import TraceError, UnknownName, UsageError
+from profiler.host import read_host_cpu
 
 GIB = 2**30
 
@@ -46,14 +48,46 @@ class HardwareSpec:
     matmul_efficiency: float  # prior: achieved fraction of peak FLOP/s on large GEMMs
     memory_efficiency: float  # prior: achieved fraction of bandwidth when streaming
     source: str = ""
+    # ---- chip layout, for the tile-and-wave GEMM model (simulator.gemm); None on CPUs ----
+    num_sms: int | None = None  # streaming multiprocessors (AMD: compute units)
+    tensor_flops_per_sm_per_clock: float | None = None  # dense BF16/FP16 tensor FLOP per SM
+    boost_clock_hz: float | None = None  # the part's maximum SM clock
+    sustained_clock_hz: float | None = None  # the clock its tensor peak is rated at (see _CHIP)
+    l2_bytes: int | None = None  # last-level on-chip cache shared by all SMs
+    # ---- interconnect and price (simulator/comm.py, simulator/cluster/; see _LINKS below) ----
+    nvlink_generation: int | None = None  # None: no NVLink / Infinity Fabric between GPUs
+    pcie_generation: int = 4
+    pcie_bytes_per_s: float = 64e9  # x16 slot, bidirectional aggregate (as vendors state it)
+    network_bytes_per_s: float = 25e9  # inter-node NIC per GPU, per direction (200 Gb/s = 25e9)
+    gpus_per_node: int = 8
+    topology: str = "nvswitch"  # nvswitch | nvlink_pairs | pcie | mesh (simulator.comm.TOPOLOGIES)
+    links_source: str = ""
+    price_per_gpu_hour: float | None = None  # user's price (USD); None: results are not costed
 
     def __post_init__(self) -> None:
         _validate(self)
+        _validate_links(self)
 
     @property
     def ridge_flops_per_byte(self) -> float:
         """Arithmetic intensity where the roofline turns from memory- to compute-bound."""
         return self.peak_flops_per_s / self.hbm_bytes_per_s
+
+    @property
+    def has_chip_layout(self) -> bool:
+        """True when the tile-and-wave GEMM model can run on this part."""
+        return all(getattr(self, name) is not None for name in CHIP_FIELDS)
+
+    @property
+    def sm_peak_flops_per_s(self) -> float:
+        """Tensor-core peak of one SM at the sustained clock: the part's peak / its SMs.
+
+        For catalog parts this equals tensor_flops_per_sm_per_clock x sustained_clock_hz (the
+        catalog test checks it); `override(num_sms=...)` keeps it and scales the part's peak.
+        """
+        if self.num_sms is None:
+            raise ValueError(f"hardware {self.name!r} has no num_sms")
+        return self.peak_flops_per_s / self.num_sms
 
 
 _POSITIVE_FIELDS = (
@@ -64,6 +98,8 @@ _POSITIVE_FIELDS = (
 )
 _NON_NEGATIVE_FIELDS = ("interconnect_latency_s", "launch_overhead_s")
 _FRACTION_FIELDS = ("matmul_efficiency", "memory_efficiency")
+CHIP_FIELDS = ("num_sms", "tensor_flops_per_sm_per_clock", "boost_clock_hz",
+               "sustained_clock_hz", "l2_bytes")
 
 
 def _validate(spec: HardwareSpec) -> None:
@@ -82,10 +118,40 @@ def _validate(spec: HardwareSpec) -> None:
         value = getattr(spec, field)
         if not isinstance(value, (int, float)) or not 0 < value <= 1:
             raise ValueError(f"hardware {spec.name!r}: {field} must be in (0, 1], got {value!r}")
+    for field in CHIP_FIELDS:
+        value = getattr(spec, field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not value > 0):
+            raise ValueError(f"hardware {spec.name!r}: {field} must be > 0, got {value!r}")
+    if spec.num_sms is not None and not float(spec.num_sms).is_integer():
+        raise ValueError(f"hardware {spec.name!r}: num_sms must be a whole number, "
+                         f"got {spec.num_sms!r}")
+    if (spec.boost_clock_hz is not None and spec.sustained_clock_hz is not None
+            and spec.sustained_clock_hz > spec.boost_clock_hz * 1.0001):
+        raise ValueError(f"hardware {spec.name!r}: sustained_clock_hz exceeds boost_clock_hz")
+
+
+TOPOLOGIES = ("nvswitch", "nvlink_pairs", "pcie", "mesh")  # node topologies (simulator.comm)
+
+
+def _validate_links(spec: HardwareSpec) -> None:
+    """ValueError (one line) for impossible interconnect or price fields."""
+    if spec.topology not in TOPOLOGIES:
+        raise ValueError(f"hardware {spec.name!r}: topology must be one of {', '.join(TOPOLOGIES)}, "
+                         f"got {spec.topology!r}")
+    for name in ("pcie_bytes_per_s", "network_bytes_per_s"):
+        value = getattr(spec, name)
+        if not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"hardware {spec.name!r}: {name} must be > 0, got {value!r}")
+    if not isinstance(spec.gpus_per_node, int) or spec.gpus_per_node < 1:
+        raise ValueError(f"hardware {spec.name!r}: gpus_per_node must be a positive int, got {spec.gpus_per_node!r}")
+    price = spec.price_per_gpu_hour
+    if price is not None and (not isinstance(price, (int, float)) or not price >= 0):
+        raise ValueError(f"hardware {spec.name!r}: price_per_gpu_hour must be >= 0, got {price!r}")
 
 
 # Priors shared by the NVIDIA data-centre parts. Matmul 0.70: the vidur A100 data reaches about
-# 220 of 312 TFLOP/s on a 4096-token Llama-2-7B MLP (shared/data/vidur-a100/README.md). Memory
+# 220 of 312 TFLOP/s on a 4096-token Llama-2-7B MLP (simulator/data/vidur-a100/README.md). Memory
 # 0.76: the same data streams Llama-2-7B MLP weights at about 1.55 of 2.04 TB/s at one token.
 # Launch 4 us: the smallest kernels in that data (a 1-token add or norm) take 2-5 us.
 _NV_MATMUL_EFF = 0.70
@@ -176,13 +242,103 @@ HARDWARE: dict[str, HardwareSpec] = {
     ),
 }
 
+# ---- chip layout of each GPU (the GEMM model's fields; kept apart from the table above) -------
+# (num_sms, tensor FLOP per SM per clock, boost clock, sustained clock, L2 bytes). The sustained
+# clock is the one the vendor rates the dense tensor peak at: peak / (SMs x FLOP per SM-clock),
+# so the part's peak is derived from these fields. On Hopper and Blackwell it sits below the
+# maximum boost clock; under sustained GEMM load power limits can pull the clock lower still
+# (docs/cost_model.md). MIB = 2**20: vendors give cache sizes in binary MB.
+MIB = 2**20
+_CHIP: dict[str, tuple[int, float, float, float, int]] = {
+    # NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), tables 1 and 3: 108 SMs, 4
+    # third-generation tensor cores per SM x 256 FP16 FMA/clock = 2,048 FLOP per SM-clock,
+    # boost 1,410 MHz (312 TFLOP/s = 108 x 2,048 x 1.41 GHz), 40 MB L2 (both memory sizes).
+    "a100-40g": (108, 2048.0, 1.41e9, 1.41e9, 40 * MIB),
+    "a100-80g": (108, 2048.0, 1.41e9, 1.41e9, 40 * MIB),
+    # NVIDIA Ampere GA102 GPU Architecture whitepaper (2020): GA102 tensor cores do 128 dense
+    # FP16 FMA/clock each, 4 per SM = 1,024 FLOP per SM-clock, 6,144 KB L2. A10 datasheet: 72
+    # SMs (9,216 CUDA cores / 128), boost 1,695 MHz (72 x 1,024 x 1.695 GHz = 125 TFLOP/s).
+    "a10": (72, 1024.0, 1.695e9, 1.695e9, 6 * MIB),
+    # A40 datasheet: 84 SMs (10,752 CUDA cores / 128), boost 1,740 MHz (149.7 TFLOP/s).
+    "a40": (84, 1024.0, 1.74e9, 1.74e9, 6 * MIB),
+    # NVIDIA Ada GPU Architecture whitepaper (2022): Ada tensor cores, 1,024 dense FP16 FLOP per
+    # SM-clock with FP32 accumulate on the professional parts. L4 (AD104) datasheet: 58 SMs
+    # (7,424 CUDA cores / 128), boost 2,040 MHz (121 TFLOP/s), 48 MB L2.
+    "l4": (58, 1024.0, 2.04e9, 2.04e9, 48 * MIB),
+    # L40S (AD102) datasheet: 142 SMs (18,176 CUDA cores / 128), boost 2,520 MHz, 96 MB L2; its
+    # 362.05 TFLOP/s dense peak is rated at 362.05e12 / (142 x 1,024) = 2.49 GHz.
+    "l40s": (142, 1024.0, 2.52e9, 362.05e12 / (142 * 1024), 96 * MIB),
+    # NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): 4 fourth-generation tensor
+    # cores per SM, 2x A100's FMA rate per SM-clock = 4,096 FLOP; 50 MB L2. H100 SXM5: 132 SMs,
+    # max boost 1,980 MHz; the 989.4 TFLOP/s peak is rated at 989.4e12 / (132 x 4,096) = 1.83 GHz.
+    "h100-sxm": (132, 4096.0, 1.98e9, 989.4e12 / (132 * 4096), 50 * MIB),
+    # H100 PCIe: 114 SMs, max boost 1,755 MHz; 756 TFLOP/s rated at 756e12 / (114 x 4,096).
+    "h100-pcie": (114, 4096.0, 1.755e9, 756e12 / (114 * 4096), 50 * MIB),
+    # H200 datasheet: the H100 SXM5 die (132 SMs, 50 MB L2) with HBM3e; same clocks and peak.
+    "h200": (132, 4096.0, 1.98e9, 989.4e12 / (132 * 4096), 50 * MIB),
+    # NVIDIA Blackwell architecture technical brief (2024): fifth-generation tensor cores, 2x
+    # Hopper's dense FP16 rate per SM-clock (8,192 FLOP). B200: 148 SMs over its two dies and
+    # 126 MB L2 (as CUDA's deviceQuery reports them; NVIDIA publishes neither in the datasheet),
+    # boost 1,965 MHz; 2.25 PFLOP/s rated at 2.25e15 / (148 x 8,192) = 1.86 GHz.
+    "b200": (148, 8192.0, 1.965e9, 2.25e15 / (148 * 8192), 126 * MIB),
+    # AMD CDNA 3 architecture whitepaper (2023) and MI300X datasheet: 304 compute units, 2,048
+    # dense FP16/BF16 matrix FLOP per CU-clock, peak engine clock 2,100 MHz (1,307.4 TFLOP/s),
+    # 4 MB L2 per XCD x 8 = 32 MB (the 256 MB Infinity Cache behind it is not counted here).
+    "mi300x": (304, 2048.0, 2.1e9, 2.1e9, 32 * MIB),
+}
+for _name, (_sms, _per_clock, _boost, _sustained, _l2) in _CHIP.items():
+    HARDWARE[_name] = dataclasses.replace(
+        HARDWARE[_name], num_sms=_sms, tensor_flops_per_sm_per_clock=_per_clock,
+        boost_clock_hz=_boost, sustained_clock_hz=_sustained, l2_bytes=_l2)
+
+
+# ---- interconnect block ------------------------------------------------------------------------
+# Per part: NVLink generation (the aggregate NVLink figure is `interconnect_bytes_per_s` above),
+# PCIe generation and x16 bandwidth, the inter-node NIC per GPU of the vendor's reference server,
+# and the node topology. PCIe x16: Gen4 64 GB/s, Gen5 128 GB/s bidirectional (PCI-SIG).
+_GEN4, _GEN5 = {"pcie_generation": 4, "pcie_bytes_per_s": 64e9}, {"pcie_generation": 5, "pcie_bytes_per_s": 128e9}
+_LINKS: dict[str, dict] = {
+    # DGX A100: NVLink 3 through 6 NVSwitches, 8 x 200 Gb/s HDR InfiniBand (one per GPU).
+    "a100-40g": {"nvlink_generation": 3, **_GEN4, "network_bytes_per_s": 25e9, "topology": "nvswitch",
+                 "links_source": "NVIDIA DGX A100 datasheet (NVLink 3, NVSwitch, 8x HDR 200 Gb/s)"},
+    "a100-80g": {"nvlink_generation": 3, **_GEN4, "network_bytes_per_s": 25e9, "topology": "nvswitch",
+                 "links_source": "NVIDIA DGX A100 datasheet (NVLink 3, NVSwitch, 8x HDR 200 Gb/s)"},
+    # PCIe-only inference cards: no NVLink; 100 Gb/s Ethernet per GPU assumed for a server of them.
+    "a10": {**_GEN4, "network_bytes_per_s": 12.5e9, "topology": "pcie", "gpus_per_node": 4,
+            "links_source": "NVIDIA A10 datasheet (PCIe Gen4 x16, no NVLink); NIC 100 GbE assumed"},
+    "l4": {**_GEN4, "network_bytes_per_s": 12.5e9, "topology": "pcie",
+           "links_source": "NVIDIA L4 datasheet (PCIe Gen4 x16, no NVLink); NIC 100 GbE assumed"},
+    "l40s": {**_GEN4, "network_bytes_per_s": 25e9, "topology": "pcie",
+             "links_source": "NVIDIA L40S datasheet (PCIe Gen4 x16, no NVLink); NIC 200 Gb/s assumed"},
+    # A40: NVLink 3 bridge joining two boards.
+    "a40": {"nvlink_generation": 3, **_GEN4, "network_bytes_per_s": 25e9, "topology": "nvlink_pairs",
+            "links_source": "NVIDIA A40 datasheet (NVLink bridge, 2 GPUs, PCIe Gen4); NIC 200 Gb/s assumed"},
+    # DGX H100 / H200: NVLink 4 through NVSwitch, 8 x 400 Gb/s ConnectX-7 (NDR) per node.
+    "h100-sxm": {"nvlink_generation": 4, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvswitch",
+                 "links_source": "NVIDIA DGX H100 datasheet (NVLink 4, NVSwitch, 8x 400 Gb/s NDR)"},
+    "h100-pcie": {"nvlink_generation": 4, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvlink_pairs",
+                  "links_source": "NVIDIA H100 PCIe datasheet (NVLink bridge pairs, PCIe Gen5); NIC 400 Gb/s assumed"},
+    "h200": {"nvlink_generation": 4, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvswitch",
+             "links_source": "NVIDIA DGX H200 datasheet (NVLink 4, NVSwitch, 8x 400 Gb/s NDR)"},
+    # DGX B200: NVLink 5 (1.8 TB/s per GPU) through NVSwitch, 8 x 400 Gb/s ConnectX-7.
+    "b200": {"nvlink_generation": 5, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvswitch",
+             "links_source": "NVIDIA DGX B200 datasheet (NVLink 5, NVSwitch, 8x 400 Gb/s)"},
+    # MI300X platform: 8 GPUs fully connected by Infinity Fabric (7 links each), PCIe Gen5, 400 Gb/s NICs.
+    "mi300x": {**_GEN5, "network_bytes_per_s": 50e9, "topology": "mesh", "nvlink_generation": None,
+               "links_source": "AMD Instinct MI300X platform brief (Infinity Fabric mesh of 8, PCIe Gen5)"},
+    # Host: processes exchange through DRAM (the interconnect figure above); no NIC assumed beyond 100 GbE.
+    "host-cpu": {**_GEN4, "network_bytes_per_s": 12.5e9, "topology": "nvswitch", "gpus_per_node": 1,
+                 "links_source": "generic host (assumed)"},
+}
+HARDWARE = {name: dataclasses.replace(spec, **_LINKS[name]) for name, spec in HARDWARE.items()}
+
 
 def get_hardware(name: str) -> HardwareSpec:
     """Exact lookup; `KeyError` naming the valid parts for an unknown one."""
     try:
         return HARDWARE[name]
     except KeyError:
-        raise KeyError(
+        raise UnknownName(
             f"unknown hardware {name!r}; valid names: {', '.join(sorted(HARDWARE))}"
         ) from None
 
@@ -191,65 +347,63 @@ def override(base_name: str, /, **fields: object) -> HardwareSpec:
     """A hypothetical part: a catalog part with some fields replaced and validated again.
 
     `override("h100-sxm", hbm_bytes_per_s=6e12)` is an H100 with 6 TB/s, named
-    "h100-sxm-custom" unless `name=` is given. Unknown fields or impossible values raise
-    ValueError with one line.
+    "h100-sxm-custom" unless `name=` is given. Changing `num_sms`,
+    `tensor_flops_per_sm_per_clock` or `sustained_clock_hz` scales `peak_flops_per_s` with them
+    (unless it is given too). Unknown fields or impossible values raise UsageError (a ValueError)
+    with one line: the fields come from the user (`--set`).
     """
     base = get_hardware(base_name)
     valid = {f.name for f in dataclasses.fields(HardwareSpec)}
     unknown = sorted(set(fields) - valid)
     if unknown:
-        raise ValueError(
+        raise UsageError(
             f"unknown hardware field(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}"
         )
     fields.setdefault("name", f"{base_name}-custom")
-    return dataclasses.replace(base, **fields)  # __post_init__ validates
+    if "peak_flops_per_s" not in fields and base.has_chip_layout:
+        fields["peak_flops_per_s"] = base.peak_flops_per_s * _peak_scale(base, fields)
+    try:
+        return dataclasses.replace(base, **fields)  # __post_init__ validates
+    except (ValueError, TypeError) as e:
+        raise UsageError(str(e)) from None
 
 
-def _cpu_flops_per_cycle(flags: set[str]) -> int:
-    """fp32 FLOP per cycle per core from the ISA: two FMA pipes x lanes x 2 FLOP."""
-    if "avx512f" in flags:
-        return 64  # 2 x 16 lanes x 2
-    if "avx2" in flags and "fma" in flags:
-        return 32  # 2 x 8 lanes x 2
-    return 8  # SSE: 4 lanes, separate add and multiply
+def _peak_scale(base: HardwareSpec, fields: dict[str, object]) -> float:
+    """Factor on the part's peak when SMs, FLOP per SM-clock or the sustained clock change."""
+    scale = 1.0
+    for name in ("num_sms", "tensor_flops_per_sm_per_clock", "sustained_clock_hz"):
+        value = fields.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            scale *= value / getattr(base, name)
+    return scale
 
 
-def host_cpu_spec(cores: int | None = None) -> HardwareSpec:
-    """The `host-cpu` entry rescaled to the running machine (cores, ISA, clock, RAM).
-
-    Memory bandwidth cannot be read from the OS, so it keeps the generic DRAM figure.
-    """
+def cpu_spec(cpu: dict, cores: int | None = None, origin: str = "this host") -> HardwareSpec:
+    """The `host-cpu` entry rescaled to a CPU described as `read_host_cpu` returns it (a trace's
+    recorded `device.cpu`, or this machine's): `cores` (default: the usable ones) x clock x FLOP per
+    cycle; 3 GHz when the clock is unknown; a record that is not numbers is a TraceError. Memory bandwidth cannot be read from the OS, so it keeps
+    the generic DRAM figure."""
     base = HARDWARE["host-cpu"]
-    if cores is None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cores = os.cpu_count() or 1
-    flags: set[str] = set()
-    clocks_hz: list[float] = []
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                if key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-                elif key.strip() == "cpu MHz":
-                    clocks_hz.append(float(value) * 1e6)
-    except (OSError, ValueError):
-        pass
-    clock_hz = max(clocks_hz) if clocks_hz else 3.0e9  # current clock; 3 GHz if unknown
-    per_cycle = _cpu_flops_per_cycle(flags) if flags else 32
-    try:
-        ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        ram_bytes = base.hbm_capacity_bytes
+        cores = int(cores or cpu.get("usable_cores") or cpu.get("logical_cores") or 1)
+        clock_hz = float(cpu["clock_mhz"]) * 1e6 if cpu.get("clock_mhz") else 3.0e9
+        per_cycle = int(cpu.get("flops_per_cycle") or 32)
+    except (TypeError, ValueError, OverflowError):
+        raise TraceError(f"CPU record {cpu!r}: cores, clock_mhz and flops_per_cycle must be numbers") from None
+    if not (cores >= 1 and 0 < clock_hz < 1e11 and per_cycle >= 1):
+        raise TraceError(f"CPU record {cpu!r}: impossible cores ({cores}), clock ({clock_hz:g} Hz) or FLOP/cycle")
     return dataclasses.replace(
         base,
         name=f"host-cpu-{cores}c",
         peak_flops_per_s=cores * clock_hz * per_cycle,
-        hbm_capacity_bytes=int(ram_bytes),
-        source=f"this host: {cores} cores x {clock_hz / 1e9:.2f} GHz x {per_cycle} FLOP/cycle",
+        hbm_capacity_bytes=int(cpu.get("ram_bytes") or base.hbm_capacity_bytes),
+        source=f"{origin}: {cpu.get('model') or 'cpu'}, {cores} cores x {clock_hz / 1e9:.2f} GHz x {per_cycle} FLOP/cycle",
     )
+
+
+def host_cpu_spec(cores: int | None = None) -> HardwareSpec:
+    """The `host-cpu` entry rescaled to the running machine (cores, ISA, current clock, RAM)."""
+    return cpu_spec(read_host_cpu(), cores)
 
 
 if __name__ == "__main__":

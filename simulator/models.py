@@ -20,6 +20,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from profiler.errors import UnknownName
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -181,7 +183,7 @@ def get_model(name: str) -> ModelSpec:
     try:
         return MODELS[name]
     except KeyError:
-        raise KeyError(
+        raise UnknownName(
             f"unknown model {name!r}; valid names: {', '.join(sorted(MODELS))}"
         ) from None
 

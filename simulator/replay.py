@@ -1,7 +1,8 @@
 """SimPy replay: a trace's workload served by one device under continuous batching.
 
 What: requests arrive (the trace's own times, Poisson at a rate, or a closed loop of C clients);
-a scheduler (`simulator/schedulers/`, FCFS by default) forms each forward pass's batch under caps
+a scheduler (the shared `scheduling` package, FCFS by default; the replay implements its
+`ServingState` protocol) forms each forward pass's batch under caps
 on sequences and batched tokens; a paged KV pool of the device's memory minus the weights admits
 requests, and preempts them (recompute) when full; the device runs one batched pass at a time,
 costing `cost.step_time_s(sum query tokens, sum KV read, sum streams, sum logit rows)`.
@@ -31,9 +32,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import simpy
 
+from profiler.errors import UsageError
+from scheduling import get_scheduler
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
-from simulator.schedulers import get_scheduler
 from simulator.workload import Workload
 
 MAX_STRETCH_PASSES = 1024  # passes planned at once (bounds the requests x passes gather)
@@ -59,19 +61,19 @@ class ReplayConfig:
         for name in ("max_seqs", "max_batch_tokens", "block_size"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {v!r}")
+                raise UsageError(f"{name.replace('_', '-')} must be a positive integer, got {v!r}")
         if not 0 < self.memory_utilization <= 1:
-            raise ValueError(f"memory utilization must be in (0, 1], got {self.memory_utilization!r}")
+            raise UsageError(f"memory utilization must be in (0, 1], got {self.memory_utilization!r}")
         if self.kv_capacity_bytes is not None and not self.kv_capacity_bytes > 0:
-            raise ValueError(f"KV capacity must be > 0 bytes, got {self.kv_capacity_bytes!r}")
+            raise UsageError(f"KV capacity must be > 0 bytes, got {self.kv_capacity_bytes!r}")
         if self.rate is not None and not (self.rate > 0):  # also refuses NaN
-            raise ValueError(f"rate must be > 0 requests/s (or inf), got {self.rate!r}")
+            raise UsageError(f"rate must be > 0 requests/s (or inf), got {self.rate!r}")
         if self.concurrency is not None and (not isinstance(self.concurrency, (int, np.integer)) or self.concurrency < 1):
-            raise ValueError(f"concurrency must be a positive integer, got {self.concurrency!r}")
+            raise UsageError(f"concurrency must be a positive integer, got {self.concurrency!r}")
         if self.rate is not None and self.concurrency is not None:
-            raise ValueError("give a rate or a concurrency, not both")
+            raise UsageError("give a rate or a concurrency, not both")
         if self.num_requests is not None and self.num_requests < 1:
-            raise ValueError(f"num-requests must be >= 1, got {self.num_requests!r}")
+            raise UsageError(f"num-requests must be >= 1, got {self.num_requests!r}")
         get_scheduler(self.scheduler)  # KeyError listing the policies
 
     @property
@@ -89,10 +91,22 @@ def kv_capacity_bytes(hardware: HardwareSpec, model: ModelSpec, config: ReplayCo
     usable = int(hardware.hbm_capacity_bytes * config.memory_utilization)
     free = usable - model.weight_bytes
     if free <= 0:
-        raise ValueError(f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB) leave no room for KV in "
+        raise UsageError(f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB) leave no room for KV in "
                          f"{hardware.name}'s {usable / 2**30:.1f} GiB usable memory; pick a larger part or model "
                          f"a smaller one")
     return free
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """Passes a fixed batch ran back to back: one row per request, one column per pass."""
+
+    requests: np.ndarray  # (R,) request positions in the batch
+    first_pass: np.ndarray  # (R,) flat workload index of each request's first pass in the stretch
+    rebuild: np.ndarray  # (R,) bool: this (single) pass re-prefills the request's KV (recompute)
+    starts_s: np.ndarray  # (m,) start of each pass
+    durations_s: np.ndarray  # (m,)
+    first_batch: int  # global index of the stretch's first pass
 
 
 class Device:
@@ -120,7 +134,7 @@ class KVPool:
         self.bytes_per_block = block_size * kv_bytes_per_token
         self.capacity_blocks = capacity_bytes // self.bytes_per_block
         if self.capacity_blocks < 1:
-            raise ValueError(f"KV pool of {capacity_bytes} bytes holds no {block_size}-token block "
+            raise UsageError(f"KV pool of {capacity_bytes} bytes holds no {block_size}-token block "
                              f"({self.bytes_per_block} bytes)")
         self.used_blocks = 0
         self.peak_blocks = 0
@@ -170,7 +184,7 @@ class Replay:
         self.waiting: deque[int] = deque()
         self.running: list[int] = []
         self.events: list[tuple[int, str, float]] = []
-        self.stretches: list[tuple] = []  # (R, idx0, rc, starts, durations, batch0)
+        self.stretches: list[Stretch] = []
         self.n_done = 0
         self.n_pass = 0
         self._wakeup: simpy.Event | None = None
@@ -189,11 +203,28 @@ class Replay:
             self.arrival_sorted_s = times[self._arrival_order]
         self._next_arrival = 0
 
-    # ---- demands -----------------------------------------------------------------------
+    # ---- scheduling.ServingState (running, waiting: attributes above) -------------------
+    @property
+    def pool_capacity_blocks(self) -> int:
+        return self.pool.capacity_blocks
+
+    def arrival_of(self, rs) -> np.ndarray:
+        return self.arrival_s[np.asarray(rs, np.int64)]
+
+    def prompt_tokens_of(self, rs) -> np.ndarray:
+        return self.w.prompt_tokens[np.asarray(rs, np.int64)]
+
+    def max_tokens_of(self, rs) -> np.ndarray:
+        """The source's max_tokens knob where it has one, else each request's own output length."""
+        rs = np.asarray(rs, np.int64)
+        knob = (self.w.source.get("knobs") or {}).get("max_tokens")
+        return np.full(len(rs), int(knob), np.int64) if knob else self.w.output_tokens[rs]
+
     def remaining_passes(self, rs) -> np.ndarray:
         rs = np.asarray(rs, np.int64)
         return self.npass[rs] - self.ptr[rs]
 
+    # ---- demands -----------------------------------------------------------------------
     def next_demand(self, rs) -> tuple[np.ndarray, ...]:
         """(query, kv read, groups, logit rows, blocks after) of each request's next pass."""
         rs = np.asarray(rs, np.int64)
@@ -300,7 +331,7 @@ class Replay:
 
     def plan(self, R: np.ndarray):
         """The longest stretch of passes the batch R runs before the scheduler could decide otherwise."""
-        cap, cfg = self.pool.capacity_blocks, self.config
+        cap, cfg = self.pool_capacity_blocks, self.config
         if self.recompute[R].any():  # a rebuild pass: one pass, then back to the normal plan
             q, kv, g, lg, b = self.next_demand(R)
             self.pool.note(b.sum())
@@ -343,7 +374,7 @@ class Replay:
 
     def commit(self, R, idx0, rc, starts, durations) -> None:
         m = len(durations)
-        self.stretches.append((R, idx0, rc, starts, durations, self.n_pass))
+        self.stretches.append(Stretch(R, idx0, rc, starts, durations, self.n_pass))
         self.n_pass += m
         if rc.any():  # rebuild pass: requests being rebuilt keep their pointer
             self.ptr[R[~rc]] += 1

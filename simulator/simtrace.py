@@ -73,9 +73,12 @@ def collect(sim) -> ReplayResult:
     w: Workload = sim.w
     n = w.n_requests
     if sim.stretches:
-        parts = [(np.repeat(R, len(d)), (idx0[:, None] + np.arange(len(d))[None, :]).ravel(), np.repeat(rc, len(d)),
-                  np.tile(starts, len(R)), np.tile(d, len(R)), b0 + np.tile(np.arange(len(d)), len(R)))
-                 for R, idx0, rc, starts, d, b0 in sim.stretches]
+        parts = [(np.repeat(s.requests, len(s.durations_s)),
+                  (s.first_pass[:, None] + np.arange(len(s.durations_s))[None, :]).ravel(),
+                  np.repeat(s.rebuild, len(s.durations_s)), np.tile(s.starts_s, len(s.requests)),
+                  np.tile(s.durations_s, len(s.requests)),
+                  s.first_batch + np.tile(np.arange(len(s.durations_s)), len(s.requests)))
+                 for s in sim.stretches]
         req, flat, rc, start, dur, batch = (np.concatenate(c) for c in zip(*parts))
     else:
         req, flat, batch = (np.zeros(0, np.int64) for _ in range(3))

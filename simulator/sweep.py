@@ -8,7 +8,8 @@ the part's memory) is a row with its error, not a crash.
 
 How: a local process pool by default (one worker per core, workloads sent once per worker);
 `backend="ray"` runs the same chunks as Ray tasks, on an existing cluster (`address`) or on a
-local instance bound to loopback. Each finished chunk is appended to `results.jsonl` in the output
+local instance bound to loopback (`simulator.ray_backend`). Workers die with the sweep: the pool
+is stopped on any exit, and each worker asks Linux for SIGTERM when its parent dies. Each finished chunk is appended to `results.jsonl` in the output
 directory at once, so an interrupted sweep keeps what it finished and a rerun with the same
 `out` skips it; `sweep.parquet` is written at the end (and on interrupt) with the Pareto marks.
 
@@ -30,6 +31,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from profiler.errors import UsageError
+from profiler.services import die_with_parent
+from profiler.stats import non_dominated
 from simulator.hardware import get_hardware
 from simulator.models import ModelSpec, get_model
 from simulator.replay import ReplayConfig, replay
@@ -100,6 +104,7 @@ _WORKER_WORKLOADS: dict[str, Workload] = {}
 
 def _init_worker(workloads: dict[str, Workload]) -> None:
     global _WORKER_WORKLOADS
+    die_with_parent()  # a worker blocked on the task pipe must not outlive a killed sweep
     _WORKER_WORKLOADS = workloads
 
 
@@ -109,12 +114,8 @@ def pareto_mask(table: pd.DataFrame, objectives: Sequence[tuple[str, int]] = OBJ
     cols = [c for c, _ in objectives if c in table]
     x = np.stack([table[c].astype(float).to_numpy() * s for c, s in objectives if c in table], axis=1) \
         if cols else np.zeros((len(table), 0))
-    x = np.where(np.isnan(x), -np.inf, x)[ok]
-    ge = (x[:, None, :] >= x[None, :, :]).all(-1)  # ge[i, j]: i at least as good as j everywhere
-    gt = (x[:, None, :] > x[None, :, :]).any(-1)
-    dominated = (ge & gt).any(0)
     out = np.zeros(len(table), bool)
-    out[np.flatnonzero(ok)] = ~dominated
+    out[np.flatnonzero(ok)] = non_dominated(x[ok])
     return out
 
 
@@ -165,12 +166,16 @@ def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] 
           progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Run the grid; return the table (and write it under `out`). See the module docstring."""
     if backend not in ("local", "ray"):
-        raise ValueError(f"unknown backend {backend!r}; valid: local, ray")
+        raise UsageError(f"unknown backend {backend!r}; valid: local, ray")
     workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+        raise UsageError(f"workers must be >= 1, got {workers}")
     configs = grid(traces, hardware, models, max_seqs, rates, concurrency, max_batch_tokens, num_requests,
                    scheduler, seed)
+    if backend == "ray" and address:
+        from simulator.ray_backend import probe
+
+        probe(address)  # a wrong address is one line now, not after loading every trace
     order = {config_key(c): i for i, c in enumerate(configs)}
     workloads = {str(t): load_workload(t) for t in dict.fromkeys(traces)}
     out_dir = Path(out) if out is not None else None
@@ -201,22 +206,34 @@ def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] 
             for chunk in chunks:
                 finished_chunk(run_chunk(chunk, workloads))
         else:
-            with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(workloads,)) as pool:
-                pending = {pool.submit(run_chunk, chunk) for chunk in chunks}
-                try:
-                    while pending:
-                        ready, pending = wait(pending, return_when=FIRST_COMPLETED)
-                        for fut in ready:
-                            finished_chunk(fut.result())
-                except BaseException:
-                    for fut in pending:
-                        fut.cancel()
-                    raise
+            _run_pool(chunks, workloads, workers, finished_chunk)
     finally:
         table = _table(done, order)
         if out_dir is not None:
             _write_parquet(table, out_dir)
     return table
+
+
+def _run_pool(chunks: list[list[dict]], workloads: dict[str, Workload], workers: int,
+              finished_chunk: Callable[[list[dict]], None]) -> None:
+    """Chunks on a process pool; on any exit (an error, Ctrl-C, SIGTERM turned into SystemExit by
+    the command) the workers are stopped before this returns, none left behind."""
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(workloads,))
+    try:
+        pending = {pool.submit(run_chunk, chunk) for chunk in chunks}
+        while pending:
+            ready, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in ready:
+                finished_chunk(fut.result())
+    except BaseException:
+        procs = list((getattr(pool, "_processes", None) or {}).values())  # CPython keeps them here
+        pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:  # a running chunk is not waited for: its rows are lost, the rerun redoes it
+            p.terminate()
+        for p in procs:
+            p.join(10)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _table(rows: list[dict], order: dict[str, int]) -> pd.DataFrame:
@@ -232,27 +249,18 @@ def _table(rows: list[dict], order: dict[str, int]) -> pd.DataFrame:
 
 def _run_ray(chunks: list[list[dict]], workloads: dict[str, Workload], address: str | None, workers: int,
              finished_chunk: Callable[[list[dict]], None]) -> None:
-    try:
-        import ray
-    except ImportError:
-        raise ValueError("--backend ray needs the ray package (pip install ray)") from None
-    started = False
-    if not ray.is_initialized():
-        if address:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
-        else:  # a local instance bound to loopback only
-            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-            ray.init(include_dashboard=False, object_store_memory=100 * 1024**2, num_cpus=workers,
-                     _node_ip_address="127.0.0.1", log_to_driver=False)
-        started = True
-    try:
+    from simulator.ray_backend import ray_session
+
+    with ray_session(address, workers) as ray:
         task = ray.remote(run_chunk)
         ref = ray.put(workloads)
         pending = [task.remote(chunk, ref) for chunk in chunks]
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            for r in ready:
-                finished_chunk(ray.get(r))
-    finally:
-        if started:
-            ray.shutdown()
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                for r in ready:
+                    finished_chunk(ray.get(r))
+        except BaseException:
+            for r in pending:
+                ray.cancel(r, force=True)
+            raise

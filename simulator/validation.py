@@ -15,8 +15,10 @@ the host spends a little time between passes (the recorder's bookkeeping), added
     from simulator.validation import validate
     validate("traces/sequential-tiny")["request_latency_mape_percent"]
 
-Why "its own hardware": the trace's `meta.json` names the device; a CPU capture is the host CPU
-(`simulator.hardware.host_cpu_spec`), a GPU capture the catalog part of that name.
+Why "its own hardware": the trace's `meta.json` names the device; a CPU capture is the CPU it
+recorded at capture (`device.cpu`: model, cores, clock; `simulator.hardware.cpu_spec`; a trace
+older than that record falls back on this machine's CPU and says so in `hardware_source`), a GPU
+capture the catalog part of that name.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
+from profiler.errors import UnknownName, UsageError
 from profiler.reader import Trace, read_trace
 from simulator.calibrate import fit_cost_params_to_steps
 from simulator.cost import CostModel
-from simulator.hardware import HARDWARE, HardwareSpec, get_hardware, host_cpu_spec
+from simulator.hardware import HARDWARE, HardwareSpec, cpu_spec, get_hardware, host_cpu_spec
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
 from simulator.workload import from_trace
@@ -44,16 +47,20 @@ _CUDA_NAMES: tuple[tuple[str, str], ...] = (
 def trace_hardware(meta: dict) -> HardwareSpec:
     """The catalog part (or this host's CPU spec) a measured trace ran on; KeyError if none matches."""
     device = meta.get("device") or {}
-    if device.get("type") == "cpu":
+    if device.get("type") == "cpu":  # the CPU the trace recorded at capture; this machine's only for older traces
         cores = device.get("threads") or (meta.get("host") or {}).get("cores")
-        return host_cpu_spec(int(cores) if cores else None)
+        if isinstance(device.get("cpu"), dict):
+            return cpu_spec(device["cpu"], int(cores) if cores else None, origin="recorded at capture")
+        spec = host_cpu_spec(int(cores) if cores else None)
+        return dataclasses.replace(spec, source=f"the trace records no CPU (captured before solm recorded one), so "
+                                                f"{spec.source.replace('this host', 'this machine now')}")
     name = str(device.get("name", ""))
     for needle, part in _CUDA_NAMES:
         if needle.lower() in name.lower():
             if part == "a100":
                 part = "a100-80g" if int(device.get("memory_bytes") or 80 * 2**30) > 48 * 2**30 else "a100-40g"
             return get_hardware(part)
-    raise KeyError(f"trace device {name!r} matches no catalog part ({', '.join(sorted(HARDWARE))}); "
+    raise UnknownName(f"trace device {name!r} matches no catalog part ({', '.join(sorted(HARDWARE))}); "
                    f"pass --hardware")
 
 
@@ -87,23 +94,23 @@ def _replay_as_captured(w, hw: HardwareSpec, model: ModelSpec, cost: CostModel):
     return replay(w, hw, model, ReplayConfig(concurrency=1, max_seqs=1, memory_utilization=1.0), cost=cost)
 
 
-def validate(path: str | Path, hardware: HardwareSpec | str | None = None) -> dict:
+def validate(path: str | Path | Trace, hardware: HardwareSpec | str | None = None) -> dict:
     """Calibrate on even requests, check on odd ones; figures as a dict (see the module doc)."""
-    trace = read_trace(path)
+    trace = path if isinstance(path, Trace) else read_trace(path)  # a Trace: e.g. profiler.runs.single_run's view
     if trace.kind != "measured":
-        raise ValueError(f"{trace.path}: validate needs a measured trace, this one is {trace.kind}")
+        raise UsageError(f"{trace.path}: validate needs a measured trace, this one is {trace.kind}")
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(trace.meta)
     model = ModelSpec.from_trace_meta(trace.meta)
     req = trace.requests.sort_values("request_id").reset_index(drop=True)
     usable = req[(req["status"] != "error") & (req["steps"] > 0)]
     if len(usable) < 2:
-        raise ValueError(f"{trace.path}: validation needs at least 2 requests with forward passes "
+        raise UsageError(f"{trace.path}: validation needs at least 2 requests with forward passes "
                          f"(one to calibrate on, one to check), found {len(usable)}")
     calib_ids = usable["request_id"].to_numpy()[0::2]
     check_ids = usable["request_id"].to_numpy()[1::2]
     calib = step_arrays(trace, calib_ids)
     if len(calib) < 4:
-        raise ValueError(f"{trace.path}: the calibration half has {len(calib)} forward passes; need >= 4")
+        raise UsageError(f"{trace.path}: the calibration half has {len(calib)} forward passes; need >= 4")
     params = fit_cost_params_to_steps(hw, model, calib)
     gap_s = _host_gap_s(trace, calib_ids)
     cost = CostModel(hw, model, params)
@@ -119,8 +126,8 @@ def validate(path: str | Path, hardware: HardwareSpec | str | None = None) -> di
     measured = req.set_index("request_id").loc[check_ids]
     sim = res.requests
     return {
-        "trace": str(trace.path), "system": trace.system, "hardware": hw.name, "model": model.name,
-        "calibration_requests": int(len(calib_ids)), "check_requests": int(len(check_ids)),
+        "trace": str(trace.path), "system": trace.system, "hardware": hw.name, "hardware_source": hw.source,
+        "model": model.name, "calibration_requests": int(len(calib_ids)), "check_requests": int(len(check_ids)),
         "calibration_steps": int(len(calib)), "check_steps": int(len(check)),
         "step_time_mape_percent": step_mape,
         "step_time_median_ape_percent": float(np.median(np.abs(predicted / check[:, 2] - 1)) * 100),
@@ -141,7 +148,7 @@ def cross_check(path: str | Path, hardware: HardwareSpec | str | None = None) ->
     said about that GPU before anyone measured it."""
     trace = read_trace(path)
     if trace.kind != "measured":
-        raise ValueError(f"{trace.path}: cross_check needs a measured trace, this one is {trace.kind}")
+        raise UsageError(f"{trace.path}: cross_check needs a measured trace, this one is {trace.kind}")
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(trace.meta)
     model = ModelSpec.from_trace_meta(trace.meta)
     cost = CostModel(hw, model)
@@ -152,8 +159,8 @@ def cross_check(path: str | Path, hardware: HardwareSpec | str | None = None) ->
     steps = step_arrays(trace, ids)
     predicted = np.asarray(cost.step_time_s(steps[:, 0], steps[:, 1], steps[:, 3]), float)
     return {
-        "trace": str(trace.path), "system": trace.system, "hardware": hw.name, "model": model.name,
-        "requests": len(ids), "cost_params": cost.params.source,
+        "trace": str(trace.path), "system": trace.system, "hardware": hw.name, "hardware_source": hw.source,
+        "model": model.name, "requests": len(ids), "cost_params": cost.params.source,
         "step_time_mape_percent": _mape(predicted, steps[:, 2]),
         "request_latency_mape_percent": _mape(sim.loc[ids, "e2e_s"].to_numpy(), req.loc[ids, "e2e_s"].to_numpy()),
         "measured_e2e_s_mean": float(req.loc[ids, "e2e_s"].mean()), "simulated_e2e_s_mean": float(sim.loc[ids, "e2e_s"].mean()),

@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from profiler.errors import TraceError
 from profiler.reader import Trace, read_trace
 from profiler.schema import PHASES
 
@@ -151,7 +152,7 @@ def from_trace(trace: Trace) -> Workload:
     ids = req["request_id"].to_numpy(np.int64)
     pos = np.searchsorted(ids, steps["request_id"].to_numpy(np.int64))
     if len(steps) and (np.any(pos >= len(ids)) or np.any(ids[np.minimum(pos, len(ids) - 1)] != steps["request_id"])):
-        raise ValueError(f"{trace.path}: steps.parquet has rows for requests not in requests.parquet")
+        raise TraceError(f"{trace.path}: steps.parquet has rows for requests not in requests.parquet")
     counts = np.bincount(pos, minlength=len(ids)) if len(steps) else np.zeros(len(ids), np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
@@ -161,10 +162,10 @@ def from_trace(trace: Trace) -> Workload:
     q, kv = col("query_tokens"), col("kv_tokens_read")
     groups = np.where(q > 0, np.clip(col("active_streams"), 1, np.maximum(q, 1)), 0)  # a sync pass may have no rows
     if np.any(q < 0) or np.any(kv < 0):
-        raise ValueError(f"{trace.path}: negative query_tokens or kv_tokens_read in steps.parquet")
+        raise TraceError(f"{trace.path}: negative query_tokens or kv_tokens_read in steps.parquet")
     unknown = set(steps["phase"]) - set(PHASES)
     if unknown:
-        raise ValueError(f"{trace.path}: unknown phases {sorted(unknown)}; known: {', '.join(PHASES)}")
+        raise TraceError(f"{trace.path}: unknown phases {sorted(unknown)}; known: {', '.join(PHASES)}")
     phase = steps["phase"].map(PHASE_CODE).to_numpy(np.int8) if len(steps) else np.zeros(0, np.int8)
     live = col("live_kv_tokens")
     kv_per_token = int((trace.meta.get("model") or {}).get("kv_bytes_per_token") or 0)

@@ -1,28 +1,30 @@
 """`solm`: the one command line. Thin: parses arguments and dispatches to `solm.commands.<name>`.
 
 Every command prints a human summary and ends with one JSON line of its figures (`--json`: the
-JSON line only). A user mistake (bad path, unknown name, corrupt trace, impossible setting) is
-one line on stderr, `solm <command>: error: ...`, and exit status 2; never a traceback.
+JSON line only). Two kinds of failure, told apart by type (`profiler/errors.py`):
+
+- bad input (a bad flag value, a missing or corrupt trace, an unusable path, an impossible
+  setting): the project's own `SolmError`s (`UsageError`, `TraceError`, ...), and a
+  missing/unwritable/wrong-kind path the user gave: one line `solm <command>: error: ...`, exit 2;
+- anything else is a bug in solm: one line `solm <command>: internal error (a bug): ...`, exit 1,
+  and the traceback on stderr when the environment has SOLM_DEBUG=1.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
+from pathlib import Path
 
+from profiler.errors import SolmError
 from solm.commands import COMMANDS
 
-
-class CommandError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    from profiler.reader import TraceError
-
-    return (CommandError, TraceError, FileNotFoundError, FileExistsError, NotADirectoryError, KeyError, ValueError,
-            MemoryError)
+EXIT_USAGE = 2  # bad input: the user can fix it
+EXIT_BUG = 1  # anything else: a bug in solm
+PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
@@ -42,26 +44,59 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     return parser, modules
 
 
+def _user_paths(args: argparse.Namespace) -> list[Path]:
+    """Every string argument of the command, as an absolute path (the paths the user gave)."""
+    out = []
+    for value in vars(args).values():
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str) and v:
+                out.append(Path(os.path.abspath(v)))
+    return out
+
+
+def is_user_path_error(e: BaseException, args: argparse.Namespace) -> bool:
+    """A path error is the user's when solm raised it itself with a message (no filename: our own
+    checks, which name the path), or when the failing file is a path the user gave, lies inside
+    one (a file written under --out), or is a missing folder above one (creating --out's parents)."""
+    if not isinstance(e, PATH_ERRORS):
+        return False
+    if e.filename is None:
+        return True
+    failed = Path(os.path.abspath(os.fsdecode(e.filename)))
+    return any(failed == p or p in failed.parents or (failed in p.parents and not failed.exists())
+               for p in _user_paths(args))
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        return f"{os.fsdecode(e.filename)}: {e.strerror}"
+    return str(e) or type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     parser, modules = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # argparse's own errors: usage line, exit 2
     if not args.command:
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     try:
         return int(modules[args.command].run(args) or 0)
-    except user_errors() as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        print(f"solm {args.command}: error: {msg}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"solm {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `solm ... | head`: the reader left; not an error of ours
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as e:  # noqa: BLE001 - the one place every failure is classified
+        if isinstance(e, SolmError) or is_user_path_error(e, args):
+            print(f"solm {args.command}: error: {_message(e)}", file=sys.stderr)
+            return EXIT_USAGE
+        if os.environ.get("SOLM_DEBUG") == "1":
+            traceback.print_exc()
+        first = (str(e).splitlines() or [""])[0]
+        print(f"solm {args.command}: internal error (a bug): {type(e).__name__}: {first}; "
+              "rerun with SOLM_DEBUG=1 for the traceback", file=sys.stderr)
+        return EXIT_BUG
 
 
 if __name__ == "__main__":

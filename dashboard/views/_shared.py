@@ -23,17 +23,37 @@ def _load_sweeps(signature: tuple) -> pd.DataFrame:
 
 def load_sweeps() -> pd.DataFrame:
     """Configurations of the `solm sweep` tables under the sidebar's folders, as Pareto points."""
-    files = data.find_sweep_tables(roots())
+    allowed = allowed_roots()
+    files = [f for f in data.find_sweep_tables(roots()) if allowed is None or data.within(f, allowed)]
     return _load_sweeps(tuple((str(f), f.stat().st_mtime_ns) for f in files))
 
 
-def roots() -> list[str]:
+def typed_roots() -> list[str]:
     return [r.strip() for r in st.session_state.get("roots", "").splitlines() if r.strip()]
 
 
+def allowed_roots() -> list[str] | None:
+    """The folders the dashboard was started on (None with --allow-any-path: any folder)."""
+    return st.session_state.get("allowed_roots")
+
+
+def roots() -> list[str]:
+    """The sidebar's folders that lie inside the folders given on the command line."""
+    return data.split_allowed(typed_roots(), allowed_roots())[0]
+
+
+def refused_roots() -> list[str]:
+    return data.split_allowed(typed_roots(), allowed_roots())[1]
+
+
 def load() -> tuple[list[Trace], pd.DataFrame]:
-    """Traces under the sidebar's folders (cached until a trace's meta.json changes)."""
-    return _load(data.signature(data.find_trace_dirs(roots())))
+    """Traces under the sidebar's allowed folders (cached until a trace's meta.json changes); a
+    symlink below them that leads outside is not followed."""
+    allowed = allowed_roots()
+    found = data.find_trace_dirs(roots())
+    if allowed is not None:
+        found = [p for p in found if data.within(p, allowed)]
+    return _load(data.signature(found))
 
 
 def need_traces(traces: list[Trace]) -> bool:

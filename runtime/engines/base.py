@@ -4,9 +4,9 @@ An engine is a generator (`Engine.run(request)`): it yields one `Step` per forwa
 returns a `Completion` (the generator's return value). It never writes files and never times
 itself; the profiler's recorder wraps the step stream and does both.
 
-Per-token bookkeeping lives in a `Ledger`: each generated token's stream, position, KV slot,
-the streams it could see and the step it was evicted at, filled in as the engine learns them
-(a token's slot is known when it is fed back, its eviction later still).
+Per-token bookkeeping is a list of `TokenRecord`s: each generated token's stream, position, KV
+slot, the streams it could see and the step it was evicted at, filled in as the engine learns
+them (a token's slot is known when it is fed back, its eviction later still).
 """
 
 from __future__ import annotations
@@ -17,14 +17,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from profiler.errors import UsageError
 from runtime.kv import PagedKVStore
 from runtime.model import TinyLM
 from runtime.sampling import SamplingConfig
 from runtime.tokenizer import Tokenizer
-
-# One name per phase, everywhere (trace `phase` values, simulator events, dashboard legends).
-PHASES = ("prefill", "decode", "plan", "denoise", "sync")
-
 
 @dataclass(frozen=True)
 class Request:
@@ -41,9 +38,9 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+            raise UsageError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+            raise UsageError(f"page_size must be >= 1, got {self.page_size}")
 
 
 @dataclass

@@ -36,9 +36,15 @@ from collections.abc import Generator
 from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord
 from runtime.engines.diffusion_common import Layout, SpanState, check_knobs, denoise, scaffold, steps_for
 from runtime.lang.planned_diffusion import ASYNC, ASYNC_END, MASK, PAD, SYNC, UNIT, PlanParser
+from runtime.engines.operating_points import operating_knobs
 from runtime.model import TinyLM
 from runtime.sampling import Sampler
 from runtime.tokenizer import Tokenizer
+
+# The shipped defaults: the operating point bench/planned_diffusion.py chose on the dev split
+# (runtime/engines/operating_points.json); the literals are the paper's plain settings, used
+# only when that file records none.
+_OP = operating_knobs("planned_diffusion")
 
 
 class PlannedDiffusionEngine(Engine):
@@ -47,9 +53,11 @@ class PlannedDiffusionEngine(Engine):
     default_task = "word_facts"
 
     def __init__(self, model: TinyLM, tokenizer: Tokenizer, config: GenerationConfig = GenerationConfig(), *,
-                 steps_ratio: float = 1.0, order: str = "entropy", confidence_threshold: float | None = None,
-                 length_scale: float = UNIT, block_sparse: bool = True, max_plan_tokens: int = 96, max_rounds: int = 8,
-                 max_spans: int = 8, max_span_tokens: int = 64, cache_committed: bool = False, recompute_all: bool = False,
+                 steps_ratio: float = _OP.get("steps_ratio", 1.0), order: str = "entropy",
+                 confidence_threshold: float | None = _OP.get("confidence_threshold"),
+                 length_scale: float = _OP.get("length_scale", UNIT), block_sparse: bool = _OP.get("block_sparse", True),
+                 max_plan_tokens: int = 96, max_rounds: int = 8, max_spans: int = 8, max_span_tokens: int = 64,
+                 cache_committed: bool = _OP.get("cache_committed", False), recompute_all: bool = False,
                  forced_plan: str = "") -> None:
         super().__init__(model, tokenizer, config)
         check_knobs(steps_ratio, order, confidence_threshold, length_scale)

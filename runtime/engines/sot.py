@@ -27,6 +27,7 @@ import re
 from collections.abc import Generator
 from dataclasses import dataclass, field
 
+from profiler.errors import UsageError
 from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord, visibility_rows
 from runtime.sampling import Sampler
 
@@ -91,9 +92,9 @@ class SotEngine(Engine):
         for name, v in (("skeleton_max_tokens", skeleton_max_tokens), ("point_max_tokens", point_max_tokens),
                         ("max_points", max_points)):
             if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+                raise UsageError(f"{name} must be an integer >= 1, got {v!r}")
         if not hasattr(tokenizer, "followup_text"):
-            raise ValueError("sot prompts a chat model: it needs a real model with its own tokenizer "
+            raise UsageError("sot prompts a chat model: it needs a real model with its own tokenizer "
                              "(--model smollm2-135m or gguf:PATH), not the byte tokenizer of the tiny models")
         self.skeleton_max_tokens, self.point_max_tokens, self.max_points = skeleton_max_tokens, point_max_tokens, max_points
         self.newline_ids = frozenset(i for i in range(tokenizer.vocab_size) if "\n" in tokenizer.token_text(i)) \

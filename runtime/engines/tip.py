@@ -24,6 +24,7 @@ from collections.abc import Generator
 
 import torch
 
+from profiler.errors import KVPoolFull
 from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord, visibility_rows
 from runtime.engines.eviction import get_policy
 from runtime.kv import PagedKVStore
@@ -97,7 +98,7 @@ class TipStream:
         return self.prompt, list(range(self.n)), slots, [slots[: i + 1] for i in range(self.n)]
 
     def decode_inputs(self) -> tuple[int, int, int, list[int]]:
-        """Allocate the last token's slot (MemoryError, with nothing changed, if the pool is full)."""
+        """Allocate the last token's slot (KVPoolFull, with nothing changed, if the pool is full)."""
         (slot,) = self.kv.allocate(1, owner=(self.req.request_id, "gen"))
         rec = self.tokens[-1]
         rec.kv_slot = slot
@@ -248,7 +249,7 @@ def serve(engine: TipEngine, prompts: list[str], pool_bytes: int) -> dict:
             (finish if st.done else active.append)(st)
         if not active:
             if waiting and kv.pages_held == 0:
-                raise MemoryError(f"KV pool of {pool_bytes} bytes cannot hold one prompt")
+                raise KVPoolFull(f"KV pool of {pool_bytes} bytes cannot hold one prompt")
             continue
         rows: list[tuple[TipStream, tuple[int, int, int, list[int]]]] = []
         i = 0
@@ -256,7 +257,7 @@ def serve(engine: TipEngine, prompts: list[str], pool_bytes: int) -> dict:
             try:
                 rows.append((active[i], active[i].decode_inputs()))
                 i += 1
-            except MemoryError:
+            except KVPoolFull:
                 victim = preempt()
                 preemptions += 1
                 rows = [r for r in rows if r[0] is not victim]

@@ -1,7 +1,9 @@
-"""Task interface: prompts with exact scorers, fixed train / held-out splits from a seed.
+"""Task interface: prompts with exact scorers, fixed train / dev / test splits from a seed.
 
-A split is decided by a hash of the prompt, never by generation order, so train and test can
-never share a prompt whatever `n` and `seed` are asked for.
+A split is decided by a hash of the prompt, never by generation order, so no two splits can share
+a prompt whatever `n` and `seed` are asked for. 10% of prompts are held out from training; one
+tenth of those (1% of all) is the `dev` split, where benchmarks choose settings (and the shipped
+defaults come from), and the other nine tenths the `test` split they report on.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import hashlib
 import random
 from dataclasses import dataclass, field
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "dev", "test")
 
 
 @dataclass(frozen=True)
@@ -20,9 +22,12 @@ class Example:
     meta: dict = field(default_factory=dict, hash=False, compare=False)
 
 
-def split_of(prompt: str, test_percent: int = 10) -> str:
-    h = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "big")
-    return "test" if h % 100 < test_percent else "train"
+def split_of(prompt: str, held_out_percent: int = 10, dev_percent: int = 1) -> str:
+    """`train`, `dev` or `test`: the held-out bucket (never trained on) is split into dev and test."""
+    h = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "big") % 100
+    if h >= held_out_percent:
+        return "train"
+    return "dev" if h >= held_out_percent - dev_percent else "test"
 
 
 class Task:

@@ -154,12 +154,8 @@ class PDRecipe(Recipe):
         raise ValueError(f"planned_diffusion stages: pd (default), ar; got {stage!r}")
 
 
-def _unused(tok, ex: Example, task: str) -> TrainSeq:  # the PD recipe builds with `PDRecipe.make_seq`
-    raise NotImplementedError
-
-
 AR_TRAIN = TrainConfig(steps=1000, batch_size=16, lr=3e-3)
-RECIPE = PDRecipe("planned_diffusion", TASKS, "tiny-4l", TrainConfig(steps=800, batch_size=16, lr=3e-3), _unused,
+RECIPE = PDRecipe("planned_diffusion", TASKS, "tiny-4l", TrainConfig(steps=800, batch_size=16, lr=3e-3),
                   train_examples=20000, eval_examples=16, max_tokens=256,
                   extra={"dense": 0.15, "mdm": 0.1, "bump": 0.15, "mdm_max_len": 150})
 

@@ -30,7 +30,8 @@ class Recipe:
     tasks: tuple[str, ...]
     preset: str
     train: TrainConfig
-    build: Callable[[Tokenizer, Example, str], TrainSeq]  # (tokenizer, example, task name) -> sequence
+    # (tokenizer, example, task name) -> sequence; None for a recipe that overrides `sampler` (PD)
+    build: Callable[[Tokenizer, Example, str], TrainSeq] | None = None
     train_examples: int = 20000
     eval_examples: int = 64
     max_tokens: int = 64
@@ -39,9 +40,12 @@ class Recipe:
     def sampler(self, tok: Tokenizer, seed: int) -> Callable[[random.Random, int], list[TrainSeq]]:
         pools = {t: get_task(t).examples("train", self.train_examples // len(self.tasks), seed) for t in self.tasks}
         flat = [(t, ex) for t, exs in pools.items() for ex in exs]
+        build = self.build
+        if build is None:
+            raise TypeError(f"the {self.system} recipe has no per-example builder and does not override sampler()")
 
         def sample(rng: random.Random, n: int) -> list[TrainSeq]:
-            return [self.build(tok, ex, t) for t, ex in (rng.choice(flat) for _ in range(n))]
+            return [build(tok, ex, t) for t, ex in (rng.choice(flat) for _ in range(n))]
 
         return sample
 

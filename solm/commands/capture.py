@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from profiler.errors import UsageError
 from runtime.capture import KEEP, CaptureConfig, capture
 from runtime.engines import systems
 
@@ -15,10 +16,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="", help="checkpoint dir, shipped model name or preset (default: the system's shipped model)")
     p.add_argument("--task", default="", help="task name (default: the system's default task)")
     p.add_argument("--n", type=int, default=8, help="number of held-out prompts")
-    p.add_argument("--split", default="test", choices=["train", "test"])
+    p.add_argument("--split", default="test", choices=["train", "dev", "test"],
+                   help="prompt split: test (reported figures), dev (where settings are chosen) or train")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="bound on generated tokens (default: 1.25 x the task's longest answer, runtime/answer_length.py)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--page-size", type=int, default=16, help="KV page size in slots")
@@ -47,7 +50,7 @@ def parse_knobs(items: list[str]) -> dict:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--knob expects KEY=VALUE, got {item!r}")
+            raise UsageError(f"--knob expects KEY=VALUE, got {item!r}")
         try:
             knobs[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -60,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
     from profiler.summary import summarize
 
     if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        raise UsageError(f"--threads must be >= 1, got {args.threads}")
     import torch
 
     torch.set_num_threads(args.threads)
     if args.counters_hz <= 0:
-        raise ValueError(f"--counters-hz must be > 0, got {args.counters_hz}")
+        raise UsageError(f"--counters-hz must be > 0, got {args.counters_hz}")
     cfg = CaptureConfig(system=args.system, model=args.model, task=args.task, n=args.n, split=args.split,
                         device=args.device, seed=args.seed, max_tokens=args.max_tokens, temperature=args.temperature,
                         top_p=args.top_p, page_size=args.page_size, counters_interval_s=1.0 / args.counters_hz,

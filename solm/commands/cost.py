@@ -11,6 +11,16 @@ without a trace.
     solm cost --model llama-3-70b --hardware h100-sxm --tp 4 --tokens 32 --kv-tokens 4096 \\
         --groups 32 --json
     solm cost --model llama-3-8b --hardware h200 --calibrate-from traces/gpu-h200/sequential
+    solm cost --model llama-3-70b --hardware h100-sxm --set num_sms=160 --tokens 512
+
+`--set FIELD=VALUE` answers "what if this part had ...": the part's catalog fields (as `solm
+simulate --set`); changing `num_sms` (or the clock) scales the tensor peak with it. An unknown
+field is one error line, exit 2.
+
+`--comm all_reduce,send_recv --workers 2,4,8 --bytes 4096,1048576` (no `--model` needed) times
+collective calls within one node instead (`simulator.comm`, calibrated on the A100 collectives)
+and prints {"comm": [{"collective", "workers", "bytes", "time_ms"}, ...]}; `--topology` picks the
+node's topology (nvswitch, nvlink_pairs, pcie, mesh) instead of the part's own.
 
 `--calibrate-from TRACE` fits the efficiencies and the per-pass overhead to the measured passes of
 a trace captured on that part (`simulator.calibrate.fit_cost_params_to_steps`, the fit `solm
@@ -32,15 +42,12 @@ import json
 import sys
 from typing import Any
 
+from profiler.errors import UsageError
 from simulator.cost import LAYER_OPS, CostModel
 from simulator.hardware import HARDWARE, get_hardware
 from simulator.models import MODELS, get_model
 
 PROG = "solm cost"
-
-
-class UsageError(Exception):
-    """A user mistake: reported as one line, never a traceback."""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -50,8 +57,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="predicted per-layer time of each op of a forward pass",
         description=__doc__.split("\n\n")[0],
     )
-    parser.add_argument("--model", required=True,
-                        help=f"catalog model: {', '.join(sorted(MODELS))}")
+    parser.add_argument("--model", default=None,
+                        help=f"catalog model: {', '.join(sorted(MODELS))} (required without --comm)")
     parser.add_argument("--hardware", required=True,
                         help=f"catalog part: {', '.join(sorted(HARDWARE))}")
     parser.add_argument("--tokens", default="1,512,4096",
@@ -61,9 +68,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--groups", type=str, default="1",
                         help="independent query streams in the pass (default 1)")
     parser.add_argument("--tp", type=str, default="1", help="tensor-parallel degree (default 1)")
+    parser.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                        help="override a field of the part, e.g. num_sms=160 (the tensor peak "
+                             "scales with the SMs) or hbm_bytes_per_s=6e12 (repeatable)")
     parser.add_argument("--calibrate-from", default=None, metavar="TRACE",
                         help="fit the efficiencies and per-pass overhead to a measured trace's passes "
                              "(captured on --hardware) instead of the shipped A100 calibration")
+    parser.add_argument("--comm", default=None, metavar="COLLECTIVES",
+                        help="time collectives instead: comma-separated all_reduce, all_gather, send_recv")
+    parser.add_argument("--workers", default="2,4,8", help="with --comm: GPUs per call (default 2,4,8)")
+    parser.add_argument("--bytes", default="4096,1048576,67108864",
+                        help="with --comm: buffer bytes per GPU (default 4096,1048576,67108864)")
+    parser.add_argument("--topology", default=None,
+                        help="node topology instead of the part's: nvswitch, nvlink_pairs, pcie, mesh")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     parser.set_defaults(func=run)
     return parser
@@ -99,7 +116,7 @@ def _lookup(kind: str, name: str) -> Any:
 
 def _fit_to_trace(path: str, hardware: Any) -> Any:
     """Cost parameters fitted to every forward pass of a measured trace (its own model's shapes)."""
-    from profiler.reader import TraceError, read_trace
+    from profiler.reader import TraceError, read_trace  # noqa: F401
     from simulator.calibrate import fit_cost_params_to_steps
     from simulator.models import ModelSpec
     from simulator.validation import step_arrays
@@ -117,10 +134,72 @@ def _fit_to_trace(path: str, hardware: Any) -> Any:
     return dataclasses.replace(params, source=f"{params.source} ({path})")
 
 
+def _int_list(text: str, flag: str, minimum: int) -> list[int]:
+    parts = [part for part in str(text).split(",") if part.strip()]
+    if not parts:
+        raise UsageError(f"{flag} must be comma-separated integers >= {minimum}, got {text!r}")
+    return [_int(part, flag, minimum) for part in parts]
+
+
+def _hardware(args: argparse.Namespace) -> Any:
+    """The catalog part, with `--set FIELD=VALUE` overrides and `--topology` applied (UsageError if invalid)."""
+    from simulator.hardware import override
+    from solm.commands.simulate import parse_set
+
+    hardware = _lookup("hardware", args.hardware)
+    try:
+        fields = parse_set(getattr(args, "set", None))
+        if fields:
+            hardware = override(hardware.name, **fields)
+        if getattr(args, "topology", None):
+            hardware = dataclasses.replace(hardware, topology=args.topology)
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"--set/--topology: {error}") from None
+    return hardware
+
+
+def predict_comm(args: argparse.Namespace) -> dict[str, Any]:
+    """`--comm`: one row per (collective, workers, bytes), within one node."""
+    from simulator.comm import COLLECTIVES, collective_time_s
+
+    hardware = _hardware(args)
+    collectives = [c.strip() for c in args.comm.split(",") if c.strip()]
+    unknown = [c for c in collectives if c not in COLLECTIVES]
+    if unknown or not collectives:
+        raise UsageError(f"--comm takes {', '.join(COLLECTIVES)}; got {args.comm!r}")
+    workers = _int_list(args.workers, "--workers", 1)
+    sizes = _int_list(args.bytes, "--bytes", 0)
+    too_many = [n for n in workers if n > hardware.gpus_per_node]
+    if too_many:
+        raise UsageError(f"--workers {too_many[0]} exceeds {hardware.name}'s {hardware.gpus_per_node} GPUs per node "
+                         f"(--comm times calls within one node)")
+    rows = []
+    for collective in collectives:
+        for n in workers:
+            for size in sizes:
+                rows.append({"collective": collective, "workers": n, "bytes": size,
+                             "time_ms": float(collective_time_s(collective, size, n, hardware)) * 1e3})
+    return {"hardware": hardware.name, "topology": hardware.topology, "comm": rows}
+
+
+def _comm_table(result: dict[str, Any]) -> str:
+    lines = [f"collectives on {result['hardware']} ({result['topology']}, within one node; simulator.comm)",
+             f"{'collective':12s}{'workers':>8s}{'bytes':>12s}{'time ms':>12s}{'GB/s (bus)':>12s}"]
+    for row in result["comm"]:
+        from simulator.comm import traffic_bytes
+
+        traffic = traffic_bytes(row["collective"], row["bytes"], row["workers"])
+        bus = traffic / (row["time_ms"] * 1e-3) / 1e9 if row["time_ms"] > 0 else float("nan")
+        lines.append(f"{row['collective']:12s}{row['workers']:8d}{row['bytes']:12d}{row['time_ms']:12.4f}{bus:12.1f}")
+    return "\n".join(lines)
+
+
 def predict(args: argparse.Namespace) -> dict[str, Any]:
     """The command's figures as a JSON-ready dict (UsageError for bad input)."""
+    if args.model is None:
+        raise UsageError("--model is required (or time collectives with --comm)")
     model = _lookup("model", args.model)
-    hardware = _lookup("hardware", args.hardware)
+    hardware = _hardware(args)
     tokens = _parse_tokens(args.tokens)
     kv_per_row = None if args.kv_tokens is None else _int(args.kv_tokens, "--kv-tokens", 0)
     groups = _int(args.groups, "--groups", 1)
@@ -176,11 +255,11 @@ def _table(result: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Print the table (unless --json) and the JSON line; 0 on success, 2 on bad input."""
     try:
-        result = predict(args)
+        result = predict_comm(args) if args.comm else predict(args)
     except UsageError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     if not args.json:
-        print(_table(result))
+        print(_comm_table(result) if args.comm else _table(result))
     print(json.dumps(result))
     return 0

@@ -1,8 +1,10 @@
 """`solm dashboard [DIR...] [--port P]`: the Streamlit dashboard over trace directories.
 
 What: starts `streamlit run dashboard/app.py` (headless, no usage statistics) on 127.0.0.1 by
-default; the directories (traces, or folders holding traces, searched two levels deep) are
-passed to the app. Pages: Overview, Pareto, Timeline, Dependence graph, What-if, Diff.
+default (another address prints a warning line); the directories (traces, or folders holding
+traces, searched two levels deep) are passed to the app, whose sidebar opens only them and the
+folders below (`--allow-any-path`: any). The server dies with this command (SIGTERM, Ctrl-C, even
+SIGKILL). Pages: Overview, Pareto, Timeline, Dependence graph, What-if, Diff.
 Why: measured and simulated trade-offs side by side in a browser.
 
     solm dashboard traces/ runs/sim --port 8501     # then open http://127.0.0.1:8501
@@ -17,6 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from profiler.errors import UsageError
+from profiler.services import die_with_parent, is_loopback, terminate_on_signal
+
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 
 
@@ -26,33 +31,67 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dirs", nargs="*", metavar="DIR", default=[], help="trace directories or folders of traces "
                    "(default: the current directory)")
     p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
-    p.add_argument("--address", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine only)")
+    p.add_argument("--address", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine "
+                   "only; any other address serves the traces to whoever can reach it, with a warning)")
+    p.add_argument("--allow-any-path", action="store_true", help="let the sidebar open any folder on this machine "
+                   "(default: only the folders given here, and below)")
     p.add_argument("--dry-run", action="store_true", help="print the streamlit command line and exit")
 
 
-def command(dirs: list[str], port: int, address: str = "127.0.0.1") -> list[str]:
+def command(dirs: list[str], port: int, address: str = "127.0.0.1", allow_any_path: bool = False) -> list[str]:
     return [sys.executable, "-m", "streamlit", "run", str(APP),
-            "--server.headless", "true", "--browser.gatherUsageStats", "false",
-            "--server.address", address, "--server.port", str(port), "--", *dirs]
+            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
+            "--server.address", address, "--server.port", str(port), "--", *dirs,
+            *(["--allow-any-path"] if allow_any_path else [])]
+
+
+def exposure_warning(address: str, allow_any_path: bool) -> str | None:
+    """The warning line for an address beyond loopback (None on loopback)."""
+    if is_loopback(address):
+        return None
+    what = "any folder on this machine (--allow-any-path)" if allow_any_path else "the traces in these folders"
+    return (f"solm dashboard: warning: serving on {address}, not loopback: whoever can reach this machine on "
+            f"that address can read {what}, with no login")
+
+
+def serve(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the server as a child that dies with this process: SIGTERM/SIGHUP/Ctrl-C here stop it
+    (forwarded, then waited for), and a SIGKILL here reaches it through PR_SET_PDEATHSIG."""
+    with terminate_on_signal():
+        child = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
+        try:
+            return child.wait()
+        except BaseException:
+            child.terminate()
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            raise
 
 
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
-        raise ValueError(f"--port {args.port} is not a port (1..65535)")
+        raise UsageError(f"--port {args.port} is not a port (1..65535)")
     dirs = [str(Path(d).resolve()) for d in (args.dirs or ["."])]
     missing = [d for d in dirs if not Path(d).is_dir()]
     if missing:
-        raise FileNotFoundError(f"{missing[0]}: no such directory (pass trace directories or folders of traces)")
+        raise UsageError(f"{missing[0]}: no such directory (pass trace directories or folders of traces)")
     try:
         import streamlit  # noqa: F401
     except ModuleNotFoundError:
-        raise ValueError("streamlit is not installed in this environment (make venv installs it)") from None
-    cmd = command(dirs, args.port, args.address)
+        raise UsageError("streamlit is not installed in this environment (make venv installs it)") from None
+    cmd = command(dirs, args.port, args.address, args.allow_any_path)
     url = f"http://{args.address}:{args.port}"
+    warning = exposure_warning(args.address, args.allow_any_path)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     print(json.dumps({"url": url, "dirs": dirs, "command": cmd}) if args.dry_run else f"serving {len(dirs)} "
           f"folder(s) at {url} (Ctrl-C stops)", flush=True)
     if args.dry_run:
         return 0
     # the folders also go in the environment, which the app reads first (a stale SOLM_TRACE_DIRS
-    # in the user's shell must not win over the folders given here)
-    return subprocess.call(cmd, env={**os.environ, "SOLM_TRACE_DIRS": os.pathsep.join(dirs)})
+    # or SOLM_ALLOW_ANY_PATH in the user's shell must not win over what is given here)
+    return serve(cmd, {**os.environ, "SOLM_TRACE_DIRS": os.pathsep.join(dirs),
+                       "SOLM_ALLOW_ANY_PATH": "1" if args.allow_any_path else "0"})

@@ -18,6 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
+from profiler.errors import UsageError
+
 SHOWN = ("e2e_s", "ttft_s", "steps", "attained_parallelism", "theoretical_speedup", "mean_live_kv_tokens",
          "peak_kv_bytes", "quality_score")
 
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
         out = Path(args.html)
         if not out.parent.is_dir():
-            raise FileNotFoundError(f"{out.parent}: no such directory for the --html report")
+            raise UsageError(f"{out.parent}: no such directory for the --html report")
         out.write_text(diff_report_html(d))
         s["html"] = str(out)
     if not args.json:

@@ -17,6 +17,8 @@ import json
 import math
 from pathlib import Path
 
+from profiler.errors import UsageError
+
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-tokens", type=int, default=8192, help="cap on query tokens in one pass (default 8192)")
@@ -32,7 +34,7 @@ def parse_set(items: list[str] | None) -> dict:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--set expects FIELD=VALUE, got {item!r}")
+            raise UsageError(f"--set expects FIELD=VALUE, got {item!r}")
         try:
             fields[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
         except ValueError:

@@ -18,17 +18,19 @@ import json
 import sys
 import time
 
+from profiler.errors import UsageError
+from profiler.services import terminate_on_signal
 from solm.commands.simulate import add_batch_args
 
 
 def _list(text: str, flag: str, kind=str) -> list:
     items = [x.strip() for x in str(text).split(",") if x.strip()]
     if not items:
-        raise ValueError(f"{flag} needs a comma-separated list, got {text!r}")
+        raise UsageError(f"{flag} needs a comma-separated list, got {text!r}")
     try:
         return [kind(x) for x in items]
     except ValueError:
-        raise ValueError(f"{flag} must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
+        raise UsageError(f"{flag} must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -67,10 +69,11 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     try:
-        table = sweep(args.traces, _list(args.hardware, "--hardware"), models, _list(args.max_seqs, "--max-seqs", int),
-                      rates or [None], conc or [None], args.max_batch_tokens, args.num_requests, args.scheduler,
-                      args.seed, args.backend, args.address, args.workers, args.out,
-                      None if args.json else progress)
+        with terminate_on_signal():  # SIGTERM/SIGHUP: the pool stops, finished rows stay; exit 143/129
+            table = sweep(args.traces, _list(args.hardware, "--hardware"), models,
+                          _list(args.max_seqs, "--max-seqs", int), rates or [None], conc or [None],
+                          args.max_batch_tokens, args.num_requests, args.scheduler, args.seed, args.backend,
+                          args.address, args.workers, args.out, None if args.json else progress)
     finally:
         if bar is not None:
             bar.close()

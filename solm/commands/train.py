@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from profiler.errors import UsageError
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a system's tiny model and write a checkpoint")
@@ -44,11 +46,11 @@ def run(args: argparse.Namespace) -> int:
     recipe = get_recipe(args.system)
     if args.stage:
         if not hasattr(recipe, "for_stage"):
-            raise ValueError(f"--stage: the {args.system} recipe has no stages")
+            raise UsageError(f"--stage: the {args.system} recipe has no stages")
         recipe = recipe.for_stage(args.stage, lam=args.lam)
     overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr)) if v is not None}
     if any(v <= 0 for v in overrides.values()):
-        raise ValueError("--steps, --batch-size and --lr must be > 0")
+        raise UsageError("--steps, --batch-size and --lr must be > 0")
     cfg = dataclasses.replace(recipe.train, seed=args.seed, **overrides)
     tok = Tokenizer()
     if args.init:

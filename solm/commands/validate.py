@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"{v['trace']}: {v['system']} on {v['hardware']} with {v['model']}, uncalibrated "
                   f"({v['cost_params']}), {v['requests']} requests")
+            print(f"  hardware        {v['hardware_source']}")
             print(f"  step time MAPE {v['step_time_mape_percent']:.1f}%, request latency MAPE "
                   f"{v['request_latency_mape_percent']:.1f}%; mean e2e measured {v['measured_e2e_s_mean'] * 1e3:.1f} ms, "
                   f"simulated {v['simulated_e2e_s_mean'] * 1e3:.1f} ms")
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{v['trace']}: {v['system']} on {v['hardware']} with {v['model']}; calibrated on "
               f"{v['calibration_requests']} requests ({v['calibration_steps']} passes), checked on "
               f"{v['check_requests']} ({v['check_steps']} passes)")
+        print(f"  hardware        {v['hardware_source']}")
         print(f"  step time       MAPE {v['step_time_mape_percent']:.1f}%  (median APE "
               f"{v['step_time_median_ape_percent']:.1f}%)")
         print(f"  request latency MAPE {v['request_latency_mape_percent']:.1f}%  (TTFT {v['ttft_mape_percent']:.1f}%); "

@@ -143,3 +143,21 @@ def test_model_validation() -> None:
         ModelSpec("bad", n_layers=2, d_model=64, n_heads=4, n_kv_heads=3, d_ff=128, vocab_size=10)
     with pytest.raises(ValueError, match="n_layers"):
         ModelSpec("bad", n_layers=0, d_model=64, n_heads=4, n_kv_heads=4, d_ff=128, vocab_size=10)
+
+
+@pytest.mark.parametrize("name", PARTS)
+def test_every_part_has_links_with_a_source(name: str) -> None:
+    spec = get_hardware(name)
+    assert spec.links_source and spec.topology in ("nvswitch", "nvlink_pairs", "pcie", "mesh")
+    assert spec.pcie_bytes_per_s > 0 and spec.network_bytes_per_s > 0 and spec.price_per_gpu_hour is None
+
+
+def test_link_figures_and_overrides() -> None:
+    assert get_hardware("h100-sxm").nvlink_generation == 4 and get_hardware("a100-80g").nvlink_generation == 3
+    assert get_hardware("h100-sxm").pcie_bytes_per_s == 128e9 and get_hardware("l4").topology == "pcie"
+    assert get_hardware("h100-sxm").network_bytes_per_s == 50e9  # 400 Gb/s per GPU
+    priced = override("h100-sxm", topology="nvlink_pairs", price_per_gpu_hour=2.5)
+    assert priced.topology == "nvlink_pairs" and priced.price_per_gpu_hour == 2.5
+    for bad in ({"topology": "torus"}, {"price_per_gpu_hour": -1.0}, {"network_bytes_per_s": 0}):
+        with pytest.raises(ValueError):
+            override("h100-sxm", **bad)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from profiler.errors import UnknownName
 from runtime.engines.eviction.base import EvictionPolicy
 from runtime.engines.eviction.full import FullCache
 from runtime.engines.eviction.h2o import HeavyHitters
@@ -27,7 +28,7 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
 
 def get_policy(name: str) -> type[EvictionPolicy]:
     if name not in POLICIES:
-        raise KeyError(f"unknown eviction policy {name!r}; valid policies: {', '.join(POLICIES)}")
+        raise UnknownName(f"unknown eviction policy {name!r}; valid policies: {', '.join(POLICIES)}")
     return POLICIES[name]
 
 

@@ -4,16 +4,16 @@ requests under sustained load."""
 
 from __future__ import annotations
 
-from simulator.schedulers.base import Scheduler
+from scheduling.base import Scheduler
 
 
 class SJF(Scheduler):
     name = "sjf"
 
-    def order(self, waiting: list[int], sim) -> list[int]:
-        left = sim.remaining_passes(waiting)
+    def order(self, waiting: list[int], state) -> list[int]:
+        left = state.remaining_passes(waiting)
         return [waiting[i] for i in sorted(range(len(waiting)), key=lambda i: (left[i], i))]
 
-    def victim(self, running: list[int], sim) -> int:
-        left = sim.remaining_passes(running)
+    def victim(self, running: list[int], state) -> int:
+        left = state.remaining_passes(running)
         return running[max(range(len(running)), key=lambda i: (left[i], i))]

@@ -1,0 +1,43 @@
+"""The project's own error types, at the lowest layer so every package may raise them.
+
+The command line (`solm/cli.py`) tells two kinds of failure apart by these types alone:
+
+- `SolmError` and its subclasses are failures the user can act on (a bad flag value, a corrupt
+  trace, a configuration that cannot run): one line `solm <command>: error: ...`, exit 2.
+- Anything else is a bug in solm: one line saying so (the traceback with SOLM_DEBUG=1), exit 1.
+
+So a module raises `UsageError` for bad input it was handed, `TraceError` for a directory that is
+not a readable, valid trace, and lets everything else (an engine's broken invariant, a real
+out-of-memory) propagate as what it is. `UsageError` subclasses `ValueError` so that callers and
+tests that already catch `ValueError` keep working.
+"""
+
+from __future__ import annotations
+
+
+class SolmError(Exception):
+    """A failure the user can act on: printed as one line, exit status 2."""
+
+
+class UsageError(SolmError, ValueError):
+    """Bad input: a flag value out of range, an unknown name, a path that cannot be used."""
+
+
+class TraceError(SolmError):
+    """A directory that cannot be read as a (valid) trace of this version."""
+
+
+class KVPoolFull(SolmError):
+    """The KV pool has no free page: a scheduling signal (preempt, wait), not an out-of-memory.
+
+    Engines catch it to preempt; one that escapes means a configured pool too small for the work.
+    """
+
+
+class UnknownName(UsageError, KeyError):
+    """A name looked up in a catalog or registry that is not there (a hardware part, a model, a
+    scheduler). Also a `KeyError`, so lookups keep their usual contract; prints as its message
+    (a plain `KeyError` prints its argument quoted)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

@@ -1,0 +1,77 @@
+"""Processes and services: children die with their parent; servers stay on loopback.
+
+What: `die_with_parent()` asks Linux to send the calling process SIGTERM when its parent exits
+(prctl PR_SET_PDEATHSIG), so a pool worker or a server child never outlives a parent that was
+killed, even by SIGKILL; `terminate_on_signal()` turns SIGTERM/SIGHUP in the parent into
+`SystemExit(128 + signal)`, so the parent's `finally` blocks run (shut the pool down, stop the
+child, write what was finished) instead of the process vanishing and leaving its children behind.
+
+    with terminate_on_signal():        # in the parent (a command's run())
+        subprocess.Popen(cmd, preexec_fn=die_with_parent)   # or as a pool initializer
+
+`is_loopback(host)` tells a loopback address (127.0.0.0/8, ::1, IPv4-mapped loopback) from one
+other machines may reach: commands that listen warn about the latter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import ipaddress
+import os
+import signal
+import sys
+from collections.abc import Iterator
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """In a child: get `sig` when the parent exits; exit now if it already has. False off Linux.
+
+    Call it first thing in the child (a pool initializer, a Popen preexec_fn). The signal comes
+    when the parent *thread* that forked the child ends, so fork from the main thread. The
+    child's handler for `sig` is reset to the default (a forked child inherits the parent's
+    Python handlers), so the signal ends it even while it is blocked reading a pipe.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    signal.signal(sig, signal.SIG_DFL)
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(128 + int(sig))
+    return True
+
+
+def _raise_exit(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def terminate_on_signal(signals: tuple[int, ...] = SIGNALS) -> Iterator[None]:
+    """Within the block, SIGTERM/SIGHUP raise SystemExit(128 + sig) (main thread only; a no-op elsewhere)."""
+    try:
+        previous = {s: signal.signal(s, _raise_exit) for s in signals}
+    except ValueError:  # not the main thread: signals cannot be handled here
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback (`::ffff:127.0.0.1`)."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]").split("%")[0])
+    except ValueError:
+        return host == "localhost"
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))

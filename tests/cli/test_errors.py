@@ -1,0 +1,64 @@
+"""The top-level handler tells bad input (exit 2, one line) from a bug (exit 1, one line saying so,
+the traceback only with SOLM_DEBUG=1), by the project's own error types, not by KeyError/ValueError."""
+
+from __future__ import annotations
+
+import pytest
+
+import solm.commands.inspect as inspect_cmd
+from profiler.errors import KVPoolFull, SolmError, TraceError, UnknownName, UsageError
+from profiler.reader import TraceError as ReaderTraceError
+from solm.cli import main
+
+
+def _fail_with(monkeypatch, exc: BaseException) -> None:
+    def run(args):
+        raise exc
+
+    monkeypatch.setattr(inspect_cmd, "run", run)
+
+
+@pytest.mark.parametrize("exc", [UsageError("--n must be >= 1"), TraceError("t: no meta.json"),
+                                 UnknownName("unknown hardware 'z9'"), KVPoolFull("pool of 0 bytes")])
+def test_own_errors_are_one_line_exit_2(exc, monkeypatch, capsys):
+    _fail_with(monkeypatch, exc)
+    assert main(["inspect", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"solm inspect: error: {exc}\n" and not str(exc).startswith("'")
+
+
+@pytest.mark.parametrize("exc", [KeyError("slot 3 is not allocated"), ValueError("bad shape"), MemoryError(),
+                                 RuntimeError("No scheduled events left"), TypeError("x")])
+def test_other_exceptions_are_bugs_exit_1(exc, monkeypatch, capsys):
+    monkeypatch.delenv("SOLM_DEBUG", raising=False)
+    _fail_with(monkeypatch, exc)
+    assert main(["inspect", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"solm inspect: internal error (a bug): {type(exc).__name__}")
+    assert "SOLM_DEBUG=1" in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_debug_prints_the_traceback(monkeypatch, capsys):
+    monkeypatch.setenv("SOLM_DEBUG", "1")
+    _fail_with(monkeypatch, KeyError("slot 3 is not allocated"))
+    assert main(["inspect", "x"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "internal error (a bug): KeyError" in err
+
+
+def test_path_errors_on_user_paths_are_usage_errors(tmp_path, monkeypatch, capsys):
+    mine = tmp_path / "out"
+    _fail_with(monkeypatch, PermissionError(13, "Permission denied", str(mine / "meta.json")))
+    assert main(["inspect", str(mine)]) == 2
+    assert "error: " in capsys.readouterr().err
+    # the same error on a file the user never named is a bug
+    _fail_with(monkeypatch, PermissionError(13, "Permission denied", "/etc/solm-internal"))
+    assert main(["inspect", str(mine)]) == 1
+
+
+def test_error_types():
+    assert issubclass(UsageError, ValueError) and issubclass(UsageError, SolmError)
+    assert ReaderTraceError is TraceError and issubclass(TraceError, SolmError)
+    assert not issubclass(KVPoolFull, MemoryError)
+    assert str(UnknownName("unknown model 'x'")) == "unknown model 'x'"  # not quoted like a KeyError
+    assert isinstance(UnknownName("x"), KeyError)

@@ -1,0 +1,50 @@
+"""Shipped defaults are operating points: each task's default `max_tokens` fits its longest answer,
+and Planned Diffusion's default knobs are the setting its benchmark chose on the dev split."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime.answer_length import answer_tokens, default_max_tokens, longest_answer_tokens
+from runtime.tasks import get_task, task_names
+from runtime.tokenizer import Tokenizer
+
+
+@pytest.mark.parametrize("task", task_names())
+def test_default_max_tokens_fit_every_held_out_answer(task):
+    """Drawn from other splits than the default was derived from (train): test and dev answers fit."""
+    tok, limit = Tokenizer(), default_max_tokens(task)
+    held_out = get_task(task).examples("test", 64, seed=7) + get_task(task).examples("dev", 16, seed=7)
+    longest = max(answer_tokens(ex, tok) for ex in held_out)
+    assert longest <= longest_answer_tokens(task) <= limit, (task, longest, limit)
+
+
+def test_reasoning_answers_are_counted_as_worked_solutions():
+    """tree_reduce's answer is one digit, its worked solution (what TIP writes) hundreds of tokens:
+    128, the old default for every task, cut every one of them short."""
+    assert longest_answer_tokens("tree_reduce") > 128 and default_max_tokens("tree_reduce") >= longest_answer_tokens("tree_reduce")
+
+
+def test_capture_without_max_tokens_uses_the_tasks_default(tmp_path):
+    from runtime.capture import CaptureConfig, capture
+
+    out = capture(CaptureConfig(system="sequential", model="tiny-2l", n=1, page_size=4), tmp_path / "c", progress=False)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["task"] == "reverse_words" and meta["knobs"]["max_tokens"] == default_max_tokens("reverse_words")
+
+
+def test_planned_diffusion_defaults_are_the_operating_point_chosen_on_dev():
+    """`solm capture --system planned_diffusion` with no knobs runs the setting bench/planned_diffusion.py
+    chose on the dev split, recorded with the command and dev figures that chose it."""
+    from runtime.engines.operating_points import OPERATING_POINTS_FILE, engine_defaults, operating_points
+
+    entry = json.loads(OPERATING_POINTS_FILE.read_text())["planned_diffusion"]
+    assert entry == operating_points()["planned_diffusion"]
+    assert entry["command"].startswith("python bench/planned_diffusion.py") and "dev split" in entry["rule"]
+    assert entry["dev_quality"] >= entry["ar_dev_quality"] - 0.03 and entry["dev_speedup_geomean"] > 1
+    defaults = engine_defaults("planned_diffusion")
+    assert entry["knobs"] and {k: defaults[k] for k in entry["knobs"]} == entry["knobs"]
+    assert defaults["steps_ratio"] == entry["knobs"]["steps_ratio"]  # not the paper's plain 1.0 / no threshold by accident
+    assert defaults["confidence_threshold"] == entry["knobs"].get("confidence_threshold")
