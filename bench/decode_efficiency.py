@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
 MODES = ("engine", "static", "compile", "cuda-graphs")
 
@@ -72,7 +72,7 @@ def run_engine_path(model, prompt: list[int], n: int, warmup: int, timer: Timer)
     slots = kv.allocate(len(prompt))
     dev = model.device
     vis = visibility_rows([slots[: i + 1] for i in range(len(prompt))], kv.num_slots, dev)
-    t = lambda xs: torch.tensor(xs, device=dev)  # noqa: E731
+    t = lambda xs: torch.tensor(xs, device=dev)
     logits = model(t(prompt), t(list(range(len(prompt)))), t(slots), vis, kv)
     tok, times, out = int(logits[-1].argmax()), [], []
     for i in range(warmup + n):
@@ -82,7 +82,7 @@ def run_engine_path(model, prompt: list[int], n: int, warmup: int, timer: Timer)
         pos = len(prompt) + i
         box = {}
 
-        def step():
+        def step(box=box, tok=tok, pos=pos, s=s):
             box["l"] = model(t([tok]), t([pos]), t([s]), visibility_rows([slots], kv.num_slots, dev), kv)
 
         dt = timer(step)
@@ -103,7 +103,7 @@ def run_static(model, prompt: list[int], n: int, warmup: int, timer: Timer, mode
         out.append(tok)
         box = {}
 
-        def step():
+        def step(box=box, tok=tok, pos=pos):
             box["l"] = dec.decode(tok, pos)
 
         dt = timer(step)
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 times, toks = run_static(model, prompt, args.passes, args.warmup, timer,
                                          {"static": "eager"}.get(m, m))
-        except Exception as e:  # one failing path (a compiler missing) must not lose the others
+        except Exception as e:  # noqa: BLE001 - one failing path (a compiler missing) must not lose the others
             res[m] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
             print(f"{m:12s} failed: {res[m]['error']}", flush=True)
             continue

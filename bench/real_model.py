@@ -32,11 +32,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from runtime.engines import GenerationConfig, Request, SequentialEngine, get_engine  # noqa: E402
-from runtime.gguf import SMOLLM2  # noqa: E402
-from runtime.tasks import get_task  # noqa: E402
+from runtime.engines import GenerationConfig, Request, SequentialEngine, get_engine
+from runtime.gguf import SMOLLM2
+from runtime.tasks import get_task
 
 PARITY_PROMPTS = ("List three facts about the moon.", "Why do leaves change colour in autumn?",
                   "Give two tips for writing clearly.", "What is a prime number?")

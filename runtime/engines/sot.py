@@ -28,7 +28,15 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 
 from profiler.errors import UsageError
-from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord, visibility_rows
+from runtime.engines.base import (
+    Completion,
+    Engine,
+    GenerationConfig,
+    Request,
+    Step,
+    TokenRecord,
+    visibility_rows,
+)
 from runtime.sampling import Sampler
 
 SKELETON_PROMPT = (
@@ -86,9 +94,9 @@ class SotEngine(Engine):
     default_model = "smollm2-135m"
     default_task = "open_questions"
 
-    def __init__(self, model, tokenizer, config: GenerationConfig = GenerationConfig(), skeleton_max_tokens: int = 64,
+    def __init__(self, model, tokenizer, config: GenerationConfig | None = None, skeleton_max_tokens: int = 64,
                  point_max_tokens: int = 48, max_points: int = 8) -> None:
-        super().__init__(model, tokenizer, config)
+        super().__init__(model, tokenizer, config or GenerationConfig())
         for name, v in (("skeleton_max_tokens", skeleton_max_tokens), ("point_max_tokens", point_max_tokens),
                         ("max_points", max_points)):
             if not isinstance(v, int) or v < 1:
@@ -147,7 +155,7 @@ class SotEngine(Engine):
             out.append(pending + self.tok.encode(follow + f"{i}. {title}"))
         return out
 
-    def _decode_alone(self, st: "_State", prompt: list[int], sees: list[int], sid: int, limit: int,
+    def _decode_alone(self, st: _State, prompt: list[int], sees: list[int], sid: int, limit: int,
                       kind: str) -> Generator[Step, None, Stream]:
         """Prefill `prompt` (seeing `sees` too) and decode one stream greedily to a stop or `limit`."""
         s = Stream(sid, position=0)
@@ -189,7 +197,7 @@ class SotEngine(Engine):
         logits = self.model(self.tensor(prompt), self.tensor(list(range(len(prompt)))), self.tensor(slots), vis, kv)
         return logits, slots, sum(map(len, rows))
 
-    def _expand(self, st: "_State", skel: Stream, tails: list[list[int]]) -> Generator[Step, None, list[Stream]]:
+    def _expand(self, st: _State, skel: Stream, tails: list[list[int]]) -> Generator[Step, None, list[Stream]]:
         """All points: one prefill pass (shared part once, every tail), then one batched pass per step."""
         base = st.prompt_slots + skel.slots  # the skeleton prompt and the fed skeleton tokens
         pos0 = len(st.prompt_slots) + len(skel.slots)
@@ -219,7 +227,7 @@ class SotEngine(Engine):
         yield from self._expand_loop(st, streams, shared, logits[last], len(all_rows), kv_read)
         return streams
 
-    def _expand_loop(self, st: "_State", streams: list[Stream], shared: list[int], logits, query_rows: int,
+    def _expand_loop(self, st: _State, streams: list[Stream], shared: list[int], logits, query_rows: int,
                      kv_read: int) -> Generator[Step, None, None]:
         phase, budget = "prefill", self.config.max_tokens
         live = list(streams)

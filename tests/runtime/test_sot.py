@@ -120,7 +120,7 @@ def test_points_batched_equal_each_point_alone(tiny_llama):
 
     tok = ByteChat()
     skeleton = "1. ab\n2. cd\n3. ef"
-    eng, steps, c = _run(tiny_llama, tok.encode(skeleton) + [tok.eos_id], point_max_tokens=5)
+    _eng, steps, c = _run(tiny_llama, tok.encode(skeleton) + [tok.eos_id], point_max_tokens=5)
     assert [e["event"] for e in c.events] == ["sot_skeleton"] and c.events[0]["points"] == 3
     n_skel = len(skeleton) + 1
     assert [s.phase for s in steps[:2]] == ["prefill", "plan"] and steps[n_skel].phase == "prefill"
@@ -144,7 +144,7 @@ def test_unparsable_skeleton_falls_back_to_sequential(tiny_llama):
 
     tok = ByteChat()
     skeleton = tok.encode("no points here") + [tok.eos_id]
-    eng, steps, c = _run(tiny_llama, skeleton)
+    _eng, steps, c = _run(tiny_llama, skeleton)
     assert c.events[0]["event"] == "sot_fallback" and "0 parsable point" in c.events[0]["reason"]
     seq = SequentialEngine(tiny_llama, tok, GenerationConfig(max_tokens=64)).generate(Request(0, "q?"))
     ans = [t.token_id for t in c.tokens if t.stream == 1]

@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("transformers", reason="transformers not installed (pip install 'solm[hf]')")
 
-from runtime.engines import GenerationConfig, Request, SequentialEngine  # noqa: E402
-from runtime.hf_adapter import build_arch  # noqa: E402
-from runtime.static_decode import StaticDecoder  # noqa: E402
+from runtime.engines import GenerationConfig, Request, SequentialEngine
+from runtime.hf_adapter import build_arch
+from runtime.static_decode import StaticDecoder
 
 
 @pytest.fixture(scope="module")
