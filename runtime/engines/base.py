@@ -308,10 +308,13 @@ class Engine:
         return self.model.new_kv_store(page_size=self.config.page_size)
 
     def prompt_ids(self, request: Request) -> list[int]:
+        if hasattr(self.tok, "chat_ids"):  # a real model's tokenizer: its own chat template
+            return self.tok.chat_ids(request.prompt)
         return [self.tok.bos_id, *self.tok.encode(request.prompt), self.tok.token_id("<sep>")]
 
     def is_stop(self, token_id: int) -> bool:
-        return token_id == self.tok.eos_id or token_id in self.config.stop_tokens
+        return (token_id == self.tok.eos_id or token_id in self.config.stop_tokens
+                or token_id in getattr(self.tok, "stop_ids", ()))  # a real model may have several
 
     def start(self, request: Request, kv: RequestKV) -> RequestState:
         raise NotImplementedError

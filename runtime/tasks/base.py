@@ -39,6 +39,8 @@ class Task:
 
     name = "task"
     description = ""
+    scored = True  # False: no exact scorer (open-ended answers); quality is recorded as not applicable
+    quality_note = ""  # why, when not scored
 
     def sample(self, rng: random.Random) -> Example:
         raise NotImplementedError
