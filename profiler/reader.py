@@ -5,6 +5,7 @@ message says what is wrong and where, never a traceback from pyarrow or json.
 from __future__ import annotations
 
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from profiler.errors import TraceError
-from profiler.schema import KINDS, META_REQUIRED, SCHEMA_VERSION, TABLES
+from profiler.schema import KINDS, META_REQUIRED, SCHEMA_VERSION, TABLES, fill_defaults
 
-__all__ = ["Trace", "TraceError", "read_meta", "read_parts", "read_table", "read_trace"]
+__all__ = ["Trace", "TraceError", "load_json_file", "read_meta", "read_parts", "read_table", "read_trace"]
 
 
 @dataclass
@@ -43,22 +44,85 @@ class Trace:
         return self.meta.get("system", "?")
 
 
+MAX_META_BYTES = 16 << 20  # a meta.json is a few KiB; more is not one
+MAX_GRAPH_BYTES = 2 << 30
+MAX_JSON_DEPTH = 32  # meta.json nests 3-4 levels; graph.json 4
+# meta.json fields and the JSON type each must have when present (required ones: META_REQUIRED)
+META_TYPES: dict[str, type | tuple[type, ...]] = {
+    "schema_version": int, "kind": str, "system": str, "model": dict, "device": dict, "created_at": str,
+    "task": str, "knobs": dict, "host": dict, "complete": bool, "split": str, "n_requests": int, "seed": int,
+    "nvml": bool, "counters_source": str, "simulation": dict, "quality_applicable": bool,
+}
+
+
+def _depth(doc: object) -> int:
+    """Nesting depth of a parsed JSON document, without recursion."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if d > MAX_JSON_DEPTH:
+            break
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest
+
+
+def load_json_file(file: Path, max_bytes: int = MAX_META_BYTES) -> dict:
+    """A JSON object from a regular file of sane size (never a FIFO or a device: those would hang
+    or fill memory); every failure is one TraceError."""
+    try:
+        st = file.stat()
+    except FileNotFoundError:
+        raise TraceError(f"{file.parent}: missing {file.name}") from None
+    except OSError as e:
+        raise TraceError(f"{file}: cannot read it ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise TraceError(f"{file}: not a regular file")
+    if st.st_size > max_bytes:
+        raise TraceError(f"{file}: {st.st_size} bytes, more than the {max_bytes} a trace's {file.name} may hold")
+    try:
+        doc = json.loads(file.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TraceError(f"{file}: not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+    except RecursionError:
+        raise TraceError(f"{file}: nested too deeply") from None
+    except OSError as e:
+        raise TraceError(f"{file}: cannot read it ({e.strerror})") from None
+    if not isinstance(doc, dict):
+        raise TraceError(f"{file}: expected a JSON object")
+    if _depth(doc) > MAX_JSON_DEPTH:
+        raise TraceError(f"{file}: nested more than {MAX_JSON_DEPTH} levels deep")
+    return doc
+
+
+def check_meta_types(meta: dict, where: object) -> None:
+    for key, kind in META_TYPES.items():
+        value = meta.get(key)
+        if value is None and key not in META_REQUIRED:
+            continue
+        bad = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+        if bad:
+            name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+            got = "null" if value is None else type(value).__name__
+            raise TraceError(f"{where}: field {key!r} must be a JSON {_JSON_NAMES.get(name, name)}, got {got}")
+
+
+_JSON_NAMES = {"dict": "object", "str": "string", "int": "integer", "bool": "boolean"}
+
+
 def read_meta(path: Path) -> dict:
     meta_file = path / "meta.json"
-    if not meta_file.is_file():
+    if not meta_file.exists():
         raise TraceError(f"{path}: no meta.json (not a solm trace directory)")
-    try:
-        meta = json.loads(meta_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TraceError(f"{meta_file}: not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
-    if not isinstance(meta, dict):
-        raise TraceError(f"{meta_file}: expected a JSON object")
+    meta = load_json_file(meta_file)
     version = meta.get("schema_version")
     if version != SCHEMA_VERSION:
         raise TraceError(f"{path}: schema version {version!r}, this solm reads version {SCHEMA_VERSION}")
     missing = [k for k in META_REQUIRED if k not in meta]
     if missing:
         raise TraceError(f"{meta_file}: missing keys {', '.join(missing)}")
+    check_meta_types(meta, meta_file)
     if meta["kind"] not in KINDS:
         raise TraceError(f"{meta_file}: kind {meta['kind']!r} is not one of {', '.join(KINDS)}")
     return meta
@@ -72,6 +136,7 @@ def read_table(file: Path, name: str) -> pa.Table:
     except (pa.ArrowException, OSError) as e:
         raise TraceError(f"{file}: unreadable Parquet ({str(e).splitlines()[0]})") from None
     expected = TABLES[name]
+    table = fill_defaults(name, table)  # columns of later minor revisions
     missing = [f.name for f in expected if f.name not in table.column_names]
     if missing:
         raise TraceError(f"{file}: missing columns {', '.join(missing)}")
@@ -114,15 +179,7 @@ def _newest_parts(parts: Path) -> list[tuple[int, str]]:
 
 
 def _read_json(file: Path) -> dict:
-    if not file.is_file():
-        raise TraceError(f"{file.parent}: missing {file.name}")
-    try:
-        doc = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TraceError(f"{file}: not valid JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise TraceError(f"{file}: expected a JSON object")
-    return doc
+    return load_json_file(file, MAX_GRAPH_BYTES)
 
 
 def _graphs_by_id(graphs: dict) -> dict[int, dict]:

@@ -18,6 +18,10 @@ from __future__ import annotations
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
+# Minor revisions add columns only (`MINOR_COLUMNS`); meta.json's `schema_minor` (absent: 0) says
+# which a trace was written with, and readers fill a column an older trace lacks with its default.
+#   1: serving under load (runtime.serve_capture)
+SCHEMA_MINOR = 1
 KINDS = ("measured", "simulated")
 
 REQUESTS = pa.schema([
@@ -90,7 +94,44 @@ COUNTERS = pa.schema([
     ("rss_bytes", pa.float64()),
 ])
 
-TABLES: dict[str, pa.Schema] = {"requests": REQUESTS, "steps": STEPS, "tokens": TOKENS, "counters": COUNTERS}
+# the v1.0 columns (what every v1 trace has)
+BASE_TABLES: dict[str, pa.Schema] = {"requests": REQUESTS, "steps": STEPS, "tokens": TOKENS, "counters": COUNTERS}
+
+# Columns of minor revisions: (field, default). A default is a constant, or ("copy", column) to take
+# another column's value (a trace served one request at a time: each pass is that request's alone).
+MINOR_COLUMNS: dict[str, list[tuple[pa.Field, object]]] = {
+    "requests": [
+        (pa.field("queue_s", pa.float64()), float("nan")),  # arrival to first scheduled
+        (pa.field("preemptions", pa.int64()), 0),  # times the request was preempted
+        (pa.field("recompute_tokens", pa.int64()), 0),  # tokens re-prefilled after preemptions: not new demand
+    ],
+    "steps": [
+        (pa.field("batch_requests", pa.int64()), 1),  # requests with rows in this pass
+        (pa.field("batch_query_tokens", pa.int64()), ("copy", "query_tokens")),  # rows of the whole pass
+        (pa.field("recompute_tokens", pa.int64()), 0),  # this request's re-prefill rows in the pass
+        (pa.field("preempted_requests", pa.int64()), 0),  # requests preempted when the pass was scheduled
+        (pa.field("attention_kv_tokens", pa.int64()), ("copy", "kv_tokens_read")),  # keys scored for its rows
+        (pa.field("chunk", pa.bool_()), False),  # a (re-)prefill chunk: nothing sampled, step_index -1
+    ],
+}
+
+TABLES: dict[str, pa.Schema] = {
+    name: pa.schema(list(schema) + [f for f, _ in MINOR_COLUMNS.get(name, [])]) for name, schema in BASE_TABLES.items()
+}
+
+
+def fill_defaults(name: str, table: pa.Table) -> pa.Table:
+    """`table` with every minor-revision column it lacks, filled with that column's default."""
+    for field, value in MINOR_COLUMNS.get(name, []):
+        if field.name in table.column_names:
+            continue
+        if isinstance(value, tuple):
+            arr = table.column(value[1]).cast(field.type) if value[1] in table.column_names \
+                else pa.nulls(table.num_rows, field.type)
+        else:
+            arr = pa.array([value] * table.num_rows, type=field.type)
+        table = table.append_column(field, arr)
+    return table
 
 # Optional `runs.parquet` of a measured trace: every timed run of every request (`capture --repeats`
 # records one run per request in the tables above; this keeps them all, one row per forward pass of

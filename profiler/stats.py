@@ -37,4 +37,4 @@ def non_dominated(x: np.ndarray) -> np.ndarray:
     x = np.where(np.isnan(x), -np.inf, x)
     ge = (x[:, None, :] >= x[None, :, :]).all(-1)  # ge[i, j]: i at least as good as j everywhere
     gt = (x[:, None, :] > x[None, :, :]).any(-1)
-    return ~(ge & gt).any(0)
+    return np.asarray(~(ge & gt).any(0), dtype=bool)

@@ -28,7 +28,7 @@ def problems(trace: Trace) -> list[str]:
     bad_kind = set(toks["kind"]) - set(TOKEN_KINDS)
     if bad_kind:
         out.append(f"tokens: unknown kinds {sorted(bad_kind)}")
-    for col in ("duration_s", "query_tokens", "kv_tokens_read", "live_kv_tokens", "kv_bytes_allocated"):
+    for col in ("query_tokens", "kv_tokens_read", "live_kv_tokens", "kv_bytes_allocated"):
         if (steps[col] < 0).any():
             out.append(f"steps: negative {col}")
     steps_per_req = steps.groupby("request_id")["step_index"].agg(["count", "min", "max"])
@@ -56,10 +56,87 @@ def problems(trace: Trace) -> list[str]:
             out.append(f"request {rid}: quality_score {q} outside 0..1")
         if r.status == "ok" and not (r.ttft_s <= r.e2e_s + 1e-9):
             out.append(f"request {rid}: ttft_s > e2e_s")
+    out += timing_problems(trace)
     for rid, g in trace.graphs.items():
-        if not {"nodes", "links"} <= set(g):
-            out.append(f"graph {rid}: not node-link (needs nodes and links)")
+        out += [f"graph {rid}: {p}" for p in graph_problems(g)]
     return out
+
+
+def _bad_times(values: np.ndarray, allow_nan: bool) -> np.ndarray:
+    """Entries that are infinite, negative, or NaN where a time is required."""
+    v = np.asarray(values, dtype=float)
+    nan = np.isnan(v)
+    return (np.isinf(v) | (v < 0)) | (nan & (not allow_nan))
+
+
+def timing_problems(trace: Trace) -> list[str]:
+    """Times must be finite and non-negative: arrivals, starts, TTFT, E2E (finished requests),
+    pass starts and durations, counter timestamps."""
+    out: list[str] = []
+    req = trace.requests
+    ok = (req["status"] == "ok").to_numpy()
+    for col in ("arrival_s", "start_s", "ttft_s", "e2e_s"):
+        bad = _bad_times(req[col], allow_nan=True) | (ok & np.isnan(req[col].to_numpy(float)))
+        if bad.any():
+            ids = req.loc[bad, "request_id"].tolist()[:5]
+            out.append(f"requests: {col} infinite, negative or missing for requests {ids}")
+    for col in ("start_s", "duration_s"):
+        bad = _bad_times(trace.steps[col], allow_nan=False)
+        if bad.any():
+            out.append(f"steps: {int(bad.sum())} rows with {col} infinite, negative or NaN")
+    if len(trace.counters) and _bad_times(trace.counters["t_s"], allow_nan=False).any():
+        out.append("counters: t_s infinite, negative or NaN")
+    return out
+
+
+def graph_problems(g: dict) -> list[str]:
+    """A request's chunk DAG: node-link form, unique node ids, no link to a missing node, no cycle."""
+    nodes, links = g.get("nodes"), g.get("links")
+    if not isinstance(nodes, list) or not isinstance(links, list):
+        return ["not node-link (needs nodes and links lists)"]
+    if not all(isinstance(n, dict) and "id" in n for n in nodes):
+        return ["a node without an id"]
+    ids = [n["id"] for n in nodes]
+    try:
+        known = set(ids)
+    except TypeError:
+        return ["node ids must be strings or numbers"]
+    out = ["duplicate node ids"] if len(known) != len(ids) else []
+    edges = []
+    for link in links:
+        if not isinstance(link, dict) or "source" not in link or "target" not in link:
+            return [*out, "a link without source and target"]
+        src, dst = link["source"], link["target"]
+        try:
+            missing = [x for x in (src, dst) if x not in known]
+        except TypeError:
+            missing = [src, dst]
+        if missing:
+            out.append(f"link {src!r} -> {dst!r} names a missing node")
+        else:
+            edges.append((src, dst))
+    if edges and has_cycle(known, edges):
+        out.append("the dependence graph has a cycle")
+    return out
+
+
+def has_cycle(nodes: set, edges: list[tuple]) -> bool:
+    """Kahn's algorithm: a DAG empties; what remains lies on a cycle."""
+    indeg = dict.fromkeys(nodes, 0)
+    succ: dict = {n: [] for n in nodes}
+    for a, b in edges:
+        succ[a].append(b)
+        indeg[b] += 1
+    ready = [n for n, d in indeg.items() if d == 0]
+    seen = 0
+    while ready:
+        n = ready.pop()
+        seen += 1
+        for m in succ[n]:
+            indeg[m] -= 1
+            if indeg[m] == 0:
+                ready.append(m)
+    return seen < len(nodes)
 
 
 def validate(path: str | Path) -> list[str]:
@@ -69,3 +146,14 @@ def validate(path: str | Path) -> list[str]:
     except TraceError as e:
         return [str(e)]
     return problems(trace)
+
+
+def read_valid_trace(path: str | Path) -> Trace:
+    """`read_trace`, then the validator: a trace with problems is one TraceError naming the first
+    (what `diff` and `export` read, so they never compute figures from a broken trace)."""
+    trace = read_trace(path)
+    found = problems(trace)
+    if found:
+        more = f" (and {len(found) - 1} more: solm inspect {path} --validate)" if len(found) > 1 else ""
+        raise TraceError(f"{path}: not a valid trace: {found[0]}{more}")
+    return trace

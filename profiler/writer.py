@@ -19,7 +19,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from profiler.schema import SCHEMA_VERSION, TABLES
+from profiler.errors import UsageError
+from profiler.outdir import LOCK_NAME, TRACE_KINDS, clear_dir, project_kind
+from profiler.schema import BASE_TABLES, MINOR_COLUMNS, SCHEMA_MINOR, SCHEMA_VERSION, TABLES, fill_defaults
+
+
+class OutputExists(UsageError, FileExistsError):
+    """The output folder holds something the writer may not replace (a FileExistsError too)."""
 
 PARTS = "parts"
 
@@ -42,14 +48,18 @@ def write_json(path: Path, doc: dict) -> None:
 
 def table_from_rows(name: str, rows: list[dict]) -> pa.Table:
     """Rows (dicts) to a table of the schema; missing columns raise with the table's name."""
-    schema = TABLES[name]
+    schema = BASE_TABLES[name]
     cols = {}
     for field in schema:
         try:
             cols[field.name] = [r[field.name] for r in rows]
         except KeyError:
             raise KeyError(f"{name} row lacks column {field.name!r}") from None
-    return pa.Table.from_pydict(cols, schema=schema)
+    table = pa.Table.from_pydict(cols, schema=schema)
+    for field, _ in MINOR_COLUMNS.get(name, []):  # a later revision's column: given, or its default
+        if rows and all(field.name in r for r in rows):
+            table = table.append_column(field, pa.array([r[field.name] for r in rows], type=field.type))
+    return fill_defaults(name, table).select(TABLES[name].names)
 
 
 # zstd: a third smaller than the default snappy on simulated steps tables at scale (bench/cluster.py);
@@ -64,15 +74,24 @@ def write_table(path: Path, table: pa.Table) -> None:
     os.replace(tmp, path)
 
 
+def prepare_out(out: Path, overwrite: bool) -> None:
+    """Create `out`, or empty it when `overwrite` and it is a folder solm wrote (never anything
+    else: `profiler.outdir`; the command has checked it against its inputs and holds its lock)."""
+    if out.exists() and out.is_dir() and any(c.name != LOCK_NAME for c in out.iterdir()):
+        if not overwrite:
+            raise OutputExists(f"{out} exists and is not empty (choose another --out or pass --force)")
+        if project_kind(out) not in TRACE_KINDS:
+            raise OutputExists(f"{out} is not a trace solm wrote; refusing to replace it")
+        clear_dir(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
 class TraceWriter:
     def __init__(self, out_dir: str | Path, meta: dict, overwrite: bool = False) -> None:
         self.dir = Path(out_dir)
-        if self.dir.exists() and any(self.dir.iterdir()):
-            if not overwrite:
-                raise FileExistsError(f"{self.dir} exists and is not empty (choose another --out or pass --force)")
-            shutil.rmtree(self.dir)
+        prepare_out(self.dir, overwrite)
         (self.dir / PARTS).mkdir(parents=True, exist_ok=True)
-        self.meta = {**meta, "schema_version": SCHEMA_VERSION, "complete": False}
+        self.meta = {**meta, "schema_version": SCHEMA_VERSION, "schema_minor": SCHEMA_MINOR, "complete": False}
         write_json(self.dir / "meta.json", self.meta)
         self.n_committed = 0
         self._gen: dict[int, int] = {}  # request id -> its committed generation
@@ -122,15 +141,12 @@ class TraceWriter:
 def write_trace(out_dir: str | Path, meta: dict, tables: dict[str, pa.Table], graphs: dict, overwrite: bool = True) -> Path:
     """Write a whole trace at once (the simulator's output). Same layout, complete from the start."""
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out} exists and is not empty")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_out(out, overwrite)
     for name, schema in TABLES.items():
-        t = tables.get(name, schema.empty_table())
+        t = fill_defaults(name, tables.get(name, schema.empty_table()))
+        t = t.select(schema.names)
         write_table(out / f"{name}.parquet", t.cast(schema) if t.schema != schema else t)
     write_json(out / "graph.json", {str(k): v for k, v in graphs.items()})
     n = tables["requests"].num_rows if "requests" in tables else 0
-    write_json(out / "meta.json", {**meta, "schema_version": SCHEMA_VERSION, "complete": True, "n_requests": n})
+    write_json(out / "meta.json", {**meta, "schema_version": SCHEMA_VERSION, "schema_minor": SCHEMA_MINOR, "complete": True, "n_requests": n})
     return out

@@ -19,20 +19,21 @@ import platform
 import socket
 import subprocess
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 
 from profiler.counters import CounterSampler
 from profiler.errors import UsageError
+from profiler.host import read_host_cpu
 from profiler.recorder import RecordedRun, Recorder, make_timer
 from profiler.runs import run_rows, write_runs
 from profiler.writer import TraceWriter
-from profiler.host import read_host_cpu
 from runtime.answer_length import default_max_tokens
 from runtime.checkpoint import REPO_ROOT, load_model
 from runtime.engines import Completion, GenerationConfig, Request, drain, get_engine
+from runtime.hf_tokenizer import tokenizer_for
 from runtime.model import TinyLM
 from runtime.sampling import SamplingConfig
 from runtime.tasks import Example, get_task
@@ -42,7 +43,7 @@ from runtime.tokenizer import Tokenizer
 KEEP = {"min": lambda n: 0, "median": lambda n: (n - 1) // 2}
 
 NOT_APPLICABLE = ("not applicable: a model that does not speak the project's tokenizer (random real-scale "
-                  "weights, a transformers checkpoint) or a structure replayed from another trace")
+                  "weights, a transformers checkpoint, real GGUF weights) or a structure replayed from another trace")
 
 
 @dataclass
@@ -67,9 +68,12 @@ class CaptureConfig:
 
     def resolved(self) -> "CaptureConfig":
         """Fill in the system's shipped model and default task (the engine class names them)."""
+        from runtime.gguf import REAL_DEFAULT_TASK, is_gguf_spec
+
         engine = get_engine(self.system)
-        return CaptureConfig(**{**asdict(self), "model": self.model or engine.default_model,
-                                "task": self.task or engine.default_task})
+        model = self.model or engine.default_model
+        default_task = REAL_DEFAULT_TASK if is_gguf_spec(model) and not self.structure_from else engine.default_task
+        return CaptureConfig(**{**asdict(self), "model": model, "task": self.task or default_task})
 
 
 def solm_version() -> str:
@@ -129,7 +133,7 @@ def provenance_meta(device: str, sampler: CounterSampler, timer_name: str, seed:
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cores": os.cpu_count(),
                  "python": platform.python_version()},
         "solm_version": solm_version(), "git_commit": git_commit(), "seed": seed,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timer": timer_name,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"), "timer": timer_name,
         "counters_source": sampler.source, "nvml": sampler.source == "nvml", "nvml_reason": sampler.reason,
     }
 
@@ -159,7 +163,7 @@ def quality_applicable(info: dict, structure_from: str) -> bool:
     """Scored only when a solm model (trained or a preset, whose score is a real measurement) chooses
     its own tokens: a transformers model does not speak the project's tokenizer, and a replayed
     structure's text is the reference's, not the model's."""
-    return "arch" not in info and "hf_dir" not in info and not structure_from
+    return "arch" not in info and "hf_dir" not in info and "gguf" not in info and not structure_from
 
 
 def structure_scripts(cfg: CaptureConfig) -> tuple[list, dict]:
@@ -324,16 +328,30 @@ class Session:
             self.committed[rid] = (kept, arrival)
 
 
+def _not_applicable_note(task_name: str) -> str:
+    task = get_task(task_name)
+    return NOT_APPLICABLE if task.scored else task.quality_note  # a task with no exact scorer says so itself
+
+
 def capture_meta(cfg: CaptureConfig, model, info: dict, sampler: CounterSampler, timer_name: str, scored: bool) -> dict:
     return {
         "kind": "measured", "system": cfg.system, "knobs": {**cfg.knobs, "max_tokens": cfg.max_tokens,
         "temperature": cfg.temperature, "top_p": cfg.top_p, "page_size": cfg.page_size},
         "task": cfg.task, "split": cfg.split, "model": model_meta(model, cfg.model, info),
         **provenance_meta(cfg.device, sampler, timer_name, cfg.seed),
-        "quality_applicable": scored, "quality_note": "" if scored else NOT_APPLICABLE,
+        "quality_applicable": scored, "quality_note": "" if scored else _not_applicable_note(cfg.task),
         "structure_source": cfg.structure_from or "the model's own tokens",
-        "warmup_requests": cfg.warmup, "runs_per_request": cfg.repeats,
+        "engine_settings": engine_settings(cfg), "warmup_requests": cfg.warmup, "runs_per_request": cfg.repeats,
     }
+
+
+def engine_settings(cfg: CaptureConfig) -> dict:
+    """Every keyword setting the engine ran with: its defaults (a shipped operating point among
+    them) overlaid with the knobs given (`knobs` holds only those)."""
+    from runtime.engines.operating_points import engine_defaults
+
+    plain = (type(None), bool, int, float, str)
+    return {**{k: v for k, v in engine_defaults(cfg.system).items() if isinstance(v, plain)}, **cfg.knobs}
 
 
 def run_rounds(cfg: CaptureConfig, s: Session, start, scripts: list | None, recorder: Recorder, sampler, bar) -> None:
@@ -373,10 +391,10 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
     if cfg.max_tokens is None:
         cfg = CaptureConfig(**{**asdict(cfg), "max_tokens": default_max_tokens(cfg.task)})
     model, info = loaded or load_model(cfg.model, cfg.device, seed=cfg.seed)
-    tok = Tokenizer()
+    tok = tokenizer_for(model, structure_replay=scripts is not None)  # a real model: its own tokenizer
     start = make_start(cfg, model, tok, scripts)
     examples, warm = workload(cfg, task, scripts)
-    scored = quality_applicable(info, cfg.structure_from)
+    scored = quality_applicable(info, cfg.structure_from) and task.scored
     timer = make_timer(cfg.device)
     origin = timer.now()
     sampler = CounterSampler(cfg.counters_interval_s, origin=origin, use_nvml=cfg.device.startswith("cuda"))
@@ -399,7 +417,7 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
         if bar:
             bar.close()
         rows = sampler.stop()
-    extra = {"wall_s": recorder.now_s(), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    extra = {"wall_s": recorder.now_s(), "finished_at": datetime.now(UTC).isoformat(timespec="seconds")}
     if cfg.repeats > 1:
         extra["repeats"] = session.rounds.meta(cfg.repeats)
     session.writer.set_counters(rows)

@@ -46,7 +46,14 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[TinyLM, dict
 
 def load_model(spec: str, device: str = "cpu", seed: int = 0) -> tuple[TinyLM, dict]:
     """`spec` is a checkpoint directory, a shipped checkpoint name, or a preset name; with the `hf`
-    extra also `arch:NAME` (random weights, a real architecture) or a local transformers directory."""
+    extra also `arch:NAME` (random weights, a real architecture) or a local transformers directory, and
+    real pretrained weights from a GGUF file (`gguf:PATH`, `smollm2-135m`: `runtime.gguf`)."""
+    from runtime.gguf import is_gguf_spec
+
+    if is_gguf_spec(spec):
+        from runtime.gguf import load_gguf
+
+        return load_gguf(spec, device)
     if spec.startswith("arch:") or (Path(spec).is_dir() and _is_hf_dir(spec)):
         return _load_hf(spec, device, seed)
     if spec in PRESETS:

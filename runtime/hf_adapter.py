@@ -136,6 +136,22 @@ class HFCausalLM(PagedKVModel, nn.Module):
             y = w @ Vr
         return attn.o_proj(y.transpose(1, 2).reshape(1, N, -1))  # (1, N, d)
 
+    def forward_unchecked(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+                          kv, attn_sum: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """The decoder itself, on device tensors, with a ready (1, 1, N, S) bool mask and no check
+        and no host synchronisation (`runtime.static_decode` compiles it; `forward` checks first).
+        `kv` needs `write(layer, slots, k, v)` and `keys_values(layer)`."""
+        body = self.hf.model
+        x = body.embed_tokens(tokens[None])  # (1, N, d); Gemma's embedding scales by sqrt(d) itself
+        cos, sin = body.rotary_emb(x, positions[None])  # (1, N, D)
+        for i, layer in enumerate(body.layers):
+            x = x + self._attention(layer.self_attn, i, layer.input_layernorm(x), cos, sin, slots, mask, kv,
+                                    attn_sum)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        h = body.norm(x)[0]  # (N, d)
+        logits = self.hf.lm_head(h).float()  # (N, V)
+        return logits[:, : self.logits_vocab] if self.logits_vocab is not None else logits
+
     @torch.no_grad()
     def forward(
         self,
@@ -154,18 +170,8 @@ class HFCausalLM(PagedKVModel, nn.Module):
         kv.check_slots(slots.tolist())  # the one device->host copy of the pass
         mask = attention_mask(visibility, N, kv, dev)  # (1, 1, N, S): keys are every slot of the store
         S = kv.num_slots
-        body = self.hf.model
-        x = body.embed_tokens(tokens[None])  # (1, N, d); Gemma's embedding scales by sqrt(d) itself
-        cos, sin = body.rotary_emb(x, positions[None])  # (1, N, D)
         attn_sum: list[torch.Tensor] | None = [] if return_attention else None
-        for i, layer in enumerate(body.layers):
-            x = x + self._attention(layer.self_attn, i, layer.input_layernorm(x), cos, sin, slots, mask, kv,
-                                    attn_sum)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        h = body.norm(x)[0]  # (N, d)
-        logits = self.hf.lm_head(h).float()  # (N, V)
-        if self.logits_vocab is not None:
-            logits = logits[:, : self.logits_vocab]
+        logits = self.forward_unchecked(tokens, positions, slots, mask, kv, attn_sum)
         if not return_attention:
             return logits
         per_slot = torch.zeros(max(S, visibility.shape[1]), device=dev)

@@ -17,6 +17,8 @@ reserves it); without, it grows by doubling when a new page id passes its end (`
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import cached_property
@@ -24,6 +26,10 @@ from functools import cached_property
 import torch
 
 from profiler.errors import KVPoolFull
+
+# Visibility checks that read a device tensor back to the host (a sync per check on CUDA): always
+# on CPU, where they cost nothing extra; on an accelerator only with SOLM_DEBUG=1.
+DEBUG_CHECKS = os.environ.get("SOLM_DEBUG", "") not in ("", "0")
 
 
 @dataclass(frozen=True)
@@ -203,6 +209,81 @@ class PagedKVStore:
             t[:, :, slot] = noise.to(t.dtype).to(t.device)
 
 
+class RequestKV:
+    """One request's share of a (possibly shared) store: it allocates under its own owners
+    `(request_id, owner)`, so its pages hold only its tokens, and it counts its own live slots and
+    pages (a server's pool holds many requests; a request alone has the store to itself)."""
+
+    def __init__(self, store: PagedKVStore, request_id: int) -> None:
+        self.store, self.rid = store, request_id
+        self.live: set[int] = set()
+        self._pages: dict[int, int] = {}  # page -> this request's live slots in it
+
+    @property
+    def live_tokens(self) -> int:
+        return len(self.live)
+
+    @property
+    def pages_held(self) -> int:
+        return len(self._pages)
+
+    @property
+    def bytes_allocated(self) -> int:
+        return len(self._pages) * self.store.page_bytes
+
+    @property
+    def num_slots(self) -> int:
+        return self.store.num_slots
+
+    def allocate(self, n: int, owner: Hashable = None) -> list[int]:
+        """`n` fresh slots (KVPoolFull from a full pool, with nothing taken)."""
+        if self.store.max_pages is not None and self.pages_for(n, owner) > self.store.max_pages - self.store.pages_held:
+            raise KVPoolFull(f"KV pool full: request {self.rid} needs {self.pages_for(n, owner)} more pages, "
+                             f"{self.store.max_pages - self.store.pages_held} free")
+        slots = self.store.allocate(n, owner=(self.rid, owner))
+        P = self.store.page_size
+        for s in slots:
+            self.live.add(s)
+            self._pages[s // P] = self._pages.get(s // P, 0) + 1
+        return slots
+
+    def free(self, slots) -> int:
+        P = self.store.page_size
+        mine = [int(s) for s in slots if int(s) in self.live]
+        for s in mine:
+            self.live.discard(s)
+            left = self._pages[s // P] - 1
+            if left:
+                self._pages[s // P] = left
+            else:
+                del self._pages[s // P]
+        return self.store.free(mine)
+
+    def release(self) -> int:
+        """Free every slot this request holds. Bytes released."""
+        return self.free(sorted(self.live))
+
+    def pages_for(self, n: int, owner: Hashable = None) -> int:
+        """New pages `allocate(n, owner)` would take (its owner's open page fills first)."""
+        cur = self.store._open.get((self.rid, owner))
+        room = 0
+        if cur is not None and cur[0] in self.store._used and cur[1] < self.store.page_size:
+            room = self.store.page_size - cur[1]
+        return math.ceil(max(0, n - room) / self.store.page_size)
+
+    def pages_for_owners(self, owners: list) -> int:
+        counts: dict = {}
+        for o in owners:
+            counts[o] = counts.get(o, 0) + 1
+        return sum(self.pages_for(n, o) for o, n in counts.items())
+
+    def allocate_replay(self, ids: list[int], owners: list) -> list[int]:
+        """One slot per held token, each under its owner, in order (a readmitted request)."""
+        if self.store.max_pages is not None and self.pages_for_owners(owners) > self.store.max_pages - self.store.pages_held:
+            raise KVPoolFull(f"KV pool full: request {self.rid} cannot be readmitted")
+        return [self.allocate(1, o)[0] for o in owners]
+
+
 class PagedKVModel:
     """What every model behind the one primitive shares about its KV (mixed into `TinyLM` and the
     transformers adapter): needs `self.cfg` (n_layers, n_kv_heads, head_dim) and `self.embed`."""
@@ -230,17 +311,19 @@ def attention_mask(visibility: torch.Tensor, n_queries: int, kv: PagedKVStore, d
     if visibility.dim() != 2 or visibility.shape[0] != N:
         raise ValueError(f"visibility must be (N={N}, S) bool, got {tuple(visibility.shape)}")
     S = kv.num_slots
+    check = DEBUG_CHECKS or visibility.device.type == "cpu"  # each check below is a host sync on a GPU
     if visibility.shape[1] > S:
-        if bool(visibility[:, S:].any()):
+        if check and bool(visibility[:, S:].any()):
             raise KeyError(f"visibility reaches slots beyond the store's {S}")
         visibility = visibility[:, :S]
     vis = visibility.to(device=device, dtype=torch.bool)
-    if not bool(vis.any(dim=1).all()):
+    if check and not bool(vis.any(dim=1).all()):
         raise ValueError("every query row must see at least one slot")
     if vis.shape[1] < S:
         vis = torch.cat([vis, vis.new_zeros((N, S - vis.shape[1]))], dim=1)
-    stale = vis & ~kv._held[:S]
-    if bool(stale.any()):
-        slot = int(stale.any(dim=0).nonzero()[0])
-        raise KeyError(f"slot {slot} is not allocated (page {slot // kv.page_size} is free)")
+    if check:
+        stale = vis & ~kv._held[:S]
+        if bool(stale.any()):
+            slot = int(stale.any(dim=0).nonzero()[0])
+            raise KeyError(f"slot {slot} is not allocated (page {slot // kv.page_size} is free)")
     return vis[None, None]

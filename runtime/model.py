@@ -108,6 +108,40 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 KVFn = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+@dataclass
+class Group:
+    """Rows [start, stop) of a batched pass that attend only to `cols` (M,) of the store, under
+    `mask` (1, 1, R, M): one request of a server's batch (a per-request gather)."""
+
+    start: int
+    stop: int
+    cols: torch.Tensor
+    mask: torch.Tensor
+    attention: bool = False
+
+
+def grouped_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, groups: list[Group],
+                      attn_out: list[torch.Tensor] | None) -> torch.Tensor:
+    """Attention of q (1, H, N, D) over K, V (1, Hkv, S, D), each group's rows over its own gathered
+    slots only; with `attn_out`, the attention each slot received (1, S) is appended."""
+    ys, per_slot = [], None
+    if attn_out is not None:
+        per_slot = q.new_zeros((1, K.shape[2]))
+    for g in groups:
+        qg, Kg, Vg = q[:, :, g.start:g.stop], K[:, :, g.cols], V[:, :, g.cols]  # (1, H, R, D), (1, Hkv, M, D)
+        if per_slot is None or not g.attention:
+            ys.append(F.scaled_dot_product_attention(qg, Kg, Vg, attn_mask=g.mask, enable_gqa=True))
+            continue
+        rep = q.shape[1] // K.shape[1]
+        Kr, Vr = Kg.repeat_interleave(rep, dim=1), Vg.repeat_interleave(rep, dim=1)
+        w = ((qg @ Kr.transpose(-1, -2)) / math.sqrt(q.shape[-1])).masked_fill(~g.mask, float("-inf")).softmax(-1)
+        per_slot[0].index_add_(0, g.cols, w.sum(dim=(1, 2))[0])
+        ys.append(w @ Vr)
+    if attn_out is not None:
+        attn_out.append(per_slot)
+    return torch.cat(ys, dim=2)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -128,6 +162,7 @@ class Block(nn.Module):
         mask: torch.Tensor,  # (B, 1, T, M) bool, True = may attend
         kv_fn: KVFn,
         attn_out: list[torch.Tensor] | None = None,
+        groups: list[Group] | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         H, Hkv, D = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
@@ -137,7 +172,9 @@ class Block(nn.Module):
         k = apply_rope(k.view(B, T, Hkv, D).transpose(1, 2), cos, sin)  # (B, Hkv, T, D)
         v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
         K, V = kv_fn(self.layer, k, v)  # (B, Hkv, M, D)
-        if attn_out is None:
+        if groups is not None:
+            y = grouped_attention(q, K, V, groups, attn_out)
+        elif attn_out is None:
             y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, enable_gqa=True)
         else:  # explicit softmax so the weights can be returned (H2O needs them)
             rep = H // Hkv
@@ -152,6 +189,8 @@ class Block(nn.Module):
 
 
 class TinyLM(PagedKVModel, nn.Module):
+    supports_groups = True  # forward(..., groups=) attends per request over gathered slots (runtime.server)
+
     def __init__(self, cfg: ModelConfig, seed: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
@@ -182,14 +221,20 @@ class TinyLM(PagedKVModel, nn.Module):
         visibility: torch.Tensor,  # (N, S) bool: slots each query row may attend to
         kv: PagedKVStore,
         return_attention: bool = False,
+        groups: list[Group] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits (N, V) for new tokens. With `return_attention`, also the attention each slot
-        received, summed over layers, heads and query rows: (S,) float."""
+        received, summed over layers, heads and query rows: (S,) float.
+
+        With `groups` (a server's per-request gather), `visibility` is ignored (None): each group's
+        rows attend to its own gathered slots under its own mask, so attention work follows what
+        each request can see rather than the whole pool."""
         dev = self.embed.weight.device
         tokens, positions, slots = tokens.to(dev), positions.to(dev), slots.to(dev)
         N = tokens.shape[0]
         kv.check_slots(slots.tolist())
-        mask = attention_mask(visibility, N, kv, dev)  # (1, 1, N, S): keys are every slot of the store
+        # (1, 1, N, S): keys are every slot of the store
+        mask = attention_mask(visibility, N, kv, dev) if groups is None else None
         S = kv.num_slots
 
         def kv_fn(layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,11 +246,11 @@ class TinyLM(PagedKVModel, nn.Module):
         x = self.embed(tokens)[None]  # (1, N, d)
         attn: list[torch.Tensor] | None = [] if return_attention else None
         for block in self.layers:
-            x = block(x, cos, sin, mask, kv_fn, attn)
+            x = block(x, cos, sin, mask, kv_fn, attn, groups)
         logits = self.lm_head(self.norm(x))[0].float()  # (N, V)
         if not return_attention:
             return logits
-        per_slot = torch.zeros(max(S, visibility.shape[1]), device=dev)
+        per_slot = torch.zeros(S if visibility is None else max(S, visibility.shape[1]), device=dev)
         per_slot[:S] = torch.stack(attn).sum(0)[0].float()
         return logits, per_slot
 

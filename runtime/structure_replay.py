@@ -55,14 +55,20 @@ def read_scripts(trace_dir: str | Path) -> list[Script]:
 
 
 class ForcedLogits(nn.Module):
-    """The real forward (K/V written, visibility applied), then logits forced to the script's next token."""
+    """The real forward (K/V written, visibility applied), then logits forced to the script's next
+    token (`fallback` once the script is spent). The one logits-forcing wrapper: structure replay,
+    bench/pasta.py's same-answer decode and the TIP engine tests use it. With `keep_logits`,
+    `own_logits` collects the model's own last-row logits of every pass (tests compare them)."""
 
-    def __init__(self, model: nn.Module, fallback: int) -> None:
+    def __init__(self, model: nn.Module, fallback: int, script: list[int] | None = None,
+                 keep_logits: bool = False) -> None:
         super().__init__()
         self.inner, self.fallback = model, fallback
-        self.script: list[int] = []
+        self.script: list[int] = list(script or [])
         self.i = 0
         self.cfg = model.cfg
+        self.keep_logits = keep_logits
+        self.own_logits: list[torch.Tensor] = []
 
     @property
     def embed(self):
@@ -81,6 +87,8 @@ class ForcedLogits(nn.Module):
     def forward(self, *args, **kw):
         out = self.inner(*args, **kw)
         logits, attn = out if isinstance(out, tuple) else (out, None)
+        if self.keep_logits:
+            self.own_logits.append(logits[-1].detach().clone())
         t = self.script[self.i] if self.i < len(self.script) else self.fallback
         self.i += 1
         forced = torch.full_like(logits, -1e9)

@@ -2,28 +2,50 @@
 
 What: at every pass boundary the server (simulated or real) asks `schedule(state)` for the batch
 of the next forward pass; `state` is any `scheduling.protocol.ServingState`. Iteration-level
-scheduling (Orca, OSDI '22; vLLM's scheduler): running requests stay in the batch; while the KV
-their next pass needs does not fit the pool, a victim is preempted (its pages freed, it goes back
-to the front of the queue and recomputes its KV when readmitted, vLLM's RECOMPUTE mode); then
-waiting requests are admitted in policy order while the sequence cap, the batched-token cap and
-the free pages allow, stopping at the first that does not fit (no skipping, as vLLM). Prefills
-and decodes share a pass; prefills are not chunked.
+scheduling as vLLM's (v1) scheduler does it (Orca, OSDI '22):
+
+1. Running requests first, in admission order, each taking its next pass's query tokens from the
+   batched-token budget (`max_batch_tokens`). A prompt prefill (or a recompute's re-prefill) is
+   cut to what is left of the budget when chunked prefill is on (vLLM's default); a running
+   request whose prefill gets no budget sits this pass out. Other passes (decodes, PASTA thread
+   passes, diffusion denoise steps) are never split.
+2. While the pages the running requests hold after their passes exceed the pool, a victim (policy
+   hook) is preempted: its pages are freed and it goes back to the front of the queue; when
+   readmitted it recomputes the KV of its tokens so far in one re-prefill (vLLM's RECOMPUTE).
+3. Waiting requests are admitted in policy order (hook) while the sequence cap, the token budget
+   and the free pages allow, stopping at the first that does not fit (no skipping, as vLLM).
+   Admission counts what a real server knows, the pages the request's next pass needs
+   (`reserve="current"`, vLLM); `reserve="peak"` instead keeps every admitted request's peak
+   pages reserved (`peak_blocks_of`), so nothing is ever preempted, at the price of fewer
+   requests in the batch.
 
 A policy is a subclass that overrides one or both hooks (`order`, `victim`) in its own short file,
-listed in `SCHEDULERS` (scheduling/__init__.py). The hooks read only the protocol's members.
+listed in `SCHEDULERS` (scheduling/__init__.py). Hooks read only the protocol's members; only a
+scheduler built with `oracle=True` may read `remaining_passes`.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from profiler.errors import UsageError
 from scheduling.protocol import ServingState
+
+RESERVE_MODES = ("current", "peak")
 
 
 class Scheduler:
     name = "base"
 
-    def __init__(self, max_seqs: int, max_batch_tokens: int) -> None:
+    def __init__(self, max_seqs: int, max_batch_tokens: int, *, chunked_prefill: bool = True,
+                 reserve: str = "current", oracle: bool = False) -> None:
+        if reserve not in RESERVE_MODES:
+            raise UsageError(f"reserve must be one of {', '.join(RESERVE_MODES)}, got {reserve!r}")
         self.max_seqs = max_seqs
         self.max_batch_tokens = max_batch_tokens
+        self.chunked_prefill = chunked_prefill
+        self.reserve = reserve
+        self.oracle = oracle
 
     # ---- the two hooks -----------------------------------------------------------------
     def order(self, waiting: list[int], state: ServingState) -> list[int]:
@@ -39,22 +61,50 @@ class Scheduler:
         """The waiting request that would be admitted next, if anything frees up."""
         return self.order(list(state.waiting), state)[0] if state.waiting else None
 
-    def schedule(self, state: ServingState) -> list[int]:
-        """Preempt until the next pass fits, admit while caps allow; return the batch."""
+    def _running_pass(self, state: ServingState) -> tuple[dict[int, int], int, int]:
+        """Token allotment of every running request under the budget: (batch, tokens left, blocks after)."""
+        running = list(state.running)
+        if not running:
+            return {}, self.max_batch_tokens, 0
+        full, blocks = state.next_tokens_and_blocks(running)
+        take = [int(x) for x in full]
+        if self.chunked_prefill and sum(take) > self.max_batch_tokens:  # cut prefills, in running order
+            fixed = state.next_tokens_and_blocks(running, [0] * len(running))[0]  # what a zero budget cannot cut
+            budget = self.max_batch_tokens
+            for i, (f, z) in enumerate(zip(take, fixed.tolist())):
+                take[i] = f if z == f else min(f, max(budget, 0))
+                budget -= take[i]
+            _, blocks = state.next_tokens_and_blocks(running, take)
+        # a prefill cut to nothing sits this pass out; a pass with no rows of its own (a sync) still runs
+        batch = {r: t for r, t, f in zip(running, take, full.tolist()) if t > 0 or f == 0}
+        return batch, self.max_batch_tokens - sum(take), int(np.sum(blocks))
+
+    def schedule(self, state: ServingState) -> dict[int, int]:
+        """Preempt until the next pass fits, admit while caps allow.
+
+        Returns the batch: request id -> query tokens it runs this pass (less than its whole next
+        pass only for a chunk of a prefill), running requests first, in `state.running` order."""
         cap = state.pool_capacity_blocks
-        while state.running:
-            q, blocks = state.next_tokens_and_blocks(state.running)
-            if blocks.sum() <= cap:
+        while True:
+            batch, budget, used = self._running_pass(state)
+            if used <= cap or not state.running:
                 break
             state.preempt(self.victim(list(state.running), state))
-        tokens, used = (int(x.sum()) for x in state.next_tokens_and_blocks(state.running))
+        if self.reserve == "peak":
+            used = int(state.peak_blocks_of(state.running).sum()) if state.running else 0
         for r in self.order(list(state.waiting), state):
-            (q,), (blocks,) = state.next_tokens_and_blocks([r])
-            if len(state.running) >= self.max_seqs or used + blocks > cap:
+            if len(state.running) >= self.max_seqs:
                 break
-            if state.running and tokens + q > self.max_batch_tokens:  # an empty batch takes anything
+            limit = [max(budget, 0)] if self.chunked_prefill else None
+            (q,), (blocks,) = state.next_tokens_and_blocks([r], limit)
+            if self.reserve == "peak":
+                (blocks,) = state.peak_blocks_of([r])
+            if used + blocks > cap:
+                break
+            if state.running and (q == 0 or q > budget):  # an empty batch takes anything
                 break
             state.admit(r)
-            tokens += int(q)
+            batch[r] = int(q)
+            budget -= int(q)
             used += int(blocks)
-        return state.running
+        return batch

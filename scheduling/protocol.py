@@ -9,9 +9,14 @@ Requests are named by integer ids (the implementer's own numbering). Arrays are 
 aligned with the ids passed in. Nothing here says how a pass is timed or run.
 
 Members a policy may always read (what a real server knows when it schedules):
-`running`, `waiting`, `pool_capacity_blocks`, `next_tokens_and_blocks`, `arrival_of`,
-`prompt_tokens_of`, `max_tokens_of`. `remaining_passes` is the future: only an oracle policy
-(SJF with `oracle=True`, a simulator-only what-if) may call it.
+`running`, `waiting`, `pool_capacity_blocks`, `next_tokens_and_blocks`, `peak_blocks_of`,
+`arrival_of`, `prompt_tokens_of`, `max_tokens_of`. `remaining_passes` is the future: only an
+oracle policy (SJF with `oracle=True`, a simulator-only what-if) may call it.
+
+What the server does with the scheduler's answer (`Scheduler.schedule(state)` returns
+{id: query tokens}): it runs one forward pass holding those requests' rows; a request given fewer
+tokens than its whole next pass runs that many prompt tokens of its prefill (a chunk) and emits
+nothing; a request readmitted after `preempt` first re-prefills its tokens so far.
 """
 
 from __future__ import annotations
@@ -38,12 +43,22 @@ class ServingState(Protocol):
         """KV pages (blocks of the server's block size) the whole shared pool holds."""
         ...
 
-    def next_tokens_and_blocks(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    def next_tokens_and_blocks(self, ids: Sequence[int],
+                               limit: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(query tokens, KV blocks held after it) of each request's next forward pass.
 
-        Query tokens: the rows the pass computes for that request (a prompt prefill: the prompt;
-        a decode: 1 per stream; a denoise step: its span). Blocks: the pages the request holds once
-        that pass has written its KV (a request not yet admitted holds none before it)."""
+        Query tokens: the rows the pass computes for that request (a prompt prefill: what is left
+        of the prompt; a decode: 1 per stream; a denoise step: its span; after a preemption: the
+        re-prefill of its tokens so far plus that pass). Blocks: the pages the request holds once
+        that pass has written its KV (a waiting request holds none before it).
+
+        `limit` (one per id): cut a prefill or a re-prefill (never another pass) to at most that
+        many tokens, a chunk; blocks are then those held after the chunk."""
+        ...
+
+    def peak_blocks_of(self, ids: Sequence[int]) -> np.ndarray:
+        """The most pages each request may hold at once over its life, as the server bounds it
+        (prompt + max_tokens for a real server); read only under `reserve="peak"`."""
         ...
 
     def admit(self, rid: int) -> None:

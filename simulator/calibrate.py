@@ -10,6 +10,10 @@ What, two sources:
     `fit_cost_params_to_steps` rescales a `CostParams` (compute and memory efficiencies, step
     overhead) so that `CostModel.step_time_s` matches the trace, e.g. a CPU capture.
 
+The tile-and-wave GEMM parameters (`CostParams.gemm`, `simulator.gemm_fit.fit_gemm`) are fitted
+on the same data's GEMM rows by `write_a100_calibration`; their held-out error on unseen shapes
+is reported by bench/cost_model.py (`simulator.gemm_fit.holdout_predictions` and `summary`).
+
 Held-out error: the fits report median absolute percentage error (APE) on rows they did not see.
 Default split "interleaved": within each (model, TP) profile sorted by token count, even rows
 train and odd rows test (measures interpolation between token counts). Split "model": leave one
@@ -37,9 +41,17 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from simulator.cost import (CALIBRATION_PATH, OP_FAMILY,
-                            RESIDUAL_ADDS_PER_LAYER, CostModel, CostParams, OpEfficiency,
-                            layer_work, op_time_s, pass_work)
+from simulator.cost import (
+    CALIBRATION_PATH,
+    OP_FAMILY,
+    RESIDUAL_ADDS_PER_LAYER,
+    CostModel,
+    CostParams,
+    OpEfficiency,
+    layer_work,
+    op_time_s,
+    pass_work,
+)
 from simulator.hardware import HARDWARE, HardwareSpec
 from simulator.models import ModelSpec
 
@@ -186,16 +198,38 @@ def a100_op_errors(data_dir: Path | str | None = None, split: str = "interleaved
 
 def write_a100_calibration(data_dir: Path | str | None = None,
                            path: Path = CALIBRATION_PATH) -> dict[str, Any]:
-    """Refit on all vidur rows and write params + held-out error reports to `path`."""
+    """Refit on all vidur rows and write params + held-out error reports to `path`.
+
+    The per-family roofline (CPU-style `families`, also the old GEMM model) is fitted on every
+    row; the tile-and-wave GEMM parameters (`gemm`) on every second token count of each GEMM
+    profile (`gemm_fit.fit_gemm`, about a minute); their held-out error is bench/cost_model.py's.
+    """
+    from simulator.gemm_fit import (
+        FIXED_FROM_DATASHEETS,
+        fit_gemm,
+        gemm_rows,
+        predict_tiles,
+    )
+
     table = load_vidur(data_dir)
-    params = fit_a100(table)
+    rows = gemm_rows(table)
+    gemm = fit_gemm(rows, thin=2, fixed=FIXED_FROM_DATASHEETS)
+    params = dataclasses.replace(fit_a100(table), gemm=gemm,
+                                 source="vidur-a100 (tile-and-wave GEMMs)")
+    ape = np.abs(predict_tiles(rows, gemm) / rows["time_s"].to_numpy(float) - 1) * 100
     payload = {
+        "command": "python -m simulator.calibrate",
         "params": params.to_json(),
         "report": {
+            "gemm_fit": {"rows": len(rows), "fitted_on": "every 2nd token count",
+                         "fixed": FIXED_FROM_DATASHEETS,
+                         "in_sample_median_ape_percent": float(np.median(ape)),
+                         "in_sample_p90_ape_percent": float(np.percentile(ape, 90)),
+                         "heldout": "python bench/cost_model.py (docs/cost_model.md)"},
             "hardware": A100.name,
             "data": "microsoft/vidur data/profiling/compute/a100/*/mlp.csv (commit 7d47513)",
             "models": sorted(table["model"].unique()),
-            "op_rows": int(len(table)),
+            "op_rows": len(table),
             "fitted_on": "all rows",
             "heldout_median_ape_percent": {
                 "interleaved": heldout_errors(table, "interleaved"),
@@ -288,7 +322,8 @@ def fit_cost_params_to_steps(hardware: HardwareSpec, model: ModelSpec,
     """Rescale `base` so that `CostModel(hardware, model).step_time_s` matches measured steps.
 
     Three numbers are fitted: a factor on every compute efficiency, one on every memory
-    efficiency (both capped so no efficiency exceeds 1) and the per-step overhead. The shape of
+    efficiency (both capped so no efficiency exceeds 1; the tile model's tensor and HBM
+    efficiencies included) and the per-step overhead. The shape of
     each op's curve stays that of `base` (priors for CPUs, the A100 fit for GPUs).
     """
     array = _steps_array(steps)
@@ -297,12 +332,8 @@ def fit_cost_params_to_steps(hardware: HardwareSpec, model: ModelSpec,
     groups = array[:, 3] if array.shape[1] == 4 else np.ones_like(q)
 
     def scaled(x: np.ndarray) -> CostParams:
-        families = {
-            name: dataclasses.replace(eff, compute_eff_max=min(eff.compute_eff_max * x[0], 1.0),
-                                      memory_eff=min(eff.memory_eff * x[1], 1.0))
-            for name, eff in base.families.items()
-        }
-        return dataclasses.replace(base, families=families, step_overhead_s=float(x[2]),
+        return dataclasses.replace(base.scaled(float(x[0]), float(x[1])),
+                                   step_overhead_s=float(x[2]),
                                    source=f"{base.source} fitted to {len(array)} steps")
 
     def residuals(x: np.ndarray) -> np.ndarray:
@@ -318,6 +349,10 @@ def fit_cost_params_to_steps(hardware: HardwareSpec, model: ModelSpec,
 
 def _main() -> None:
     payload = write_a100_calibration()
+    gemm = payload["report"]["gemm_fit"]
+    print(f"tile-and-wave GEMM fit ({gemm['rows']} rows): in-sample median APE "
+          f"{gemm['in_sample_median_ape_percent']:.1f}%, p90 {gemm['in_sample_p90_ape_percent']:.1f}%;"
+          f" params {payload['params']['gemm']}")
     report = payload["report"]["heldout_median_ape_percent"]
     print(f"A100 calibration ({payload['report']['op_rows']} op rows) written to "
           f"{CALIBRATION_PATH}")

@@ -17,6 +17,12 @@ numbers per op family (`OpEfficiency`) are priors from `HardwareSpec` or fitted 
 (norms, residual adds stay whole, as in the vidur data) and two ring all-reduces per layer are
 added.
 
+On a GPU with a chip layout in the catalog (`HardwareSpec.has_chip_layout`: SMs, clocks, L2,
+architecture), the GEMMs (`GEMM_OPS`: fused QKV, output projection, fused gate+up, down, and
+the lm_head) are timed instead by the tile-and-wave model of `simulator.gemm`, whose per-tile
+parameters (`CostParams.gemm`) are fitted once on the A100 data and serve every NVIDIA part
+(docs/cost_model.md). CPUs keep the roofline for every op.
+
 Attention is described by `num_tokens` query rows, `kv_tokens_read` (the sum over query rows of
 the KV slots each row can see, as the trace's `steps.parquet` records it) and `query_groups`, the
 number of independent streams the rows come in (1 for a prefill or one diffusion span, B for B
@@ -45,6 +51,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from simulator.gemm import GemmParams, KernelTimes, gemm_kernel
 from simulator.hardware import HARDWARE, HardwareSpec
 from simulator.models import ModelSpec
 
@@ -67,6 +74,10 @@ OP_FAMILY: dict[str, str] = {
 }
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(OP_FAMILY.values()))
 MATMUL_FAMILIES: tuple[str, ...] = ("qkv_proj", "o_proj", "up_proj", "down_proj")
+# The GEMMs the tile-and-wave model (simulator.gemm) times on GPUs with a chip layout.
+GEMM_OPS: tuple[str, ...] = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj",
+                             "lm_head")
+GEMM_TABLE_TOKENS = 8192  # integer token counts up to this are looked up in a per-model table
 RESIDUAL_ADDS_PER_LAYER = 2  # after attention and after the MLP (vidur times one of them)
 
 CALIBRATION_PATH = Path(__file__).parent / "data" / "a100_calibration.json"
@@ -100,6 +111,7 @@ class CostParams:
     step_overhead_s: float = 0.0  # per forward pass: host scheduling, sampling (fit from traces)
     interconnect_efficiency: float = 0.8  # unused since simulator.comm times the all-reduces (kept: old JSON)
     source: str = "prior"
+    gemm: GemmParams | None = None  # tile-and-wave GEMM model (GPUs); None: GEMMs use `families`
 
     def __post_init__(self) -> None:
         missing = [name for name in FAMILIES if name not in self.families]
@@ -123,7 +135,11 @@ class CostParams:
             0.6 * hardware.matmul_efficiency / 0.7, 128.0, hardware.memory_efficiency, 1.0)
         families["attention_decode"] = OpEfficiency(
             0.3, 1.0, hardware.memory_efficiency, 1.0)
-        return cls(families=families, source=f"prior({hardware.name})")
+        gemm = None
+        if hardware.has_chip_layout:
+            gemm = GemmParams(tensor_eff=hardware.matmul_efficiency / 0.8,
+                              memory_eff=hardware.memory_efficiency)
+        return cls(families=families, source=f"prior({hardware.name})", gemm=gemm)
 
     def scaled_to(self, hardware: HardwareSpec, reference: HardwareSpec) -> CostParams:
         """Carry efficiencies fitted on `reference` to `hardware` by the ratio of their priors.
@@ -141,12 +157,31 @@ class CostParams:
             )
             for name, eff in self.families.items()
         }
+        gemm = self.gemm
+        if gemm is not None:  # 1.0 between NVIDIA parts: one tile fit serves all of them
+            gemm = dataclasses.replace(
+                gemm, tensor_eff=min(gemm.tensor_eff * compute_ratio, 1.0),
+                memory_eff=min(gemm.memory_eff * memory_ratio, 1.0))
         return dataclasses.replace(
-            self, families=families, source=f"{self.source} carried to {hardware.name}")
+            self, families=families, gemm=gemm,
+            source=f"{self.source} carried to {hardware.name}")
+
+    def scaled(self, compute: float, memory: float) -> CostParams:
+        """Every compute and every memory efficiency times a factor (each capped at 1)."""
+        families = {
+            name: dataclasses.replace(eff, compute_eff_max=min(eff.compute_eff_max * compute, 1.0),
+                                      memory_eff=min(eff.memory_eff * memory, 1.0))
+            for name, eff in self.families.items()
+        }
+        gemm = self.gemm and dataclasses.replace(
+            self.gemm, tensor_eff=min(self.gemm.tensor_eff * compute, 1.0),
+            memory_eff=min(self.gemm.memory_eff * memory, 1.0))
+        return dataclasses.replace(self, families=families, gemm=gemm)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["families"] = {name: dataclasses.asdict(eff) for name, eff in self.families.items()}
+        data["gemm"] = None if self.gemm is None else self.gemm.to_json()
         return data
 
     @classmethod
@@ -154,6 +189,8 @@ class CostParams:
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {key: value for key, value in data.items() if key in known}
         kwargs["families"] = {name: OpEfficiency(**eff) for name, eff in data["families"].items()}
+        if kwargs.get("gemm") is not None:
+            kwargs["gemm"] = GemmParams.from_json(kwargs["gemm"])
         return cls(**kwargs)
 
 
@@ -210,6 +247,21 @@ def layer_work(model: ModelSpec, num_tokens: Number, tensor_parallel: int = 1) -
     return work
 
 
+def gemm_shapes(model: ModelSpec, tensor_parallel: int = 1) -> dict[str, tuple[float, float]]:
+    """(K, N) of each GEMM of one shard: (tokens x K) @ (K x N), as `layer_work` counts them."""
+    d = model.d_model
+    q = model.q_dim / tensor_parallel
+    kv = max(model.n_kv_heads // tensor_parallel, 1) * model.head_dim
+    ff = model.d_ff / tensor_parallel
+    return {
+        "attn_pre_proj": (d, q + 2 * kv),  # fused QKV
+        "attn_post_proj": (q, d),
+        "mlp_up_proj": (d, ff * (2 if model.gated_mlp else 1)),  # fused gate + up
+        "mlp_down_proj": (ff, d),
+        "lm_head": (d, model.vocab_size / tensor_parallel),
+    }
+
+
 def attention_work(model: ModelSpec, num_tokens: Number, kv_tokens_read: Number,
                    query_groups: Number, q_tile_tokens: int,
                    tensor_parallel: int = 1) -> Work:
@@ -256,6 +308,30 @@ def roofline_s(work: Work, tokens: Number, eff: OpEfficiency, hardware: Hardware
     return fixed_s, compute_s, memory_s
 
 
+@functools.lru_cache(maxsize=4096)
+def _gemm_table(hardware: HardwareSpec, params: GemmParams, k: float, n: float, dtype_bytes: int,
+                size: int) -> np.ndarray:
+    """GEMM seconds for M = 1..size (the replay asks for the same token counts over and over)."""
+    m = np.arange(1, size + 1, dtype=float)
+    table = gemm_kernel(m, k, n, hardware, params, dtype_bytes).time_s
+    table.flags.writeable = False
+    return table
+
+
+def gemm_time_lookup_s(m: Number, k: float, n: float, hardware: HardwareSpec,
+                       params: GemmParams, dtype_bytes: int) -> Number:
+    """`gemm_kernel(...).time_s`, from a cached table for whole token counts up to 8192."""
+    values = np.asarray(m, dtype=float)
+    top = float(values.max()) if values.size else 1.0
+    if top <= GEMM_TABLE_TOKENS and np.all(values == np.floor(values)) and np.all(values >= 1):
+        size = max(256, 1 << int(np.ceil(np.log2(top))))
+        table = _gemm_table(hardware, params, float(k), float(n), dtype_bytes, size)
+        if _is_array(m):
+            return table[values.astype(np.int64) - 1]
+        return float(table[int(m) - 1])
+    return gemm_kernel(m, k, n, hardware, params, dtype_bytes).time_s
+
+
 def op_time_s(work: Work, tokens: Number, eff: OpEfficiency, hardware: HardwareSpec,
               smooth_p: float) -> Number:
     """Seconds of one op: fixed cost + p-norm of the compute and memory times."""
@@ -286,6 +362,31 @@ class CostModel:
     def _eff(self, op: str) -> OpEfficiency:
         return self.params.families[OP_FAMILY[op]]
 
+    @property
+    def uses_tiles(self) -> bool:
+        """GEMMs timed by the tile-and-wave model (a GPU with a chip layout and GEMM params)."""
+        return self.params.gemm is not None and self.hardware.has_chip_layout
+
+    def gemm_kernel(self, op: str, num_tokens: Number) -> KernelTimes:
+        """The chosen kernel of GEMM `op` for `num_tokens` rows, with its terms (--explain)."""
+        k, n = gemm_shapes(self.model, self.tensor_parallel)[op]
+        return gemm_kernel(num_tokens, k, n, self.hardware, self.params.gemm,
+                           self.model.dtype_bytes)
+
+    def _op_s(self, op: str, work: Work, tokens: Number) -> Number:
+        """Seconds of one layer/pass op: the tile model for GEMMs where it applies."""
+        if op in GEMM_OPS and self.uses_tiles:
+            k, n = gemm_shapes(self.model, self.tensor_parallel)[op]
+            gemm_s = gemm_time_lookup_s(tokens, k, n, self.hardware, self.params.gemm,
+                                        self.model.dtype_bytes)
+            if op == "lm_head":  # plus the final norm over the logit rows
+                d, b = self.model.d_model, self.model.dtype_bytes
+                norm = (5 * tokens * d, b * (2 * tokens * d + d), 1.0)
+                gemm_s = gemm_s + op_time_s(norm, tokens, self.params.families["norm"],
+                                            self.hardware, self.params.smooth_p)
+            return gemm_s
+        return op_time_s(work, tokens, self._eff(op), self.hardware, self.params.smooth_p)
+
     def _all_reduce_s(self, num_tokens: Number) -> Number:
         """Two all-reduces of the (n, d_model) activations per layer (Megatron-LM), timed by the
         calibrated collectives model (`simulator.comm`) on the part's links and topology."""
@@ -298,9 +399,8 @@ class CostModel:
                    query_groups: Number = 1) -> dict[str, Number]:
         """Seconds of each op in ONE layer (plus `all_reduce` when tensor_parallel > 1)."""
         num_tokens, kv_tokens_read, query_groups = _check(num_tokens, kv_tokens_read, query_groups)
-        p = self.params
         times = {
-            op: op_time_s(work, num_tokens, self._eff(op), self.hardware, p.smooth_p)
+            op: self._op_s(op, work, num_tokens)
             for op, work in layer_work(self.model, num_tokens, self.tensor_parallel).items()
         }
         is_decode = num_tokens <= query_groups
@@ -322,8 +422,7 @@ class CostModel:
         """Seconds of the once-per-pass ops: emb, lm_head, step_overhead."""
         logit_tokens = num_tokens if logit_tokens is None else logit_tokens
         times = {
-            op: op_time_s(work, num_tokens if op == "emb" else logit_tokens, self._eff(op),
-                          self.hardware, self.params.smooth_p)
+            op: self._op_s(op, work, num_tokens if op == "emb" else logit_tokens)
             for op, work in pass_work(self.model, num_tokens, logit_tokens,
                                       self.tensor_parallel).items()
         }
@@ -338,8 +437,12 @@ class CostModel:
                                         self.params.q_tile_tokens, self.tensor_parallel)
         compute_s = memory_s = 0.0
         for op, work in works.items():
-            _, op_compute_s, op_memory_s = roofline_s(work, num_tokens, self._eff(op),
-                                                      self.hardware)
+            if op in GEMM_OPS and self.uses_tiles:
+                kernel = self.gemm_kernel(op, num_tokens)
+                op_compute_s, op_memory_s = kernel.compute_s, kernel.memory_s
+            else:
+                _, op_compute_s, op_memory_s = roofline_s(work, num_tokens, self._eff(op),
+                                                          self.hardware)
             compute_s += float(op_compute_s)
             memory_s += float(op_memory_s)
         return "compute" if compute_s > memory_s else "memory"
@@ -354,11 +457,9 @@ class CostModel:
 
     def _dense_time_s(self, num_tokens: Number, logit_tokens: Number) -> Number:
         """All layers' non-attention ops + all-reduces + per-pass ops, in seconds."""
-        p = self.params
         per_layer = 0.0
         for op, work in layer_work(self.model, num_tokens, self.tensor_parallel).items():
-            per_layer = per_layer + op_time_s(work, num_tokens, self._eff(op), self.hardware,
-                                              p.smooth_p)
+            per_layer = per_layer + self._op_s(op, work, num_tokens)
         if self.tensor_parallel > 1:
             per_layer = per_layer + self._all_reduce_s(num_tokens)
         per_pass = sum(self.pass_op_times_s(num_tokens, logit_tokens).values())

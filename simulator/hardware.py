@@ -16,6 +16,10 @@ Conventions:
 - Bandwidths are decimal (1 GB/s = 1e9 B/s), as vendors state them.
 - `hbm_capacity_bytes` reads datasheet "GB" as GiB: HBM/GDDR stacks come in binary sizes (the
   driver reports an A100 40GB as 40960 MiB). The driver reserves a little of it.
+- The chip layout of each GPU (`num_sms`, tensor FLOP per SM-clock, boost and sustained clocks,
+  L2, GEMM kernel family; the `_CHIP` block, each entry with its source) drives the
+  tile-and-wave GEMM model (`simulator.gemm`). The part's peak = SMs x FLOP per SM-clock x
+  sustained clock, so `override(..., num_sms=...)` scales it.
 - `interconnect_bytes_per_s` is the datasheet GPU-to-GPU figure, which for NVLink/Infinity Fabric
   is the bidirectional aggregate per GPU; collectives see about half of it in each direction.
 
@@ -54,6 +58,7 @@ class HardwareSpec:
     boost_clock_hz: float | None = None  # the part's maximum SM clock
     sustained_clock_hz: float | None = None  # the clock its tensor peak is rated at (see _CHIP)
     l2_bytes: int | None = None  # last-level on-chip cache shared by all SMs
+    arch: str | None = None  # GEMM kernel family: its tile shapes (simulator.gemm.TILES)
     # ---- interconnect and price (simulator/comm.py, simulator/cluster/; see _LINKS below) ----
     nvlink_generation: int | None = None  # None: no NVLink / Infinity Fabric between GPUs
     pcie_generation: int = 4
@@ -99,7 +104,9 @@ _POSITIVE_FIELDS = (
 _NON_NEGATIVE_FIELDS = ("interconnect_latency_s", "launch_overhead_s")
 _FRACTION_FIELDS = ("matmul_efficiency", "memory_efficiency")
 CHIP_FIELDS = ("num_sms", "tensor_flops_per_sm_per_clock", "boost_clock_hz",
-               "sustained_clock_hz", "l2_bytes")
+               "sustained_clock_hz", "l2_bytes", "arch")
+_CHIP_NUMBERS = CHIP_FIELDS[:-1]
+ARCHES = ("ampere", "ada", "hopper", "blackwell", "cdna3")
 
 
 def _validate(spec: HardwareSpec) -> None:
@@ -118,11 +125,14 @@ def _validate(spec: HardwareSpec) -> None:
         value = getattr(spec, field)
         if not isinstance(value, (int, float)) or not 0 < value <= 1:
             raise ValueError(f"hardware {spec.name!r}: {field} must be in (0, 1], got {value!r}")
-    for field in CHIP_FIELDS:
+    for field in _CHIP_NUMBERS:
         value = getattr(spec, field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not value > 0):
             raise ValueError(f"hardware {spec.name!r}: {field} must be > 0, got {value!r}")
+    if spec.arch is not None and spec.arch not in ARCHES:
+        raise ValueError(f"hardware {spec.name!r}: arch must be one of {', '.join(ARCHES)}, "
+                         f"got {spec.arch!r}")
     if spec.num_sms is not None and not float(spec.num_sms).is_integer():
         raise ValueError(f"hardware {spec.name!r}: num_sms must be a whole number, "
                          f"got {spec.num_sms!r}")
@@ -243,52 +253,53 @@ HARDWARE: dict[str, HardwareSpec] = {
 }
 
 # ---- chip layout of each GPU (the GEMM model's fields; kept apart from the table above) -------
-# (num_sms, tensor FLOP per SM per clock, boost clock, sustained clock, L2 bytes). The sustained
+# (arch, num_sms, tensor FLOP per SM per clock, boost clock, sustained clock, L2 bytes). The sustained
 # clock is the one the vendor rates the dense tensor peak at: peak / (SMs x FLOP per SM-clock),
 # so the part's peak is derived from these fields. On Hopper and Blackwell it sits below the
 # maximum boost clock; under sustained GEMM load power limits can pull the clock lower still
 # (docs/cost_model.md). MIB = 2**20: vendors give cache sizes in binary MB.
 MIB = 2**20
-_CHIP: dict[str, tuple[int, float, float, float, int]] = {
+_CHIP: dict[str, tuple[str, int, float, float, float, int]] = {
     # NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), tables 1 and 3: 108 SMs, 4
     # third-generation tensor cores per SM x 256 FP16 FMA/clock = 2,048 FLOP per SM-clock,
     # boost 1,410 MHz (312 TFLOP/s = 108 x 2,048 x 1.41 GHz), 40 MB L2 (both memory sizes).
-    "a100-40g": (108, 2048.0, 1.41e9, 1.41e9, 40 * MIB),
-    "a100-80g": (108, 2048.0, 1.41e9, 1.41e9, 40 * MIB),
+    "a100-40g": ("ampere", 108, 2048.0, 1.41e9, 1.41e9, 40 * MIB),
+    "a100-80g": ("ampere", 108, 2048.0, 1.41e9, 1.41e9, 40 * MIB),
     # NVIDIA Ampere GA102 GPU Architecture whitepaper (2020): GA102 tensor cores do 128 dense
     # FP16 FMA/clock each, 4 per SM = 1,024 FLOP per SM-clock, 6,144 KB L2. A10 datasheet: 72
     # SMs (9,216 CUDA cores / 128), boost 1,695 MHz (72 x 1,024 x 1.695 GHz = 125 TFLOP/s).
-    "a10": (72, 1024.0, 1.695e9, 1.695e9, 6 * MIB),
+    "a10": ("ampere", 72, 1024.0, 1.695e9, 1.695e9, 6 * MIB),
     # A40 datasheet: 84 SMs (10,752 CUDA cores / 128), boost 1,740 MHz (149.7 TFLOP/s).
-    "a40": (84, 1024.0, 1.74e9, 1.74e9, 6 * MIB),
+    "a40": ("ampere", 84, 1024.0, 1.74e9, 1.74e9, 6 * MIB),
     # NVIDIA Ada GPU Architecture whitepaper (2022): Ada tensor cores, 1,024 dense FP16 FLOP per
     # SM-clock with FP32 accumulate on the professional parts. L4 (AD104) datasheet: 58 SMs
     # (7,424 CUDA cores / 128), boost 2,040 MHz (121 TFLOP/s), 48 MB L2.
-    "l4": (58, 1024.0, 2.04e9, 2.04e9, 48 * MIB),
+    "l4": ("ada", 58, 1024.0, 2.04e9, 2.04e9, 48 * MIB),
     # L40S (AD102) datasheet: 142 SMs (18,176 CUDA cores / 128), boost 2,520 MHz, 96 MB L2; its
     # 362.05 TFLOP/s dense peak is rated at 362.05e12 / (142 x 1,024) = 2.49 GHz.
-    "l40s": (142, 1024.0, 2.52e9, 362.05e12 / (142 * 1024), 96 * MIB),
+    "l40s": ("ada", 142, 1024.0, 2.52e9, 362.05e12 / (142 * 1024), 96 * MIB),
     # NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): 4 fourth-generation tensor
     # cores per SM, 2x A100's FMA rate per SM-clock = 4,096 FLOP; 50 MB L2. H100 SXM5: 132 SMs,
     # max boost 1,980 MHz; the 989.4 TFLOP/s peak is rated at 989.4e12 / (132 x 4,096) = 1.83 GHz.
-    "h100-sxm": (132, 4096.0, 1.98e9, 989.4e12 / (132 * 4096), 50 * MIB),
-    # H100 PCIe: 114 SMs, max boost 1,755 MHz; 756 TFLOP/s rated at 756e12 / (114 x 4,096).
-    "h100-pcie": (114, 4096.0, 1.755e9, 756e12 / (114 * 4096), 50 * MIB),
+    "h100-sxm": ("hopper", 132, 4096.0, 1.98e9, 989.4e12 / (132 * 4096), 50 * MIB),
+    # H100 datasheet (PCIe) and the Hopper whitepaper: 114 SMs, max boost 1,755 MHz, 50 MB L2;
+    # 756 TFLOP/s rated at 756e12 / (114 x 4,096).
+    "h100-pcie": ("hopper", 114, 4096.0, 1.755e9, 756e12 / (114 * 4096), 50 * MIB),
     # H200 datasheet: the H100 SXM5 die (132 SMs, 50 MB L2) with HBM3e; same clocks and peak.
-    "h200": (132, 4096.0, 1.98e9, 989.4e12 / (132 * 4096), 50 * MIB),
+    "h200": ("hopper", 132, 4096.0, 1.98e9, 989.4e12 / (132 * 4096), 50 * MIB),
     # NVIDIA Blackwell architecture technical brief (2024): fifth-generation tensor cores, 2x
     # Hopper's dense FP16 rate per SM-clock (8,192 FLOP). B200: 148 SMs over its two dies and
     # 126 MB L2 (as CUDA's deviceQuery reports them; NVIDIA publishes neither in the datasheet),
     # boost 1,965 MHz; 2.25 PFLOP/s rated at 2.25e15 / (148 x 8,192) = 1.86 GHz.
-    "b200": (148, 8192.0, 1.965e9, 2.25e15 / (148 * 8192), 126 * MIB),
+    "b200": ("blackwell", 148, 8192.0, 1.965e9, 2.25e15 / (148 * 8192), 126 * MIB),
     # AMD CDNA 3 architecture whitepaper (2023) and MI300X datasheet: 304 compute units, 2,048
     # dense FP16/BF16 matrix FLOP per CU-clock, peak engine clock 2,100 MHz (1,307.4 TFLOP/s),
     # 4 MB L2 per XCD x 8 = 32 MB (the 256 MB Infinity Cache behind it is not counted here).
-    "mi300x": (304, 2048.0, 2.1e9, 2.1e9, 32 * MIB),
+    "mi300x": ("cdna3", 304, 2048.0, 2.1e9, 2.1e9, 32 * MIB),
 }
-for _name, (_sms, _per_clock, _boost, _sustained, _l2) in _CHIP.items():
+for _name, (_arch, _sms, _per_clock, _boost, _sustained, _l2) in _CHIP.items():
     HARDWARE[_name] = dataclasses.replace(
-        HARDWARE[_name], num_sms=_sms, tensor_flops_per_sm_per_clock=_per_clock,
+        HARDWARE[_name], arch=_arch, num_sms=_sms, tensor_flops_per_sm_per_clock=_per_clock,
         boost_clock_hz=_boost, sustained_clock_hz=_sustained, l2_bytes=_l2)
 
 
@@ -408,8 +419,10 @@ def host_cpu_spec(cores: int | None = None) -> HardwareSpec:
 
 if __name__ == "__main__":
     for spec in HARDWARE.values():
+        chip = (f" {spec.num_sms:4d} SMs {spec.sustained_clock_hz / 1e9:.2f} GHz "
+                f"L2 {spec.l2_bytes / MIB:4.0f} MiB" if spec.has_chip_layout else "")
         print(
             f"{spec.name:10s} {spec.peak_flops_per_s / 1e12:8.1f} TFLOP/s "
             f"{spec.hbm_bytes_per_s / 1e12:6.3f} TB/s {spec.hbm_capacity_bytes / GIB:6.0f} GiB "
-            f"ridge {spec.ridge_flops_per_byte:6.1f} FLOP/B  ({spec.source})"
+            f"ridge {spec.ridge_flops_per_byte:6.1f} FLOP/B{chip}  ({spec.source})"
         )

@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.errors import UnknownName
+from profiler.errors import TraceMetaError, UnknownName
 
 
 @dataclass(frozen=True)
@@ -106,29 +106,35 @@ class ModelSpec:
 
         Required keys: name, n_layers, d_model, n_heads, n_kv_heads, d_ff, vocab_size,
         dtype_bytes. Optional: gated_mlp, tied_embeddings, parallel_attn_mlp, head_dim. Missing
-        keys raise ValueError naming them.
+        keys, non-integer sizes or impossible shapes raise TraceMetaError (a ValueError) naming them.
         """
         model = meta.get("model", meta) if isinstance(meta, dict) else meta
         if not isinstance(model, dict):
-            raise ValueError(f"trace meta 'model' must be a dict, got {type(model).__name__}")
+            raise TraceMetaError(f"trace meta 'model' must be a dict, got {type(model).__name__}")
         required = ("name", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff",
                     "vocab_size", "dtype_bytes")
         missing = [key for key in required if key not in model]
         if missing:
-            raise ValueError(f"trace meta 'model' lacks {', '.join(missing)}")
+            raise TraceMetaError(f"trace meta 'model' lacks {', '.join(missing)}")
+        wrong = [key for key in required[1:] if isinstance(model[key], bool) or not isinstance(model[key], int)]
+        if wrong:
+            raise TraceMetaError(f"trace meta 'model': {', '.join(wrong)} must be integers")
         optional: dict[str, Any] = {
             key: model[key]
             for key in ("gated_mlp", "tied_embeddings", "parallel_attn_mlp")
             if key in model
         }
-        head_dim = model.get("head_dim")
-        if head_dim is not None and int(head_dim) * int(model["n_heads"]) != int(model["d_model"]):
-            optional["head_dim_override"] = int(head_dim)
-        return cls(
-            name=str(model["name"]),
-            **{key: int(model[key]) for key in required[1:]},
-            **optional,
-        )
+        try:
+            head_dim = model.get("head_dim")
+            if head_dim is not None and int(head_dim) * int(model["n_heads"]) != int(model["d_model"]):
+                optional["head_dim_override"] = int(head_dim)
+            return cls(
+                name=str(model["name"]),
+                **{key: int(model[key]) for key in required[1:]},
+                **optional,
+            )
+        except (TypeError, ValueError, OverflowError) as e:
+            raise TraceMetaError(f"trace meta 'model': {e}") from None
 
 
 # Each preset from the model's Hugging Face config.json (fields: num_hidden_layers, hidden_size,
@@ -168,6 +174,20 @@ MODELS: dict[str, ModelSpec] = {
     # Dream-org/Dream-v0-Base-7B is a masked-diffusion LM initialised from Qwen2.5-7B with the
     # same config (bidirectional attention changes the mask, not the shapes).
     "dream-7b": dataclasses.replace(_QWEN25_7B, name="dream-7b"),
+    "codellama-34b": ModelSpec(  # codellama/CodeLlama-34b-hf: GQA with 8 KV heads
+        "codellama-34b", n_layers=48, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=22016,
+        vocab_size=32000,
+    ),
+    "internlm-20b": ModelSpec(  # internlm/internlm-20b: multi-head attention (40 KV heads)
+        "internlm-20b", n_layers=60, d_model=5120, n_heads=40, n_kv_heads=40, d_ff=13824,
+        vocab_size=103168,
+    ),
+    # Qwen/Qwen-72B: QKV bias (not counted); its config.json lists intermediate_size 49152 for
+    # the gate and up projections together, i.e. 24,576 per projection.
+    "qwen-72b": ModelSpec(
+        "qwen-72b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=64, d_ff=24576,
+        vocab_size=152064,
+    ),
     # microsoft/phi-2: not gated (fc1 -> gelu_new -> fc2), LayerNorm, and attention and MLP run
     # in parallel on one normed input (one norm per layer); partial rotary (40% of head_dim);
     # separate lm_head.

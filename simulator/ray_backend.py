@@ -15,8 +15,9 @@ run tasks, and tears everything down on exit (also on SIGTERM/Ctrl-C, through `f
   /tmp/ray/session_*) and usage statistics are off. Ray's own token authentication stays as Ray
   sets it up (on by default in 2.60, with its per-user token in ~/.ray/auth_token).
 - Existing cluster (`address`): the address is probed with a TCP connect first (5 s), so a wrong
-  address is one line, not Ray's retry loop (12 minutes at its defaults); a port that accepts but
-  is not a GCS fails after one attempt (about 40 s) instead of twenty.
+  address is one line, not Ray's connect loop (20 attempts of about half a minute each at its
+  defaults; RAY_gcs_server_port_wait_time_s); a port that accepts but is not a GCS fails after
+  one attempt (set to 1 here unless the environment sets it).
 
     with ray_session(None, workers=2) as ray:
         print(ray.get(ray.remote(lambda: 1).remote()))
@@ -30,6 +31,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -105,6 +107,41 @@ def warn_non_loopback() -> list[tuple[int, str, str, int]]:
     return exposed
 
 
+# A SIGKILLed driver runs no `finally`: Ray's gcs_server, raylet and workers then die with it
+# (Ray's own fate sharing), but its dashboard and runtime-env agents outlived it (over a minute) in
+# Ray 2.60, and the session folder stayed. This watchdog, a sibling process, notes the driver's
+# descendants every half second; when the driver is gone it stops them and removes the folder.
+# On a normal exit the driver cleans up itself and ends the watchdog. It ignores Ctrl-C (sent to
+# the whole terminal group) so that it is still there if the driver dies of it.
+WATCHDOG = """
+import os, shutil, signal, sys, time
+import psutil
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+driver, folder = psutil.Process(int(sys.argv[1])), sys.argv[2]
+seen = {}
+while True:
+    try:
+        if not driver.is_running() or driver.status() == psutil.STATUS_ZOMBIE:
+            break
+        seen.update({c.pid: c for c in driver.children(recursive=True) if c.pid != os.getpid()})
+    except psutil.Error:
+        break
+    time.sleep(0.5)
+procs = [p for p in seen.values() if p.is_running()]
+for p in procs:
+    try:
+        p.terminate()
+    except psutil.Error:
+        pass
+for p in psutil.wait_procs(procs, timeout=5)[1]:
+    try:
+        p.kill()
+    except psutil.Error:
+        pass
+shutil.rmtree(folder, ignore_errors=True)
+"""
+
+
 @contextlib.contextmanager
 def _environ(values: dict[str, str]) -> Iterator[None]:
     old = {k: os.environ.get(k) for k in values}
@@ -162,6 +199,7 @@ def _caller_signal_handlers() -> Iterator[None]:
 @contextlib.contextmanager
 def _local(workers: int) -> Iterator[Any]:
     tmp = tempfile.mkdtemp(prefix="solm-ray-")
+    watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), tmp], stdin=subprocess.DEVNULL)
     try:
         with _environ(LOCAL_ENV), _loopback_node() as ray:
             with _caller_signal_handlers():
@@ -175,6 +213,8 @@ def _local(workers: int) -> Iterator[Any]:
                 ray.shutdown()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        watchdog.terminate()
+        watchdog.wait()
 
 
 @contextlib.contextmanager

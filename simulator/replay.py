@@ -34,11 +34,18 @@ import simpy
 
 from profiler.errors import UsageError
 from scheduling import get_scheduler
+from scheduling.base import RESERVE_MODES
+from simulator.demand import PREFILL, Demand, next_demand
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
+from simulator.slo import check_slo
 from simulator.workload import Workload
 
 MAX_STRETCH_PASSES = 1024  # passes planned at once (bounds the requests x passes gather)
+# slower than one request a day, arrival times grow so large that float64 loses the microseconds
+# latencies are made of (at 1e-300 requests/s every latency read 0.0 ms)
+MIN_RATE = 1e-5
+MAX_REQUESTS = 1_000_000  # replayed requests: their pass arrays stay within a few GiB
 SCALAR_COST_BELOW = 48  # fewer passes than this: cost them one by one (cached scalar path)
 
 
@@ -55,7 +62,12 @@ class ReplayConfig:
     concurrency: int | None = None  # closed loop: C clients, each sends its next when one finishes
     num_requests: int | None = None  # None: the workload's; more or fewer: cycle through it
     scheduler: str = "fcfs"
+    chunked_prefill: bool = True  # vLLM's default: prompt prefills split to fit max_batch_tokens
+    reserve: str = "current"  # admit by the next pass's pages (vLLM); "peak": reserve each request's peak
+    sjf_oracle: bool = False  # SJF ranks by the passes each request has left (the future) instead of max_tokens
     seed: int = 0
+    slo_ttft_ms: float | None = None  # goodput objectives (simulator/slo.py); None: not computed
+    slo_tpot_ms: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_seqs", "max_batch_tokens", "block_size"):
@@ -66,14 +78,17 @@ class ReplayConfig:
             raise UsageError(f"memory utilization must be in (0, 1], got {self.memory_utilization!r}")
         if self.kv_capacity_bytes is not None and not self.kv_capacity_bytes > 0:
             raise UsageError(f"KV capacity must be > 0 bytes, got {self.kv_capacity_bytes!r}")
-        if self.rate is not None and not (self.rate > 0):  # also refuses NaN
-            raise UsageError(f"rate must be > 0 requests/s (or inf), got {self.rate!r}")
+        if self.rate is not None and not (self.rate >= MIN_RATE):  # also refuses NaN
+            raise UsageError(f"rate must be > 0 requests/s, at least {MIN_RATE:g} (or inf), got {self.rate!r}")
         if self.concurrency is not None and (not isinstance(self.concurrency, (int, np.integer)) or self.concurrency < 1):
             raise UsageError(f"concurrency must be a positive integer, got {self.concurrency!r}")
         if self.rate is not None and self.concurrency is not None:
             raise UsageError("give a rate or a concurrency, not both")
-        if self.num_requests is not None and self.num_requests < 1:
-            raise UsageError(f"num-requests must be >= 1, got {self.num_requests!r}")
+        if self.num_requests is not None and not 1 <= self.num_requests <= MAX_REQUESTS:
+            raise UsageError(f"num-requests must be in 1..{MAX_REQUESTS}, got {self.num_requests!r}")
+        if self.reserve not in RESERVE_MODES:
+            raise UsageError(f"reserve must be one of {', '.join(RESERVE_MODES)}, got {self.reserve!r}")
+        check_slo(self.slo_ttft_ms, self.slo_tpot_ms)
         get_scheduler(self.scheduler)  # KeyError listing the policies
 
     @property
@@ -82,6 +97,10 @@ class ReplayConfig:
 
     def describe(self) -> dict:
         return {**asdict(self), "arrival": self.arrival, "rate": None if self.rate is None else float(self.rate)}
+
+    def make_scheduler(self):
+        return get_scheduler(self.scheduler)(self.max_seqs, self.max_batch_tokens, chunked_prefill=self.chunked_prefill,
+                                             reserve=self.reserve, oracle=self.sjf_oracle)
 
 
 def kv_capacity_bytes(hardware: HardwareSpec, model: ModelSpec, config: ReplayConfig) -> int:
@@ -103,10 +122,10 @@ class Stretch:
 
     requests: np.ndarray  # (R,) request positions in the batch
     first_pass: np.ndarray  # (R,) flat workload index of each request's first pass in the stretch
-    rebuild: np.ndarray  # (R,) bool: this (single) pass re-prefills the request's KV (recompute)
     starts_s: np.ndarray  # (m,) start of each pass
     durations_s: np.ndarray  # (m,)
     first_batch: int  # global index of the stretch's first pass
+    demand: Demand | None = None  # a single pass whose rows are not the workload's (a chunk, a recompute)
 
 
 class Device:
@@ -136,7 +155,6 @@ class KVPool:
         if self.capacity_blocks < 1:
             raise UsageError(f"KV pool of {capacity_bytes} bytes holds no {block_size}-token block "
                              f"({self.bytes_per_block} bytes)")
-        self.used_blocks = 0
         self.peak_blocks = 0
 
     def note(self, blocks_per_pass: np.ndarray | int) -> None:
@@ -160,7 +178,9 @@ def closed_loop_client(env: simpy.Environment, sim: Replay, queue: deque):
 
 
 class Replay:
-    """One simulation: state arrays per request, the SimPy actors, the stretch planner."""
+    """One simulation: state arrays per request, the SimPy actors, the stretch planner.
+
+    Implements `scheduling.ServingState`, so the shared scheduler forms every batch."""
 
     def __init__(self, workload: Workload, cost, model: ModelSpec, hardware: HardwareSpec,
                  config: ReplayConfig) -> None:
@@ -170,12 +190,15 @@ class Replay:
         self.device = Device(self.env)
         self.capacity_bytes = kv_capacity_bytes(hardware, model, config)
         self.pool = KVPool(self.capacity_bytes, config.block_size, model.kv_bytes_per_token)
-        self.scheduler = get_scheduler(config.scheduler)(config.max_seqs, config.max_batch_tokens)
+        self.scheduler = config.make_scheduler()
         bs = config.block_size
         self.blocks = -(-workload.alloc_kv_tokens // bs)  # (P,) blocks held after each pass
+        self.peak_blocks = -(-workload.peak_alloc_tokens() // bs)  # (R,)
         self.off, self.npass = workload.offsets[:-1], workload.n_passes
         self.ptr = np.zeros(n, np.int64)  # passes done
-        self.recompute = np.zeros(n, bool)  # preempted: KV must be rebuilt before the next pass
+        self.chunk_done = np.zeros(n, np.int64)  # tokens of the current pass computed by earlier chunks
+        self.recompute = np.zeros(n, bool)  # preempted: the next pass re-prefills the KV it lost
+        self.redo = np.zeros(n, np.int64)  # tokens at the start of the current pass computed before and lost
         self.arrival_s = np.full(n, np.nan)
         self.start_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
@@ -208,6 +231,14 @@ class Replay:
     def pool_capacity_blocks(self) -> int:
         return self.pool.capacity_blocks
 
+    def next_tokens_and_blocks(self, rs, limit=None) -> tuple[np.ndarray, np.ndarray]:
+        d = next_demand(self, rs, limit)
+        return d.query, d.blocks
+
+    def peak_blocks_of(self, rs) -> np.ndarray:
+        """The trace's own peak pages of each request: the simulator's future knowledge (reserve="peak")."""
+        return self.peak_blocks[np.asarray(rs, np.int64)]
+
     def arrival_of(self, rs) -> np.ndarray:
         return self.arrival_s[np.asarray(rs, np.int64)]
 
@@ -223,26 +254,6 @@ class Replay:
     def remaining_passes(self, rs) -> np.ndarray:
         rs = np.asarray(rs, np.int64)
         return self.npass[rs] - self.ptr[rs]
-
-    # ---- demands -----------------------------------------------------------------------
-    def next_demand(self, rs) -> tuple[np.ndarray, ...]:
-        """(query, kv read, groups, logit rows, blocks after) of each request's next pass."""
-        rs = np.asarray(rs, np.int64)
-        w, idx = self.w, self.off[rs] + self.ptr[rs]
-        rc = self.recompute[rs]
-        if not rc.any():
-            return w.query_tokens[idx], w.kv_tokens_read[idx], w.query_groups[idx], w.logit_tokens[idx], self.blocks[idx]
-        q, kv, g, lg, b = (a[np.minimum(idx, len(a) - 1)].copy() for a in (w.query_tokens, w.kv_tokens_read,
-                                                                            w.query_groups, w.logit_tokens, self.blocks))
-        prev = idx[rc] - 1  # rebuild the live KV of the last pass done, as one causal prefill
-        q[rc] = np.maximum(w.live_kv_tokens[prev], 1)
-        # readmitted only when its next real pass fits too, so it does not thrash (rebuild, evict, rebuild)
-        kv[rc], g[rc], lg[rc], b[rc] = q[rc] * (q[rc] + 1) // 2, 1, 1, np.maximum(self.blocks[prev], self.blocks[idx[rc]])
-        return q, kv, g, lg, b
-
-    def next_tokens_and_blocks(self, rs) -> tuple[np.ndarray, np.ndarray]:
-        q, _, _, _, b = self.next_demand(rs)
-        return q, b
 
     # ---- request lifecycle ------------------------------------------------------------
     def pull_arrivals(self, upto: float) -> None:
@@ -273,14 +284,18 @@ class Replay:
         if self.npass[r] == 0:
             return f"source request has no forward passes (status {w.status[r]!r} in the source trace)"
         lo, hi = self.off[r], self.off[r] + self.npass[r]
-        peak = int(self.blocks[lo:hi].max())
+        peak = int(self.peak_blocks[r])
         if peak > self.pool.capacity_blocks:
             b = self.pool.bytes_per_block
             return (f"needs {peak * b} KV bytes ({peak * cfg.block_size} tokens) at its peak, more than the whole "
                     f"pool: {self.pool.capacity_blocks * b} bytes on {self.hardware.name} with {self.model.name}")
-        widest = int(w.query_tokens[lo:hi].max())
+        q = w.query_tokens[lo:hi]
+        if cfg.chunked_prefill:  # prefills are split to fit; other passes are not
+            q = q[w.phase[lo:hi] != PREFILL]
+        widest = int(q.max()) if len(q) else 0
         if widest > cfg.max_batch_tokens:
-            return f"a pass of {widest} query tokens exceeds max-batch-tokens {cfg.max_batch_tokens} (prefill is not chunked)"
+            what = "prefill is not chunked" if not cfg.chunked_prefill else "only prefills are chunked"
+            return f"a pass of {widest} query tokens exceeds max-batch-tokens {cfg.max_batch_tokens} ({what})"
         return ""
 
     def admit(self, r: int) -> None:
@@ -294,6 +309,9 @@ class Replay:
         self.running.remove(r)
         self.waiting.appendleft(r)
         self.recompute[r] = self.ptr[r] > 0
+        live = self.w.live_kv_tokens[self.off[r] + self.ptr[r] - 1] if self.ptr[r] > 0 else 0
+        self.redo[r] = max(self.redo[r], live, self.chunk_done[r])  # all of it is computed again
+        self.chunk_done[r] = 0  # a half-done prefill is lost with its pages
         self.preemptions[r] += 1
         self.events.append((r, "preempt", float(self.env.now)))
 
@@ -302,21 +320,24 @@ class Replay:
         self.n_done += 1
         if self.done:
             self.done[r].succeed()
+        if self._wakeup is not None and not self._wakeup.triggered:  # an idle engine sees the last one end
+            self._wakeup.succeed()
 
     # ---- the engine ------------------------------------------------------------------
     def engine(self):
         env = self.env
         while self.n_done < self.w.n_requests:
             self.pull_arrivals(upto=env.now)
-            running = self.scheduler.schedule(self)
-            if not running:
+            batch = self.scheduler.schedule(self)
+            if not batch:
+                if self.running:
+                    raise RuntimeError(f"scheduler returned an empty batch with {len(self.running)} running (a bug)")
                 self._wakeup = env.event()
                 yield self._wakeup
                 continue
-            R, idx0, rc, durations = self.plan(np.asarray(running, np.int64))
-            starts = env.now + np.concatenate([[0.0], np.cumsum(durations[:-1])])
-            yield env.process(self.device.run(float(np.sum(durations)), len(durations)))
-            self.commit(R, idx0, rc, starts, durations)
+            stretch = self.plan(batch)
+            yield env.process(self.device.run(float(np.sum(stretch.durations_s)), len(stretch.durations_s)))
+            self.commit(stretch)
             yield env.timeout(0)  # closed-loop clients of finished requests send their next first
 
     def _pass_times(self, q, kv, g, lg) -> np.ndarray:
@@ -329,56 +350,85 @@ class Replay:
             out[on] = step(q[on].astype(float), kv[on].astype(float), g[on].astype(float), lg[on].astype(float))
         return out
 
-    def plan(self, R: np.ndarray):
-        """The longest stretch of passes the batch R runs before the scheduler could decide otherwise."""
-        cap, cfg = self.pool_capacity_blocks, self.config
-        if self.recompute[R].any():  # a rebuild pass: one pass, then back to the normal plan
-            q, kv, g, lg, b = self.next_demand(R)
-            self.pool.note(b.sum())
-            return R, self.off[R] + self.ptr[R] - self.recompute[R], self.recompute[R].copy(), self._pass_times(
-                [q.sum()], [kv.sum()], [g.sum()], [lg.sum()])
+    def _stretch(self, R, idx0, durations, demand=None) -> Stretch:
+        starts = self.env.now + np.concatenate([[0.0], np.cumsum(durations[:-1])])
+        return Stretch(R, idx0, starts, np.asarray(durations, float), self.n_pass, demand)
+
+    def plan(self, batch: dict[int, int]) -> Stretch:
+        """The longest stretch of passes the batch runs before the scheduler could decide otherwise."""
+        R = np.fromiter(batch, np.int64, len(batch))
+        d = next_demand(self, R, np.fromiter(batch.values(), np.int64, len(batch)))
+        if (len(R) < len(self.running) or self.recompute[R].any() or self.chunk_done[R].any() or self.redo[R].any()
+                or not d.final.all()):  # a chunk, a recompute or a request sitting out: one pass
+            self.pool.note(d.blocks.sum())
+            return self._stretch(R, d.flat, self._pass_times([d.query.sum()], [d.kv_read.sum()], [d.groups.sum()],
+                                                             [d.logits.sum()]), d)
+        m, q, blocks, idx = self._stretch_length(R)
         w = self.w
-        idx0 = self.off[R] + self.ptr[R]
-        m = int(min(self.remaining_passes(R).min(), MAX_STRETCH_PASSES))
-        idx = idx0[:, None] + np.arange(m)[None, :]  # (R, m)
-        blocks = self.blocks[idx].sum(0)
-        q = w.query_tokens[idx].sum(0)
-        over = np.flatnonzero(blocks > cap)
-        if len(over):  # stop before the pass that would overflow: the scheduler preempts there
-            m = max(int(over[0]), 1)
-        head = self.scheduler.head(self)
-        if head is not None and len(R) < cfg.max_seqs and m > 1:
-            hq, hb = self.next_tokens_and_blocks([head])
-            fits = np.flatnonzero((q[1:m] + hq[0] <= cfg.max_batch_tokens) & (blocks[1:m] + hb[0] <= cap))
-            if len(fits):  # the head fits after pass j: stop there and admit it
-                m = int(fits[0]) + 1
         idx = idx[:, :m]
         t_next = self.next_arrival_s()
         if math.isfinite(t_next) and m > 1:  # passes that start before the next arrival, plus the one it lands in
             probe = min(m, SCALAR_COST_BELOW)
             while True:
-                d = self._pass_times(q[:probe], w.kv_tokens_read[idx[:, :probe]].sum(0),
-                                     w.query_groups[idx[:, :probe]].sum(0), w.logit_tokens[idx[:, :probe]].sum(0))
-                ends = self.env.now + np.cumsum(d)
+                dur = self._pass_times(q[:probe], w.kv_tokens_read[idx[:, :probe]].sum(0),
+                                       w.query_groups[idx[:, :probe]].sum(0), w.logit_tokens[idx[:, :probe]].sum(0))
+                ends = self.env.now + np.cumsum(dur)
                 hit = np.flatnonzero(ends >= t_next)
                 if len(hit) or probe == m:
                     m = int(hit[0]) + 1 if len(hit) else m
                     break
                 probe = min(m, probe * 4)
-            durations = d[:m]
+            durations = dur[:m]
         else:
             durations = self._pass_times(q[:m], w.kv_tokens_read[idx].sum(0), w.query_groups[idx].sum(0),
                                          w.logit_tokens[idx].sum(0))
         self.pool.note(blocks[:m])
-        return R, idx0, np.zeros(len(R), bool), durations
+        return self._stretch(R, idx[:, 0], durations)
 
-    def commit(self, R, idx0, rc, starts, durations) -> None:
-        m = len(durations)
-        self.stretches.append(Stretch(R, idx0, rc, starts, durations, self.n_pass))
+    def _stretch_length(self, R: np.ndarray):
+        """Passes the whole batch R runs unchanged: stop before a pass that overflows the pool, that the
+        token budget would chunk, or after which the waiting head would be admitted."""
+        cap, cfg, w = self.pool_capacity_blocks, self.config, self.w
+        idx0 = self.off[R] + self.ptr[R]
+        m = int(min(self.remaining_passes(R).min(), MAX_STRETCH_PASSES))
+        idx = idx0[:, None] + np.arange(m)[None, :]  # (R, m)
+        blocks = self.blocks[idx].sum(0)
+        q = w.query_tokens[idx].sum(0)
+        stop = blocks > cap  # the scheduler preempts there
+        if cfg.chunked_prefill:  # the scheduler would cut a prefill of that pass to the budget
+            stop |= (q > cfg.max_batch_tokens) & (w.phase[idx] == PREFILL).any(0)
+        over = np.flatnonzero(stop[1:])
+        if len(over):
+            m = int(over[0]) + 1
+        head = self.scheduler.head(self)
+        if head is not None and len(R) < cfg.max_seqs and m > 1:
+            m = self._head_waits(head, R, q, blocks, m)
+        return m, q, blocks, idx
+
+    def _head_waits(self, head: int, R: np.ndarray, q: np.ndarray, blocks: np.ndarray, m: int) -> int:
+        """Passes before the waiting head would be admitted (at most m)."""
+        cap, cfg = self.pool_capacity_blocks, self.config
+        heads = np.full(m - 1, head)
+        limit = cfg.max_batch_tokens - q[1:m] if cfg.chunked_prefill else None
+        hq, hb = self.next_tokens_and_blocks(heads, limit)
+        if cfg.reserve == "peak":
+            room = np.full(m - 1, self.peak_blocks[R].sum() + self.peak_blocks[head] <= cap)
+        else:
+            room = blocks[1:m] + hb <= cap
+        fits = np.flatnonzero((hq > 0) & (q[1:m] + hq <= cfg.max_batch_tokens) & room)
+        return int(fits[0]) + 1 if len(fits) else m
+
+    def commit(self, s: Stretch) -> None:
+        m, R = len(s.durations_s), s.requests
+        self.stretches.append(s)
         self.n_pass += m
-        if rc.any():  # rebuild pass: requests being rebuilt keep their pointer
-            self.ptr[R[~rc]] += 1
-            self.recompute[R[rc]] = False
+        if s.demand is not None:  # one pass: a chunk advances its request's progress, not its pass pointer
+            fin = s.demand.final
+            self.ptr[R[fin]] += 1
+            self.recompute[R[fin]] = False
+            self.chunk_done[R[fin]] = 0
+            self.redo[R[fin]] = 0
+            self.chunk_done[R[~fin]] += s.demand.query[~fin]
         else:
             self.ptr[R] += m
         now = self.env.now
@@ -387,8 +437,6 @@ class Replay:
             self.running.remove(r)
             self.events.append((r, "finish", float(now)))
             self._finish(r, now)
-        rs = np.asarray(self.running, np.int64)
-        self.pool.used_blocks = int(self.blocks[self.off[rs] + self.ptr[rs] - 1].sum())
 
     def run(self) -> Replay:
         env = self.env
@@ -415,7 +463,11 @@ def replay(workload: Workload, hardware: HardwareSpec, model: ModelSpec, config:
     config = config or ReplayConfig()
     workload = resize(workload, config)
     cost = cost if cost is not None else CostModel(hardware, model)
-    return collect(Replay(workload, cost, model, hardware, config).run())
+    result = collect(Replay(workload, cost, model, hardware, config).run())
+    if result.metrics["completed"] == 0 and result.metrics["failed"] > 0:  # a setting nothing can run under
+        first = result.requests.loc[result.requests["status"] == "error", "error"].iloc[0]
+        raise UsageError(f"no request can run on {hardware.name} with these settings: {first}")
+    return result
 
 
 def resize(workload: Workload, config: ReplayConfig) -> Workload:

@@ -29,9 +29,9 @@ import pyarrow as pa
 
 from profiler.schema import PHASES, TABLES
 from profiler.writer import write_trace
-from simulator.workload import Workload
+from simulator.slo import goodput
+from simulator.workload import CHUNK_NOTE, RECOMPUTE_NOTE, Workload
 
-RECOMPUTE_NOTE = "recompute after preemption"
 
 
 @dataclass
@@ -72,21 +72,17 @@ def collect(sim) -> ReplayResult:
     """Flatten a finished `simulator.replay.Replay` into rows, per-request figures and metrics."""
     w: Workload = sim.w
     n = w.n_requests
-    if sim.stretches:
-        parts = [(np.repeat(s.requests, len(s.durations_s)),
-                  (s.first_pass[:, None] + np.arange(len(s.durations_s))[None, :]).ravel(),
-                  np.repeat(s.rebuild, len(s.durations_s)), np.tile(s.starts_s, len(s.requests)),
-                  np.tile(s.durations_s, len(s.requests)),
-                  s.first_batch + np.tile(np.arange(len(s.durations_s)), len(s.requests)))
-                 for s in sim.stretches]
-        req, flat, rc, start, dur, batch = (np.concatenate(c) for c in zip(*parts))
+    cols = ("req", "flat", "start", "dur", "batch", "query", "kv", "groups", "blocks", "live", "emits", "rebuild", "final")
+    parts = [_stretch_rows(sim, s) for s in sim.stretches]
+    if parts:
+        c = {k: np.concatenate([p[k] for p in parts]) for k in cols}
     else:
-        req, flat, batch = (np.zeros(0, np.int64) for _ in range(3))
-        rc, start, dur = np.zeros(0, bool), np.zeros(0), np.zeros(0)
-    order = np.lexsort((batch, req))
-    req, flat, rc, start, dur, batch = req[order], flat[order], rc[order], start[order], dur[order], batch[order]
+        c = {k: np.zeros(0, bool if k == "final" else float if k in ("start", "dur") else np.int64) for k in cols}
+    order = np.lexsort((c["batch"], c["req"]))
+    c = {k: v[order] for k, v in c.items()}
+    req, flat, start, dur, batch = c["req"], c["flat"], c["start"], c["dur"], c["batch"]
     end = start + dur
-    emits = np.where(rc, 0, w.emits[flat] if len(flat) else 0)
+    emits = c["emits"]
     counts = np.bincount(req, minlength=n)
     step_index = np.arange(len(req)) - np.repeat(np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
 
@@ -123,8 +119,10 @@ def collect(sim) -> ReplayResult:
         **_stats("e2el", e2e[ok]),
         "peak_kv_bytes": int(sim.pool.peak_blocks * bpb), "kv_capacity_bytes": int(sim.pool.capacity_blocks * bpb),
         "passes": int(sim.n_pass), "mean_batch_requests": float(len(req) / sim.n_pass) if sim.n_pass else None,
-        "preemptions": int(sim.preemptions.sum()), "device_busy_s": float(sim.device.busy_s),
+        "preemptions": int(sim.preemptions.sum()), "recomputed_tokens": int(c["rebuild"].sum()),
+        "prefill_chunks": int((~c["final"]).sum()), "device_busy_s": float(sim.device.busy_s),
         "quality_mean": float(q.mean()) if len(q) else None,
+        **goodput(ttft, tpot, ok, duration, sim.config.slo_ttft_ms, sim.config.slo_tpot_ms),
     }
     requests = pd.DataFrame({
         "request_id": w.request_ids, "source_request_id": w.source_ids(), "arrival_s": arrival,
@@ -135,10 +133,27 @@ def collect(sim) -> ReplayResult:
         "status": [("error" if errored[r] else w.status[r]) for r in range(n)],
         "error": [sim.error.get(r, "") for r in range(n)],
     })
-    rows = {"request": req, "flat": flat, "recompute": rc, "start_s": start, "duration_s": dur, "batch_index": batch,
-            "step_index": step_index, "emits": emits}
+    rows = {"request": req, "flat": flat, "start_s": start, "duration_s": dur, "batch_index": batch,
+            "step_index": step_index, "emits": emits, "query": c["query"], "kv_read": c["kv"], "groups": c["groups"],
+            "blocks": c["blocks"], "live": c["live"], "rebuild": c["rebuild"], "final": c["final"]}
     return ReplayResult(metrics, requests, rows, list(sim.events), w, sim.config, sim.hardware, sim.model,
                         int(sim.capacity_bytes), bpb, getattr(getattr(sim.cost, "params", None), "source", ""))
+
+
+def _stretch_rows(sim, s) -> dict[str, np.ndarray]:
+    """One entry per (pass, request) of a stretch: the workload's passes, or the single pass's own demand."""
+    m, R = len(s.durations_s), s.requests
+    out = {"req": np.repeat(R, m), "start": np.tile(s.starts_s, len(R)), "dur": np.tile(s.durations_s, len(R)),
+           "batch": s.first_batch + np.tile(np.arange(m), len(R))}
+    if s.demand is not None:
+        d = s.demand
+        return {**out, "flat": d.flat, "query": d.query, "kv": d.kv_read, "groups": d.groups, "blocks": d.blocks,
+                "live": d.live, "emits": d.emits, "rebuild": d.rebuild, "final": d.final}
+    w = sim.w
+    flat = (s.first_pass[:, None] + np.arange(m)[None, :]).ravel()
+    return {**out, "flat": flat, "query": w.query_tokens[flat], "kv": w.kv_tokens_read[flat],
+            "groups": w.query_groups[flat], "blocks": sim.blocks[flat], "live": w.live_kv_tokens[flat],
+            "emits": w.emits[flat], "rebuild": np.zeros(len(flat), np.int64), "final": np.ones(len(flat), bool)}
 
 
 def _peak(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -158,34 +173,34 @@ def _strings(codes: np.ndarray, values) -> pa.Array:
 
 def _steps_table(res: ReplayResult) -> pa.Table:
     w, r = res.workload, res.rows
-    flat, rc, req = r["flat"], r["recompute"], r["request"]
-    bs, bpb = res.config.block_size, res.bytes_per_block
-    live = w.live_kv_tokens[flat]
-    rq = np.maximum(live, 1)
-    blocks = -(-w.alloc_kv_tokens[flat] // bs)
-    prev_blocks = np.where(flat > w.offsets[:-1][req], -(-w.alloc_kv_tokens[np.maximum(flat - 1, 0)] // bs), 0)
-    evicted = np.where(rc, 0, w.evicted_tokens[flat])
-    phases = _strings(np.where(rc, PHASES.index("prefill"), w.phase[flat]), PHASES)
+    flat, req, final, rebuild = r["flat"], r["request"], r["final"], r["rebuild"]
+    bpb = res.bytes_per_block
+    blocks = r["blocks"]
+    first = np.r_[True, req[1:] != req[:-1]] if len(req) else np.zeros(0, bool)
+    prev_blocks = np.where(first, 0, np.roll(blocks, 1))
+    evicted = np.where(final, w.evicted_tokens[flat], 0)
+    # a recompute or a prefill chunk is a prefill pass; its note says what it re-prefilled
+    phases = _strings(np.where(final, w.phase[flat], PHASES.index("prefill")), PHASES)
     streams = w.streams[flat] if w.streams is not None else _strings(np.zeros(len(flat), np.int8), ["0"])
+    note = np.array([(f"{RECOMPUTE_NOTE} ({n} tokens)" if n else "") + ("" if f else ("; " if n else "") + CHUNK_NOTE)
+                     for n, f in zip(rebuild.tolist(), final.tolist())], dtype=object)
     return pa.table({
         "request_id": w.request_ids[req], "step_index": r["step_index"], "batch_index": r["batch_index"],
         "phase": phases, "start_s": r["start_s"], "duration_s": r["duration_s"], "streams": streams,
-        "active_streams": np.where(rc, 1, w.query_groups[flat]),
-        "query_tokens": np.where(rc, rq, w.query_tokens[flat]),
-        "kv_tokens_read": np.where(rc, rq * (rq + 1) // 2, w.kv_tokens_read[flat]),
-        "live_kv_tokens": live, "kv_bytes_allocated": blocks * bpb, "emitted_tokens": r["emits"],
+        "active_streams": r["groups"], "query_tokens": r["query"], "kv_tokens_read": r["kv_read"],
+        "live_kv_tokens": r["live"], "kv_bytes_allocated": blocks * bpb, "emitted_tokens": r["emits"],
         "evicted_tokens": evicted,
-        "freed_kv_bytes": np.where((evicted > 0) & ~rc, np.maximum(prev_blocks - blocks, 0) * bpb, 0),
+        "freed_kv_bytes": np.where(evicted > 0, np.maximum(prev_blocks - blocks, 0) * bpb, 0),
         "device_memory_bytes": np.full(len(flat), -1, np.int64),
-        "note": _strings(rc.astype(np.int8), ["", RECOMPUTE_NOTE]),
+        "note": note,
     }, schema=TABLES["steps"])
 
 
 def _tokens_table(res: ReplayResult, source) -> pa.Table:
     w, r = res.workload, res.rows
     sim_step = np.full(w.total_passes(), -1, np.int64)  # pass of the workload -> step index in the simulation
-    normal = ~r["recompute"]
-    sim_step[r["flat"][normal]] = r["step_index"][normal]
+    final = r["final"]  # the row that completes a workload pass emits its tokens
+    sim_step[r["flat"][final]] = r["step_index"][final]
     sid = w.source_ids()
     if source is not None and len(source.tokens):
         toks = source.tokens.sort_values(["request_id", "token_index"], kind="stable").reset_index(drop=True)

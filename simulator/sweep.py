@@ -9,9 +9,10 @@ the part's memory) is a row with its error, not a crash.
 How: a local process pool by default (one worker per core, workloads sent once per worker);
 `backend="ray"` runs the same chunks as Ray tasks, on an existing cluster (`address`) or on a
 local instance bound to loopback (`simulator.ray_backend`). Workers die with the sweep: the pool
-is stopped on any exit, and each worker asks Linux for SIGTERM when its parent dies. Each finished chunk is appended to `results.jsonl` in the output
-directory at once, so an interrupted sweep keeps what it finished and a rerun with the same
-`out` skips it; `sweep.parquet` is written at the end (and on interrupt) with the Pareto marks.
+is stopped on any exit, and each worker asks Linux for SIGTERM when its parent dies. Each
+finished chunk is appended to `results.jsonl` in the output directory at once, so an interrupted
+sweep keeps what it finished and a rerun with the same `out` skips it; `sweep.parquet` is written
+at the end (and on interrupt) with the Pareto marks.
 
     from simulator.sweep import sweep
     table = sweep(["traces/sequential-tiny"], hardware=["a100-80g", "h100-sxm"], max_seqs=[1, 8, 32],
@@ -49,6 +50,7 @@ CLUSTER_SETTINGS = ("tp", "pp", "replicas", "router", "workload", "time_scale", 
                     "slo_tpot_ms")
 CLUSTER_DEFAULTS = {"tp": 1, "pp": 1, "replicas": 1, "router": "round_robin", "workload": None, "time_scale": 1.0,
                     "price_per_gpu_hour": None, "slo_ttft_ms": None, "slo_tpot_ms": None}
+OPTIONS = ("chunked_prefill", "reserve", "sjf_oracle", "slo_ttft_ms", "slo_tpot_ms")  # ReplayConfig fields passed as given
 # (column, +1 to maximise / -1 to minimise)
 OBJECTIVES: tuple[tuple[str, int], ...] = (("quality_mean", 1), ("mean_e2el_ms", -1), ("output_throughput", 1),
                                            ("peak_kv_bytes", -1))
@@ -68,16 +70,19 @@ def objectives_for(table: pd.DataFrame) -> tuple[tuple[str, int], ...]:
 def grid(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] = ("",),
          max_seqs: Sequence[int] = (256,), rates: Sequence[float | None] = (None,),
          concurrency: Sequence[int | None] = (None,), max_batch_tokens: int = 8192, num_requests: int | None = None,
-         scheduler: str = "fcfs", seed: int = 0, cluster: dict | None = None) -> list[dict]:
+         scheduler: str = "fcfs", seed: int = 0, options: dict | None = None,
+         cluster: dict | None = None) -> list[dict]:
     """Every combination, as plain dicts (model "" = the trace's own). Bad names fail here, before any work.
 
-    `cluster`: deployment settings (CLUSTER_DEFAULTS' keys); "tp", "pp" and "replicas" may be lists."""
+    `options`: ReplayConfig fields passed as given (OPTIONS). `cluster`: deployment settings
+    (CLUSTER_DEFAULTS' keys); "tp", "pp" and "replicas" may be lists."""
     for h in hardware:
         get_hardware(h)
     for m in models:
         if m:
             get_model(m)
-    arrivals = [(r, None) for r in rates if r is not None] + [(None, c) for c in concurrency if c is not None]
+    arrivals: list[tuple[float | None, int | None]] = [(r, None) for r in rates if r is not None]
+    arrivals += [(None, c) for c in concurrency if c is not None]
     arrivals = arrivals or [(None, None)]
     fixed = {**CLUSTER_DEFAULTS, **(cluster or {})}
     shapes = list(itertools.product(*([int(x) for x in fixed[k]] if isinstance(fixed[k], (list, tuple)) else [fixed[k]]
@@ -86,7 +91,7 @@ def grid(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] =
     for t, h, m, s, (r, c), (tp, pp, k) in itertools.product(traces, hardware, models, max_seqs, arrivals, shapes):
         cfg = {"trace": str(t), "hardware": h, "model": m, "max_seqs": int(s), "rate": r, "concurrency": c,
                "max_batch_tokens": int(max_batch_tokens), "num_requests": num_requests, "scheduler": scheduler,
-               "seed": int(seed), **fixed, "tp": tp, "pp": pp, "replicas": k}
+               "seed": int(seed), **fixed, "tp": tp, "pp": pp, "replicas": k, **(options or {})}
         _replay_config(cfg)  # ValueError for a bad setting, before any work
         _cluster_config(cfg)
         configs.append(cfg)
@@ -123,11 +128,15 @@ def load_workloads(configs: list[dict]) -> dict[str, Workload]:
 def _replay_config(cfg: dict) -> ReplayConfig:
     return ReplayConfig(max_seqs=cfg["max_seqs"], max_batch_tokens=cfg["max_batch_tokens"],
                         rate=None if cfg["rate"] is None else float(cfg["rate"]), concurrency=cfg["concurrency"],
-                        num_requests=cfg["num_requests"], scheduler=cfg["scheduler"], seed=cfg["seed"])
+                        num_requests=cfg["num_requests"], scheduler=cfg["scheduler"], seed=cfg["seed"],
+                        **{k: cfg[k] for k in OPTIONS if k in cfg})
 
 
 def config_key(cfg: dict) -> str:
-    return json.dumps({k: cfg.get(k, CLUSTER_DEFAULTS.get(k)) for k in (*SETTINGS, *CLUSTER_SETTINGS)},
+    """The identity of a configuration: its settings, the trace by its resolved path (a resumed
+    sweep finds its rows however the trace's path is spelled: ./t, t/, a symlink)."""
+    keys = dict.fromkeys((*SETTINGS, *OPTIONS, *CLUSTER_SETTINGS))
+    return json.dumps({**{k: cfg.get(k, CLUSTER_DEFAULTS.get(k)) for k in keys}, "trace": os.path.realpath(cfg["trace"])},
                       sort_keys=True)
 
 
@@ -219,15 +228,17 @@ def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] 
           concurrency: Sequence[int | None] = (None,), max_batch_tokens: int = 8192,
           num_requests: int | None = None, scheduler: str = "fcfs", seed: int = 0, backend: str = "local",
           address: str | None = None, workers: int | None = None, out: str | Path | None = None,
-          progress: Callable[[int, int], None] | None = None, cluster: dict | None = None) -> pd.DataFrame:
+          progress: Callable[[int, int], None] | None = None, options: dict | None = None,
+          cluster: dict | None = None) -> pd.DataFrame:
     """Run the grid; return the table (and write it under `out`). See the module docstring."""
     if backend not in ("local", "ray"):
         raise UsageError(f"unknown backend {backend!r}; valid: local, ray")
-    workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = workers or max(1, cores)
     if workers < 1:
         raise UsageError(f"workers must be >= 1, got {workers}")
     configs = grid(traces, hardware, models, max_seqs, rates, concurrency, max_batch_tokens, num_requests,
-                   scheduler, seed, cluster)
+                   scheduler, seed, options, cluster)
     if backend == "ray" and address:
         from simulator.ray_backend import probe
 
@@ -240,7 +251,8 @@ def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] 
         out_dir.mkdir(parents=True, exist_ok=True)
         finished = read_results(out_dir)
         keys = set(finished["key"]) if len(finished) else set()
-        done = [r for r in finished.drop(columns="pareto").to_dict("records") if r["key"] in order] if len(finished) else []
+        rows = finished.drop(columns="pareto").to_dict("records") if len(finished) else []
+        done = [r for r in rows if r["key"] in order]
         configs = [c for c in configs if config_key(c) not in keys]
     total = len(configs) + len(done)
     size = max(1, min(25, math.ceil(len(configs) / (workers * 8)))) if configs else 1

@@ -32,7 +32,13 @@ from profiler.errors import UnknownName, UsageError
 from profiler.reader import Trace, read_trace
 from simulator.calibrate import fit_cost_params_to_steps
 from simulator.cost import CostModel
-from simulator.hardware import HARDWARE, HardwareSpec, cpu_spec, get_hardware, host_cpu_spec
+from simulator.hardware import (
+    HARDWARE,
+    HardwareSpec,
+    cpu_spec,
+    get_hardware,
+    host_cpu_spec,
+)
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
 from simulator.workload import from_trace
@@ -64,13 +70,30 @@ def trace_hardware(meta: dict) -> HardwareSpec:
                    f"pass --hardware")
 
 
+def pass_table(steps) -> np.ndarray:
+    """One row per forward pass: query_tokens, kv_tokens_read, duration_s, active_streams, requests.
+
+    Rows that share a `batch_index` >= 0 are one batched pass (a serving trace: summed, the pass's
+    duration once); otherwise (a batch-1 trace) every row is its own pass."""
+    s = steps[steps["query_tokens"] > 0]
+    cols = ["query_tokens", "kv_tokens_read", "duration_s", "active_streams"]
+    if not len(s):
+        return np.zeros((0, 5))
+    b = s["batch_index"].to_numpy(np.int64)
+    if (b < 0).any() or len(np.unique(b)) == len(b):
+        return np.column_stack([s[cols].to_numpy(float), np.ones(len(s))])
+    g = s.groupby("batch_index", sort=True)
+    return np.column_stack([g["query_tokens"].sum(), g["kv_tokens_read"].sum(), g["duration_s"].max(),
+                            g["active_streams"].sum(), g.size()]).astype(float)
+
+
 def step_arrays(trace: Trace, request_ids=None) -> np.ndarray:
     """Measured passes (of `request_ids`, default all) as the rows `fit_cost_params_to_steps` takes:
-    query_tokens, kv_tokens_read, duration_s, active_streams."""
-    s = trace.steps[trace.steps["query_tokens"] > 0]
+    query_tokens, kv_tokens_read, duration_s, active_streams (a batched pass is one row)."""
+    s = trace.steps
     if request_ids is not None:
         s = s[s["request_id"].isin(request_ids)]
-    return s[["query_tokens", "kv_tokens_read", "duration_s", "active_streams"]].to_numpy(float)
+    return pass_table(s)[:, :4]
 
 
 def _host_gap_s(trace: Trace, request_ids) -> float:

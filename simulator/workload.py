@@ -28,17 +28,21 @@ passes), so the replay indexes whole batches at once.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import pandas as pd
 
 from profiler.errors import TraceError
 from profiler.reader import Trace, read_trace
 from profiler.schema import PHASES
 
 PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
+RECOMPUTE_NOTE = "recompute after preemption"  # steps.note of a pass that re-prefilled KV lost to a preemption
+CHUNK_NOTE = "prefill chunk"  # steps.note of a chunk of a prefill that is not its last
 _PASS_FIELDS = ("query_tokens", "kv_tokens_read", "query_groups", "logit_tokens", "live_kv_tokens", "alloc_kv_tokens",
                 "evicted_tokens", "phase", "emits")
 
@@ -145,10 +149,65 @@ class Workload:
         return float(q.mean()) if len(q) else float("nan")
 
 
+def _causal(x: np.ndarray) -> np.ndarray:
+    return x * (x + 1) // 2
+
+
+def own_passes(steps: pd.DataFrame, tokens: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A serving trace's rows as each request's own passes: the demand, not what the load did to it.
+
+    Chunks of a prefill (`note` "prefill chunk", or a true `chunk` column) fold into the pass they
+    belong to (query tokens and KV reads summed); the re-prefill part of a recompute (column
+    `recompute_tokens`, else the count in `note` "recompute after preemption (N tokens)", else the
+    live KV of the request's row before it) is taken out: it is what a preemption cost, not new demand. Tokens' step
+    indices follow. Rows sorted by (request_id, step_index); other traces pass through unchanged.
+    """
+    note = steps["note"].fillna("").astype(str) if "note" in steps else pd.Series("", index=steps.index)
+    chunk = note.str.contains(CHUNK_NOTE, regex=False).to_numpy()
+    if "chunk" in steps:
+        chunk = chunk | steps["chunk"].fillna(False).to_numpy(bool)
+    rid = steps["request_id"].to_numpy(np.int64)
+    live = steps["live_kv_tokens"].to_numpy(np.int64)
+    first = np.r_[True, rid[1:] != rid[:-1]] if len(rid) else np.zeros(0, bool)
+    if "recompute_tokens" in steps:
+        rc = steps["recompute_tokens"].fillna(0).to_numpy(np.int64)
+    else:  # "recompute after preemption (N tokens)"; without a count: the KV the request held before
+        counted = note.str.extract(r"recompute after preemption \((\d+) tokens\)")[0].fillna(-1).astype(np.int64)
+        bare = note.str.startswith(RECOMPUTE_NOTE).to_numpy() & ~first
+        rc = np.where(counted >= 0, counted, np.where(bare, np.roll(live, 1), 0))
+    if not chunk.any() and not rc.any():
+        return steps, tokens
+    steps = steps.copy()
+    q = steps["query_tokens"].to_numpy(np.int64)
+    steps["query_tokens"] = np.maximum(q - rc, 0)
+    steps["kv_tokens_read"] = np.maximum(steps["kv_tokens_read"].to_numpy(np.int64) - _causal(np.minimum(rc, q)), 0)
+    # pass id within the request: non-chunk rows before the row; a chunk shares the id of the row that ends it
+    own = (~chunk).astype(np.int64)
+    starts = np.flatnonzero(first)
+    csum = np.cumsum(own) - own
+    pass_id = csum - np.repeat(csum[starts], np.diff(np.r_[starts, len(rid)]))
+    steps["step_index_old"] = steps["step_index"]
+    steps["step_index"] = pass_id
+    summed = steps.groupby(["request_id", "step_index"], sort=True)[
+        ["query_tokens", "kv_tokens_read", "emitted_tokens"]].transform("sum")
+    steps[["query_tokens", "kv_tokens_read", "emitted_tokens"]] = summed
+    keep = ~chunk | (np.r_[rid[1:] != rid[:-1], True] if len(rid) else np.zeros(0, bool))  # a trailing chunk ends its pass
+    out = steps[keep].drop_duplicates(["request_id", "step_index"], keep="last")
+    if len(tokens):
+        remap = dict(zip(zip(steps["request_id"], steps["step_index_old"]), steps["step_index"]))
+        tokens = tokens.copy()
+        tokens["step_index"] = [remap.get((r, s), s) for r, s in zip(tokens["request_id"], tokens["step_index"])]
+    return out.drop(columns="step_index_old").reset_index(drop=True), tokens
+
+
 def from_trace(trace: Trace) -> Workload:
-    """The pass demands of every request of a read trace (measured or simulated)."""
+    """The pass demands of every request of a read trace (measured or simulated, one at a time or
+    under load: see `own_passes`)."""
     req = trace.requests.sort_values("request_id", kind="stable").reset_index(drop=True)
     steps = trace.steps.sort_values(["request_id", "step_index"], kind="stable").reset_index(drop=True)
+    steps, toks = own_passes(steps, trace.tokens)
+    if toks is not trace.tokens:
+        trace = dataclasses.replace(trace, tokens=toks)
     ids = req["request_id"].to_numpy(np.int64)
     pos = np.searchsorted(ids, steps["request_id"].to_numpy(np.int64))
     if len(steps) and (np.any(pos >= len(ids)) or np.any(ids[np.minimum(pos, len(ids) - 1)] != steps["request_id"])):

@@ -13,7 +13,6 @@ import psutil
 import pytest
 
 
-
 def ss_listeners() -> list[tuple[int, str, str, int]]:
     """(pid, process name, local ip, port) of every listening TCP socket `ss -ltnpH` shows with a pid."""
     if shutil.which("ss") is None:

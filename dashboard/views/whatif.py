@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, figures
+from dashboard import data, figures, load_data
 from dashboard.views import _shared
 from profiler.reader import read_trace
 from simulator.cluster.routers import ROUTERS
@@ -86,6 +86,11 @@ if _shared.need_traces(measured):
                             key="whatif_traces")
     deployment = deployment_ui()
     model_arg = None if model == TRACE_MODEL else model
+    serving = [labels[p] for p in chosen if load_data.is_serving(next(t for t in measured if str(t.path) == p))]
+    if serving:
+        st.caption(f"Serving runs ({', '.join(serving)}): rate 0 replays their own arrivals, another rate replays "
+                   f"their requests as Poisson arrivals at that rate (the Load page overlays them with the "
+                   f"measured curve).")
     results, failures = [], []
     for path in chosen:
         sig = data.signature([Path(path)])

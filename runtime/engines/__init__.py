@@ -13,6 +13,7 @@ ENGINES: dict[str, str] = {
     "tip": "runtime.engines.tip:TipEngine",
     "planned_diffusion": "runtime.engines.planned_diffusion:PlannedDiffusionEngine",
     "masked_diffusion": "runtime.engines.masked_diffusion:MaskedDiffusionEngine",
+    "sot": "runtime.engines.sot:SotEngine",  # prompted Skeleton-of-Thought on a real chat model
 }
 
 

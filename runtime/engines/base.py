@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from profiler.errors import UsageError
-from runtime.kv import PagedKVStore
+from runtime.kv import PagedKVStore, RequestKV
 from runtime.model import TinyLM
 from runtime.sampling import SamplingConfig
 from runtime.tokenizer import Tokenizer
@@ -112,8 +112,187 @@ class Completion:
         return len(self.output_ids) / max(1, self.critical_path_tokens)
 
 
+@dataclass
+class PassInputs:
+    """The query rows one request puts in the next forward pass.
+
+    `cols` are the request's own KV slots its rows may look at (T,); `vis[r, t]` says whether row r
+    sees `cols[t]` (R, T). A server concatenates the rows of many requests into one pass; a row never
+    sees another request's slots. `skip` leading rows are a recompute's replay (their logits unused).
+    """
+
+    ids: list[int]
+    positions: list[int]
+    slots: list[int]  # where each row's K/V is written
+    cols: np.ndarray  # (T,) int64
+    vis: np.ndarray  # (R, T) bool
+    phase: str
+    attention: bool = False  # the request wants the attention each slot received (H2O)
+    skip: int = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.ids)
+
+    @property
+    def kv_read(self) -> int:
+        """Sum over the request's rows (replay rows excluded) of the slots each row sees."""
+        return int(self.vis[self.skip:].sum())
+
+
+def causal_inputs(ids: list[int], positions: list[int], slots: list[int], phase: str, start: int = 0) -> PassInputs:
+    """`slots[start:]` are new tokens, each seeing every slot before it and itself (a prefill)."""
+    T, R = len(slots), len(slots) - start
+    vis = np.tri(T, dtype=bool)[start:] if R != 1 else np.ones((1, T), dtype=bool)
+    return PassInputs(ids, positions, slots[start:], np.asarray(slots, dtype=np.int64), vis, phase)
+
+
+def prepend(replay: PassInputs | None, inp: PassInputs) -> PassInputs:
+    """A recompute's replay rows (`replay`) in front of the request's next rows (the columns are
+    the union of both, each slot once)."""
+    if replay is None or not replay.rows:
+        return inp
+    extra = np.setdiff1d(replay.cols, inp.cols, assume_unique=True)
+    cols = np.concatenate([inp.cols, extra])
+    where = {int(c): j for j, c in enumerate(cols)}
+    R1, R2 = replay.rows, inp.rows
+    vis = np.zeros((R1 + R2, len(cols)), dtype=bool)
+    vis[:R1, [where[int(c)] for c in replay.cols]] = replay.vis
+    vis[R1:, : len(inp.cols)] = inp.vis
+    return PassInputs(replay.ids + inp.ids, replay.positions + inp.positions, replay.slots + inp.slots, cols, vis,
+                      inp.phase, inp.attention, R1)
+
+
+class RequestState:
+    """One request in flight: `inputs()` -> the query rows of its next pass (allocating the slots they
+    write), a forward pass elsewhere, `after(logits, attention)` -> the pass's `Step`; `done` once the
+    request has finished, `completion()` its result. `release()` frees every page it holds (it finished
+    or was preempted); `readmit()` after a preemption makes the next pass re-prefill what it held
+    (vLLM's RECOMPUTE). `Engine.run` drives one alone; `runtime.server` drives many over one pool."""
+
+    kv: RequestKV
+    n: int  # prompt tokens
+    done: bool = False
+    passes_done: int = 0  # passes whose `after` ran (a server counts them)
+    recomputes: int = 0  # readmissions after a preemption
+    recompute_tokens: int = 0  # tokens re-prefilled by them
+    prompt_owner = None  # the store owner of the prompt's pages
+    inp: PassInputs | None = None  # the rows of the pass in flight (a re-prefill's replay first)
+    _replay: PassInputs | None = None
+
+    def inputs(self) -> PassInputs:
+        inp = self.next_inputs()
+        replay, self._replay = self._replay, None
+        self.inp = prepend(replay, inp)  # what `after` reads its rows from
+        return self.inp
+
+    # ------------------------------------------------------------------ chunked prefill
+    def prompt_tokens(self) -> int:
+        return self.n
+
+    def max_kv_tokens(self) -> int:
+        """The most KV tokens the request may hold at once (a server's peak reservation)."""
+        return self.n + self.eng.config.max_tokens
+
+    def prompt_left(self) -> int:
+        """Prompt tokens of the next pass that may still run ahead in chunks (0: none, or the
+        next pass is no prompt prefill)."""
+        return 0
+
+    def prompt_chunk(self, k: int) -> PassInputs:
+        """The next `k` prompt tokens' prefill, ahead of the first pass (nothing sampled)."""
+        raise NotImplementedError
+
+    def restart_prefill(self) -> None:
+        """Forget a partial (chunked) prefill whose pages were freed: the prompt starts over."""
+        raise NotImplementedError
+
+    def replay_rows(self) -> int:
+        return self._replay.rows if self._replay is not None else 0
+
+    def chunk_inputs(self, k: int) -> PassInputs:
+        """A chunk of `k` rows of the re-prefill (if one is pending) or of the prompt's prefill: its
+        K/V are written, its logits unused (`skip` = every row)."""
+        rp = self._replay
+        if rp is None:
+            inp = self.prompt_chunk(k)
+        else:
+            inp = PassInputs(rp.ids[:k], rp.positions[:k], rp.slots[:k], rp.cols, rp.vis[:k], "prefill")
+            self._replay = PassInputs(rp.ids[k:], rp.positions[k:], rp.slots[k:], rp.cols, rp.vis[k:], "prefill") \
+                if k < rp.rows else None
+        inp.skip = inp.rows
+        return inp
+
+    def discard_replay(self) -> None:
+        """Preempted again before its re-prefill ran: drop it (the next readmission builds it anew);
+        a prompt prefill cut short starts over."""
+        self._replay = None
+        if not self.passes_done:
+            self.restart_prefill()
+
+    def next_inputs(self) -> PassInputs:
+        raise NotImplementedError
+
+    def after(self, logits: torch.Tensor, attention: torch.Tensor | None) -> Step:
+        raise NotImplementedError
+
+    def completion(self) -> Completion:
+        raise NotImplementedError
+
+    def next_rows(self) -> int:
+        """Query rows of the next pass (replay rows included), without allocating anything."""
+        raise NotImplementedError
+
+    def next_new_slots(self) -> dict:
+        """Slots the next pass allocates, by owner (a request's store owners), without allocating."""
+        raise NotImplementedError
+
+    def held(self) -> list[tuple[int, int, np.ndarray]]:
+        """What a recompute re-prefills, in feed order: (token id, position, indices into this list
+        the token sees, itself included). Tokens dead by now are included (their K/V shaped the
+        living ones) and freed again after the replay."""
+        raise NotImplementedError
+
+    def remap(self, new_slots: list[int]) -> None:
+        """After a readmission: `held()`'s tokens now live at `new_slots`."""
+        raise NotImplementedError
+
+    def dead_after_replay(self) -> list[int]:
+        """Slots of the replay that hold tokens evicted before the preemption (freed after it)."""
+        return []
+
+    def release(self) -> int:
+        return self.kv.release()
+
+    def readmit(self) -> int:
+        """Allocate slots for everything held before the preemption and queue its replay. Tokens."""
+        held = self.held()
+        if not held:
+            return 0
+        slots = self.kv.allocate_replay([h[0] for h in held], self.replay_owners())
+        self.remap(slots)
+        ids, pos = [h[0] for h in held], [h[1] for h in held]
+        vis = np.zeros((len(held), len(held)), dtype=bool)
+        for r, (_, _, sees) in enumerate(held):
+            vis[r, sees] = True
+        self._replay = PassInputs(ids, pos, list(slots), np.asarray(slots, dtype=np.int64), vis, "prefill")
+        self.recomputes += 1
+        self.recompute_tokens += len(held)
+        return len(held)
+
+    def replay_owners(self) -> list:
+        """Store owner of each held token (so a readmitted request's pages group as before)."""
+        return [None] * len(self.held())
+
+    def replay_blocks(self) -> int:
+        """Pages a readmission re-prefill takes (on top of the next pass's own)."""
+        return self.kv.pages_for_owners(self.replay_owners())
+
+
 class Engine:
-    """Base: holds the model, tokenizer and settings; subclasses implement `run`."""
+    """Base: holds the model, tokenizer and settings; subclasses implement `start` (a request's
+    `RequestState`); `run` drives it alone over its own store, one forward pass at a time.
+"""
 
     name = "base"
     default_model = ""  # shipped checkpoint `solm capture` uses when --model is not given
@@ -129,13 +308,37 @@ class Engine:
         return self.model.new_kv_store(page_size=self.config.page_size)
 
     def prompt_ids(self, request: Request) -> list[int]:
+        if hasattr(self.tok, "chat_ids"):  # a real model's tokenizer: its own chat template
+            return self.tok.chat_ids(request.prompt)
         return [self.tok.bos_id, *self.tok.encode(request.prompt), self.tok.token_id("<sep>")]
 
     def is_stop(self, token_id: int) -> bool:
-        return token_id == self.tok.eos_id or token_id in self.config.stop_tokens
+        return (token_id == self.tok.eos_id or token_id in self.config.stop_tokens
+                or token_id in getattr(self.tok, "stop_ids", ()))  # a real model may have several
+
+    def start(self, request: Request, kv: RequestKV) -> RequestState:
+        raise NotImplementedError
 
     def run(self, request: Request) -> Generator[Step, None, Completion]:
-        raise NotImplementedError
+        st = self.start(request, RequestKV(self.new_store(), request.request_id))
+        while True:
+            inp = st.inputs()
+            logits, attn = self.forward([inp], st.kv.store)
+            yield st.after(logits, attn)
+            if st.done:
+                return st.completion()
+
+    def forward(self, inputs: list[PassInputs], store: PagedKVStore) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward pass over the rows of `inputs` (one request each) with the mask over the pool:
+        logits (R, V) and, when a request asks for it, the attention each slot received (S,)."""
+        ids = [i for inp in inputs for i in inp.ids]
+        pos = [p for inp in inputs for p in inp.positions]
+        slots = [s for inp in inputs for s in inp.slots]
+        vis = pool_visibility(inputs, store.num_slots, self.device)
+        t = torch.from_numpy(np.array([ids, pos, slots], dtype=np.int64)).to(self.device)
+        if any(inp.attention for inp in inputs):
+            return self.model(t[0], t[1], t[2], vis, store, return_attention=True)
+        return self.model(t[0], t[1], t[2], vis, store), None
 
     def generate(self, request: Request) -> Completion:
         """Run to the end without recording (tests, quick use)."""
@@ -154,6 +357,16 @@ def drain(gen: Generator[Step, None, Completion]) -> tuple[list[Step], Completio
             steps.append(next(gen))
         except StopIteration as stop:
             return steps, stop.value
+
+
+def pool_visibility(inputs: list[PassInputs], num_slots: int, device: torch.device) -> torch.Tensor:
+    """Bool (R, S) over the whole pool from each request's rows over its own slots."""
+    vis = np.zeros((sum(inp.rows for inp in inputs), num_slots), dtype=bool)
+    r = 0
+    for inp in inputs:
+        vis[r: r + inp.rows, inp.cols] = inp.vis
+        r += inp.rows
+    return torch.from_numpy(vis).to(device)
 
 
 def visibility_rows(rows: list[list[int]], num_slots: int, device: torch.device) -> torch.Tensor:

@@ -31,10 +31,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from runtime.kv import PagedKVStore
-from runtime.model import TinyLM
+from runtime.engines.base import PassInputs
+from runtime.kv import RequestKV
 from runtime.sampling import Sampler
 
 SEG_KINDS = ("ar", "sync", "span")
@@ -101,16 +102,16 @@ def hybrid_mask(segs: list[Seg], block_sparse: bool = True, rows: list[int] | to
 class Layout:
     """The laid-out sequence of one request: token ids, segments, and the KV slot of each token.
 
-    `forward(rows)` runs the model on those tokens (at their plain positions), writing their K/V
-    into their slots (again, for span tokens: a slot is rewritten each denoising step) and
-    letting each row see the slots `hybrid_mask` allows."""
+    `append` lays tokens out; `inputs(rows)` gives a slot to every token that has none yet (in
+    order) and the pass over `rows` at their plain positions, writing their K/V into their slots
+    (again, for span tokens: a slot is rewritten each denoising step), each row seeing the slots
+    `hybrid_mask` allows."""
 
-    def __init__(self, model: TinyLM, kv: PagedKVStore, block_sparse: bool = True) -> None:
-        self.model, self.kv, self.block_sparse = model, kv, block_sparse
+    def __init__(self, max_positions: int, kv: RequestKV, block_sparse: bool = True) -> None:
+        self.max_positions, self.kv, self.block_sparse = max_positions, kv, block_sparse
         self.ids: list[int] = []
         self.segs: list[Seg] = []
-        self.slots: list[int] = []
-        self.device = model.embed.weight.device
+        self.slots: list[int] = []  # the first len(slots) tokens have one
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -119,28 +120,30 @@ class Layout:
         """Add tokens as a new segment (an `ar` run right after another `ar` run is merged)."""
         if not ids:
             return range(len(self.ids), len(self.ids))
-        if len(self.ids) + len(ids) > self.model.cfg.max_positions:
+        if len(self.ids) + len(ids) > self.max_positions:
             raise ValueError(f"sequence of {len(self.ids) + len(ids)} tokens exceeds the model's "
-                             f"{self.model.cfg.max_positions} positions")
+                             f"{self.max_positions} positions")
         start = len(self.ids)
         if kind == "ar" and self.segs and self.segs[-1].kind == "ar":
             self.segs[-1] = Seg("ar", self.segs[-1].length + len(ids))
         else:
             self.segs.append(Seg(kind, len(ids)))
         self.ids += ids
-        self.slots += self.kv.allocate(len(ids))
         return range(start, len(self.ids))
 
-    def forward(self, rows: list[int]) -> tuple[torch.Tensor, int]:
-        """Logits (R, V) for `rows` and the KV tokens they read (sum over rows of visible slots)."""
-        vis = hybrid_mask(self.segs, self.block_sparse, rows)  # (R, T)
-        slot_t = torch.tensor(self.slots, dtype=torch.long)
-        vis_slots = torch.zeros((len(rows), self.kv.num_slots), dtype=torch.bool)
-        vis_slots[:, slot_t] = vis
-        tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
-        logits = self.model(tensor([self.ids[r] for r in rows]), tensor(rows), tensor([self.slots[r] for r in rows]),
-                            vis_slots.to(self.device), self.kv)
-        return logits, int(vis.sum())
+    @property
+    def unassigned(self) -> int:
+        return len(self.ids) - len(self.slots)
+
+    def inputs(self, rows: list[int], phase: str, upto: int | None = None) -> PassInputs:
+        """The pass over `rows`, giving slots to the first `upto` tokens (default all) if they have
+        none (KVPoolFull, with nothing taken, when they do not fit the pool)."""
+        upto = len(self.ids) if upto is None else upto
+        if upto > len(self.slots):
+            self.slots += self.kv.allocate(upto - len(self.slots))
+        vis = hybrid_mask(self.segs, self.block_sparse, rows).numpy()[:, : len(self.slots)]  # (R, T)
+        return PassInputs([self.ids[r] for r in rows], list(rows), [self.slots[r] for r in rows],
+                          np.asarray(self.slots, dtype=np.int64), vis, phase)
 
 
 def steps_for(longest: int, steps_ratio: float) -> int:
@@ -220,25 +223,43 @@ def scaffold(lay: Layout, sid: int, length: int, tag_ids: tuple[int, int], mask_
     return SpanState(sid, rows, list(rows[1:-1]), {})
 
 
-def denoise(lay: Layout, spans: list[SpanState], steps: int, sample: Sampler, order: str, threshold: float | None,
-            refresh: list[int], recompute_all: bool = False, cache_committed: bool = False):
+class Denoiser:
     """Denoise `spans` together, one forward pass per step over every active span (plus `refresh`
-    rows: spans finished in the step before, whose K/V still hold a [MASK]). Yields one dict per
-    pass; returns the rows left to refresh (spans that finished in the last pass).
+    rows: spans finished in the step before, whose K/V still hold a [MASK]): `rows()` of the next
+    pass, `after(logits)` -> a dict describing the pass; once `finished`, `refresh` holds the rows
+    left to refresh (spans that finished in the last pass).
 
     `cache_committed` (an approximation, in the spirit of Fast-dLLM's cache): a committed token is
     recomputed once with its final id, then its K/V are kept while the rest of its span changes;
     each pass computes only masked rows and rows committed in the pass before."""
-    i = 0
-    while any(s.masked for s in spans):
-        active = [s for s in spans if s.masked]
-        rows = list(range(len(lay))) if recompute_all else \
-            sorted({*refresh, *(r for s in active for r in s.rows_to_compute(cache_committed))})
-        logits, read = lay.forward(rows)
-        at = {r: j for j, r in enumerate(rows)}
+
+    def __init__(self, lay: Layout, spans: list[SpanState], steps: int, sample: Sampler, order: str,
+                 threshold: float | None, refresh: list[int], recompute_all: bool = False,
+                 cache_committed: bool = False) -> None:
+        self.lay, self.spans, self.steps, self.sample = lay, spans, steps, sample
+        self.order, self.threshold, self.refresh = order, threshold, refresh
+        self.recompute_all, self.cache_committed = recompute_all, cache_committed
+        self.i = 0
+        self._rows: list[int] = []
+
+    @property
+    def finished(self) -> bool:
+        return not any(s.masked for s in self.spans)
+
+    def rows(self) -> list[int]:
+        active = [s for s in self.spans if s.masked]
+        self._rows = list(range(len(self.lay))) if self.recompute_all else \
+            sorted({*self.refresh, *(r for s in active for r in s.rows_to_compute(self.cache_committed))})
+        return self._rows
+
+    def after(self, logits: torch.Tensor, read: int) -> dict:
+        active = [s for s in self.spans if s.masked]
+        at = {r: j for j, r in enumerate(self._rows)}
         refresh, emitted, unmasked = [], [], {}
+        i, lay = self.i, self.lay
         for s in active:
-            ids, commit = unmask(logits[[at[p] for p in s.masked]], sample, order, scheduled(len(s.masked), i, steps), threshold)
+            ids, commit = unmask(logits[[at[p] for p in s.masked]], self.sample, self.order,
+                                 scheduled(len(s.masked), i, self.steps), self.threshold)
             keep, s.fresh = [], []
             for p, t, c in zip(s.masked, ids.tolist(), commit.tolist()):
                 if c:
@@ -252,8 +273,7 @@ def denoise(lay: Layout, spans: list[SpanState], steps: int, sample: Sampler, or
             s.masked = keep
             if not keep:
                 s.finished_at = i + 1
-                refresh += s.fresh if cache_committed else list(s.rows)
-        yield {"i": i, "rows": len(rows), "kv_read": read, "streams": tuple(s.sid for s in active), "emitted": tuple(emitted),
-               "masks_left": {s.sid: len(s.masked) for s in active}, "unmasked": unmasked}
-        i += 1
-    return refresh
+                refresh += s.fresh if self.cache_committed else list(s.rows)
+        self.refresh, self.i = refresh, i + 1
+        return {"i": i, "rows": len(self._rows), "kv_read": read, "streams": tuple(s.sid for s in active),
+                "emitted": tuple(emitted), "masks_left": {s.sid: len(s.masked) for s in active}, "unmasked": unmasked}

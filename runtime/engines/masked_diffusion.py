@@ -14,10 +14,14 @@ runtime/train/planned_diffusion.py), with the same `hybrid_mask` visibility.
 from __future__ import annotations
 
 import json
-from collections.abc import Generator
 
-from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord, linear_graph
-from runtime.engines.diffusion_common import Layout, check_knobs, denoise, scaffold
+import numpy as np
+import torch
+
+from runtime.engines.base import (Completion, Engine, GenerationConfig, PassInputs, Request, RequestState, Step,
+                                  TokenRecord, linear_graph)
+from runtime.engines.diffusion_common import Denoiser, Layout, check_knobs, hybrid_mask, scaffold
+from runtime.kv import RequestKV
 from runtime.lang.planned_diffusion import ASYNC, ASYNC_END, MASK, PAD
 from runtime.model import TinyLM
 from runtime.sampling import Sampler
@@ -41,38 +45,74 @@ class MaskedDiffusionEngine(Engine):
         t = tokenizer.token_id
         self.tags, self.mask_id, self.span_pad = (t(ASYNC), t(ASYNC_END)), t(MASK), t(PAD)
 
-    def run(self, request: Request) -> Generator[Step, None, Completion]:
-        kv = self.new_store()
-        sample = Sampler(self.config.sampling, request.request_id)
-        lay = Layout(self.model, kv)
-        prompt = self.prompt_ids(request)
-        n = len(prompt)
-        lay.append("ar", prompt)
-        span = scaffold(lay, 1, self.length, self.tags, self.mask_id)
-        refresh = list(range(n))  # the first pass also computes the prompt
-        step, peak = 0, [0, 0]
-        gen = denoise(lay, [span], self.steps, sample, self.order, self.threshold, refresh)
-        while True:
-            try:
-                d = next(gen)
-            except StopIteration:
-                break
-            peak = [max(peak[0], kv.live_tokens), max(peak[1], kv.bytes_allocated)]
-            note = {"round": 0, "step": d["i"] + 1, "masks_left": d["masks_left"], "unmasked": d["unmasked"]}
-            yield Step(request.request_id, step, "denoise", d["streams"], d["rows"], d["kv_read"], kv.live_tokens,
-                       kv.bytes_allocated, emitted=d["emitted"], note=json.dumps(note))
-            step += 1
+    def start(self, request: Request, kv: RequestKV) -> "MaskedDiffusionState":
+        return MaskedDiffusionState(self, request, kv)
+
+
+class MaskedDiffusionState(RequestState):
+    """One request: the prompt and one span, then a denoising pass per step."""
+
+    def __init__(self, eng: MaskedDiffusionEngine, request: Request, kv: RequestKV) -> None:
+        self.eng, self.req, self.kv = eng, request, kv
+        self.lay = Layout(eng.model.cfg.max_positions, kv)
+        prompt = eng.prompt_ids(request)
+        self.n = len(prompt)
+        self.lay.append("ar", prompt)
+        self.span = scaffold(self.lay, 1, eng.length, eng.tags, eng.mask_id)
+        # the first pass also computes the prompt
+        self.den = Denoiser(self.lay, [self.span], eng.steps, Sampler(eng.config.sampling, request.request_id),
+                            eng.order, eng.threshold, list(range(self.n)))
+        self.step, self.peak = 0, [0, 0]
+        self.inp: PassInputs | None = None
+
+    def next_rows(self) -> int:
+        return len(self.den.rows())
+
+    def next_new_slots(self) -> dict:
+        return {None: self.lay.unassigned}
+
+    def max_kv_tokens(self) -> int:
+        return self.n + self.eng.length + 2
+
+    def restart_prefill(self) -> None:
+        self.lay.slots = []
+
+    def next_inputs(self) -> PassInputs:
+        self.inp = self.lay.inputs(self.den.rows(), "denoise")
+        return self.inp
+
+    def after(self, logits: torch.Tensor, attention: torch.Tensor | None) -> Step:
+        d = self.den.after(logits[self.inp.skip:], self.inp.kv_read)
+        kv = self.kv
+        self.peak = [max(self.peak[0], kv.live_tokens), max(self.peak[1], kv.bytes_allocated)]
+        note = {"round": 0, "step": d["i"] + 1, "masks_left": d["masks_left"], "unmasked": d["unmasked"]}
+        step = Step(self.req.request_id, self.step, "denoise", d["streams"], d["rows"], d["kv_read"], kv.live_tokens,
+                    kv.bytes_allocated, emitted=d["emitted"], note=json.dumps(note))
+        self.step += 1
+        self.done = self.den.finished
+        return step
+
+    def held(self) -> list[tuple[int, int, np.ndarray]]:
+        k = len(self.lay.slots)
+        vis = hybrid_mask(self.lay.segs, True, list(range(k))).numpy()[:, :k]
+        return [(self.lay.ids[r], r, np.flatnonzero(vis[r])) for r in range(k)]
+
+    def remap(self, new_slots: list[int]) -> None:
+        self.lay.slots = list(new_slots)
+
+    def completion(self) -> Completion:
+        eng, lay, span = self.eng, self.lay, self.span
         tokens = []
         for r in span.rows:
             t = lay.ids[r]
-            kind = "tag" if t in self.tags else "pad" if t == self.span_pad else "content"
+            kind = "tag" if t in eng.tags else "pad" if t == eng.span_pad else "content"
             tokens.append(TokenRecord(t, 1, span.unmasked_at.get(r, 0), r, kind, lay.slots[r], (-1, 1)))
-        text = self.tok.decode([t.token_id for t in tokens if t.kind == "content"], skip_control=True)
-        graph = linear_graph(n, len(tokens))
-        graph["nodes"][1].update(kind="span", stream=1, length=self.length, finished_at_step=span.finished_at)
+        text = eng.tok.decode([t.token_id for t in tokens if t.kind == "content"], skip_control=True)
+        graph = linear_graph(self.n, len(tokens))
+        graph["nodes"][1].update(kind="span", stream=1, length=eng.length, finished_at_step=span.finished_at)
         return Completion(
-            request_id=request.request_id, prompt_tokens=n, output_ids=[t.token_id for t in tokens], text=text,
-            tokens=tokens, graph=graph, critical_path_tokens=self.length, steps=step,
-            peak_live_kv_tokens=peak[0], peak_kv_bytes=peak[1], status="ok", stop_reason="denoised",
-            events=[{"event": "mdm", "length": self.length, "steps": self.steps, "denoise_passes": step,
+            request_id=self.req.request_id, prompt_tokens=self.n, output_ids=[t.token_id for t in tokens], text=text,
+            tokens=tokens, graph=graph, critical_path_tokens=eng.length, steps=self.step,
+            peak_live_kv_tokens=self.peak[0], peak_kv_bytes=self.peak[1], status="ok", stop_reason="denoised",
+            events=[{"event": "mdm", "length": eng.length, "steps": eng.steps, "denoise_passes": self.step,
                      "finished_at": span.finished_at}])

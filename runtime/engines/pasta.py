@@ -23,13 +23,14 @@ streams, tags included; 0 = 2 x max_tokens; `GenerationConfig.max_tokens` bounds
 
 from __future__ import annotations
 
-from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord, visibility_rows
+from runtime.engines.base import (Completion, Engine, GenerationConfig, PassInputs, Request, RequestState, Step,
+                                  TokenRecord)
+from runtime.kv import RequestKV
 from runtime.lang.pasta import ASYNC, ASYNC_END, SYNC, End, Finish, Fork, Inline, PastaParser, StreamSyntax, Sync
 from runtime.model import TinyLM
 from runtime.sampling import Sampler
@@ -315,57 +316,8 @@ class PastaEngine(Engine):
         self.max_threads, self.max_chunk_tokens = max_threads, max_chunk_tokens
         self.max_total_tokens = max_total_tokens or 2 * config.max_tokens
 
-    def run(self, request: Request) -> Generator[Step, None, Completion]:
-        kv = self.new_store()
-        sample = Sampler(self.config.sampling, request.request_id)
-        prompt = self.prompt_ids(request)
-        n, max_pos = len(prompt), self.model.cfg.max_positions
-        if n >= max_pos:
-            raise ValueError(f"prompt of {n} tokens exceeds the model's {max_pos} positions")
-        lay = self.new_layout(prompt)
-        slots = Indices()  # fed index -> KV slot
-        batch = list(range(n))
-        step, phase, stop_reason = 0, "prefill", "stop_token"
-        peak_tokens = peak_bytes = total = content = 0
-        while True:
-            new_slots = kv.allocate(len(batch))
-            slots.extend(new_slots)
-            fed = [lay.fed[i] for i in batch]
-            slot_of = slots.view()
-            vis = visibility_rows([slot_of[f.sees] for f in fed], kv.num_slots, self.device)
-            kv_read = sum(len(f.sees) for f in fed)
-            ids = torch.from_numpy(np.array([[f.token_id for f in fed], [f.position for f in fed], new_slots],
-                                            dtype=np.int64)).to(self.device)
-            logits = self.model(ids[0], ids[1], ids[2], vis, kv)
-            # one sampled token per stream whose last row is in this pass
-            at = {i: r for r, i in enumerate(batch)}
-            sids = [sid for sid, s in lay.streams.items() if not s.done and s.last_row in at and not s.pending]
-            rows = [at[lay.streams[sid].last_row] for sid in sids]
-            toks = self.choose(lay, sids, logits if rows == list(range(len(batch))) else logits[rows], sample) if sids else []
-            for sid, t in zip(sids, toks):
-                out = lay.advance(sid, int(t), step)
-                total += 1
-                content += out.kind == "content" and not self.is_stop(out.token_id)
-            live, held = kv.live_tokens, kv.bytes_allocated
-            peak_tokens, peak_bytes = max(peak_tokens, live), max(peak_bytes, held)
-            streams = tuple(sorted({max(MAIN, f.stream) for f in fed}))
-            yield Step(request.request_id, step, phase, streams, len(batch), kv_read, live, held, emitted=tuple(int(t) for t in toks))
-            if lay.finished:
-                break
-            if content >= self.config.max_tokens or total >= self.max_total_tokens:
-                stop_reason = "max_tokens"
-                break
-            self.schedule(lay)
-            batch = lay.feed_ready()
-            if not batch:  # nothing can run (cannot happen with a well-formed layout; never hang)
-                stop_reason = "stalled"
-                break
-            if max(lay.fed[i].position for i in batch) >= max_pos:
-                stop_reason = "max_positions"
-                break
-            step += 1
-            phase = self.phase(lay, batch)
-        return self._completion(request, lay, slots.view().tolist(), n, step + 1, peak_tokens, peak_bytes, stop_reason)
+    def start(self, request: Request, kv: RequestKV) -> "PastaState":
+        return PastaState(self, request, kv)
 
     # ------------------------------------------------------------------ hooks (the skeleton baseline overrides them)
     def new_layout(self, prompt: list[int]) -> Layout:
@@ -397,3 +349,105 @@ class PastaEngine(Engine):
             critical_path_tokens=steps, steps=steps, peak_live_kv_tokens=peak_tokens, peak_kv_bytes=peak_bytes,
             status="ok" if stop_reason == "stop_token" else "truncated", stop_reason=stop_reason, events=list(lay.events),
         )
+
+
+class PastaState(RequestState):
+    """One request: its layout, the slot of every fed token, and the fed rows of its next pass
+    (every stream that can advance; the prompt's rows first)."""
+
+    def __init__(self, eng: PastaEngine, request: Request, kv: RequestKV) -> None:
+        self.eng, self.req, self.kv = eng, request, kv
+        self.sample = Sampler(eng.config.sampling, request.request_id)
+        prompt = eng.prompt_ids(request)
+        self.n, self.max_pos = len(prompt), eng.model.cfg.max_positions
+        if self.n >= self.max_pos:
+            raise ValueError(f"prompt of {self.n} tokens exceeds the model's {self.max_pos} positions")
+        self.lay = eng.new_layout(prompt)
+        self.slots = Indices()  # fed index -> KV slot
+        self.batch = list(range(self.n))  # fed indices of the next pass
+        self.step, self.phase, self.stop_reason = 0, "prefill", "stop_token"
+        self.peak_tokens = self.peak_bytes = self.total = self.content = 0
+        self.inp: PassInputs | None = None
+
+    def next_rows(self) -> int:
+        return len(self.batch)
+
+    def next_new_slots(self) -> dict:
+        return {None: len(self.batch)}
+
+    def max_kv_tokens(self) -> int:
+        return self.n + self.eng.max_total_tokens + 2 * self.eng.max_threads  # tags forced besides sampled ones
+
+    def prompt_left(self) -> int:
+        return len(self.batch) if self.phase == "prefill" else 0
+
+    def prompt_chunk(self, k: int) -> PassInputs:
+        rows, self.batch = self.batch[:k], self.batch[k:]
+        return self._pass(rows, "prefill")
+
+    def restart_prefill(self) -> None:
+        self.slots, self.batch = Indices(), list(range(self.n))
+
+    def next_inputs(self) -> PassInputs:
+        self.inp = self._pass(self.batch, self.phase)
+        return self.inp
+
+    def _pass(self, batch: list[int], phase: str) -> PassInputs:
+        new_slots = self.kv.allocate(len(batch))
+        self.slots.extend(new_slots)
+        fed = [self.lay.fed[i] for i in batch]
+        cols = self.slots.view()
+        vis = np.zeros((len(fed), len(cols)), dtype=bool)
+        for r, f in enumerate(fed):
+            vis[r, f.sees] = True
+        return PassInputs([f.token_id for f in fed], [f.position for f in fed], new_slots, cols, vis, phase)
+
+    def after(self, logits: torch.Tensor, attention: torch.Tensor | None) -> Step:
+        lay, eng, batch = self.lay, self.eng, self.batch
+        logits = logits[self.inp.skip:]
+        # one sampled token per stream whose last row is in this pass
+        at = {i: r for r, i in enumerate(batch)}
+        sids = [sid for sid, s in lay.streams.items() if not s.done and s.last_row in at and not s.pending]
+        rows = [at[lay.streams[sid].last_row] for sid in sids]
+        toks = eng.choose(lay, sids, logits if rows == list(range(len(batch))) else logits[rows], self.sample) if sids else []
+        for sid, t in zip(sids, toks):
+            out = lay.advance(sid, int(t), self.step)
+            self.total += 1
+            self.content += out.kind == "content" and not eng.is_stop(out.token_id)
+        live, held = self.kv.live_tokens, self.kv.bytes_allocated
+        self.peak_tokens, self.peak_bytes = max(self.peak_tokens, live), max(self.peak_bytes, held)
+        streams = tuple(sorted({max(MAIN, lay.fed[i].stream) for i in batch}))
+        step = Step(self.req.request_id, self.step, self.phase, streams, len(batch), self.inp.kv_read, live, held,
+                    emitted=tuple(int(t) for t in toks))
+        self._next_batch()
+        return step
+
+    def _next_batch(self) -> None:
+        """Decide what the next pass feeds, or that the request is done."""
+        lay, eng = self.lay, self.eng
+        if lay.finished:
+            self.done = True
+            return
+        if self.content >= eng.config.max_tokens or self.total >= eng.max_total_tokens:
+            self.done, self.stop_reason = True, "max_tokens"
+            return
+        eng.schedule(lay)
+        self.batch = lay.feed_ready()
+        if not self.batch:  # nothing can run (cannot happen with a well-formed layout; never hang)
+            self.done, self.stop_reason = True, "stalled"
+        elif max(lay.fed[i].position for i in self.batch) >= self.max_pos:
+            self.done, self.stop_reason = True, "max_positions"
+        else:
+            self.step += 1
+            self.phase = eng.phase(lay, self.batch)
+
+    # ------------------------------------------------------------------ preemption
+    def held(self) -> list[tuple[int, int, np.ndarray]]:
+        return [(f.token_id, f.position, f.sees) for f in self.lay.fed[: len(self.slots)]]
+
+    def remap(self, new_slots: list[int]) -> None:
+        self.slots = Indices(new_slots)
+
+    def completion(self) -> Completion:
+        return self.eng._completion(self.req, self.lay, self.slots.view().tolist(), self.n, self.step + 1,
+                                    self.peak_tokens, self.peak_bytes, self.stop_reason)

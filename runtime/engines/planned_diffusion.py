@@ -31,10 +31,13 @@ passes; the time split is the steps table's durations by phase).
 from __future__ import annotations
 
 import json
-from collections.abc import Generator
 
-from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord
-from runtime.engines.diffusion_common import Layout, SpanState, check_knobs, denoise, scaffold, steps_for
+import numpy as np
+import torch
+
+from runtime.engines.base import Completion, Engine, GenerationConfig, PassInputs, Request, RequestState, Step, TokenRecord
+from runtime.engines.diffusion_common import Denoiser, Layout, SpanState, check_knobs, hybrid_mask, scaffold, steps_for
+from runtime.kv import RequestKV
 from runtime.lang.planned_diffusion import ASYNC, ASYNC_END, MASK, PAD, SYNC, UNIT, PlanParser
 from runtime.engines.operating_points import operating_knobs
 from runtime.model import TinyLM
@@ -74,107 +77,14 @@ class PlannedDiffusionEngine(Engine):
         self.tags = (t(ASYNC), t(ASYNC_END))
         self.mask_id, self.pad_id_span, self.sync_id = t(MASK), t(PAD), t(SYNC)
 
-    def run(self, request: Request) -> Generator[Step, None, Completion]:
-        kv = self.new_store()
-        sample = Sampler(self.config.sampling, request.request_id)
-        lay = Layout(self.model, kv, self.block_sparse)
-        prompt = self.prompt_ids(request)
-        n = len(prompt)
-        lay.append("ar", prompt)
-        parser = PlanParser(self.tok, self.length_scale, self.max_plan_tokens, self.max_spans, self.max_span_tokens)
-        forced = self.tok.encode(self.forced_plan) if self.forced_plan else []
-        recs: dict[int, TokenRecord] = {}  # layout index -> record
-        spans: list[SpanState] = []
-        span_round: dict[int, int] = {}
-        revealed: list[int] = []  # span ids the AR stream sees (after <sync/>)
-        events: list[dict] = []
-        tail: list[TokenRecord] = []  # the final <eos>, never fed
-        step, rnd, ar_passes, dn_passes, refresh = 0, 0, 0, 0, []
-        peak = [kv.live_tokens, kv.bytes_allocated]
-
-        def ar_pass(rows: list[int], phase: str):
-            nonlocal refresh, ar_passes
-            rows = list(range(len(lay))) if self.recompute_all else sorted({*rows, *refresh})
-            logits, read = lay.forward(rows)
-            refresh, ar_passes = [], ar_passes + 1
-            peak[0], peak[1] = max(peak[0], kv.live_tokens), max(peak[1], kv.bytes_allocated)
-            return logits[-1:], rows, read
-
-        last, rows, read = ar_pass(list(range(n)), "prefill")
-        phase, stop_reason, ar_generated = "prefill", "stop_token", 0
-        while True:
-            tid = forced.pop(0) if forced else int(sample(last)[0])
-            parsed = parser.feed(tid)
-            events += [{"event": "plan", "round": rnd, "what": e} for e in parsed.events]
-            yield Step(request.request_id, step, phase, (0,), len(rows), read, kv.live_tokens, kv.bytes_allocated,
-                       emitted=(tid,), note=json.dumps({"round": rnd}))
-            pos_step, step, ar_generated = step, step + 1, ar_generated + 1
-            if parsed.end is None:
-                (i,) = lay.append("ar", [tid])
-                recs[i] = TokenRecord(tid, 0, pos_step, i, parsed.kind, lay.slots[i], (-1, 0, *revealed))
-                if ar_generated >= self.config.max_tokens:
-                    stop_reason = "max_tokens"
-                    break
-                phase = "plan"
-                last, rows, read = ar_pass([i], phase)
-                continue
-            entries = parser.pop_round()
-            if entries and len(lay) + sum(e.length + 2 for e in entries) + 1 >= self.model.cfg.max_positions:
-                stop_reason = "max_positions"
-                break
-            if entries:  # lay out the round's spans and denoise them together
-                first = len(spans)
-                for e in entries:
-                    s = scaffold(lay, len(spans) + 1, e.length, self.tags, self.mask_id)
-                    spans.append(s)
-                    span_round[s.sid] = rnd
-                group = spans[first:]
-                steps = steps_for(max(s.length for s in group), self.steps_ratio)
-                step0 = step
-                gen = denoise(lay, group, steps, sample, self.order, self.threshold, refresh, self.recompute_all,
-                              self.cache_committed)
-                while True:
-                    try:
-                        d = next(gen)
-                    except StopIteration as fin:
-                        refresh = fin.value
-                        break
-                    dn_passes += 1
-                    peak[0], peak[1] = max(peak[0], kv.live_tokens), max(peak[1], kv.bytes_allocated)
-                    note = {"round": rnd, "step": d["i"] + 1, "masks_left": d["masks_left"], "unmasked": d["unmasked"]}
-                    yield Step(request.request_id, step, "denoise", d["streams"], d["rows"], d["kv_read"], kv.live_tokens,
-                               kv.bytes_allocated, emitted=d["emitted"], note=json.dumps(note))
-                    step += 1
-                older = [s.sid for s in spans[:first]]
-                for s in group:
-                    sibs = tuple(x.sid for x in group) if not self.block_sparse else (s.sid,)
-                    vis = (-1, 0, *older, *sibs)
-                    for r in s.rows:
-                        t = lay.ids[r]
-                        kind = "tag" if t in self.tags else "pad" if t == self.pad_id_span else "mask" if t == self.mask_id else "content"
-                        recs[r] = TokenRecord(t, s.sid, step0 + s.unmasked_at.get(r, 0), r, kind, lay.slots[r], vis)
-                events.append({"event": "round", "round": rnd, "end": parsed.end.kind, "topics": [e.topic for e in entries],
-                               "span_lengths": [s.length for s in group], "denoise_steps": step - step0, "scheduled_steps": steps,
-                               "finished_at": [s.finished_at for s in group]})
-                rnd += 1
-            if parsed.end.kind != "sync":
-                tail.append(TokenRecord(tid, 0, pos_step, len(lay), "tag", -1, (-1, 0, *revealed)))
-                stop_reason = "stop_token" if parsed.end.kind == "eos" else "max_plan_tokens"
-                break
-            if rnd >= self.max_rounds:
-                stop_reason = "max_rounds"
-                break
-            revealed = [s.sid for s in spans]
-            (i,) = lay.append("sync", [tid])
-            recs[i] = TokenRecord(tid, 0, pos_step, i, "tag", lay.slots[i], (-1, 0, *revealed))
-            phase = "sync"
-            last, rows, read = ar_pass([i], phase)
-        return self._complete(request, n, lay, recs, tail, spans, span_round, events, step, peak, stop_reason,
-                              ar_passes, dn_passes)
+    def start(self, request: Request, kv: RequestKV) -> "PlannedDiffusionState":
+        return PlannedDiffusionState(self, request, kv)
 
     def _complete(self, request: Request, n: int, lay: Layout, recs: dict[int, TokenRecord], tail: list[TokenRecord],
                   spans: list[SpanState], span_round: dict[int, int], events: list[dict], steps: int, peak: list[int],
                   stop_reason: str, ar_passes: int, dn_passes: int) -> Completion:
+        for i, rec in recs.items():  # a token never fed (the run stopped first) has no slot
+            rec.kv_slot = lay.slots[i] if i < len(lay.slots) else -1
         tokens = [recs[i] for i in sorted(recs)] + tail
         out = [t.token_id for t in tokens]
         text = self.tok.decode([t.token_id for t in tokens if t.kind == "content"], skip_control=True)
@@ -216,3 +126,178 @@ class PlannedDiffusionEngine(Engine):
             if rr + 1 < n_plan:
                 links.append({"source": f"span:{s.sid}", "target": f"plan:{rr + 1}"})
         return {"directed": True, "multigraph": False, "graph": {}, "nodes": nodes, "links": links}
+
+
+class PlannedDiffusionState(RequestState):
+    """One request: autoregressive plan passes (`mode` "ar"), then the round's denoising passes
+    (`mode` "denoise"), round after round. `after` decides what the next pass is."""
+
+    def __init__(self, eng: PlannedDiffusionEngine, request: Request, kv: RequestKV) -> None:
+        self.eng, self.req, self.kv = eng, request, kv
+        self.sample = Sampler(eng.config.sampling, request.request_id)
+        self.lay = Layout(eng.model.cfg.max_positions, kv, eng.block_sparse)
+        prompt = eng.prompt_ids(request)
+        self.n = len(prompt)
+        self.lay.append("ar", prompt)
+        self.parser = PlanParser(eng.tok, eng.length_scale, eng.max_plan_tokens, eng.max_spans, eng.max_span_tokens)
+        self.forced = eng.tok.encode(eng.forced_plan) if eng.forced_plan else []
+        self.recs: dict[int, TokenRecord] = {}  # layout index -> record
+        self.spans: list[SpanState] = []
+        self.span_round: dict[int, int] = {}
+        self.revealed: list[int] = []  # span ids the AR stream sees (after <sync/>)
+        self.events: list[dict] = []
+        self.tail: list[TokenRecord] = []  # the final <eos>, never fed
+        self.step = self.rnd = self.ar_passes = self.dn_passes = self.ar_generated = 0
+        self.refresh: list[int] = []
+        self.peak = [kv.live_tokens, kv.bytes_allocated]
+        self.mode, self.phase, self.stop_reason = "ar", "prefill", "stop_token"
+        self.ar_rows = list(range(self.n))  # the next AR pass's own rows
+        self.den: Denoiser | None = None
+        self.round_end: tuple = ()  # (parsed end, its token, its step) of the round being denoised
+        self.inp: PassInputs | None = None
+
+    # ------------------------------------------------------------------ the next pass
+    def _rows(self) -> list[int]:
+        if self.mode == "denoise":
+            return self.den.rows()
+        if self.eng.recompute_all:
+            return list(range(len(self.lay)))
+        return sorted({*self.ar_rows, *self.refresh})
+
+    def next_rows(self) -> int:
+        if self.mode == "denoise":
+            return len(self.den.rows())
+        return len(self._rows())
+
+    def next_new_slots(self) -> dict:
+        return {None: self.lay.unassigned}
+
+    def max_kv_tokens(self) -> int:
+        eng = self.eng
+        return self.n + eng.config.max_tokens + eng.max_rounds * (1 + eng.max_spans * (eng.max_span_tokens + 2))
+
+    def prompt_left(self) -> int:
+        return len(self.ar_rows) if self.phase == "prefill" else 0
+
+    def prompt_chunk(self, k: int) -> PassInputs:
+        rows, self.ar_rows = self.ar_rows[:k], self.ar_rows[k:]
+        return self.lay.inputs(rows, "prefill", upto=rows[-1] + 1)
+
+    def restart_prefill(self) -> None:
+        self.lay.slots, self.ar_rows = [], list(range(self.n))
+
+    def next_inputs(self) -> PassInputs:
+        self.rows = self._rows()
+        self.inp = self.lay.inputs(self.rows, self.phase if self.mode == "ar" else "denoise")
+        return self.inp
+
+    def after(self, logits: torch.Tensor, attention: torch.Tensor | None) -> Step:
+        logits = logits[self.inp.skip:]
+        self.peak = [max(self.peak[0], self.kv.live_tokens), max(self.peak[1], self.kv.bytes_allocated)]
+        if self.mode == "denoise":
+            return self._after_denoise(logits)
+        return self._after_ar(logits[-1:])
+
+    def _after_ar(self, last: torch.Tensor) -> Step:
+        eng = self.eng
+        self.refresh, self.ar_passes = [], self.ar_passes + 1
+        tid = self.forced.pop(0) if self.forced else int(self.sample(last)[0])
+        parsed = self.parser.feed(tid)
+        self.events += [{"event": "plan", "round": self.rnd, "what": e} for e in parsed.events]
+        step = Step(self.req.request_id, self.step, self.phase, (0,), len(self.rows), self.inp.kv_read,
+                    self.kv.live_tokens, self.kv.bytes_allocated, emitted=(tid,), note=json.dumps({"round": self.rnd}))
+        pos_step, self.step, self.ar_generated = self.step, self.step + 1, self.ar_generated + 1
+        if parsed.end is None:
+            (i,) = self.lay.append("ar", [tid])
+            self.recs[i] = TokenRecord(tid, 0, pos_step, i, parsed.kind, -1, (-1, 0, *self.revealed))
+            if self.ar_generated >= eng.config.max_tokens:
+                self._stop("max_tokens")
+            else:
+                self.phase, self.ar_rows = "plan", [i]
+            return step
+        entries = self.parser.pop_round()
+        if entries and len(self.lay) + sum(e.length + 2 for e in entries) + 1 >= eng.model.cfg.max_positions:
+            self._stop("max_positions")
+            return step
+        self.round_end = (parsed.end, tid, pos_step)
+        if entries:  # lay out the round's spans and denoise them together
+            self._start_round(entries)
+        else:
+            self._end_round()
+        return step
+
+    def _start_round(self, entries) -> None:
+        eng = self.eng
+        self.first = len(self.spans)
+        for e in entries:
+            s = scaffold(self.lay, len(self.spans) + 1, e.length, eng.tags, eng.mask_id)
+            self.spans.append(s)
+            self.span_round[s.sid] = self.rnd
+        group = self.spans[self.first:]
+        self.scheduled_steps = steps_for(max(s.length for s in group), eng.steps_ratio)
+        self.step0, self.entries = self.step, entries
+        self.den = Denoiser(self.lay, group, self.scheduled_steps, self.sample, eng.order, eng.threshold, self.refresh,
+                            eng.recompute_all, eng.cache_committed)
+        self.mode = "denoise"
+
+    def _after_denoise(self, logits: torch.Tensor) -> Step:
+        d = self.den.after(logits, self.inp.kv_read)
+        self.dn_passes += 1
+        note = {"round": self.rnd, "step": d["i"] + 1, "masks_left": d["masks_left"], "unmasked": d["unmasked"]}
+        step = Step(self.req.request_id, self.step, "denoise", d["streams"], d["rows"], d["kv_read"], self.kv.live_tokens,
+                    self.kv.bytes_allocated, emitted=d["emitted"], note=json.dumps(note))
+        self.step += 1
+        if self.den.finished:
+            self.refresh, self.mode = self.den.refresh, "ar"
+            self._record_round()
+            self._end_round()
+        return step
+
+    def _record_round(self) -> None:
+        eng, group = self.eng, self.den.spans
+        older = [s.sid for s in self.spans[: self.first]]
+        for s in group:
+            sibs = tuple(x.sid for x in group) if not eng.block_sparse else (s.sid,)
+            vis = (-1, 0, *older, *sibs)
+            for r in s.rows:
+                t = self.lay.ids[r]
+                kind = "tag" if t in eng.tags else "pad" if t == eng.pad_id_span else "mask" if t == eng.mask_id else "content"
+                self.recs[r] = TokenRecord(t, s.sid, self.step0 + s.unmasked_at.get(r, 0), r, kind, -1, vis)
+        self.events.append({"event": "round", "round": self.rnd, "end": self.round_end[0].kind,
+                            "topics": [e.topic for e in self.entries], "span_lengths": [s.length for s in group],
+                            "denoise_steps": self.step - self.step0, "scheduled_steps": self.scheduled_steps,
+                            "finished_at": [s.finished_at for s in group]})
+        self.rnd += 1
+
+    def _end_round(self) -> None:
+        """After a round's end token (and its spans, if any): stop, or feed `<sync/>` and plan on."""
+        end, tid, pos_step = self.round_end
+        if end.kind != "sync":
+            self.tail.append(TokenRecord(tid, 0, pos_step, len(self.lay), "tag", -1, (-1, 0, *self.revealed)))
+            self._stop("stop_token" if end.kind == "eos" else "max_plan_tokens")
+            return
+        if self.rnd >= self.eng.max_rounds:
+            self._stop("max_rounds")
+            return
+        self.revealed = [s.sid for s in self.spans]
+        (i,) = self.lay.append("sync", [tid])
+        self.recs[i] = TokenRecord(tid, 0, pos_step, i, "tag", -1, (-1, 0, *self.revealed))
+        self.phase, self.ar_rows = "sync", [i]
+
+    def _stop(self, reason: str) -> None:
+        self.done, self.stop_reason = True, reason
+
+    # ------------------------------------------------------------------ preemption
+    def held(self) -> list[tuple[int, int, np.ndarray]]:
+        """Every laid-out token with a slot, each seeing what `hybrid_mask` lets it see (the K/V a
+        pass over every row writes; span tokens of an unfinished round are recomputed anyway)."""
+        k = len(self.lay.slots)
+        vis = hybrid_mask(self.lay.segs, self.eng.block_sparse, list(range(k))).numpy()[:, :k]
+        return [(self.lay.ids[r], r, np.flatnonzero(vis[r])) for r in range(k)]
+
+    def remap(self, new_slots: list[int]) -> None:
+        self.lay.slots = list(new_slots)
+
+    def completion(self) -> Completion:
+        return self.eng._complete(self.req, self.n, self.lay, self.recs, self.tail, self.spans, self.span_round,
+                                  self.events, self.step, self.peak, self.stop_reason, self.ar_passes, self.dn_passes)

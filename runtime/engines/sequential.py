@@ -4,9 +4,12 @@ forward pass, each query seeing every earlier slot (the causal case of the one p
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import numpy as np
+import torch
 
-from runtime.engines.base import Completion, Engine, Request, Step, TokenRecord, linear_graph, visibility_rows
+from runtime.engines.base import (Completion, Engine, PassInputs, Request, RequestState, Step, TokenRecord,
+                                  causal_inputs, linear_graph)
+from runtime.kv import RequestKV
 from runtime.sampling import Sampler
 
 
@@ -15,59 +18,89 @@ class SequentialEngine(Engine):
     default_model = "sequential-tiny"
     default_task = "reverse_words"
 
-    def run(self, request: Request) -> Generator[Step, None, Completion]:
-        kv = self.new_store()
-        sample = Sampler(self.config.sampling, request.request_id)
-        prompt = self.prompt_ids(request)
-        n = len(prompt)
-        if n >= self.model.cfg.max_positions:
-            raise ValueError(f"prompt of {n} tokens exceeds the model's {self.model.cfg.max_positions} positions")
-        slots = kv.allocate(n)
-        rows = [slots[: i + 1] for i in range(n)]
-        logits = self.model(self.tensor(prompt), self.tensor(list(range(n))), self.tensor(slots),
-                            visibility_rows(rows, kv.num_slots, self.device), kv)
-        kv_read = n * (n + 1) // 2
-        tokens: list[TokenRecord] = []
-        peak_tokens, peak_bytes = kv.live_tokens, kv.bytes_allocated
-        step, phase, stop_reason = 0, "prefill", "max_tokens"
-        last_logits = logits[-1:]
-        while True:
-            tok = int(sample(last_logits)[0])
-            tokens.append(TokenRecord(tok, stream=0, step_index=step, position_id=n + len(tokens),
-                                      visible_streams=(-1, 0)))
-            query_tokens = n if phase == "prefill" else 1
-            yield Step(request.request_id, step, phase, (0,), query_tokens, kv_read,
-                       kv.live_tokens, kv.bytes_allocated, emitted=(tok,))
-            if self.is_stop(tok):
-                stop_reason = "stop_token"
-                break
-            if len(tokens) >= self.config.max_tokens:
-                break
-            if n + len(tokens) >= self.model.cfg.max_positions:
-                stop_reason = "max_positions"
-                break
-            step += 1
-            phase = "decode"
-            (slot,) = kv.allocate(1)
-            slots.append(slot)
-            tokens[-1].kv_slot = slot
-            pos = n + len(tokens) - 1
-            last_logits = self.model(self.tensor([tok]), self.tensor([pos]), self.tensor([slot]),
-                                     visibility_rows([slots], kv.num_slots, self.device), kv)
-            kv_read = len(slots)
-            peak_tokens, peak_bytes = max(peak_tokens, kv.live_tokens), max(peak_bytes, kv.bytes_allocated)
-        out = [t.token_id for t in tokens]
+    def start(self, request: Request, kv: RequestKV) -> "SequentialState":
+        return SequentialState(self, request, kv)
+
+
+class SequentialState(RequestState):
+    """One request: the prompt's prefill, then one decode row per pass."""
+
+    def __init__(self, eng: SequentialEngine, request: Request, kv: RequestKV) -> None:
+        self.eng, self.req, self.kv = eng, request, kv
+        self.sample = Sampler(eng.config.sampling, request.request_id)
+        self.prompt = eng.prompt_ids(request)
+        self.n = n = len(self.prompt)
+        if n >= eng.model.cfg.max_positions:
+            raise ValueError(f"prompt of {n} tokens exceeds the model's {eng.model.cfg.max_positions} positions")
+        self.slots: list[int] = []
+        self.tokens: list[TokenRecord] = []
+        self.peak_tokens = self.peak_bytes = 0
+        self.step, self.phase, self.stop_reason = 0, "prefill", "max_tokens"
+        self.inp: PassInputs | None = None
+
+    def next_rows(self) -> int:
+        return self.n - len(self.slots) if self.phase == "prefill" else 1
+
+    def next_new_slots(self) -> dict:
+        return {None: self.next_rows()}
+
+    def prompt_left(self) -> int:
+        return self.n - len(self.slots) if self.phase == "prefill" else 0
+
+    def prompt_chunk(self, k: int) -> PassInputs:
+        p = len(self.slots)
+        self.slots += self.kv.allocate(k)
+        return causal_inputs(self.prompt[p: p + k], list(range(p, p + k)), self.slots, "prefill", start=p)
+
+    def restart_prefill(self) -> None:
+        self.slots = []
+
+    def next_inputs(self) -> PassInputs:
+        if self.phase == "prefill":
+            p = len(self.slots)
+            self.slots += self.kv.allocate(self.n - p)
+            self.inp = causal_inputs(self.prompt[p:], list(range(p, self.n)), self.slots, "prefill", start=p)
+        else:
+            (slot,) = self.kv.allocate(1)
+            self.slots.append(slot)
+            self.tokens[-1].kv_slot = slot
+            self.inp = causal_inputs([self.tokens[-1].token_id], [self.n + len(self.tokens) - 1], self.slots, "decode",
+                                     start=len(self.slots) - 1)
+        return self.inp
+
+    def after(self, logits: torch.Tensor, attention: torch.Tensor | None) -> Step:
+        self.peak_tokens = max(self.peak_tokens, self.kv.live_tokens)
+        self.peak_bytes = max(self.peak_bytes, self.kv.bytes_allocated)
+        tok = int(self.sample(logits[-1:])[0])
+        self.tokens.append(TokenRecord(tok, stream=0, step_index=self.step, position_id=self.n + len(self.tokens),
+                                       visible_streams=(-1, 0)))
+        step = Step(self.req.request_id, self.step, self.phase, (0,), self.inp.rows - self.inp.skip, self.inp.kv_read,
+                    self.kv.live_tokens, self.kv.bytes_allocated, emitted=(tok,))
+        if self.eng.is_stop(tok):
+            self.done, self.stop_reason = True, "stop_token"
+        elif len(self.tokens) >= self.eng.config.max_tokens:
+            self.done = True
+        elif self.n + len(self.tokens) >= self.eng.model.cfg.max_positions:
+            self.done, self.stop_reason = True, "max_positions"
+        else:
+            self.step, self.phase = self.step + 1, "decode"
+        return step
+
+    # ------------------------------------------------------------------ preemption
+    def held(self) -> list[tuple[int, int, np.ndarray]]:
+        ids = self.prompt + [t.token_id for t in self.tokens[: len(self.slots) - self.n]]
+        return [(t, i, np.arange(i + 1)) for i, t in enumerate(ids)]
+
+    def remap(self, new_slots: list[int]) -> None:
+        self.slots = list(new_slots)
+        for t, s in zip(self.tokens, new_slots[self.n:]):
+            t.kv_slot = s
+
+    def completion(self) -> Completion:
+        out = [t.token_id for t in self.tokens]
         return Completion(
-            request_id=request.request_id,
-            prompt_tokens=n,
-            output_ids=out,
-            text=self.tok.decode(out, skip_control=True),
-            tokens=tokens,
-            graph=linear_graph(n, len(out)),
-            critical_path_tokens=len(out),
-            steps=step + 1,
-            peak_live_kv_tokens=peak_tokens,
-            peak_kv_bytes=peak_bytes,
-            status="ok" if stop_reason == "stop_token" else "truncated",
-            stop_reason=stop_reason,
-        )
+            request_id=self.req.request_id, prompt_tokens=self.n, output_ids=out,
+            text=self.eng.tok.decode(out, skip_control=True), tokens=self.tokens,
+            graph=linear_graph(self.n, len(out)), critical_path_tokens=len(out), steps=self.step + 1,
+            peak_live_kv_tokens=self.peak_tokens, peak_kv_bytes=self.peak_bytes,
+            status="ok" if self.stop_reason == "stop_token" else "truncated", stop_reason=self.stop_reason)

@@ -11,23 +11,19 @@ eviction (`freed_kv_bytes`) separately. `free_pages=False` keeps the pages and o
 the test that freeing changes memory, not semantics). Prompt and generated tokens fill separate
 pages (store owners), so the always-live prompt never pins a page of dead steps.
 
-`TipStream` is one request's state with one query row per pass, so `serve` can batch many
-requests into one forward pass over one fixed-size KV pool (memory-limited serving).
+`TipStream` is one request's state with one query row per pass, so `runtime.server` can batch
+many requests into one forward pass over one fixed-size KV pool (memory-limited serving).
 """
 
 from __future__ import annotations
 
-import math
-import time
-from collections import deque
-from collections.abc import Generator
-
+import numpy as np
 import torch
 
-from profiler.errors import KVPoolFull
-from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord, visibility_rows
+from runtime.engines.base import (Completion, Engine, GenerationConfig, PassInputs, Request, RequestState, Step,
+                                  TokenRecord, causal_inputs)
 from runtime.engines.eviction import get_policy
-from runtime.kv import PagedKVStore
+from runtime.kv import RequestKV
 from runtime.lang.tip import DEFAULT_REGISTERS, PROMPT_STREAM, RegisterParser, check_registers
 from runtime.model import TinyLM
 from runtime.sampling import Sampler
@@ -52,20 +48,14 @@ class TipEngine(Engine):
     def make_policy(self):
         return get_policy(self.policy_name)(**self.policy_args)
 
-    def run(self, request: Request) -> Generator[Step, None, Completion]:
-        st = TipStream(self, request, self.new_store())
-        logits, attn = st.forward_prefill()
-        while True:
-            yield st.after_forward(logits, attn)
-            if st.done:
-                return st.completion()
-            logits, attn = st.forward_decode()
+    def start(self, request: Request, kv: RequestKV) -> "TipStream":
+        return TipStream(self, request, kv)
 
 
-class TipStream:
+class TipStream(RequestState):
     """One request: its slots, liveness, parser and records. One query row per forward pass."""
 
-    def __init__(self, engine: TipEngine, request: Request, kv: PagedKVStore) -> None:
+    def __init__(self, engine: TipEngine, request: Request, kv: RequestKV) -> None:
         self.eng, self.req, self.kv = engine, request, kv
         self.model = engine.model
         self.policy = engine.make_policy()
@@ -87,19 +77,59 @@ class TipStream:
         self.query_tokens, self.kv_read = self.n, self.n * (self.n + 1) // 2
         self.peak_tokens = self.peak_bytes = 0
         self.done, self.stop_reason = False, "max_tokens"
+        self.fed: list[tuple[int, int, np.ndarray]] = []  # every token fed: (id, position, fed indices it saw)
+        self.fed_slot: list[int] = []  # fed index -> slot
+        self.slot_fed: dict[int, int] = {}  # slot -> fed index
+        self.free_after_replay = False
 
     # ------------------------------------------------------------------ inputs of the next pass
-    def prefill_inputs(self) -> tuple[list[int], list[int], list[int], list[list[int]]]:
-        slots = self.kv.allocate(self.n, owner=(self.req.request_id, "prompt"))
+    prompt_owner = "prompt"
+
+    def next_rows(self) -> int:
+        return self.n - len(self.fed) if len(self.fed) < self.n else 1
+
+    def next_new_slots(self) -> dict:
+        return {"prompt": self.n - len(self.fed)} if len(self.fed) < self.n else {"gen": 1}
+
+    def _feed(self, ids: list[int], positions: list[int], slots: list[int], sees: list[np.ndarray]) -> None:
+        for t, p, sl, se in zip(ids, positions, slots, sees):
+            self.slot_fed[sl] = len(self.fed)
+            self.fed.append((t, p, se))
+            self.fed_slot.append(sl)
+
+    def next_inputs(self) -> PassInputs:
+        if len(self.fed) < self.n:
+            return self.prefill_inputs(self.n - len(self.fed))
+        return self.decode_inputs()
+
+    def prompt_left(self) -> int:
+        return self.n - len(self.fed) if len(self.fed) < self.n else 0
+
+    def prompt_chunk(self, k: int) -> PassInputs:
+        return self.prefill_inputs(k)
+
+    def restart_prefill(self) -> None:
+        self.live.clear()
+        self.allocated.clear()
+        self.fed, self.fed_slot, self.slot_fed = [], [], {}
+
+    def prefill_inputs(self, k: int) -> PassInputs:
+        """The next `k` prompt tokens (all that is left: the prefill pass; fewer: a chunk)."""
+        p = len(self.fed)
+        slots = self.kv.allocate(k, owner="prompt")
         for s in slots:
             self.live[s] = PROMPT_STREAM
         self.allocated.update(slots)
+        self._feed(self.prompt[p: p + k], list(range(p, p + k)), slots, [np.arange(i + 1) for i in range(p, p + k)])
         self._peak()
-        return self.prompt, list(range(self.n)), slots, [slots[: i + 1] for i in range(self.n)]
+        self.query_tokens, self.kv_read = k, (p + k) * (p + k + 1) // 2 - p * (p + 1) // 2
+        inp = causal_inputs(self.prompt[p: p + k], list(range(p, p + k)), self.fed_slot, "prefill", start=p)
+        inp.attention = self.policy.needs_attention
+        return inp
 
-    def decode_inputs(self) -> tuple[int, int, int, list[int]]:
+    def decode_inputs(self) -> PassInputs:
         """Allocate the last token's slot (KVPoolFull, with nothing changed, if the pool is full)."""
-        (slot,) = self.kv.allocate(1, owner=(self.req.request_id, "gen"))
+        (slot,) = self.kv.allocate(1, owner="gen")
         rec = self.tokens[-1]
         rec.kv_slot = slot
         self.live[slot] = rec.stream
@@ -111,30 +141,62 @@ class TipStream:
         self.step, self.phase, self.query_tokens = self.step + 1, "decode", 1
         self.kv_read = len(self.live)
         self._peak()
-        return rec.token_id, rec.position_id, slot, list(self.live)
+        cols = np.fromiter(self.live, dtype=np.int64, count=len(self.live))
+        self.slot_fed[slot] = len(self.fed)  # the new token sees itself
+        self._feed([rec.token_id], [rec.position_id], [slot],
+                   [np.fromiter((self.slot_fed[s] for s in self.live), dtype=np.int64, count=len(self.live))])
+        return PassInputs([rec.token_id], [rec.position_id], [slot], cols, np.ones((1, len(cols)), dtype=bool),
+                          "decode", self.policy.needs_attention)
 
     def _peak(self) -> None:
         self.peak_tokens = max(self.peak_tokens, len(self.live))
         self.peak_bytes = max(self.peak_bytes, self.kv.bytes_allocated)
 
-    # ------------------------------------------------------------------ single-request passes
-    def _forward(self, ids, pos, slots, rows) -> tuple[torch.Tensor, torch.Tensor | None]:
-        t = self.eng.tensor
-        out = self.model(t(ids), t(pos), t(slots), visibility_rows(rows, self.kv.num_slots, self.eng.device), self.kv,
-                         return_attention=self.policy.needs_attention)
-        logits, attn = out if isinstance(out, tuple) else (out, None)
-        return logits[-1:], attn
+    # ------------------------------------------------------------------ preemption
+    def held(self) -> list[tuple[int, int, np.ndarray]]:
+        """Every token fed so far, evicted ones too: a living token's K/V were computed while it saw
+        steps now dead (as training saw them), so an exact re-prefill needs them for one pass."""
+        return list(self.fed)
 
-    def forward_prefill(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self._forward(*self.prefill_inputs())
+    def readmit(self) -> int:
+        n = super().readmit()
+        self.free_after_replay = True
+        return n
 
-    def forward_decode(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        tok, pos, slot, vis = self.decode_inputs()
-        return self._forward([tok], [pos], [slot], [vis])
+    def replay_owners(self) -> list:
+        return ["prompt" if i < self.n else "gen" for i in range(len(self.fed))]
+
+    def remap(self, new_slots: list[int]) -> None:
+        old_to_new = dict(zip(self.fed_slot, new_slots))
+        self.live = {old_to_new[s]: st for s, st in self.live.items()}
+        self.dead = {old_to_new[s] for s in self.dead}
+        self.slot_token = {old_to_new[s]: i for s, i in self.slot_token.items() if s in old_to_new}
+        for rec in self.tokens:
+            if rec.kv_slot >= 0:
+                rec.kv_slot = old_to_new[rec.kv_slot]
+        if hasattr(self.policy, "scores"):  # H2O's scores are per slot
+            self.policy.scores = {old_to_new[s]: v for s, v in self.policy.scores.items() if s in old_to_new}
+        self.fed_slot = list(new_slots)
+        self.slot_fed = {s: i for i, s in enumerate(new_slots)}
+        self.allocated = set(new_slots)
+
+    def dead_after_replay(self) -> list[int]:
+        return [s for s in self.fed_slot if s not in self.live] if self.eng.free_pages else []
+
+    def release(self) -> int:
+        """Free everything this request holds (it finished or was preempted). Bytes released."""
+        self.allocated.clear()
+        return self.kv.release()
 
     # ------------------------------------------------------------------ after a pass
-    def after_forward(self, logits: torch.Tensor, attention: torch.Tensor | None) -> Step:
+    def after(self, logits: torch.Tensor, attention: torch.Tensor | None) -> Step:
         """Sample, parse, evict; the `Step` of the pass that just ran."""
+        if self.free_after_replay:  # the replay rewrote tokens evicted before the preemption: free them again
+            dead = self.dead_after_replay()
+            self.kv.free(dead)
+            self.allocated.difference_update(dead)
+            self.free_after_replay = False
+        logits = logits[-1:]
         if attention is not None:
             self.policy.observe(list(self.live), attention)
         tok = int(self.sample(logits)[0])
@@ -179,13 +241,6 @@ class TipStream:
         elif self.n + len(self.tokens) >= self.model.cfg.max_positions:
             self.done, self.stop_reason = True, "max_positions"
 
-    def release(self) -> int:
-        """Free everything this request holds (it finished or was preempted). Bytes released."""
-        freed = self.kv.free(sorted(self.allocated))
-        self.allocated.clear()
-        self.live.clear()
-        return freed
-
     # ------------------------------------------------------------------ result
     def graph(self) -> dict:
         counts: dict[int, int] = {}
@@ -210,72 +265,3 @@ class TipStream:
             critical_path_tokens=len(out), steps=self.step + 1, peak_live_kv_tokens=self.peak_tokens,
             peak_kv_bytes=self.peak_bytes, status="ok" if self.stop_reason == "stop_token" else "truncated",
             stop_reason=self.stop_reason, events=list(self.events))
-
-
-# ---------------------------------------------------------------------- memory-limited serving
-def serve(engine: TipEngine, prompts: list[str], pool_bytes: int) -> dict:
-    """Continuous batching of `prompts` over one KV pool of `pool_bytes` (whole pages).
-
-    A request is admitted when its prompt fits with one spare page per running request; every
-    decode pass batches one query row per running request into one forward; when the pool runs
-    out, the newest request is preempted (its pages freed, recomputed later, as vLLM does).
-    Returns concurrency and throughput figures; completions are in `completions`.
-    """
-    P = engine.config.page_size
-    kv = engine.model.new_kv_store(page_size=P, max_pages=pool_bytes // (engine.model.kv_bytes_per_token * P))
-    waiting = deque(Request(i, p) for i, p in enumerate(prompts))
-    active: list[TipStream] = []
-    done: dict[int, Completion] = {}
-    batch_sizes: list[int] = []
-    preemptions, t0 = 0, time.perf_counter()
-
-    def free_pages() -> int:
-        return kv.max_pages - kv.pages_held
-
-    def preempt() -> TipStream:
-        victim = active.pop()
-        victim.release()
-        waiting.appendleft(victim.req)
-        return victim
-
-    def finish(st: TipStream) -> None:
-        st.release()
-        done[st.req.request_id] = st.completion()
-
-    while waiting or active:
-        while waiting and free_pages() >= math.ceil((len(waiting[0].prompt) + 2) / P) + 1 + len(active):
-            st = TipStream(engine, waiting.popleft(), kv)
-            st.after_forward(*st.forward_prefill())
-            (finish if st.done else active.append)(st)
-        if not active:
-            if waiting and kv.pages_held == 0:
-                raise KVPoolFull(f"KV pool of {pool_bytes} bytes cannot hold one prompt")
-            continue
-        rows: list[tuple[TipStream, tuple[int, int, int, list[int]]]] = []
-        i = 0
-        while i < len(active):
-            try:
-                rows.append((active[i], active[i].decode_inputs()))
-                i += 1
-            except KVPoolFull:
-                victim = preempt()
-                preemptions += 1
-                rows = [r for r in rows if r[0] is not victim]
-        if not rows:
-            continue
-        t = engine.tensor
-        vis = visibility_rows([r[1][3] for r in rows], kv.num_slots, engine.device)
-        logits = engine.model(t([r[1][0] for r in rows]), t([r[1][1] for r in rows]), t([r[1][2] for r in rows]), vis, kv)
-        batch_sizes.append(len(rows))
-        for j, (st, _) in enumerate(rows):
-            st.after_forward(logits[j: j + 1], None)
-            if st.done:
-                active.remove(st)
-                finish(st)
-    wall = time.perf_counter() - t0
-    out_tokens = sum(len(c.output_ids) for c in done.values())
-    return {"requests": len(done), "pool_bytes": int(pool_bytes), "pool_pages": kv.max_pages, "wall_s": wall,
-            "output_tokens": out_tokens, "tokens_per_s": out_tokens / wall if wall > 0 else float("nan"),
-            "mean_concurrency": sum(batch_sizes) / max(1, len(batch_sizes)),
-            "max_concurrency": max(batch_sizes, default=0), "decode_passes": len(batch_sizes),
-            "preemptions": preemptions, "completions": [done[i] for i in sorted(done)]}

@@ -16,6 +16,8 @@ TASKS: dict[str, str] = {
     "nested_arith": "runtime.tasks.reasoning:NestedArith",
     "var_tracking": "runtime.tasks.reasoning:VarTracking",
     "tree_reduce": "runtime.tasks.reasoning:TreeReduce",
+    # open-ended questions for real pretrained models (no exact scorer)
+    "open_questions": "runtime.tasks.open_questions:OpenQuestions",
 }
 
 

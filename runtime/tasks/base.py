@@ -12,7 +12,11 @@ import hashlib
 import random
 from dataclasses import dataclass, field
 
+from profiler.errors import UsageError
+
 SPLITS = ("train", "dev", "test")
+MAX_EXAMPLES = 100_000  # more than any run here uses (training draws 20,000); drawing stays seconds
+STALL = 20_000  # draws in a row without a new prompt of the split: the split is used up
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,8 @@ class Task:
 
     name = "task"
     description = ""
+    scored = True  # False: no exact scorer (open-ended answers); quality is recorded as not applicable
+    quality_note = ""  # why, when not scored
 
     def sample(self, rng: random.Random) -> Example:
         raise NotImplementedError
@@ -43,18 +49,28 @@ class Task:
         raise NotImplementedError
 
     def examples(self, split: str, n: int, seed: int = 0) -> list[Example]:
-        """`n` distinct examples of `split`, deterministic from `seed`."""
+        """`n` distinct examples of `split`, deterministic from `seed`.
+
+        A UsageError, before memory grows, when `n` is beyond MAX_EXAMPLES or beyond what the task
+        can draw (STALL draws in a row found nothing new: its prompts of this split are used up)."""
         if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+            raise UsageError(f"split must be one of {SPLITS}, got {split!r}")
+        if not 0 <= n <= MAX_EXAMPLES:
+            raise UsageError(f"task {self.name}: asked for {n} examples; at most {MAX_EXAMPLES} can be drawn")
         rng = random.Random(f"{self.name}:{seed}:{split}")
         out: list[Example] = []
         seen: set[str] = set()
+        since_new = 0
         for _ in range(200 * n + 1000):
             ex = self.sample(rng)
+            since_new += 1
             if ex.prompt in seen or split_of(ex.prompt) != split:
+                if since_new > STALL:
+                    break
                 continue
+            since_new = 0
             seen.add(ex.prompt)
             out.append(ex)
             if len(out) == n:
                 return out
-        raise RuntimeError(f"task {self.name}: could not draw {n} distinct {split} examples")
+        raise UsageError(f"task {self.name}: could draw only {len(out)} distinct {split} examples, not {n}")

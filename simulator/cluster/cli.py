@@ -29,8 +29,6 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--time-scale", type=float, default=1.0,
                    help="with --workload: arrivals come this many times faster (default 1)")
     g.add_argument("--columns", default=None, help="with --workload: EXPECTED=YOURS,... for other column names")
-    g.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT objective for goodput (ms)")
-    g.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT objective for goodput (ms)")
 
 
 def parse_disaggregate(text: str | None) -> tuple[int, int] | None:

@@ -161,4 +161,5 @@ def _merge(w: Workload, prefill: Cluster, decode: DecodeCluster, pre_shift, dec_
         preemptions=p.preemptions + d.preemptions, error={**p.error, **d.error}, config=p.config, pool=pool,
         n_pass=p.n_pass + d.n_pass, events=events,
         device=SimpleNamespace(busy_s=p.device.busy_s + d.device.busy_s),
-        capacity_bytes=p.capacity_bytes + d.capacity_bytes, hardware=p.hardware, model=p.model, cost=p.cost)
+        capacity_bytes=p.capacity_bytes + d.capacity_bytes, hardware=p.hardware, model=p.model, cost=p.cost,
+        blocks=-(-w.alloc_kv_tokens // p.config.block_size))

@@ -197,4 +197,4 @@ def merge(replicas: list[Replay], owner: np.ndarray) -> SimpleNamespace:
         config=first.config, pool=pool, n_pass=offset, events=events,
         device=SimpleNamespace(busy_s=sum(r.device.busy_s for r in replicas)),
         capacity_bytes=sum(r.capacity_bytes for r in replicas), hardware=first.hardware, model=first.model,
-        cost=first.cost, n_requests=n)
+        cost=first.cost, n_requests=n, blocks=first.blocks)

@@ -26,7 +26,8 @@ from simulator.cluster.parallel import (
     Parallelism,
     memory_plan,
 )
-from simulator.cluster.slo import cost_figures, goodput
+from simulator.cluster.slo import cost_figures
+from simulator.slo import check_slo, goodput
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay, resize
@@ -45,8 +46,6 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         from simulator.cluster.routers import get_router
-        from simulator.cluster.slo import check_slo
-
         if not isinstance(self.replicas, int) or self.replicas < 1:
             raise UsageError(f"--replicas must be a positive integer, got {self.replicas!r}")
         get_router(self.router)
@@ -54,8 +53,7 @@ class ClusterConfig:
             raise UsageError(f"--disaggregate needs P:D with P, D >= 1, got {self.disaggregate!r}")
         if self.disaggregate is not None and self.replicas != 1:
             raise UsageError("--disaggregate P:D sets the replica counts; leave out --replicas")
-        check_slo(self.slo_ttft_ms, "--slo-ttft-ms")
-        check_slo(self.slo_tpot_ms, "--slo-tpot-ms")
+        check_slo(self.slo_ttft_ms, self.slo_tpot_ms)
 
     @property
     def gpus(self) -> int:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
+from pathlib import Path
 
 from profiler.errors import UsageError
+from profiler.outdir import claim_out_dir
 from runtime.capture import KEEP, CaptureConfig, capture
 from runtime.engines import systems
+from runtime.tasks.base import MAX_EXAMPLES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +45,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="replay the structure (forks, chunk lengths, register reuse, evictions, plans) recorded in "
                         "TRACE, a trace of the same system, with this model's real forward passes; quality is then "
                         "not applicable (NaN)")
+    load = p.add_argument_group("serving under load (runtime/serve_capture.py): continuous batching over one KV pool")
+    load.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (or --concurrency)")
+    load.add_argument("--concurrency", type=int, default=None, help="closed loop of this many clients (or --rate)")
+    load.add_argument("--max-seqs", type=int, default=64, help="most requests in one pass (default 64)")
+    load.add_argument("--max-batch-tokens", type=int, default=4096, help="most query rows in one pass (default 4096)")
+    load.add_argument("--kv-budget-mib", type=float, default=8.0, help="KV pool size in MiB, fractions allowed (default 8)")
+    load.add_argument("--scheduler", default="fcfs", help="admission policy: fcfs or sjf (default fcfs)")
+    load.add_argument("--chunked-prefill", action="store_true", help="split long prefills over passes (vLLM's default)")
+    load.add_argument("--attention", default="mask", choices=["mask", "gather"],
+                      help="attention over the whole pool with a mask, or over each request's gathered slots")
     p.add_argument("--out", required=True, help="trace directory to write")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -52,33 +67,70 @@ def parse_knobs(items: list[str]) -> dict:
         if not sep or not key:
             raise UsageError(f"--knob expects KEY=VALUE, got {item!r}")
         try:
-            knobs[key] = json.loads(value)
+            knobs[key] = json.loads(value, parse_constant=_no_constant)
         except json.JSONDecodeError:
             knobs[key] = value
     return knobs
+
+
+def _no_constant(name: str) -> float:
+    raise UsageError(f"--knob values must be finite numbers, got {name}")
+
+
+DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+LIMITS = {  # flag: (attribute, lowest, highest) for the integer flags
+    "--n": ("n", 1, MAX_EXAMPLES), "--threads": ("threads", 1, 1024), "--max-tokens": ("max_tokens", 1, 1 << 20),
+    "--page-size": ("page_size", 1, 1 << 16), "--warmup": ("warmup", 0, 1000), "--repeats": ("repeats", 1, 1000),
+    "--seed": ("seed", 0, 2**31 - 1),
+}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag in range before anything is loaded, built or written (UsageError, one line)."""
+    for flag, (attr, lo, hi) in LIMITS.items():
+        value = getattr(args, attr)
+        if value is not None and not lo <= value <= hi:  # None: the default chosen later (--max-tokens)
+            raise UsageError(f"{flag} must be in {lo}..{hi}, got {value}")
+    if not 0 < args.counters_hz <= 1000:  # also refuses NaN: a sampler at NaN Hz spins
+        raise UsageError(f"--counters-hz must be a number in (0, 1000], got {args.counters_hz}")
+    if not 0 <= args.temperature < math.inf:
+        raise UsageError(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if not DEVICE.fullmatch(args.device):
+        raise UsageError(f"--device must be cpu or cuda[:i], got {args.device!r}")
 
 
 def run(args: argparse.Namespace) -> int:
     from profiler.reader import read_trace
     from profiler.summary import summarize
 
-    if args.threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    check_args(args)
     import torch
 
     torch.set_num_threads(args.threads)
-    if args.counters_hz <= 0:
-        raise UsageError(f"--counters-hz must be > 0, got {args.counters_hz}")
     cfg = CaptureConfig(system=args.system, model=args.model, task=args.task, n=args.n, split=args.split,
                         device=args.device, seed=args.seed, max_tokens=args.max_tokens, temperature=args.temperature,
                         top_p=args.top_p, page_size=args.page_size, counters_interval_s=1.0 / args.counters_hz,
                         knobs=parse_knobs(args.knob), warmup=args.warmup, repeats=args.repeats, keep=args.keep,
                         structure_from=args.structure_from)
-    out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
+    inputs = [args.structure_from, args.model if args.model and Path(args.model).exists() else ""]
+    with claim_out_dir(args.out, inputs, args.force):  # held while capturing: one writer per --out
+        if args.rate is not None or args.concurrency is not None:
+            from runtime.serve_capture import LoadConfig, capture_load
+
+            load = LoadConfig(rate=args.rate, concurrency=args.concurrency, max_seqs=args.max_seqs,
+                              max_batch_tokens=args.max_batch_tokens, kv_budget_mib=args.kv_budget_mib,
+                              scheduler=args.scheduler, chunked_prefill=args.chunked_prefill,
+                              attention=args.attention)
+            out = capture_load(cfg, load, args.out, overwrite=args.force)
+        else:
+            out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
     s = summarize(read_trace(out))
     if not args.json:
         print(f"captured {s['requests']} requests of {s['task']} with {s['system']} on {s['device']} -> {out}")
         q = "n/a" if s["quality_mean"] is None else f"{s['quality_mean']:.3f}"
-        print(f"  quality {q}  {s['tokens_per_s']:.1f} tokens/s  e2e p50 {s['e2e_s_p50']*1000:.1f} ms")
+        if s.get("tokens_per_s") is not None and s.get("e2e_s_p50") is not None:
+            print(f"  quality {q}  {s['tokens_per_s']:.1f} tokens/s  e2e p50 {s['e2e_s_p50']*1000:.1f} ms")
     print(json.dumps(s))
     return 0

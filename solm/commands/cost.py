@@ -1,9 +1,11 @@
 """`solm cost`: predicted per-layer time of each operator of one forward pass.
 
 What: for a catalog model on a catalog part, the simulator's cost model (`simulator.cost`) with
-the A100-calibrated efficiencies (shipped in `simulator/data/a100_calibration.json`, carried to
-other parts by their efficiency priors) predicts the time of every operator of one layer for
-each requested token count, plus the whole pass.
+the A100-calibrated parameters (shipped in `simulator/data/a100_calibration.json`) predicts the
+time of every operator of one layer for each requested token count, plus the whole pass. On a
+GPU the GEMMs come from the tile-and-wave model (`simulator.gemm`: output tiles in waves over the
+part's SMs, per-tile efficiencies fitted once on the A100, docs/cost_model.md); the other ops
+from a roofline per op family, carried to other parts by their efficiency priors.
 Why: the quickest way to see where a forward pass goes and how a part or model changes it,
 without a trace.
 
@@ -12,6 +14,7 @@ without a trace.
         --groups 32 --json
     solm cost --model llama-3-8b --hardware h200 --calibrate-from traces/gpu-h200/sequential
     solm cost --model llama-3-70b --hardware h100-sxm --set num_sms=160 --tokens 512
+    solm cost --model llama-3-8b --hardware h100-sxm --tokens 1,300,4096 --explain
 
 `--set FIELD=VALUE` answers "what if this part had ...": the part's catalog fields (as `solm
 simulate --set`); changing `num_sms` (or the clock) scales the tensor peak with it. An unknown
@@ -26,12 +29,16 @@ node's topology (nvswitch, nvlink_pairs, pcie, mesh) instead of the part's own.
 a trace captured on that part (`simulator.calibrate.fit_cost_params_to_steps`, the fit `solm
 validate` uses) and predicts with those instead.
 
+`--explain` adds, per GEMM and token count, the kernel the tile-and-wave model chose (tile shape,
+split-K, tiles, waves) and whether it is compute-, memory-, wave- (quantization) or launch-bound.
+
 Query rows see `--kv-tokens` KV slots each (kv_tokens_read = tokens x K); without it each pass
 is a causal prefill from empty (row i sees i + 1 slots). `--groups G` says the rows come from G
 independent streams (G sequences decoding one token each: `--tokens G --groups G`).
 Output: a table, then one JSON line {"model", "hardware", "tensor_parallel", "calibration",
-"ops": [{"num_tokens", "kv_tokens_read", "op", "time_ms"}], "steps": [...]}; `--json` prints
-only the JSON line. Bad input: one line on stderr, exit 2.
+"ops": [{"num_tokens", "kv_tokens_read", "op", "time_ms"}], "steps": [...]} (with --explain,
+"explain": [{"num_tokens", "op", "k", "n", "tile", "split", "tiles", "waves", "kernel_ms",
+"bound"}]); `--json` prints only the JSON line. Bad input: one line on stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -74,6 +81,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--calibrate-from", default=None, metavar="TRACE",
                         help="fit the efficiencies and per-pass overhead to a measured trace's passes "
                              "(captured on --hardware) instead of the shipped A100 calibration")
+    parser.add_argument("--explain", action="store_true",
+                        help="per GEMM and token count: the chosen tile, split-K, tiles, waves "
+                             "and whether it is compute-, memory-, wave- or launch-bound")
     parser.add_argument("--comm", default=None, metavar="COLLECTIVES",
                         help="time collectives instead: comma-separated all_reduce, all_gather, send_recv")
     parser.add_argument("--workers", default="2,4,8", help="with --comm: GPUs per call (default 2,4,8)")
@@ -116,7 +126,7 @@ def _lookup(kind: str, name: str) -> Any:
 
 def _fit_to_trace(path: str, hardware: Any) -> Any:
     """Cost parameters fitted to every forward pass of a measured trace (its own model's shapes)."""
-    from profiler.reader import TraceError, read_trace  # noqa: F401
+    from profiler.reader import TraceError, read_trace
     from simulator.calibrate import fit_cost_params_to_steps
     from simulator.models import ModelSpec
     from simulator.validation import step_arrays
@@ -221,9 +231,50 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
             "step_time_ms": float(cost.step_time_s(n, kv, query_groups)) * 1e3,
             "bound": cost.bound(n, kv, query_groups),
         })
-    return {"model": model.name, "hardware": hardware.name, "tensor_parallel": tp,
-            "n_layers": model.n_layers, "calibration": cost.params.source,
-            "ops": ops, "steps": steps}
+    result = {"model": model.name, "hardware": hardware.name, "tensor_parallel": tp,
+              "n_layers": model.n_layers, "calibration": cost.params.source,
+              "ops": ops, "steps": steps}
+    if getattr(args, "explain", False):
+        result["explain"] = explain(cost, tokens)
+    return result
+
+
+def explain(cost: CostModel, tokens: list[int]) -> list[dict[str, Any]]:
+    """Why each GEMM takes its time: the kernel the tile model chose (or the roofline's bound)."""
+    from simulator.cost import GEMM_OPS, gemm_shapes
+    from simulator.gemm import bound
+
+    shapes = gemm_shapes(cost.model, cost.tensor_parallel)
+    rows: list[dict[str, Any]] = []
+    for n in tokens:
+        for op in GEMM_OPS:
+            k, width = shapes[op]
+            row: dict[str, Any] = {"num_tokens": n, "op": op, "k": int(k), "n": int(width)}
+            if cost.uses_tiles:
+                kernel = cost.gemm_kernel(op, n)
+                row.update(tile=kernel.tile[0], split=int(kernel.split),
+                           tiles=int(kernel.tiles), waves=int(kernel.waves),
+                           kernel_ms=kernel.time_s * 1e3, bound=bound(kernel))
+            else:
+                row.update(tile=None, bound="roofline (no tile model for this part)")
+            rows.append(row)
+    return rows
+
+
+def _explain_table(result: dict[str, Any]) -> str:
+    lines = [f"why (GEMM kernels on {result['hardware']}, {result['model']} shard of tp "
+             f"{result['tensor_parallel']}):",
+             f"{'tokens':>7s} {'op':15s} {'K x N':>13s} {'tile':>15s} {'split':>5s} "
+             f"{'tiles':>6s} {'waves':>5s} {'ms':>9s}  bound"]
+    for row in result["explain"]:
+        shape = f"{row['k']}x{row['n']}"
+        if row["tile"] is None:
+            lines.append(f"{row['num_tokens']:7d} {row['op']:15s} {shape:>13s}  {row['bound']}")
+            continue
+        lines.append(f"{row['num_tokens']:7d} {row['op']:15s} {shape:>13s} {row['tile']:>15s} "
+                     f"{row['split']:5d} {row['tiles']:6d} {row['waves']:5d} "
+                     f"{row['kernel_ms']:9.4f}  {row['bound']}")
+    return "\n".join(lines)
 
 
 def _table(result: dict[str, Any]) -> str:
@@ -260,6 +311,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     if not args.json:
-        print(_comm_table(result) if args.comm else _table(result))
+        if args.comm:
+            print(_comm_table(result))
+        else:
+            print(_table(result))
+            if "explain" in result:
+                print(_explain_table(result))
     print(json.dumps(result))
     return 0

@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from profiler.errors import UsageError
+from profiler.outdir import check_out_file, write_file_atomic
 
 SHOWN = ("e2e_s", "ttft_s", "steps", "attained_parallelism", "theoretical_speedup", "mean_live_kv_tokens",
          "peak_kv_bytes", "quality_score")
@@ -31,6 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", help="trace directory B (compared against A)")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report here")
+    p.add_argument("--force", action="store_true", help="overwrite the --html file if it exists")
 
 
 def _f(x, spec: str = ".4g") -> str:
@@ -89,15 +90,15 @@ def print_human(s: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     from profiler.diff import diff_paths
 
+    if args.html:  # before the work: a refused output costs nothing
+        check_out_file(args.html, [args.a, args.b], args.force, "--html")
     d = diff_paths(args.a, args.b)
     s = d.summary()
     if args.html:
         from dashboard.figures import diff_report_html
 
         out = Path(args.html)
-        if not out.parent.is_dir():
-            raise UsageError(f"{out.parent}: no such directory for the --html report")
-        out.write_text(diff_report_html(d))
+        write_file_atomic(check_out_file(out, [args.a, args.b], args.force, "--html"), diff_report_html(d))
         s["html"] = str(out)
     if not args.json:
         print_human(s)

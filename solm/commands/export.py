@@ -16,18 +16,22 @@ from __future__ import annotations
 import argparse
 import json
 
+from profiler.outdir import check_out_file
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export traces as Perfetto / chrome://tracing JSON",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace directories (measured or simulated)")
     p.add_argument("--perfetto", required=True, metavar="OUT", help="output JSON file")
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
 
 
 def run(args: argparse.Namespace) -> int:
     from profiler.perfetto import export_perfetto
 
+    check_out_file(args.perfetto, args.traces, args.force, "--perfetto")
     s = export_perfetto(args.traces, args.perfetto)
     if not args.json:
         print(f"wrote {s['out']}: {s['events']} events ({s['complete_events']} complete, "

@@ -19,19 +19,47 @@ are described in docs/cluster.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 from pathlib import Path
 
 from profiler.errors import UsageError
+from profiler.outdir import claim_out_dir
 
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-tokens", type=int, default=8192, help="cap on query tokens in one pass (default 8192)")
     p.add_argument("--num-requests", type=int, default=None,
                    help="replay this many requests, cycling through the trace's (default: the trace's count)")
-    p.add_argument("--scheduler", default="fcfs", help="batching policy: fcfs (default), sjf")
+    add_scheduling_args(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (default 0)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None,
+                   help="goodput objective: time to first token, ms (default: none; goodput needs an SLO)")
+    p.add_argument("--slo-tpot-ms", type=float, default=None,
+                   help="goodput objective: time per output token after the first, ms (default: none)")
+
+
+def add_scheduling_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
+    """The shared scheduler's settings (docs/serving.md); `defaults=False`: None = the trace's own."""
+    p.add_argument("--scheduler", default="fcfs" if defaults else None, help="batching policy: fcfs (default), sjf")
+    p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=True if defaults else None,
+                   help="split prompt prefills to fill --max-batch-tokens (vLLM's default: on)")
+    p.add_argument("--reserve", choices=("current", "peak"), default="current" if defaults else None,
+                   help="admit by the KV the next pass needs (current, vLLM; default) or reserve each request's "
+                        "peak KV from the trace (peak: never preempts)")
+    p.add_argument("--sjf-oracle", action="store_true", default=False if defaults else None,
+                   help="SJF ranks by the passes each request has left (the future; a what-if) instead of "
+                        "max_tokens and prompt length")
+
+
+def scheduling_kwargs(args: argparse.Namespace) -> dict:
+    """ReplayConfig fields from the scheduling flags that were given (None: left to the caller)."""
+    names = ("scheduler", "chunked_prefill", "reserve", "sjf_oracle", "slo_ttft_ms", "slo_tpot_ms")
+    return {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+
+
+MAX_SET_VALUE = 1e30  # beyond any real part's bytes, FLOP/s or seconds either way; times stay finite
 
 
 def parse_set(items: list[str] | None) -> dict:
@@ -42,9 +70,14 @@ def parse_set(items: list[str] | None) -> dict:
         if not sep or not key:
             raise UsageError(f"--set expects FIELD=VALUE, got {item!r}")
         try:
-            fields[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+            number = int(value) if value.strip().lstrip("-").isdigit() else float(value)
         except ValueError:
             fields[key.strip()] = value
+            continue
+        if not (number == 0 or 1 / MAX_SET_VALUE <= abs(number) <= MAX_SET_VALUE):  # inf, NaN, 1e400, 1e-300
+            raise UsageError(f"--set {key.strip()} must be 0 or a finite number of magnitude "
+                             f"{1 / MAX_SET_VALUE:.0e}..{MAX_SET_VALUE:.0e}, got {value.strip()}")
+        fields[key.strip()] = number
     return fields
 
 
@@ -86,20 +119,24 @@ def simulate(args: argparse.Namespace) -> tuple[dict, object]:
     cluster = cluster_config(args)
     config = ReplayConfig(max_seqs=args.max_seqs, max_batch_tokens=args.max_batch_tokens, block_size=args.block_size,
                           memory_utilization=args.memory_utilization, rate=args.rate, concurrency=args.concurrency,
-                          num_requests=args.num_requests, scheduler=args.scheduler, seed=args.seed)
+                          num_requests=args.num_requests, seed=args.seed, **scheduling_kwargs(args))
     out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and any(out.iterdir()) and not args.force:
-        raise FileExistsError(f"{out} exists and is not empty (choose another --out or pass --force)")
-    from simulator.cluster.cli import load_structure_and_workload
+    inputs = [p for p in (args.trace, args.workload, args.structure_from) if p]
+    lock = claim_out_dir(out, inputs, args.force) if out is not None else contextlib.nullcontext()
+    with lock:  # held from the check to the last file written: one writer per --out
+        from simulator.cluster.cli import load_structure_and_workload
 
-    trace, workload = load_structure_and_workload(args)
-    model = get_model(args.model) if args.model else ModelSpec.from_trace_meta(trace.meta)
-    result = simulate_cluster(workload, hardware, model, config, cluster)
-    figures = {"trace": str(trace.path), "workload": args.workload, "system": trace.system, "hardware": hardware.name, "model": model.name,
-               "arrival": config.arrival, "rate": args.rate, "concurrency": args.concurrency,
-               "max_seqs": config.max_seqs, "max_batch_tokens": config.max_batch_tokens, **result.metrics}
-    if out is not None:
-        figures["out"] = str(write_simulated_trace(result, out, source=trace))
+        trace, workload = load_structure_and_workload(args)
+        model = get_model(args.model) if args.model else ModelSpec.from_trace_meta(trace.meta)
+        result = simulate_cluster(workload, hardware, model, config, cluster)
+        figures = {"trace": str(trace.path), "workload": args.workload, "system": trace.system,
+                   "hardware": hardware.name, "model": model.name,
+                   "arrival": config.arrival, "rate": args.rate, "concurrency": args.concurrency,
+                   "max_seqs": config.max_seqs, "max_batch_tokens": config.max_batch_tokens,
+                   "scheduler": config.scheduler, "chunked_prefill": config.chunked_prefill,
+                   "reserve": config.reserve, "sjf_oracle": config.sjf_oracle, **result.metrics}
+        if out is not None:
+            figures["out"] = str(write_simulated_trace(result, out, source=trace))
     return figures, result
 
 
@@ -112,9 +149,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         f = figures
         print(f"{f['trace']}: {f['system']} replayed on {f['hardware']} with {f['model']} "
-              f"({f['arrival']} arrivals, max-seqs {f['max_seqs']}, max-batch-tokens {f['max_batch_tokens']})")
+              f"({f['arrival']} arrivals, max-seqs {f['max_seqs']}, max-batch-tokens {f['max_batch_tokens']}, "
+              f"{f['scheduler']}{' (oracle)' if f['sjf_oracle'] else ''}, chunked prefill "
+              f"{'on' if f['chunked_prefill'] else 'off'}, reserve {f['reserve']})")
         print(f"  requests        {f['completed']} completed, {f['failed']} failed; {f['passes']} passes, "
-              f"{f['preemptions']} preemptions; duration {f['duration_s']:.3f} s")
+              f"{f['preemptions']} preemptions ({f['recomputed_tokens']} tokens recomputed), "
+              f"{f['prefill_chunks']} prefill chunks; duration {f['duration_s']:.3f} s")
         for row in result.requests[result.requests["status"] == "error"].head(3).itertuples():
             print(f"  error           request {row.request_id}: {row.error}")
         print(f"  throughput      {_ms(f['request_throughput'])} req/s, {_ms(f['output_throughput'])} output tokens/s")

@@ -20,13 +20,15 @@ million output tokens (GPU count without a price) vs p99 TTFT and goodput.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 
 from profiler.errors import UsageError
+from profiler.outdir import claim_out_dir
 from profiler.services import terminate_on_signal
-from solm.commands.simulate import add_batch_args
+from solm.commands.simulate import add_batch_args, scheduling_kwargs
 
 
 def _list(text: str, flag: str, kind=str) -> list:
@@ -58,8 +60,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "structure its requests are stretched from")
     g.add_argument("--time-scale", type=float, default=1.0, help="with --workload: arrivals this many times faster")
     g.add_argument("--price-per-gpu-hour", type=float, default=None, help="USD per GPU-hour: cost per million tokens")
-    g.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT objective for goodput (ms)")
-    g.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT objective for goodput (ms)")
     p.add_argument("--backend", default="local", choices=("local", "ray"), help="process pool (default) or Ray")
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local one on loopback)")
     p.add_argument("--workers", type=int, default=None, help="parallel workers (default: one per core)")
@@ -92,12 +92,15 @@ def run(args: argparse.Namespace) -> int:
         bar.refresh()
 
     t0 = time.perf_counter()
+    # one writer per --out; an existing sweep folder is resumed, anything else non-empty refused
+    lock = claim_out_dir(args.out, args.traces, None, resume="sweep") if args.out else contextlib.nullcontext()
     try:
-        with terminate_on_signal():  # SIGTERM/SIGHUP: the pool stops, finished rows stay; exit 143/129
+        with lock, terminate_on_signal():  # SIGTERM/SIGHUP: the pool stops, finished rows stay; exit 143/129
             table = sweep(args.traces, _list(args.hardware, "--hardware"), models,
                           _list(args.max_seqs, "--max-seqs", int), rates or [None], conc or [None],
                           args.max_batch_tokens, args.num_requests, args.scheduler, args.seed, args.backend,
                           args.address, args.workers, args.out, None if args.json else progress,
+                          options={k: v for k, v in scheduling_kwargs(args).items() if k != "scheduler"},
                           cluster=_cluster(args))
     finally:
         if bar is not None:
@@ -112,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"sweep: {figures['configs']} configurations ({figures['errors']} errors) in {wall:.1f} s on "
               f"{args.backend}; {figures['pareto']} Pareto-optimal")
         cols = ["trace", "hardware", "model", "max_seqs", "rate", "concurrency", "mean_e2el_ms", "output_throughput",
-                "peak_kv_bytes", "quality_mean"]
+                "peak_kv_bytes", "quality_mean", "request_goodput"]
         if len(table) and "gpus" in table and table["gpus"].nunique() > 1:  # a deployment sweep
             cols = ["hardware", "model", "tp", "pp", "replicas", "gpus", "p99_ttft_ms", "request_goodput",
                     "output_throughput", "gpu_hours", "cost_per_million_output_tokens"]

@@ -10,6 +10,7 @@ import argparse
 import json
 
 from profiler.errors import UsageError
+from profiler.outdir import check_out_dir
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,6 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lambda", dest="lam", type=float, default=None,
                    help="preference stage: weight of quality against speedup in the reward")
     p.add_argument("--out", required=True, help="checkpoint directory to write")
+    p.add_argument("--force", action="store_true", help="replace --out if it holds a checkpoint")
     p.add_argument("--json", action="store_true")
 
 
@@ -41,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
     from runtime.train.recipes import get_recipe
     from runtime.train.sft import loss_of, train
 
+    check_out_dir(args.out, [args.init], args.force, kinds=("checkpoint",))  # before hours of training
+    if args.threads < 0:
+        raise UsageError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     recipe = get_recipe(args.system)
@@ -49,8 +54,10 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--stage: the {args.system} recipe has no stages")
         recipe = recipe.for_stage(args.stage, lam=args.lam)
     overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr)) if v is not None}
-    if any(v <= 0 for v in overrides.values()):
-        raise UsageError("--steps, --batch-size and --lr must be > 0")
+    if not all(0 < v < float("inf") for v in overrides.values()):  # also refuses NaN
+        raise UsageError("--steps, --batch-size and --lr must be finite numbers > 0")
+    if args.lam is not None and not abs(args.lam) < float("inf"):
+        raise UsageError(f"--lambda must be a finite number, got {args.lam}")
     cfg = dataclasses.replace(recipe.train, seed=args.seed, **overrides)
     tok = Tokenizer()
     if args.init:

@@ -10,13 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from profiler.reader import TraceError, read_trace
-from profiler.schema import SCHEMA_VERSION, TABLES
+from profiler.schema import BASE_TABLES, SCHEMA_VERSION
 from profiler.validate import problems, validate
 from profiler.writer import TraceWriter
 
 
 def _rows(rid: int, n_steps: int = 2) -> tuple[dict, list[dict], list[dict], dict]:
-    req = {f.name: None for f in TABLES["requests"]}
+    req = {f.name: None for f in BASE_TABLES["requests"]}  # a v1.0 row: the reader fills the minor columns
     req.update(request_id=rid, prompt=f"p{rid}", reference="r", prompt_tokens=3, output_tokens=n_steps,
                output_text="ab", quality_score=0.5, arrival_s=0.0, start_s=0.0, ttft_s=0.1, e2e_s=0.2,
                steps=n_steps, critical_path_tokens=n_steps, theoretical_speedup=1.0, peak_live_kv_tokens=4,
@@ -49,9 +49,9 @@ def test_roundtrip_equals_what_was_written(tmp_path):
     t = read_trace(tmp_path / "t")
     assert t.complete and t.meta["schema_version"] == SCHEMA_VERSION and not (tmp_path / "t" / "parts").exists()
     exp_req = pd.DataFrame([r[0] for r in written])
-    pd.testing.assert_frame_equal(t.requests, exp_req[t.requests.columns], check_dtype=False)
+    pd.testing.assert_frame_equal(t.requests[exp_req.columns], exp_req, check_dtype=False)
     exp_steps = pd.DataFrame([s for r in written for s in r[1]])
-    pd.testing.assert_frame_equal(t.steps, exp_steps[t.steps.columns], check_dtype=False)
+    pd.testing.assert_frame_equal(t.steps[exp_steps.columns], exp_steps, check_dtype=False)
     assert t.tokens["visible_streams"].map(list).tolist() == [[-1, 0]] * 6
     assert t.graphs[1] == written[1][3]
     assert t.counters["cpu_percent"].tolist() == [50.0]
@@ -115,3 +115,25 @@ def test_captured_trace_is_valid(small_trace):
     assert (t.steps.groupby("request_id").size() == t.requests.set_index("request_id")["steps"]).all()
     assert t.tokens["kv_slot"].ge(-1).all() and set(t.steps["phase"]) == {"prefill", "decode"}
     assert (t.requests["ttft_s"] <= t.requests["e2e_s"]).all()
+
+
+def test_every_shipped_trace_reads_with_the_minor_columns_filled():
+    """Traces written before schema_minor 1 read back with its columns at their defaults."""
+    from pathlib import Path
+
+    from profiler.reader import read_trace
+    from profiler.schema import MINOR_COLUMNS
+
+    root = Path(__file__).resolve().parents[2] / "traces"
+    dirs = [d for d in sorted(root.iterdir()) if (d / "meta.json").exists()]
+    assert dirs
+    for d in dirs:
+        tr = read_trace(d)
+        steps = tr.steps if hasattr(tr.steps, "column_names") else None
+        cols = steps.column_names if steps is not None else list(tr.steps.columns)
+        for f, _ in MINOR_COLUMNS["steps"]:
+            assert f.name in cols
+        if tr.meta.get("schema_minor", 0) == 0:
+            s = tr.steps.to_pandas() if steps is not None else tr.steps
+            assert (s["batch_requests"] == 1).all() and (s["batch_query_tokens"] == s["query_tokens"]).all()
+            assert (s["attention_kv_tokens"] == s["kv_tokens_read"]).all() and not s["chunk"].any()

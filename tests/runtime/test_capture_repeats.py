@@ -13,7 +13,7 @@ from profiler.runs import read_runs, single_run
 from profiler.validate import validate as trace_problems
 from runtime.capture import CaptureConfig, capture
 
-CFG = dict(system="sequential", model="tiny-2l", n=3, max_tokens=8, page_size=4)
+CFG = {"system": "sequential", "model": "tiny-2l", "n": 3, "max_tokens": 8, "page_size": 4}
 
 
 def _assert_one_timeline(t) -> None:
@@ -51,7 +51,9 @@ def test_repeats_lay_recorded_runs_on_one_timeline_and_keep_every_run(tmp_path):
     assert np.allclose(view.requests.set_index("request_id").sort_index()["e2e_s"], first.sort_index())
     assert (view.requests["e2e_s"] >= req["e2e_s"].to_numpy() - 1e-12).all()  # the first run is never faster than the fastest
     assert len(view.steps) == len(t.steps)
-    from simulator.validation import validate  # the view validates as a trace (bench/simulator.py's first-run figure)
+    from simulator.validation import (
+        validate,  # the view validates as a trace (bench/simulator.py's first-run figure)
+    )
 
     assert validate(view)["check_requests"] == 1 and validate(t)["check_requests"] == 1
 
@@ -103,3 +105,19 @@ def test_reader_takes_a_refined_requests_newest_generation(tmp_path):
     assert len(t.requests) == 1 and t.requests["e2e_s"].iloc[0] == 123.0
     with pytest.raises(ValueError, match="already written"):
         w.add_request(row, steps, toks, t0.graphs[0])
+
+
+def test_validate_run_zero_on_the_command_line(tmp_path):
+    """`solm validate T --run 0`: the same figures on the first round alone; a trace without every
+    run's timings is one clear error line, exit 2."""
+    import json
+
+    from tests.cli import solm
+
+    rep = capture(CaptureConfig(**CFG, repeats=2), tmp_path / "rep", progress=False)
+    one = capture(CaptureConfig(**CFG), tmp_path / "one", progress=False)
+    r = solm("validate", str(rep), "--run", "0")
+    assert r.returncode == 0, r.stderr
+    assert "run 0 alone: 3 requests" in r.stdout and json.loads(r.stdout.splitlines()[-1])["run"] == 0
+    bad = solm("validate", str(one), "--run", "0")
+    assert bad.returncode == 2 and "no runs.parquet" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

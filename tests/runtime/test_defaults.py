@@ -7,7 +7,11 @@ import json
 
 import pytest
 
-from runtime.answer_length import answer_tokens, default_max_tokens, longest_answer_tokens
+from runtime.answer_length import (
+    answer_tokens,
+    default_max_tokens,
+    longest_answer_tokens,
+)
 from runtime.tasks import get_task, task_names
 from runtime.tokenizer import Tokenizer
 
@@ -38,7 +42,11 @@ def test_capture_without_max_tokens_uses_the_tasks_default(tmp_path):
 def test_planned_diffusion_defaults_are_the_operating_point_chosen_on_dev():
     """`solm capture --system planned_diffusion` with no knobs runs the setting bench/planned_diffusion.py
     chose on the dev split, recorded with the command and dev figures that chose it."""
-    from runtime.engines.operating_points import OPERATING_POINTS_FILE, engine_defaults, operating_points
+    from runtime.engines.operating_points import (
+        OPERATING_POINTS_FILE,
+        engine_defaults,
+        operating_points,
+    )
 
     entry = json.loads(OPERATING_POINTS_FILE.read_text())["planned_diffusion"]
     assert entry == operating_points()["planned_diffusion"]
@@ -48,3 +56,16 @@ def test_planned_diffusion_defaults_are_the_operating_point_chosen_on_dev():
     assert entry["knobs"] and {k: defaults[k] for k in entry["knobs"]} == entry["knobs"]
     assert defaults["steps_ratio"] == entry["knobs"]["steps_ratio"]  # not the paper's plain 1.0 / no threshold by accident
     assert defaults["confidence_threshold"] == entry["knobs"].get("confidence_threshold")
+
+
+def test_a_capture_records_the_settings_its_engine_ran_with(tmp_path):
+    from runtime.capture import CaptureConfig, capture
+    from runtime.engines.operating_points import operating_knobs
+
+    out = capture(CaptureConfig(system="planned_diffusion", model="tiny-2l", task="word_facts", n=1, max_tokens=8,
+                                knobs={"order": "margin"}), tmp_path / "pd", progress=False)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["knobs"]["order"] == "margin" and "steps_ratio" not in meta["knobs"]
+    settings = meta["engine_settings"]
+    assert settings["order"] == "margin"
+    assert {k: settings[k] for k in operating_knobs("planned_diffusion")} == operating_knobs("planned_diffusion")

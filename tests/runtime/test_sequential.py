@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 from runtime.engines import GenerationConfig, Request, SequentialEngine, drain
 from runtime.sampling import SamplingConfig
 from runtime.tasks import get_task
@@ -29,6 +31,10 @@ def test_seeded_sampling_reproducible_through_engine(tiny_model, tok):
     a = SequentialEngine(tiny_model, tok, cfg).generate(Request(3, "xyz")).output_ids
     b = SequentialEngine(tiny_model, tok, cfg).generate(Request(3, "xyz")).output_ids
     assert a == b
+    # and the seed is used: other seeds draw other tokens (an ignored seed gives one output for all)
+    others = {tuple(SequentialEngine(tiny_model, tok, dataclasses.replace(cfg, sampling=dataclasses.replace(
+        cfg.sampling, seed=seed))).generate(Request(3, "xyz")).output_ids) for seed in (12, 13, 14)}
+    assert len(others | {tuple(a)}) == 4
 
 
 def test_task_splits_are_disjoint_and_scored():

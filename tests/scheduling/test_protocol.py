@@ -39,8 +39,12 @@ class Script:
 
     pool_capacity_blocks = 5
 
-    def next_tokens_and_blocks(self, ids):
-        return np.full(len(ids), 4), np.full(len(ids), 2)
+    def next_tokens_and_blocks(self, ids, limit=None):
+        q = np.full(len(ids), 4) if limit is None else np.minimum(4, limit)  # every pass a 4-token prefill
+        return q, np.where(q > 0, 2, 0)
+
+    def peak_blocks_of(self, ids):
+        return np.full(len(ids), 3)
 
     def admit(self, rid):
         self.waiting.remove(rid)
@@ -67,9 +71,11 @@ class Script:
 def test_any_state_object_is_scheduled_under_pool_and_caps():
     s = Script(4)
     assert isinstance(s, ServingState)
-    assert get_scheduler("fcfs")(max_seqs=8, max_batch_tokens=100).schedule(s) == [0, 1]  # 2 x 2 blocks of 5
-    s = Script(4)
-    assert get_scheduler("fcfs")(max_seqs=8, max_batch_tokens=8).schedule(s) == [0, 1]  # 8 tokens
-    s = Script(4)
-    assert get_scheduler("sjf")(max_seqs=8, max_batch_tokens=100).schedule(s) == [3, 2]  # fewest passes left
+    fcfs, sjf = get_scheduler("fcfs"), get_scheduler("sjf")
+    assert fcfs(max_seqs=8, max_batch_tokens=100).schedule(s) == {0: 4, 1: 4}  # 2 x 2 blocks of 5
+    assert fcfs(max_seqs=8, max_batch_tokens=6).schedule(Script(4)) == {0: 4, 1: 2}  # the second a 2-token chunk
+    assert fcfs(max_seqs=8, max_batch_tokens=6, chunked_prefill=False).schedule(Script(4)) == {0: 4}
+    assert fcfs(max_seqs=1, max_batch_tokens=100).schedule(Script(4)) == {0: 4}
+    assert fcfs(max_seqs=8, max_batch_tokens=100, reserve="peak").schedule(Script(4)) == {0: 4}  # 3 + 3 > 5
+    assert sjf(max_seqs=8, max_batch_tokens=100, oracle=True).schedule(Script(4)) == {3: 4, 2: 4}  # fewest passes left
     assert sorted(SCHEDULERS) == ["fcfs", "sjf"]

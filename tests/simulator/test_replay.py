@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -59,8 +60,22 @@ def test_token_dependent_cost_timeline(tmp_path):
 
 def test_token_cap_splits_batches(tmp_path):
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(6, 2), seq(6, 2)], [6, 6]))
-    res = run(w, ReplayConfig(max_batch_tokens=8))  # both prefills (12 tokens) do not fit one pass
+    res = run(w, ReplayConfig(max_batch_tokens=8, chunked_prefill=False))  # both prefills (12 tokens) do not fit
     assert [e for e in res.timeline() if e[1] == "admit"] == [(0, "admit", 0.0), (1, "admit", 1.0)]
+
+
+def test_chunked_prefill_fills_the_token_budget(tmp_path):
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(6, 2), seq(6, 2)], [6, 6]))
+    res = run(w, ReplayConfig(max_batch_tokens=8))  # vLLM's default: B's prefill runs as chunks of 2, then 4
+    assert res.timeline() == [
+        (0, "arrive", 0.0), (1, "arrive", 0.0), (0, "admit", 0.0), (1, "admit", 0.0), (0, "first_token", 1.0),
+        (1, "first_token", 2.0), (0, "finish", 2.0), (1, "finish", 3.0)]
+    assert res.metrics["prefill_chunks"] == 1 and res.requests["steps"].tolist() == [2, 3]
+    steps = read_trace(write_simulated_trace(res, tmp_path / "sim")).steps
+    b = steps[steps["request_id"] == 1].sort_values("step_index")
+    assert b["query_tokens"].tolist() == [2, 4, 1] and b["emitted_tokens"].tolist() == [0, 1, 1]
+    assert b["note"].tolist() == ["prefill chunk", "", ""] and b["phase"].tolist() == ["prefill", "prefill", "decode"]
+    assert b["kv_tokens_read"].tolist()[:2] == [3, 18]  # rows 1-2 and 3-6 of a causal 6-token prefill (21 slots)
 
 
 def test_small_pool_preempts_and_recomputes(tmp_path):
@@ -69,14 +84,18 @@ def test_small_pool_preempts_and_recomputes(tmp_path):
     res = run(w, ReplayConfig(kv_capacity_bytes=3 * BLOCK_BYTES))
     assert res.timeline() == [
         (0, "arrive", 0.0), (1, "arrive", 0.0), (0, "admit", 0.0), (1, "admit", 0.0), (0, "first_token", 1.0),
-        (1, "first_token", 1.0), (1, "preempt", 3.0), (0, "finish", 6.0), (1, "admit", 6.0), (1, "finish", 10.0)]
+        (1, "first_token", 1.0), (1, "preempt", 3.0), (0, "finish", 6.0), (1, "admit", 6.0), (1, "finish", 9.0)]
     assert res.metrics["preemptions"] == 1 and res.metrics["completed"] == 2
     assert res.metrics["peak_kv_bytes"] == 2 * BLOCK_BYTES
-    assert res.requests["steps"].tolist() == [6, 7]  # B: 6 passes + 1 rebuild
+    assert res.requests["steps"].tolist() == [6, 6]  # the re-prefill rides B's next pass (vLLM RECOMPUTE)
+    assert res.metrics["recomputed_tokens"] == 16 and res.metrics["total_output_tokens"] == 12  # not new demand
     out = write_simulated_trace(res, tmp_path / "sim")
     steps = read_trace(out).steps
     rebuild = steps[steps["note"] != ""]
-    assert len(rebuild) == 1 and rebuild.iloc[0]["query_tokens"] == 16 and rebuild.iloc[0]["start_s"] == 6.0
+    assert len(rebuild) == 1 and rebuild.iloc[0]["note"] == "recompute after preemption (16 tokens)"
+    # B had 16 tokens of KV (14 prompt + 2 written by decodes): re-prefilled with its next decode row
+    assert rebuild.iloc[0]["query_tokens"] == 17 and rebuild.iloc[0]["start_s"] == 6.0
+    assert rebuild.iloc[0]["emitted_tokens"] == 1 and rebuild.iloc[0]["phase"] == "decode"
 
 
 def test_small_pool_queues_without_dropping(tmp_path):
@@ -153,24 +172,41 @@ def test_simulated_trace_is_valid_and_says_what_it_is(small_trace, tmp_path):
     assert json.dumps(res.metrics)  # JSON-ready
 
 
-def test_stretches_equal_pass_by_pass(monkeypatch):
+STRETCH_CASES = {  # uniform(requests, prompt, output), config: each exercises another scheduling path
+    "preempt": ((40, 30, 25), {}),
+    "chunked": ((40, 100, 25), {"max_batch_tokens": 64}),  # every prefill in chunks, with preemptions
+    "unchunked": ((40, 60, 40), {"max_batch_tokens": 128, "chunked_prefill": False}),
+    "peak": ((40, 30, 25), {"reserve": "peak"}),
+    "sjf": ((40, 30, 25), {"scheduler": "sjf", "max_batch_tokens": 64}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STRETCH_CASES))
+def test_stretches_equal_pass_by_pass(monkeypatch, case):
     """Planning stretches of passes gives the timeline a pass-by-pass loop gives."""
-    w = uniform(40, 30, 25)
     from simulator.hardware import get_hardware
     from simulator.models import get_model
 
+    shape, extra = STRETCH_CASES[case]
+    w, llama = uniform(*shape), get_model("llama-3-8b")
+
     def go():
-        return replay(w, get_hardware("l4"), get_model("llama-3-8b"),
-                      ReplayConfig(rate=6.0, max_seqs=8, kv_capacity_bytes=20 * 16 * get_model("llama-3-8b").kv_bytes_per_token))
+        return replay(w, get_hardware("l4"), llama, ReplayConfig(
+            rate=6.0, max_seqs=8, kv_capacity_bytes=20 * 16 * llama.kv_bytes_per_token, **extra))
 
     fast = go()
     monkeypatch.setattr(replay_mod, "MAX_STRETCH_PASSES", 1)
     slow = go()
-    assert fast.metrics["preemptions"] > 0 and fast.metrics["passes"] == slow.metrics["passes"]
-    a, b = fast.timeline(), slow.timeline()
-    assert [e[:2] for e in a] == [e[:2] for e in b]  # same events in the same order
-    assert np.allclose([e[2] for e in a], [e[2] for e in b], rtol=1e-12)  # summed in another order
-    for key, v in fast.metrics.items():
+    m = fast.metrics
+    assert m["passes"] == slow.metrics["passes"] and m["completed"] == 40
+    assert (m["preemptions"] > 0) == (case != "peak") and (m["prefill_chunks"] > 0) == (case in ("chunked", "sjf"))
+    for key in ("request", "batch_index", "query", "kv_read", "blocks", "emits", "rebuild", "final"):
+        assert np.array_equal(fast.rows[key], slow.rows[key]), key  # the same batches, pass by pass
+    per_request = [{r: [(n, t) for r2, n, t in res.timeline() if r2 == r] for r in range(40)} for res in (fast, slow)]
+    for r in range(40):  # the same events per request (summed in another order: float noise only)
+        (a, b) = (per_request[0][r], per_request[1][r])
+        assert [n for n, _ in a] == [n for n, _ in b] and np.allclose([t for _, t in a], [t for _, t in b], rtol=1e-12)
+    for key, v in m.items():
         if isinstance(v, float):
             assert math.isclose(v, slow.metrics[key], rel_tol=1e-9), key
 
@@ -190,13 +226,25 @@ def test_arrival_modes(tmp_path):
     assert p1.requests["arrival_s"].iloc[0] == 0.0 and p1.requests["arrival_s"].is_monotonic_increasing
 
 
-def test_sjf_lets_the_short_job_pass(tmp_path):
+def test_sjf_oracle_lets_the_short_job_pass(tmp_path):
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 2), seq(4, 20), seq(4, 2)], [4] * 3,
                                       arrivals=[0.0, 0.5, 0.5]))
     fcfs = run(w, ReplayConfig(max_seqs=1))
-    sjf = run(w, ReplayConfig(max_seqs=1, scheduler="sjf"))
+    sjf = run(w, ReplayConfig(max_seqs=1, scheduler="sjf", sjf_oracle=True))
     assert fcfs.requests["e2e_s"].tolist() == [2.0, 21.5, 23.5]
     assert sjf.requests["e2e_s"].tolist() == [2.0, 23.5, 3.5]
+
+
+def test_sjf_ranks_by_what_a_server_knows(tmp_path):
+    # B (prompt 8, 2 tokens) and C (prompt 4, 20 tokens) wait behind A; every request has max_tokens 32.
+    # Without the oracle a server only sees equal max_tokens and prompts 8 vs 4: it runs C first.
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 2), seq(8, 2), seq(4, 20)], [4, 8, 4],
+                                      arrivals=[0.0, 0.5, 0.5]))
+    w = dataclasses.replace(w, source={**w.source, "knobs": {"max_tokens": 32}})
+    known = run(w, ReplayConfig(max_seqs=1, scheduler="sjf"))
+    oracle = run(w, ReplayConfig(max_seqs=1, scheduler="sjf", sjf_oracle=True))
+    assert known.requests["e2e_s"].tolist() == [2.0, 23.5, 21.5]
+    assert oracle.requests["e2e_s"].tolist() == [2.0, 3.5, 23.5]
 
 
 @pytest.mark.parametrize("kwargs, needle", [

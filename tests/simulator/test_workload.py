@@ -75,3 +75,22 @@ def test_uniform():
     assert w.passes(1)[3].kv_tokens_read == 13
     with pytest.raises(ValueError):
         uniform(0, 1, 1)
+
+
+@pytest.mark.parametrize("shape, extra", [((40, 100, 25), {"max_batch_tokens": 64}), ((40, 30, 25), {})])
+def test_serving_trace_reads_back_as_its_own_passes(tmp_path, shape, extra):
+    """Chunks fold into their pass and recomputed tokens are not demand: a replay under load, written
+    as a trace, reads back as the workload it replayed."""
+    from simulator.hardware import get_hardware
+    from simulator.models import get_model
+    from simulator.replay import ReplayConfig, replay
+    from simulator.simtrace import write_simulated_trace
+
+    llama = get_model("llama-3-8b")
+    w = uniform(*shape)
+    res = replay(w, get_hardware("l4"), llama, ReplayConfig(rate=6.0, max_seqs=8, **extra,
+                                                             kv_capacity_bytes=20 * 16 * llama.kv_bytes_per_token))
+    assert res.metrics["preemptions"] > 0 and res.metrics["recomputed_tokens"] > 0
+    back = load_workload(write_simulated_trace(res, tmp_path / "sim"))
+    for name in ("offsets", "query_tokens", "kv_tokens_read", "emits", "live_kv_tokens", "phase"):
+        assert np.array_equal(getattr(back, name), getattr(w, name)), name

@@ -128,8 +128,9 @@ def write_toy_trace(path: Path, requests: list[list[P]], prompts: list[int], arr
 
 def toy_part(capacity_bytes: int = 2**30, **fields):
     """A made-up part on which every forward pass takes exactly 1 s (all rooflines ~0, 1 s overhead)."""
+    # no chip layout (num_sms=None): GEMMs use the plain roofline, ~0 here, not the tile model
     return override("h100-sxm", name="toy-part", peak_flops_per_s=1e30, hbm_bytes_per_s=1e30, launch_overhead_s=0.0,
-                    hbm_capacity_bytes=capacity_bytes, **fields)
+                    hbm_capacity_bytes=capacity_bytes, num_sms=None, **fields)
 
 
 def one_second_cost(hardware, model) -> CostModel:

@@ -1,0 +1,220 @@
+"""Where a command may write: the one check every `--out` goes through, and the writer's lock.
+
+The rule (no command deletes or overwrites what it did not create or was not told to replace,
+and never its own input):
+
+- an output directory must not be, contain or lie inside any of the command's inputs, and must
+  not be or contain the working directory;
+- a non-empty output directory needs `--force`, and `--force` replaces only a directory this
+  project wrote: a trace (meta.json kind measured or simulated), a GPU capture folder (kind
+  gpu_capture), a sweep's folder (results.jsonl / sweep.parquet and nothing foreign), or, for
+  `solm train`, a checkpoint (config.json format solm-tinylm-v1);
+- an output file (`export --perfetto`, `diff --html`) needs `--force` to replace an existing one,
+  is never an input or inside one, and is written whole or not at all (temp file, rename);
+- a writer of a trace or sweep holds an exclusive `flock` on `OUT/.solm.lock` for its whole run,
+  so a second writer into the same folder stops at once with one line instead of mixing rows.
+
+Every refusal is a `UsageError` naming the path: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Self
+
+from profiler.errors import UsageError
+
+LOCK_NAME = ".solm.lock"
+TRACE_KINDS = ("measured", "simulated", "gpu_capture")  # meta.json kinds this project writes
+SWEEP_FILES = ("results.jsonl", "sweep.parquet")
+CHECKPOINT_FORMAT = "solm-tinylm-v1"
+MAX_MARKER_BYTES = 1 << 20  # a meta.json / config.json larger than this is not one of ours
+
+
+def resolved(path: str | Path) -> Path:
+    """Absolute, symlinks followed (so two spellings of one folder compare equal)."""
+    return Path(os.path.realpath(os.path.expanduser(str(path))))
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    return child == parent or parent in child.parents
+
+
+def check_not_input(out: Path, inputs: Iterable[str | Path], flag: str) -> None:
+    """`out` (resolved) is not, does not contain and is not inside an input, nor the working directory."""
+    cwd = resolved(os.getcwd())
+    if _inside(cwd, out):
+        what = "is" if out == cwd else "contains"
+        raise UsageError(f"{flag} {out} {what} the working directory; choose a new folder for the output")
+    for item in inputs:
+        if not item:
+            continue
+        src = resolved(item)
+        if _inside(out, src) or _inside(src, out):
+            rel = "is" if out == src else "lies inside" if _inside(out, src) else "contains"
+            raise UsageError(f"{flag} {out} {rel} the input {item}; choose another {flag}")
+
+
+def _small_json(file: Path) -> dict | None:
+    try:
+        if not file.is_file() or file.stat().st_size > MAX_MARKER_BYTES:
+            return None
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _entries(d: Path) -> list[Path]:
+    return [c for c in d.iterdir() if c.name != LOCK_NAME]
+
+
+def project_kind(d: Path) -> str | None:
+    """What solm output `d` is ("measured", "simulated", "gpu_capture", "sweep", "checkpoint"),
+    or None for anything else."""
+    meta = _small_json(d / "meta.json")
+    if meta is not None and meta.get("kind") in TRACE_KINDS:
+        return str(meta["kind"])
+    names = {c.name for c in _entries(d)}
+    if names & set(SWEEP_FILES) and all(n in SWEEP_FILES or n.startswith(".") for n in names):
+        return "sweep"
+    cfg = _small_json(d / "config.json")
+    if cfg is not None and cfg.get("format") == CHECKPOINT_FORMAT:
+        return "checkpoint"
+    return None
+
+
+def check_out_dir(out: str | Path, inputs: Iterable[str | Path] = (), force: bool | None = False, flag: str = "--out",
+                  kinds: Iterable[str] = (*TRACE_KINDS, "sweep"), resume: str | None = None) -> Path:
+    """Refuse (UsageError) an output folder the command may not use; return it resolved.
+
+    `kinds`: the project outputs `--force` may replace. `resume`: a kind this command continues
+    (sweep) rather than replaces, accepted without `--force`."""
+    p = resolved(out)
+    check_not_input(p, inputs, flag)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{flag} {out} exists and is not a directory")
+    if not p.exists() or not _entries(p):
+        return p
+    kind = project_kind(p)
+    if resume is not None and kind == resume:
+        return p
+    if not force:
+        hint = "" if force is None else " or pass --force to replace it"  # None: the command has no --force
+        raise UsageError(f"{flag} {out} exists and is not empty (choose another {flag}{hint})")
+    if kind not in set(kinds):
+        what = f"a solm {kind} output" if kind else "not an output solm wrote (no solm meta.json)"
+        raise UsageError(f"{flag} {out} is {what}; --force replaces only an empty folder or one of: "
+                         f"{', '.join(kinds)}")
+    return p
+
+
+def clear_dir(d: Path) -> None:
+    """Remove everything in `d` but its lock file (the caller holds the lock and checked `d`)."""
+    for c in _entries(d):
+        if c.is_dir() and not c.is_symlink():
+            shutil.rmtree(c)
+        else:
+            c.unlink()
+
+
+class OutLock:
+    """An exclusive, non-blocking `flock` on `DIR/.solm.lock`, held until `release()` (or the
+    process ends: the kernel drops it, so a killed writer never leaves a stale lock)."""
+
+    def __init__(self, d: Path, flag: str = "--out") -> None:
+        self.dir = d
+        self.path = d / LOCK_NAME
+        self.created = False  # set by claim_out_dir: the folder did not exist before
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(self.fd)
+            raise UsageError(f"{flag} {d} is being written by another solm process (pid {holder}); "
+                             f"wait for it or choose another {flag}") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        """Drop the lock; a folder claimed new that holds nothing but the lock goes away again."""
+        if self.fd < 0:
+            return
+        if self.created and not _entries(self.dir):
+            shutil.rmtree(self.dir, ignore_errors=True)
+        os.close(self.fd)
+        self.fd = -1
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def claim_out_dir(out: str | Path, inputs: Iterable[str | Path] = (), force: bool | None = False, flag: str = "--out",
+                  kinds: Iterable[str] = (*TRACE_KINDS, "sweep"), resume: str | None = None) -> OutLock:
+    """Check `out`, create it and lock it; the writer replaces its contents later (so a run that
+    fails before writing leaves an old output as it was).
+
+    Use as `with claim_out_dir(args.out, [args.trace], args.force): write...`. The checks run
+    again under the lock: another writer may have filled the folder since. A folder this call
+    created is removed again if nothing was written into it."""
+    kinds = tuple(kinds)
+    p = check_out_dir(out, inputs, force, flag, kinds, resume)
+    created = not p.exists()
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        lock = OutLock(p, flag)
+    except PermissionError:
+        raise UsageError(f"{flag} {out}: not writable") from None
+    except (FileNotFoundError, NotADirectoryError, FileExistsError) as e:
+        raise UsageError(f"{flag} {out}: cannot create it ({e.strerror})") from None
+    lock.created = created
+    try:
+        check_out_dir(p, inputs, force, flag, kinds, resume)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def check_out_file(out: str | Path, inputs: Iterable[str | Path] = (), force: bool = False,
+                   flag: str = "--out") -> Path:
+    """Refuse (UsageError) an output file the command may not write; return it resolved."""
+    p = resolved(out)
+    if p.is_dir():
+        raise UsageError(f"{flag} {out} is a directory; give a file path")
+    for item in inputs:
+        if item and _inside(p, resolved(item)):
+            raise UsageError(f"{flag} {out} lies inside the input {item}; write it elsewhere")
+    if not p.parent.is_dir():
+        raise UsageError(f"{flag} {out}: no such directory {p.parent}")
+    if p.exists() or p.is_symlink():
+        if not p.is_file():
+            raise UsageError(f"{flag} {out} exists and is not a regular file")
+        if not force:
+            raise UsageError(f"{flag} {out} exists (pass --force to overwrite it)")
+    if not os.access(p.parent, os.W_OK):
+        raise UsageError(f"{flag} {out}: folder {p.parent} is not writable")
+    return p
+
+
+def write_file_atomic(path: Path, data: str | bytes) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, renamed over it."""
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

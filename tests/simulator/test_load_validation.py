@@ -1,0 +1,106 @@
+"""Validation under load: a serving trace predicted from a batch-1 calibration alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from profiler.reader import read_trace
+from simulator.cost import CostModel, CostParams
+from simulator.hardware import host_cpu_spec
+from simulator.load_validation import host_line, pass_arrays, serving_config, validate_load
+from simulator.models import ModelSpec
+from simulator.replay import ReplayConfig, replay
+from simulator.simtrace import write_simulated_trace
+from simulator.workload import load_workload
+from solm.cli import main
+from tests.simulator.toy_traces import BLOCK_BYTES, MODEL_META, pasta, seq, write_toy_trace
+
+MODEL = ModelSpec.from_trace_meta(MODEL_META)
+HW = host_cpu_spec(2)
+TRUTH = CostModel(HW, MODEL, dataclasses.replace(CostParams.prior(HW), step_overhead_s=0.002))
+
+
+def _requests(n: int, system: str):
+    if system == "pasta":
+        return [pasta(6 + 3 * (i % 5), 1 + i % 3, 4 + i % 4) for i in range(n)], [6 + 3 * (i % 5) for i in range(n)]
+    return [seq(6 + 3 * (i % 5), 6 + i % 7) for i in range(n)], [6 + 3 * (i % 5) for i in range(n)]
+
+
+def serving_trace(path, system: str, rate: float, pool_blocks: int | None = None, n: int = 24, **batch):
+    """A synthetic serving run: requests replayed under load with the true cost, written as a measured trace."""
+    reqs, prompts = _requests(n, system)
+    w = load_workload(write_toy_trace(path.parent / f"{path.name}-src", reqs, prompts, system=system))
+    w = dataclasses.replace(w, logit_tokens=w.query_tokens.copy())
+    config = ReplayConfig(rate=rate, max_seqs=8, memory_utilization=1.0,
+                          kv_capacity_bytes=(pool_blocks or 10**6) * BLOCK_BYTES, **batch)
+    out = write_simulated_trace(replay(w, HW, MODEL, config, cost=TRUTH), path)
+    meta_path = out / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta.update(kind="measured", device={"name": "toy", "type": "cpu", "threads": 2},
+                knobs={"rate": rate, "max_seqs": 8, "max_batch_tokens": config.max_batch_tokens,
+                       "chunked_prefill": config.chunked_prefill, "page_size": 16,
+                       "pool_bytes": config.kv_capacity_bytes, "scheduler": "fcfs"})
+    meta["model"] = {**meta["model"], "name": MODEL_META["name"]}
+    meta_path.write_text(json.dumps(meta))
+    return out
+
+
+@pytest.mark.parametrize("system", ["seq", "pasta"])
+def test_a_serving_run_is_predicted_from_batch_one_alone(tmp_path, system):
+    reqs, prompts = _requests(10, system)
+    batch1 = write_toy_trace(tmp_path / "b1", reqs, prompts, timed_by=TRUTH, system=system)
+    low = serving_trace(tmp_path / "low", system, rate=20.0)
+    high = serving_trace(tmp_path / "high", system, rate=400.0, pool_blocks=6)  # a pool that preempts
+    v = validate_load([low, high], batch1)
+    assert [lv["rate"] for lv in v["levels"]] == [20.0, 400.0]
+    for lv in v["levels"]:
+        e = lv["errors"]
+        assert lv["passes_simulated"] == lv["passes_measured"] and lv["preemptions_simulated"] == lv["preemptions_measured"]
+        for key in ("ttft_p50_ape_percent", "e2e_p50_ape_percent", "throughput_ape_percent", "e2e_mape_percent"):
+            assert e[key] < 2.0, (key, e[key])
+    assert v["levels"][1]["preemptions_measured"] > 0 and v["levels"][1]["mean_batch_measured"] > 1.5
+
+
+def test_pass_arrays_group_a_batched_pass(tmp_path):
+    trace = read_trace(serving_trace(tmp_path / "s", "seq", rate=400.0))
+    rows = trace.steps[trace.steps["query_tokens"] > 0]
+    passes = pass_arrays(trace)
+    assert len(passes) == rows["batch_index"].nunique() < len(rows)
+    assert passes[:, 0].sum() == rows["query_tokens"].sum() and passes[:, 4].sum() == len(rows)
+
+
+def test_host_line_from_gaps_over_streams(tmp_path):
+    # 1 ms + 0.5 ms per stream between passes: a PASTA-like trace with 1-3 streams per pass
+    trace = read_trace(write_toy_trace(tmp_path / "t", [pasta(8, 3, 4)], [8], timed_by=TRUTH))
+    steps = trace.steps.sort_values("step_index").copy()
+    t, starts = 0.0, []
+    for d, g in zip(steps["duration_s"], steps["active_streams"]):
+        starts.append(t)
+        t += d + 0.001 + 0.0005 * g
+    steps["start_s"] = starts
+    per_pass, per_stream = host_line(dataclasses.replace(trace, steps=steps))
+    assert np.isclose(per_pass, 0.001) and np.isclose(per_stream, 0.0005)
+
+
+def test_serving_config_reads_the_trace_settings():
+    c = serving_config({"knobs": {"max_seqs": 4, "max_batch_tokens": 64, "kv_budget_mib": 0.5, "page_size": 8,
+                                  "chunked_prefill": False, "scheduler": "sjf"}}, MODEL, scheduler="fcfs")
+    assert (c.max_seqs, c.max_batch_tokens, c.kv_capacity_bytes, c.block_size) == (4, 64, 2**19, 8)
+    assert c.chunked_prefill is False and c.scheduler == "fcfs"  # a flag given overrides the trace
+
+
+def test_cli_prints_errors_per_load_level(tmp_path, capsys):
+    reqs, prompts = _requests(8, "seq")
+    batch1 = write_toy_trace(tmp_path / "b1", reqs, prompts, timed_by=TRUTH, system="seq")
+    low = serving_trace(tmp_path / "low", "seq", rate=20.0, n=8)
+    assert main(["validate", str(low), "--calibrate-from", str(batch1)]) == 0
+    out = capsys.readouterr().out
+    assert "rate 20" in out and json.loads(out.strip().splitlines()[-1])["levels"][0]["requests"] == 8
+    assert main(["validate", str(low), str(low)]) == 2  # several traces without --calibrate-from
+    other = write_toy_trace(tmp_path / "o", reqs, prompts, timed_by=TRUTH, system="pasta")
+    assert main(["validate", str(low), "--calibrate-from", str(other)]) == 2
+    assert "cannot be predicted from a calibration of pasta" in capsys.readouterr().err
