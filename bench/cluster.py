@@ -68,9 +68,13 @@ def _dir_mb(path: Path) -> float:
 def capacity_rps(structure, n: int) -> float:
     """Request throughput of the 8 replicas when n requests all arrive at once."""
     log = read_workload_file(WORKLOADS_DIR / "splitwise_conv.csv")
-    res = simulate(stretch(structure, log), get_hardware("h100-sxm"), get_model("llama-3-8b"),
-                   ReplayConfig(num_requests=n, rate=float("inf")),
-                   ClusterConfig(replicas=REPLICAS, router="least_outstanding"))
+    res = simulate(
+        stretch(structure, log),
+        get_hardware("h100-sxm"),
+        get_model("llama-3-8b"),
+        ReplayConfig(num_requests=n, rate=float("inf")),
+        ClusterConfig(replicas=REPLICAS, router="least_outstanding"),
+    )
     return float(res.metrics["request_throughput"])
 
 
@@ -80,20 +84,29 @@ def replay_at_scale(n: int, quick: bool) -> dict:
     native_rps = len(native.arrival_s) / native.arrival_s[-1]
     capacity = capacity_rps(structure, 2000 if quick else 8000)
     scale = TARGET_LOAD * capacity / native_rps
-    print(f"load: capacity {capacity:.1f} req/s (8 x llama-3-8b on h100-sxm, saturating batch); the conversation "
-          f"trace offers {native_rps:.2f} req/s, so --time-scale {scale:.2f} offers {TARGET_LOAD * capacity:.1f} req/s "
-          f"({TARGET_LOAD:.0%} load)")
+    print(
+        f"load: capacity {capacity:.1f} req/s (8 x llama-3-8b on h100-sxm, saturating batch); the conversation "
+        f"trace offers {native_rps:.2f} req/s, so --time-scale {scale:.2f} offers {TARGET_LOAD * capacity:.1f} req/s "
+        f"({TARGET_LOAD:.0%} load)"
+    )
     t0, c0 = time.perf_counter(), time.process_time()
     w = stretch(structure, read_workload_file(WORKLOADS_DIR / "splitwise_conv.csv", time_scale=scale))
-    res = simulate(w, get_hardware("h100-sxm"), get_model("llama-3-8b"), ReplayConfig(num_requests=n),
-                   ClusterConfig(replicas=REPLICAS, router="least_outstanding"))
+    res = simulate(
+        w,
+        get_hardware("h100-sxm"),
+        get_model("llama-3-8b"),
+        ReplayConfig(num_requests=n),
+        ClusterConfig(replicas=REPLICAS, router="least_outstanding"),
+    )
     replay_s, replay_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     m = res.metrics
     rows = len(res.rows["flat"])
     rss_replayed = _rss_mb()
-    print(f"replay: {n} requests in {replay_s:.1f} s wall, {replay_cpu_s:.1f} s CPU ({rows} pass-request rows, {m['passes']} passes); "
-          f"p99 TTFT {m['p99_ttft_ms']:.0f} ms, p99 TPOT {m['p99_tpot_ms']:.1f} ms, "
-          f"{m['request_throughput']:.1f} req/s over {m['duration_s']:.0f} s simulated")
+    print(
+        f"replay: {n} requests in {replay_s:.1f} s wall, {replay_cpu_s:.1f} s CPU ({rows} pass-request rows, {m['passes']} passes); "
+        f"p99 TTFT {m['p99_ttft_ms']:.0f} ms, p99 TPOT {m['p99_tpot_ms']:.1f} ms, "
+        f"{m['request_throughput']:.1f} req/s over {m['duration_s']:.0f} s simulated"
+    )
     out = Path(tempfile.mkdtemp(prefix="solm-cluster-bench-"))
     try:
         t1 = time.perf_counter()
@@ -106,26 +119,61 @@ def replay_at_scale(n: int, quick: bool) -> dict:
         read_s = time.perf_counter() - t2
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    print(f"simulated trace: {mb:.1f} MB for {n} requests (written in {write_s:.1f} s, read without per-token "
-          f"rows in {read_s:.1f} s); peak RSS {rss_replayed} MB after the replay, {rss_written} MB after writing")
+    print(
+        f"simulated trace: {mb:.1f} MB for {n} requests (written in {write_s:.1f} s, read without per-token "
+        f"rows in {read_s:.1f} s); peak RSS {rss_replayed} MB after the replay, {rss_written} MB after writing"
+    )
     factor = 100_000 / n
-    return {"replay_requests": n, "replay_s": round(replay_s, 2), "replay_100k_s": round(replay_s * factor, 2),
-            "replay_cpu_s": round(replay_cpu_s, 2),
-            "replay_100k_extrapolated": n != 100_000, "replay_events_per_s": round(rows / replay_s),
-            "passes_per_s": round(m["passes"] / replay_s), "load_time_scale": round(scale, 3),
-            "capacity_rps": round(capacity, 2), "sim_trace_mb_per_100k": round(mb * factor, 1),
-            "trace_read_s": round(read_s, 2), "p99_ttft_ms": round(m["p99_ttft_ms"], 1),
-            "peak_rss_mb_after_replay": rss_replayed}
+    return {
+        "replay_requests": n,
+        "replay_s": round(replay_s, 2),
+        "replay_100k_s": round(replay_s * factor, 2),
+        "replay_cpu_s": round(replay_cpu_s, 2),
+        "replay_100k_extrapolated": n != 100_000,
+        "replay_events_per_s": round(rows / replay_s),
+        "passes_per_s": round(m["passes"] / replay_s),
+        "load_time_scale": round(scale, 3),
+        "capacity_rps": round(capacity, 2),
+        "sim_trace_mb_per_100k": round(mb * factor, 1),
+        "trace_read_s": round(read_s, 2),
+        "p99_ttft_ms": round(m["p99_ttft_ms"], 1),
+        "peak_rss_mb_after_replay": rss_replayed,
+    }
 
 
 def deployment_sweep(quick: bool, price: float) -> dict:
     """`solm sweep` over tp x replicas for Llama-3-70B on H100 with the code workload."""
     out = Path(tempfile.mkdtemp(prefix="solm-cluster-sweep-"))
     n = 300 if quick else 2000
-    cmd = [sys.executable, "-m", "solm", "sweep", str(ROOT / "traces" / "pasta-word_facts"), "--hardware", "h100-sxm",
-           "--model", "llama-3-70b", "--workload", str(WORKLOADS_DIR / "splitwise_code.csv"), "--tp", "1,2,4,8",
-           "--replicas", "1,2,4", "--num-requests", str(n), "--price-per-gpu-hour", str(price),
-           "--slo-ttft-ms", "2000", "--slo-tpot-ms", "100", "--workers", "2", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "solm",
+        "sweep",
+        str(ROOT / "traces" / "pasta-word_facts"),
+        "--hardware",
+        "h100-sxm",
+        "--model",
+        "llama-3-70b",
+        "--workload",
+        str(WORKLOADS_DIR / "splitwise_code.csv"),
+        "--tp",
+        "1,2,4,8",
+        "--replicas",
+        "1,2,4",
+        "--num-requests",
+        str(n),
+        "--price-per-gpu-hour",
+        str(price),
+        "--slo-ttft-ms",
+        "2000",
+        "--slo-tpot-ms",
+        "100",
+        "--workers",
+        "2",
+        "--out",
+        str(out),
+    ]
     print("sweep:", " ".join(cmd[2:]))
     try:
         r = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, check=False)
@@ -136,22 +184,35 @@ def deployment_sweep(quick: bool, price: float) -> dict:
         figures = json.loads(r.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    return {"sweep_ok": True, "sweep_configs": figures["configs"], "sweep_pareto": figures["pareto"],
-            "sweep_requests": n}
+    return {
+        "sweep_ok": True,
+        "sweep_configs": figures["configs"],
+        "sweep_pareto": figures["pareto"],
+        "sweep_requests": n,
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="10,000 requests (extrapolated to 100k), a smaller sweep")
     ap.add_argument("--requests", type=int, default=None, help="replay this many requests (default 100,000)")
-    ap.add_argument("--price", type=float, default=2.5, help="USD per GPU-hour for the sweep (default 2.5, "
-                    "an assumed H100 rental price)")
+    ap.add_argument(
+        "--price",
+        type=float,
+        default=2.5,
+        help="USD per GPU-hour for the sweep (default 2.5, an assumed H100 rental price)",
+    )
     args = ap.parse_args()
     comm = evaluate()
-    print(f"comm: held-out MAPE {comm['comm_mape_percent']}% over {comm['held_out_rows']} buffer sizes the fit did "
-          f"not see ({comm['comm_mape_percent_1mib_up']}% from 1 MiB up); per series {comm['series']}")
-    figures = {"bench": "cluster", "comm_mape_percent": comm["comm_mape_percent"],
-               "comm_mape_percent_1mib_up": comm["comm_mape_percent_1mib_up"]}
+    print(
+        f"comm: held-out MAPE {comm['comm_mape_percent']}% over {comm['held_out_rows']} buffer sizes the fit did "
+        f"not see ({comm['comm_mape_percent_1mib_up']}% from 1 MiB up); per series {comm['series']}"
+    )
+    figures = {
+        "bench": "cluster",
+        "comm_mape_percent": comm["comm_mape_percent"],
+        "comm_mape_percent_1mib_up": comm["comm_mape_percent_1mib_up"],
+    }
     figures.update(replay_at_scale(args.requests or (10_000 if args.quick else 100_000), args.quick))
     figures.update(deployment_sweep(args.quick, args.price))
     figures["peak_rss_mb"] = _rss_mb()

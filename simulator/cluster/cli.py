@@ -13,21 +13,38 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica (default 1)")
     g.add_argument("--pp", type=int, default=1, help="pipeline stages per replica (default 1)")
     g.add_argument("--micro-batches", type=int, default=None, help="micro-batches a pass is cut into (default --pp)")
-    g.add_argument("--topology", default=None, help="node topology: nvswitch, nvlink_pairs, pcie, mesh "
-                   "(default: the part's)")
+    g.add_argument(
+        "--topology", default=None, help="node topology: nvswitch, nvlink_pairs, pcie, mesh (default: the part's)"
+    )
     g.add_argument("--price-per-gpu-hour", type=float, default=None, help="USD per GPU-hour: cost figures")
     g.add_argument("--replicas", type=int, default=1, help="replicas behind the router (default 1)")
     g.add_argument("--router", default="round_robin", help="round_robin (default), least_outstanding, kv_aware")
-    g.add_argument("--disaggregate", default=None, metavar="P:D",
-                   help="P prefill and D decode replicas, KV sent between them over the interconnect")
+    g.add_argument(
+        "--disaggregate",
+        default=None,
+        metavar="P:D",
+        help="P prefill and D decode replicas, KV sent between them over the interconnect",
+    )
     g.add_argument("--decode-hardware", default=None, help="with --disaggregate: the decode replicas' part")
-    g.add_argument("--workload", default=None, metavar="FILE.csv",
-                   help="a request log (arrived_at,num_prefill_tokens,num_decode_tokens), e.g. "
-                   "simulator/data/workloads/splitwise_code.csv; structure from --structure-from")
-    g.add_argument("--structure-from", default=None, metavar="TRACE",
-                   help="with --workload: the trace whose requests' structures are stretched to its lengths")
-    g.add_argument("--time-scale", type=float, default=1.0,
-                   help="with --workload: arrivals come this many times faster (default 1)")
+    g.add_argument(
+        "--workload",
+        default=None,
+        metavar="FILE.csv",
+        help="a request log (arrived_at,num_prefill_tokens,num_decode_tokens), e.g. "
+        "simulator/data/workloads/splitwise_code.csv; structure from --structure-from",
+    )
+    g.add_argument(
+        "--structure-from",
+        default=None,
+        metavar="TRACE",
+        help="with --workload: the trace whose requests' structures are stretched to its lengths",
+    )
+    g.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="with --workload: arrivals come this many times faster (default 1)",
+    )
     g.add_argument("--columns", default=None, help="with --workload: EXPECTED=YOURS,... for other column names")
 
 
@@ -67,9 +84,15 @@ def cluster_config(args: argparse.Namespace):
         if not args.disaggregate:
             raise UsageError("--decode-hardware needs --disaggregate P:D")
         decode = with_links(get_hardware(args.decode_hardware), args)
-    return ClusterConfig(Parallelism(args.tp, args.pp, args.micro_batches), replicas=args.replicas,
-                         router=args.router, disaggregate=parse_disaggregate(args.disaggregate),
-                         decode_hardware=decode, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
+    return ClusterConfig(
+        Parallelism(args.tp, args.pp, args.micro_batches),
+        replicas=args.replicas,
+        router=args.router,
+        disaggregate=parse_disaggregate(args.disaggregate),
+        decode_hardware=decode,
+        slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms,
+    )
 
 
 def load_structure_and_workload(args: argparse.Namespace):

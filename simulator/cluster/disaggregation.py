@@ -45,8 +45,7 @@ class DecodeCluster(Cluster):
         return None
 
 
-def _transfer(env: simpy.Environment, link: simpy.Resource, decode: DecodeCluster, r: int, seconds: float,
-              log: list):
+def _transfer(env: simpy.Environment, link: simpy.Resource, decode: DecodeCluster, r: int, seconds: float, log: list):
     with link.request() as req:
         yield req
         start = env.now
@@ -69,15 +68,27 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     dec_w, dec_shift = slice_passes(w, n_pre, w.n_passes)
     decode_hw = cluster.decode_hardware or hardware
     decode_cost = cost if decode_hw is hardware else ParallelCost(decode_hw, model, par, params)
-    decode_plan = plan if decode_hw is hardware else memory_plan(decode_hw, model, par, config.memory_utilization,
-                                                                config.kv_capacity_bytes)
+    decode_plan = (
+        plan
+        if decode_hw is hardware
+        else memory_plan(decode_hw, model, par, config.memory_utilization, config.kv_capacity_bytes)
+    )
     env = simpy.Environment()
     pre_cfg = dataclasses.replace(config, num_requests=None, kv_capacity_bytes=plan.kv_capacity_bytes)
-    prefill = Cluster(pre_w, [cost] * n_p, model, hardware, pre_cfg, [plan.kv_capacity_bytes] * n_p,
-                      cluster.router, env=env)
+    prefill = Cluster(
+        pre_w, [cost] * n_p, model, hardware, pre_cfg, [plan.kv_capacity_bytes] * n_p, cluster.router, env=env
+    )
     dec_cfg = dataclasses.replace(pre_cfg, rate=None, concurrency=None, kv_capacity_bytes=decode_plan.kv_capacity_bytes)
-    decode = DecodeCluster(dec_w, [decode_cost] * n_d, model, decode_hw, dec_cfg, [decode_plan.kv_capacity_bytes] * n_d,
-                           cluster.router, env=env)
+    decode = DecodeCluster(
+        dec_w,
+        [decode_cost] * n_d,
+        model,
+        decode_hw,
+        dec_cfg,
+        [decode_plan.kv_capacity_bytes] * n_d,
+        cluster.router,
+        env=env,
+    )
     for replica in prefill.replicas:
         replica.done = []  # a request is done when its decode ends
     for replica in decode.replicas:
@@ -106,11 +117,15 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     res.requests["replica"] = prefill.owner
     res.requests["decode_replica"] = decode.owner
     res.extra["kv_transfers"] = log
-    extra = {"disaggregate": [n_p, n_d], "decode_hardware": decode_hw.name, **_transfer_figures(log, kv_bytes),
-             "kv_transfer_across_nodes": bool(across),
-             "decode_weight_bytes_per_gpu": decode_plan.weight_bytes_per_gpu,
-             "decode_kv_pool_bytes_per_gpu": decode_plan.kv_pool_bytes_per_gpu,
-             "decode_kv_capacity_tokens": decode_plan.kv_capacity_tokens}
+    extra = {
+        "disaggregate": [n_p, n_d],
+        "decode_hardware": decode_hw.name,
+        **_transfer_figures(log, kv_bytes),
+        "kv_transfer_across_nodes": bool(across),
+        "decode_weight_bytes_per_gpu": decode_plan.weight_bytes_per_gpu,
+        "decode_kv_pool_bytes_per_gpu": decode_plan.kv_pool_bytes_per_gpu,
+        "decode_kv_capacity_tokens": decode_plan.kv_capacity_tokens,
+    }
     if decode_hw.price_per_gpu_hour != hardware.price_per_gpu_hour:
         extra.update(_split_cost(res.metrics, n_p, n_d, par.gpus, hardware, decode_hw))
     return res, extra
@@ -118,15 +133,18 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
 
 def _transfer_figures(log: list[tuple[int, float, float]], kv_bytes: np.ndarray) -> dict:
     seconds = np.array([end - start for _, start, end in log])
-    return {"kv_transfers": len(log),
-            "kv_transfer_bytes": float(kv_bytes[[r for r, _, _ in log]].sum()) if log else 0.0,
-            "mean_kv_transfer_ms": float(seconds.mean() * 1e3) if log else None}
+    return {
+        "kv_transfers": len(log),
+        "kv_transfer_bytes": float(kv_bytes[[r for r, _, _ in log]].sum()) if log else 0.0,
+        "mean_kv_transfer_ms": float(seconds.mean() * 1e3) if log else None,
+    }
 
 
 def _chain(replica, finish, then):
     def wrapped(r: int, t: float) -> None:
         finish(r, t)
         then(replica, r, t)
+
     return wrapped
 
 
@@ -137,8 +155,11 @@ def _split_cost(metrics: dict, n_p: int, n_d: int, gpus: int, prefill_hw, decode
         return {"cost_usd": None, "cost_per_million_output_tokens": None, "price_per_gpu_hour": None}
     cost = hours * gpus * (n_p * prices[0] + n_d * prices[1])
     out = metrics["total_output_tokens"]
-    return {"cost_usd": cost, "cost_per_million_output_tokens": cost / out * 1e6 if out else None,
-            "price_per_gpu_hour": None}
+    return {
+        "cost_usd": cost,
+        "cost_per_million_output_tokens": cost / out * 1e6 if out else None,
+        "price_per_gpu_hour": None,
+    }
 
 
 def _merge(w: Workload, prefill: Cluster, decode: DecodeCluster, pre_shift, dec_shift, no_decode) -> SimpleNamespace:
@@ -148,18 +169,37 @@ def _merge(w: Workload, prefill: Cluster, decode: DecodeCluster, pre_shift, dec_
     p = merge(prefill.replicas, prefill.owner)
     d = merge(decode.replicas, decode.owner)
     stretches = [dataclasses.replace(st, first_pass=st.first_pass + pre_shift[st.requests]) for st in p.stretches]
-    stretches += [dataclasses.replace(st, first_pass=st.first_pass + dec_shift[st.requests],
-                                      first_batch=st.first_batch + p.n_pass) for st in d.stretches]
-    events = sorted([e for e in p.events if e[1] != "finish"] + [e for e in d.events if e[1] != "arrive"],
-                    key=lambda e: e[2])
+    stretches += [
+        dataclasses.replace(
+            st, first_pass=st.first_pass + dec_shift[st.requests], first_batch=st.first_batch + p.n_pass
+        )
+        for st in d.stretches
+    ]
+    events = sorted(
+        [e for e in p.events if e[1] != "finish"] + [e for e in d.events if e[1] != "arrive"], key=lambda e: e[2]
+    )
     finish = np.where(no_decode, p.finish_s, d.finish_s)
-    pool = SimpleNamespace(bytes_per_block=p.pool.bytes_per_block,
-                           peak_blocks=max(p.pool.peak_blocks, d.pool.peak_blocks),
-                           capacity_blocks=p.pool.capacity_blocks)
+    pool = SimpleNamespace(
+        bytes_per_block=p.pool.bytes_per_block,
+        peak_blocks=max(p.pool.peak_blocks, d.pool.peak_blocks),
+        capacity_blocks=p.pool.capacity_blocks,
+    )
     return SimpleNamespace(
-        w=w, stretches=stretches, arrival_s=p.arrival_s, start_s=p.start_s, finish_s=finish,
-        preemptions=p.preemptions + d.preemptions, error={**p.error, **d.error}, config=p.config, pool=pool,
-        n_pass=p.n_pass + d.n_pass, events=events,
+        w=w,
+        stretches=stretches,
+        arrival_s=p.arrival_s,
+        start_s=p.start_s,
+        finish_s=finish,
+        preemptions=p.preemptions + d.preemptions,
+        error={**p.error, **d.error},
+        config=p.config,
+        pool=pool,
+        n_pass=p.n_pass + d.n_pass,
+        events=events,
         device=SimpleNamespace(busy_s=p.device.busy_s + d.device.busy_s),
-        capacity_bytes=p.capacity_bytes + d.capacity_bytes, hardware=p.hardware, model=p.model, cost=p.cost,
-        blocks=-(-w.alloc_kv_tokens // p.config.block_size))
+        capacity_bytes=p.capacity_bytes + d.capacity_bytes,
+        hardware=p.hardware,
+        model=p.model,
+        cost=p.cost,
+        blocks=-(-w.alloc_kv_tokens // p.config.block_size),
+    )

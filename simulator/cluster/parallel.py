@@ -125,38 +125,54 @@ class MemoryPlan:
         return dataclasses.asdict(self)
 
 
-def memory_plan(hardware: HardwareSpec, model: ModelSpec, par: Parallelism, memory_utilization: float = 0.9,
-                kv_capacity_bytes: int | None = None) -> MemoryPlan:
+def memory_plan(
+    hardware: HardwareSpec,
+    model: ModelSpec,
+    par: Parallelism,
+    memory_utilization: float = 0.9,
+    kv_capacity_bytes: int | None = None,
+) -> MemoryPlan:
     """Per-GPU weights and KV pool; the replica's KV capacity is its tightest stage's.
 
     ValueError (one line) when the weights leave no room for KV on some GPU.
     """
     usable = int(hardware.hbm_capacity_bytes * memory_utilization)
     weights = stage_weight_bytes(model, par)
-    kv_per_token = [layers * model.kv_bytes_per_token_per_layer * _kv_share(model, par.tp)
-                    for layers in stage_layers(model.n_layers, par.pp)]
+    kv_per_token = [
+        layers * model.kv_bytes_per_token_per_layer * _kv_share(model, par.tp)
+        for layers in stage_layers(model.n_layers, par.pp)
+    ]
     heaviest = int(np.argmax(weights))
     if usable - weights[heaviest] <= 0:
-        split = (f" split over tp {par.tp} x pp {par.pp}: {weights[heaviest] / GIB:.1f} GiB per GPU"
-                 if par.gpus > 1 else "")
-        raise UsageError(f"{model.name} weights ({model.weight_bytes / GIB:.1f} GiB{split}) leave no room for KV in {hardware.name}'s "
-                         f"{usable / GIB:.1f} GiB usable memory; pick a larger part, shard it with --tp/--pp, or "
-                         f"model a smaller one")
+        split = (
+            f" split over tp {par.tp} x pp {par.pp}: {weights[heaviest] / GIB:.1f} GiB per GPU" if par.gpus > 1 else ""
+        )
+        raise UsageError(
+            f"{model.name} weights ({model.weight_bytes / GIB:.1f} GiB{split}) leave no room for KV in {hardware.name}'s "
+            f"{usable / GIB:.1f} GiB usable memory; pick a larger part, shard it with --tp/--pp, or "
+            f"model a smaller one"
+        )
     tokens = min(int((usable - w) // k) for w, k in zip(weights, kv_per_token))
     if kv_capacity_bytes is not None:  # the user's pool size, in whole-model bytes
         tokens = int(kv_capacity_bytes // model.kv_bytes_per_token)
     tight = int(np.argmin([(usable - w) / k for w, k in zip(weights, kv_per_token)]))
-    return MemoryPlan(gpus=par.gpus, usable_bytes_per_gpu=usable, weight_bytes_per_gpu=int(weights[tight]),
-                      kv_pool_bytes_per_gpu=int(tokens * kv_per_token[tight]),
-                      kv_bytes_per_token_per_gpu=round(kv_per_token[tight]), kv_capacity_tokens=tokens,
-                      kv_capacity_bytes=int(tokens * model.kv_bytes_per_token))
+    return MemoryPlan(
+        gpus=par.gpus,
+        usable_bytes_per_gpu=usable,
+        weight_bytes_per_gpu=int(weights[tight]),
+        kv_pool_bytes_per_gpu=int(tokens * kv_per_token[tight]),
+        kv_bytes_per_token_per_gpu=round(kv_per_token[tight]),
+        kv_capacity_tokens=tokens,
+        kv_capacity_bytes=int(tokens * model.kv_bytes_per_token),
+    )
 
 
 class ParallelCost:
     """Seconds of one batched pass of a TP x PP replica (scalars or numpy arrays, as CostModel)."""
 
-    def __init__(self, hardware: HardwareSpec, model: ModelSpec, par: Parallelism,
-                 params: CostParams | None = None) -> None:
+    def __init__(
+        self, hardware: HardwareSpec, model: ModelSpec, par: Parallelism, params: CostParams | None = None
+    ) -> None:
         par.check(model, hardware)
         self.hardware, self.model, self.par = hardware, model, par
         self.full = CostModel(hardware, model, params, tensor_parallel=par.tp)
@@ -193,11 +209,18 @@ class ParallelCost:
         send = np.asarray(self._send_s(qm), float)
         pp = self.par.pp
         total = stages.sum(0) + (pp - 1) * send + (m - 1) * np.maximum(stages.max(0), send) + overhead
-        ar = (self.layers.max() * np.asarray(self.layer._all_reduce_s(qm), float) * (m + pp - 1)
-              if self.par.tp > 1 else 0 * q)  # the bottleneck stage's all-reduces on the critical path
+        ar = (
+            self.layers.max() * np.asarray(self.layer._all_reduce_s(qm), float) * (m + pp - 1)
+            if self.par.tp > 1
+            else 0 * q
+        )  # the bottleneck stage's all-reduces on the critical path
         bubble = (total - overhead) - m * stages.sum(0) / pp
-        return {"total_s": total, "all_reduce_s": np.minimum(ar, total), "send_recv_s": (pp - 1) * send,
-                "bubble_s": np.maximum(bubble, 0)}
+        return {
+            "total_s": total,
+            "all_reduce_s": np.minimum(ar, total),
+            "send_recv_s": (pp - 1) * send,
+            "bubble_s": np.maximum(bubble, 0),
+        }
 
     def step_time_s(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None):
         if self.par.pp == 1:

@@ -49,7 +49,7 @@ class CuttableDevice(Device):
                 end = float(rep._ends[rep._cut_m - 1])
                 if end > self.env.now:
                     yield self.env.timeout(end - self.env.now)
-                seconds, passes = float(np.sum(rep._durations[:rep._cut_m])), rep._cut_m
+                seconds, passes = float(np.sum(rep._durations[: rep._cut_m])), rep._cut_m
         self.busy_s += seconds
         self.passes += passes
 
@@ -61,8 +61,9 @@ class ReplicaReplay(Replay):
     running stretch after the pass it lands in (where a lone replay would have planned it to stop),
     and `commit` keeps only the passes that ran."""
 
-    def __init__(self, workload: Workload, cost, model, hardware, config: ReplayConfig, cluster: Cluster,
-                 index: int) -> None:
+    def __init__(
+        self, workload: Workload, cost, model, hardware, config: ReplayConfig, cluster: Cluster, index: int
+    ) -> None:
         super().__init__(workload, cost, model, hardware, config)
         if cluster.replicas:  # one (passes,) blocks array for all replicas, not one copy each
             self.blocks = cluster.replicas[0].blocks
@@ -102,8 +103,9 @@ class ReplicaReplay(Replay):
         m, self._ends, self._cut_m = self._cut_m, None, None
         if m is not None:
             if len(args) == 1:  # a Stretch
-                args = (dataclasses.replace(args[0], starts_s=args[0].starts_s[:m],
-                                            durations_s=args[0].durations_s[:m]),)
+                args = (
+                    dataclasses.replace(args[0], starts_s=args[0].starts_s[:m], durations_s=args[0].durations_s[:m]),
+                )
             else:  # (R, idx0, rc, starts, durations)
                 args = (*args[:3], args[3][:m], args[4][:m])
         super().commit(*args)
@@ -118,17 +120,28 @@ class ReplicaReplay(Replay):
 class Cluster:
     """K replicas, a router and the global arrival stream."""
 
-    def __init__(self, workload: Workload, costs: list, model, hardware, config: ReplayConfig,
-                 kv_capacity_bytes: list[int], router: str = "round_robin", env: simpy.Environment | None = None,
-                 ) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        costs: list,
+        model,
+        hardware,
+        config: ReplayConfig,
+        kv_capacity_bytes: list[int],
+        router: str = "round_robin",
+        env: simpy.Environment | None = None,
+    ) -> None:
         self.env = env or simpy.Environment()
         self.w, self.config = workload, config
         n = workload.n_requests
         self.done = [self.env.event() for _ in range(n)] if config.arrival == "closed" else []
         self.replicas: list[ReplicaReplay] = []
         for k, (cost, kv) in enumerate(zip(costs, kv_capacity_bytes)):
-            self.replicas.append(ReplicaReplay(workload, cost, model, hardware,
-                                               dataclasses.replace(config, kv_capacity_bytes=kv), self, k))
+            self.replicas.append(
+                ReplicaReplay(
+                    workload, cost, model, hardware, dataclasses.replace(config, kv_capacity_bytes=kv), self, k
+                )
+            )
         first = self.replicas[0]
         self.arrival_sorted_s, self._arrival_order = first.arrival_sorted_s, getattr(first, "_arrival_order", None)
         self._next_arrival = 0
@@ -181,20 +194,38 @@ def merge(replicas: list[Replay], owner: np.ndarray) -> SimpleNamespace:
     first = replicas[0]
     n = first.w.n_requests
     rows, cols = np.maximum(owner, 0), np.arange(n)
-    pick = (lambda name: np.stack([getattr(r, name) for r in replicas])[rows, cols])
+
+    def pick(name):
+        return np.stack([getattr(r, name) for r in replicas])[rows, cols]
+
     stretches, offset = [], 0
     for r in replicas:
         stretches += [dataclasses.replace(st, first_batch=st.first_batch + offset) for st in r.stretches]
         offset += r.n_pass
     events = sorted((e for r in replicas for e in r.events), key=lambda e: e[2])
     error = {k: v for r in replicas for k, v in r.error.items()}
-    pool = SimpleNamespace(bytes_per_block=first.pool.bytes_per_block,
-                           peak_blocks=max(r.pool.peak_blocks for r in replicas),
-                           capacity_blocks=first.pool.capacity_blocks)
+    pool = SimpleNamespace(
+        bytes_per_block=first.pool.bytes_per_block,
+        peak_blocks=max(r.pool.peak_blocks for r in replicas),
+        capacity_blocks=first.pool.capacity_blocks,
+    )
     return SimpleNamespace(
-        w=first.w, stretches=stretches, arrival_s=pick("arrival_s"), start_s=pick("start_s"),
-        finish_s=pick("finish_s"), preemptions=sum(r.preemptions for r in replicas), error=error,
-        config=first.config, pool=pool, n_pass=offset, events=events,
+        w=first.w,
+        stretches=stretches,
+        arrival_s=pick("arrival_s"),
+        start_s=pick("start_s"),
+        finish_s=pick("finish_s"),
+        preemptions=sum(r.preemptions for r in replicas),
+        error=error,
+        config=first.config,
+        pool=pool,
+        n_pass=offset,
+        events=events,
         device=SimpleNamespace(busy_s=sum(r.device.busy_s for r in replicas)),
-        capacity_bytes=sum(r.capacity_bytes for r in replicas), hardware=first.hardware, model=first.model,
-        cost=first.cost, n_requests=n, blocks=first.blocks)
+        capacity_bytes=sum(r.capacity_bytes for r in replicas),
+        hardware=first.hardware,
+        model=first.model,
+        cost=first.cost,
+        n_requests=n,
+        blocks=first.blocks,
+    )

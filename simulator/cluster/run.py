@@ -27,10 +27,10 @@ from simulator.cluster.parallel import (
     memory_plan,
 )
 from simulator.cluster.slo import cost_figures
-from simulator.slo import check_slo, goodput
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay, resize
+from simulator.slo import check_slo, goodput
 from simulator.workload import Workload
 
 
@@ -46,6 +46,7 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         from simulator.cluster.routers import get_router
+
         if not isinstance(self.replicas, int) or self.replicas < 1:
             raise UsageError(f"--replicas must be a positive integer, got {self.replicas!r}")
         get_router(self.router)
@@ -61,8 +62,14 @@ class ClusterConfig:
         return k * self.parallelism.gpus
 
 
-def simulate(workload: Workload, hardware: HardwareSpec, model: ModelSpec, config: ReplayConfig,
-             cluster: ClusterConfig | None = None, params=None):
+def simulate(
+    workload: Workload,
+    hardware: HardwareSpec,
+    model: ModelSpec,
+    config: ReplayConfig,
+    cluster: ClusterConfig | None = None,
+    params=None,
+):
     """Replay `workload` on the deployment; a `simulator.simtrace.ReplayResult` with cluster metrics."""
     from simulator.cluster.replicas import Cluster, merge
     from simulator.simtrace import collect
@@ -83,17 +90,30 @@ def simulate(workload: Workload, hardware: HardwareSpec, model: ModelSpec, confi
             res.requests["replica"] = 0
         else:
             k = cluster.replicas
-            sim = Cluster(resize(workload, config), [pass_cost] * k, model, hardware, cfg, [plan.kv_capacity_bytes] * k,
-                          cluster.router).run()
+            sim = Cluster(
+                resize(workload, config),
+                [pass_cost] * k,
+                model,
+                hardware,
+                cfg,
+                [plan.kv_capacity_bytes] * k,
+                cluster.router,
+            ).run()
             res = collect(merge(sim.replicas, sim.owner))
             res.requests["replica"] = sim.owner
             res.metrics["requests_per_replica"] = np.bincount(sim.owner[sim.owner >= 0], minlength=k).tolist()
         extra = {}
     res.metrics.update(deployment_metrics(res, cost, plan, cluster, hardware))
     res.metrics.update(extra)
-    res.extra["cluster"] = {"tp": par.tp, "pp": par.pp, "micro_batches": par.micro, "replicas": cluster.replicas,
-                            "router": cluster.router, "disaggregate": cluster.disaggregate,
-                            "memory_per_gpu": plan.describe()}
+    res.extra["cluster"] = {
+        "tp": par.tp,
+        "pp": par.pp,
+        "micro_batches": par.micro,
+        "replicas": cluster.replicas,
+        "router": cluster.router,
+        "disaggregate": cluster.disaggregate,
+        "memory_per_gpu": plan.describe(),
+    }
     return res
 
 
@@ -102,8 +122,10 @@ def pass_totals(res) -> dict[str, np.ndarray]:
     rows, w = res.rows, res.workload
     batch, flat = rows["batch_index"], rows["flat"]
     n = int(batch.max()) + 1 if len(batch) else 0
-    out = {name: np.bincount(batch, weights=getattr(w, name)[flat], minlength=n)
-           for name in ("query_tokens", "kv_tokens_read", "query_groups", "logit_tokens")}
+    out = {
+        name: np.bincount(batch, weights=getattr(w, name)[flat], minlength=n)
+        for name in ("query_tokens", "kv_tokens_read", "query_groups", "logit_tokens")
+    }
     keep = out["query_tokens"] > 0
     return {name: values[keep] for name, values in out.items()}
 
@@ -112,28 +134,54 @@ def comm_shares(res, cost: ParallelCost) -> dict:
     """Share of the executed passes' time in all-reduces, stage send/recv and pipeline bubbles."""
     totals = pass_totals(res)
     if not len(totals["query_tokens"]) or cost.par.gpus == 1:
-        return {"comm_share_percent": 0.0, "all_reduce_share_percent": 0.0, "send_recv_share_percent": 0.0,
-                "pipeline_bubble_percent": 0.0}
-    parts = cost.breakdown(totals["query_tokens"], totals["kv_tokens_read"], np.maximum(totals["query_groups"], 1),
-                           np.maximum(totals["logit_tokens"], 1))
+        return {
+            "comm_share_percent": 0.0,
+            "all_reduce_share_percent": 0.0,
+            "send_recv_share_percent": 0.0,
+            "pipeline_bubble_percent": 0.0,
+        }
+    parts = cost.breakdown(
+        totals["query_tokens"],
+        totals["kv_tokens_read"],
+        np.maximum(totals["query_groups"], 1),
+        np.maximum(totals["logit_tokens"], 1),
+    )
     whole = float(np.sum(parts["total_s"]))
     share = {name: 100 * float(np.sum(parts[f"{name}_s"])) / whole for name in ("all_reduce", "send_recv", "bubble")}
-    return {"comm_share_percent": share["all_reduce"] + share["send_recv"],
-            "all_reduce_share_percent": share["all_reduce"], "send_recv_share_percent": share["send_recv"],
-            "pipeline_bubble_percent": share["bubble"]}
+    return {
+        "comm_share_percent": share["all_reduce"] + share["send_recv"],
+        "all_reduce_share_percent": share["all_reduce"],
+        "send_recv_share_percent": share["send_recv"],
+        "pipeline_bubble_percent": share["bubble"],
+    }
 
 
-def deployment_metrics(res, cost: ParallelCost, plan: MemoryPlan, cluster: ClusterConfig,
-                       hardware: HardwareSpec) -> dict:
+def deployment_metrics(
+    res, cost: ParallelCost, plan: MemoryPlan, cluster: ClusterConfig, hardware: HardwareSpec
+) -> dict:
     m = res.metrics
     par = cluster.parallelism
-    out = {"tp": par.tp, "pp": par.pp, "replicas": cluster.replicas if cluster.disaggregate is None else None,
-           "router": cluster.router if cluster.disaggregate is None and cluster.replicas > 1 else None,
-           "weight_bytes_per_gpu": plan.weight_bytes_per_gpu, "kv_pool_bytes_per_gpu": plan.kv_pool_bytes_per_gpu,
-           "usable_bytes_per_gpu": plan.usable_bytes_per_gpu, "kv_capacity_tokens": plan.kv_capacity_tokens}
+    out = {
+        "tp": par.tp,
+        "pp": par.pp,
+        "replicas": cluster.replicas if cluster.disaggregate is None else None,
+        "router": cluster.router if cluster.disaggregate is None and cluster.replicas > 1 else None,
+        "weight_bytes_per_gpu": plan.weight_bytes_per_gpu,
+        "kv_pool_bytes_per_gpu": plan.kv_pool_bytes_per_gpu,
+        "usable_bytes_per_gpu": plan.usable_bytes_per_gpu,
+        "kv_capacity_tokens": plan.kv_capacity_tokens,
+    }
     out.update(comm_shares(res, cost))
     rq = res.requests
-    out.update(goodput(rq["ttft_s"], rq["tpot_s"], (rq["status"] != "error").to_numpy(), m["duration_s"],
-                       cluster.slo_ttft_ms, cluster.slo_tpot_ms))
+    out.update(
+        goodput(
+            rq["ttft_s"],
+            rq["tpot_s"],
+            (rq["status"] != "error").to_numpy(),
+            m["duration_s"],
+            cluster.slo_ttft_ms,
+            cluster.slo_tpot_ms,
+        )
+    )
     out.update(cost_figures(cluster.gpus, m["duration_s"], m["total_output_tokens"], hardware.price_per_gpu_hour))
     return out

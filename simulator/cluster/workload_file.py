@@ -73,11 +73,16 @@ def read_workload_file(path: str | Path, columns: str | None = None, time_scale:
         frame = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
         raise UsageError(f"{path}: not a CSV workload ({str(error).splitlines()[0]})") from None
-    missing = [f"{want}" + (f" (as {have!r})" if have != want else "") for want, have in mapping.items()
-               if have not in frame.columns]
+    missing = [
+        f"{want}" + (f" (as {have!r})" if have != want else "")
+        for want, have in mapping.items()
+        if have not in frame.columns
+    ]
     if missing:
-        raise UsageError(f"{path}: missing column {', '.join(missing)}; expected {', '.join(COLUMNS)} "
-                         f"(or map yours with --columns arrived_at=...,num_prefill_tokens=...,num_decode_tokens=...)")
+        raise UsageError(
+            f"{path}: missing column {', '.join(missing)}; expected {', '.join(COLUMNS)} "
+            f"(or map yours with --columns arrived_at=...,num_prefill_tokens=...,num_decode_tokens=...)"
+        )
     if not len(frame):
         raise UsageError(f"{path}: no requests")
     values = {}
@@ -91,17 +96,24 @@ def read_workload_file(path: str | Path, columns: str | None = None, time_scale:
         col = values[want]
         bad = np.flatnonzero((col < 1) | (col != np.round(col)))
         if len(bad):
-            raise UsageError(f"{path}: row {bad[0] + 1}: {mapping[want]} must be a whole number >= 1, "
-                             f"got {col[bad[0]]:g}")
+            raise UsageError(
+                f"{path}: row {bad[0] + 1}: {mapping[want]} must be a whole number >= 1, got {col[bad[0]]:g}"
+            )
     arrival = values["arrived_at"]
     back = np.flatnonzero(np.diff(arrival) < 0)
     if len(back):
-        raise UsageError(f"{path}: row {back[0] + 2}: arrival {arrival[back[0] + 1]:g} before the previous "
-                         f"{arrival[back[0]]:g}; rows must be in arrival order")
+        raise UsageError(
+            f"{path}: row {back[0] + 2}: arrival {arrival[back[0] + 1]:g} before the previous "
+            f"{arrival[back[0]]:g}; rows must be in arrival order"
+        )
     if arrival[0] < 0:
         raise UsageError(f"{path}: row 1: negative arrival {arrival[0]:g}")
-    return RequestLog((arrival - arrival[0]) / time_scale, values["num_prefill_tokens"].astype(np.int64),
-                      values["num_decode_tokens"].astype(np.int64), str(path))
+    return RequestLog(
+        (arrival - arrival[0]) / time_scale,
+        values["num_prefill_tokens"].astype(np.int64),
+        values["num_decode_tokens"].astype(np.int64),
+        str(path),
+    )
 
 
 def _source_shape(w: Workload) -> tuple[np.ndarray, np.ndarray]:
@@ -109,11 +121,18 @@ def _source_shape(w: Workload) -> tuple[np.ndarray, np.ndarray]:
     from simulator.cluster.passes import leading_prefill_passes
 
     n_pre = leading_prefill_passes(w)
-    ok = (w.n_passes > 0) & (n_pre >= 1) & (w.n_passes > n_pre) & (w.output_tokens >= 1) & np.array(
-        [s != "error" for s in w.status])
+    ok = (
+        (w.n_passes > 0)
+        & (n_pre >= 1)
+        & (w.n_passes > n_pre)
+        & (w.output_tokens >= 1)
+        & np.array([s != "error" for s in w.status])
+    )
     if not ok.any():
-        raise UsageError(f"{w.source.get('path', 'structure trace')}: no request with a prefill and generation "
-                         f"passes to take a structure from")
+        raise UsageError(
+            f"{w.source.get('path', 'structure trace')}: no request with a prefill and generation "
+            f"passes to take a structure from"
+        )
     return np.flatnonzero(ok), n_pre
 
 
@@ -128,7 +147,7 @@ def stretch(structure: Workload, log: RequestLog, seed: int = 0) -> Workload:
     n_pre = n_pre_all[src]
     n_gen_old = w.n_passes[src] - n_pre
     # tokens the generation passes emit, in the source and wanted (the prefill emits the first)
-    pre_emits = np.array([w.emits[w.offsets[s]:w.offsets[s] + k].sum() for s, k in zip(usable, n_pre_all[usable])])
+    pre_emits = np.array([w.emits[w.offsets[s] : w.offsets[s] + k].sum() for s, k in zip(usable, n_pre_all[usable])])
     pre_emits = pre_emits[np.searchsorted(usable, src)]
     G0 = np.maximum(w.output_tokens[src] - pre_emits, 1).astype(float)
     G = np.maximum(O - pre_emits, 0)
@@ -147,21 +166,35 @@ def stretch(structure: Workload, log: RequestLog, seed: int = 0) -> Workload:
     prompt_live = P0[owner]
     live = np.where(is_pre, live0 * p_scale, P[owner] + np.maximum(live0 - prompt_live, 0) * o_scale)
     live = np.maximum(np.round(live), 1).astype(np.int64)
-    q = np.where(is_pre, np.maximum(np.round(w.query_tokens[flat] * p_scale), 1), w.query_tokens[flat]).astype(
-        np.int64)
+    q = np.where(is_pre, np.maximum(np.round(w.query_tokens[flat] * p_scale), 1), w.query_tokens[flat]).astype(np.int64)
     q0 = w.query_tokens[flat].astype(float)
     kv_scale = np.where(is_pre, q * (q + 1.0) / np.maximum(q0 * (q0 + 1), 1), live / np.maximum(live0, 1))
     kv = np.maximum(np.round(w.kv_tokens_read[flat] * kv_scale), q).astype(np.int64)
     alloc = np.maximum(-(-live // PAGE_TOKENS) * PAGE_TOKENS, live)
     emits = w.emits[flat].copy()
-    per_req = {"prompt_tokens": log.prompt_tokens.copy(), "arrival_s": log.arrival_s.copy(),
-               "output_tokens": np.bincount(owner, weights=emits, minlength=len(src)).astype(np.int64),
-               "quality_score": np.full(len(src), np.nan)}
+    per_req = {
+        "prompt_tokens": log.prompt_tokens.copy(),
+        "arrival_s": log.arrival_s.copy(),
+        "output_tokens": np.bincount(owner, weights=emits, minlength=len(src)).astype(np.int64),
+        "quality_score": np.full(len(src), np.nan),
+    }
     source = {**w.source, "workload_file": log.path, "structure_from": w.source.get("path", "")}
-    return Workload(request_ids=np.arange(len(src), dtype=np.int64), offsets=offsets, query_tokens=q,
-                    kv_tokens_read=kv, query_groups=w.query_groups[flat], logit_tokens=w.logit_tokens[flat],
-                    live_kv_tokens=live, alloc_kv_tokens=alloc,
-                    evicted_tokens=np.round(w.evicted_tokens[flat] * np.where(is_pre, 1, o_scale)).astype(np.int64),
-                    phase=w.phase[flat], emits=emits, status=("ok",) * len(src),
-                    streams=None, source=source, graphs=w.graphs,  # stream ids: not kept (memory at 100k)
-                    source_request_ids=w.source_ids()[src], **per_req)
+    return Workload(
+        request_ids=np.arange(len(src), dtype=np.int64),
+        offsets=offsets,
+        query_tokens=q,
+        kv_tokens_read=kv,
+        query_groups=w.query_groups[flat],
+        logit_tokens=w.logit_tokens[flat],
+        live_kv_tokens=live,
+        alloc_kv_tokens=alloc,
+        evicted_tokens=np.round(w.evicted_tokens[flat] * np.where(is_pre, 1, o_scale)).astype(np.int64),
+        phase=w.phase[flat],
+        emits=emits,
+        status=("ok",) * len(src),
+        streams=None,
+        source=source,
+        graphs=w.graphs,  # stream ids: not kept (memory at 100k)
+        source_request_ids=w.source_ids()[src],
+        **per_req,
+    )

@@ -166,4 +166,6 @@ def test_model_vocab_smaller_than_the_tokenizer_is_one_clear_error(tok):
 
     with pytest.raises(ValueError, match="smaller than the tokenizer's"):
         hf_adapter.build_arch("tiny-llama", "cpu", seed=0, logits_vocab=10_000)
-    assert hf_adapter.build_arch("tiny-llama", "cpu", seed=0, logits_vocab=tok.vocab_size).logits_vocab == tok.vocab_size
+    assert (
+        hf_adapter.build_arch("tiny-llama", "cpu", seed=0, logits_vocab=tok.vocab_size).logits_vocab == tok.vocab_size
+    )

@@ -48,11 +48,24 @@ def test_tp2_two_all_reduces_a_layer(tmp_path, quarter_second_collectives):
     parts = cost.breakdown(4, 10, 1)
     assert parts["all_reduce_s"][0] == 2 * 2 * 0.25  # 2 layers x 2 all-reduces x 0.25 s
     assert cost.step_time_s(4, 10, 1) == pytest.approx(2.0)  # 1 s step overhead + 1 s of all-reduces
-    res = simulate(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2),
-                   ClusterConfig(Parallelism(tp=2)), params=one_second_cost(hw, MODEL).params)
+    res = simulate(
+        two_requests(tmp_path),
+        hw,
+        MODEL,
+        ReplayConfig(max_seqs=2),
+        ClusterConfig(Parallelism(tp=2)),
+        params=one_second_cost(hw, MODEL).params,
+    )
     assert [(r, e, pytest.approx(t)) for r, e, t in res.timeline()] == [
-        (0, "arrive", 0.0), (0, "admit", 0.0), (1, "arrive", 0.5), (0, "first_token", 2.0), (1, "admit", 2.0),
-        (1, "first_token", 4.0), (0, "finish", 6.0), (1, "finish", 6.0)]
+        (0, "arrive", 0.0),
+        (0, "admit", 0.0),
+        (1, "arrive", 0.5),
+        (0, "first_token", 2.0),
+        (1, "admit", 2.0),
+        (1, "first_token", 4.0),
+        (0, "finish", 6.0),
+        (1, "finish", 6.0),
+    ]
     assert res.metrics["gpus"] == 2 and res.metrics["comm_share_percent"] == pytest.approx(50.0)
 
 
@@ -72,8 +85,10 @@ class OneSecondLayer:
 def test_pp2_pipeline_bubbles(tmp_path, quarter_second_collectives):
     hw = toy_part(interconnect_bytes_per_s=1e30)
     cost = ParallelCost(hw, MODEL, Parallelism(pp=2, micro_batches=2), one_second_cost(hw, MODEL).params)
-    cost.layer, cost.params = OneSecondLayer(), one_second_cost(hw, MODEL).params.__class__(
-        families=cost.params.families, step_overhead_s=0.0)
+    cost.layer, cost.params = (
+        OneSecondLayer(),
+        one_second_cost(hw, MODEL).params.__class__(families=cost.params.families, step_overhead_s=0.0),
+    )
     # one stream: 1 micro-batch, stage 1 s + send 0.25 s + stage 1 s; each stage idle 1.25 of 2.25 s
     one = cost.breakdown(4, 10, 1)
     assert (one["total_s"][0], one["send_recv_s"][0], one["bubble_s"][0]) == (2.25, 0.25, 1.25)
@@ -84,21 +99,45 @@ def test_pp2_pipeline_bubbles(tmp_path, quarter_second_collectives):
 
     res = replay(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2), cost=cost)
     assert res.timeline() == [
-        (0, "arrive", 0.0), (0, "admit", 0.0), (1, "arrive", 0.5), (0, "first_token", 2.25), (1, "admit", 2.25),
-        (1, "first_token", 5.5), (0, "finish", 8.75), (1, "finish", 8.75)]
+        (0, "arrive", 0.0),
+        (0, "admit", 0.0),
+        (1, "arrive", 0.5),
+        (0, "first_token", 2.25),
+        (1, "admit", 2.25),
+        (1, "first_token", 5.5),
+        (0, "finish", 8.75),
+        (1, "finish", 8.75),
+    ]
     assert stage_layers(80, 3) == [27, 27, 26]
 
 
 def test_two_replicas_round_robin(tmp_path):
     hw = toy_part()
-    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), seq(4, 2), seq(4, 2)], [4, 4, 4],
-                                      arrivals=[0.0, 0.5, 1.0]))
-    res = simulate(w, hw, MODEL, ReplayConfig(max_seqs=2), ClusterConfig(replicas=2, router="round_robin"),
-                   params=one_second_cost(hw, MODEL).params)
+    w = load_workload(
+        write_toy_trace(tmp_path / "t", [seq(4, 3), seq(4, 2), seq(4, 2)], [4, 4, 4], arrivals=[0.0, 0.5, 1.0])
+    )
+    res = simulate(
+        w,
+        hw,
+        MODEL,
+        ReplayConfig(max_seqs=2),
+        ClusterConfig(replicas=2, router="round_robin"),
+        params=one_second_cost(hw, MODEL).params,
+    )
     assert res.timeline() == [
-        (0, "arrive", 0.0), (0, "admit", 0.0), (1, "arrive", 0.5), (1, "admit", 0.5), (0, "first_token", 1.0),
-        (2, "arrive", 1.0), (2, "admit", 1.0), (1, "first_token", 1.5), (2, "first_token", 2.0),
-        (1, "finish", 2.5), (0, "finish", 3.0), (2, "finish", 3.0)]
+        (0, "arrive", 0.0),
+        (0, "admit", 0.0),
+        (1, "arrive", 0.5),
+        (1, "admit", 0.5),
+        (0, "first_token", 1.0),
+        (2, "arrive", 1.0),
+        (2, "admit", 1.0),
+        (1, "first_token", 1.5),
+        (2, "first_token", 2.0),
+        (1, "finish", 2.5),
+        (0, "finish", 3.0),
+        (2, "finish", 3.0),
+    ]
     assert res.requests["replica"].tolist() == [0, 1, 0]
     assert res.metrics["gpus"] == 2 and res.metrics["requests_per_replica"] == [2, 1]
     assert res.metrics["passes"] == 5 and res.metrics["device_busy_s"] == 5.0
@@ -108,8 +147,14 @@ def test_two_replicas_round_robin(tmp_path):
 def test_load_aware_routers_spread_a_burst(tmp_path, router):
     hw = toy_part()
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3)] * 4, [4] * 4, arrivals=[0.0] * 4))
-    res = simulate(w, hw, MODEL, ReplayConfig(max_seqs=4), ClusterConfig(replicas=2, router=router),
-                   params=one_second_cost(hw, MODEL).params)
+    res = simulate(
+        w,
+        hw,
+        MODEL,
+        ReplayConfig(max_seqs=4),
+        ClusterConfig(replicas=2, router=router),
+        params=one_second_cost(hw, MODEL).params,
+    )
     assert sorted(res.metrics["requests_per_replica"]) == [2, 2] and res.metrics["completed"] == 4
 
 
@@ -162,8 +207,14 @@ def test_disaggregation_sends_each_kv_once_and_decode_waits_for_it(tmp_path, qua
     hw = toy_part(interconnect_bytes_per_s=1e30)
     # A: sequential, 4-token prompt; B: PASTA, 3 threads over a 6-token prompt (forks share the prompt's KV)
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), pasta(6, 3, 2)], [4, 6], arrivals=[0.0, 0.5]))
-    res = simulate(w, hw, MODEL, ReplayConfig(max_seqs=2), ClusterConfig(disaggregate=(1, 1)),
-                   params=one_second_cost(hw, MODEL).params)
+    res = simulate(
+        w,
+        hw,
+        MODEL,
+        ReplayConfig(max_seqs=2),
+        ClusterConfig(disaggregate=(1, 1)),
+        params=one_second_cost(hw, MODEL).params,
+    )
     transfers = res.extra["kv_transfers"]
     assert sorted(r for r, _, _ in transfers) == [0, 1]  # every request's KV, once
     admits = {}
@@ -181,23 +232,41 @@ def test_disaggregation_sends_each_kv_once_and_decode_waits_for_it(tmp_path, qua
 
 def test_goodput_gpu_hours_and_cost(tmp_path, quarter_second_collectives):
     hw = toy_part(interconnect_bytes_per_s=1e30, price_per_gpu_hour=3.0)
-    res = simulate(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2),
-                   ClusterConfig(Parallelism(tp=2), slo_ttft_ms=3000, slo_tpot_ms=5000),
-                   params=one_second_cost(hw, MODEL).params)
+    res = simulate(
+        two_requests(tmp_path),
+        hw,
+        MODEL,
+        ReplayConfig(max_seqs=2),
+        ClusterConfig(Parallelism(tp=2), slo_ttft_ms=3000, slo_tpot_ms=5000),
+        params=one_second_cost(hw, MODEL).params,
+    )
     m = res.metrics  # TTFT: A 2 s, B 3.5 s; run 6 s on 2 GPUs; 5 output tokens
     assert m["request_goodput"] == pytest.approx(1 / 6) and m["slo_attained_percent"] == 50.0
     assert m["gpu_hours"] == pytest.approx(2 * 6 / 3600) and m["cost_usd"] == pytest.approx(3.0 * 2 * 6 / 3600)
     assert m["cost_per_million_output_tokens"] == pytest.approx(m["cost_usd"] / 5 * 1e6)
-    unpriced = simulate(two_requests(tmp_path), toy_part(), MODEL, ReplayConfig(max_seqs=2), ClusterConfig(),
-                        params=one_second_cost(hw, MODEL).params).metrics
+    unpriced = simulate(
+        two_requests(tmp_path),
+        toy_part(),
+        MODEL,
+        ReplayConfig(max_seqs=2),
+        ClusterConfig(),
+        params=one_second_cost(hw, MODEL).params,
+    ).metrics
     assert unpriced["cost_usd"] is None and unpriced["request_goodput"] is None
 
 
 def test_deployment_sweep_trades_gpus_for_latency(tmp_path, small_trace):
     from simulator.sweep import sweep
 
-    table = sweep([str(small_trace)], ["h100-sxm"], ["llama-3-70b"], rates=[50.0], num_requests=40, workers=1,
-                  cluster={"tp": [1, 4, 8], "replicas": [1, 2], "price_per_gpu_hour": 2.0, "slo_ttft_ms": 500.0})
+    table = sweep(
+        [str(small_trace)],
+        ["h100-sxm"],
+        ["llama-3-70b"],
+        rates=[50.0],
+        num_requests=40,
+        workers=1,
+        cluster={"tp": [1, 4, 8], "replicas": [1, 2], "price_per_gpu_hour": 2.0, "slo_ttft_ms": 500.0},
+    )
     ok = table[table["status"] == "ok"]
     assert len(table) == 6 and len(ok) == 4  # TP 1: 70B does not fit an 80 GB part
     assert sorted(ok["gpus"].tolist()) == [4, 8, 8, 16]

@@ -22,8 +22,9 @@ from tests.simulator.toy_traces import (
 def test_graphs_once_per_structure(tmp_path):
     src = write_toy_trace(tmp_path / "src", [seq(4, 3), seq(6, 2)], [4, 6])
     hw, model = toy_part(), ModelSpec.from_trace_meta(MODEL_META)
-    res = replay(load_workload(src), hw, model, ReplayConfig(num_requests=50, rate=100.0),
-                 cost=one_second_cost(hw, model))
+    res = replay(
+        load_workload(src), hw, model, ReplayConfig(num_requests=50, rate=100.0), cost=one_second_cost(hw, model)
+    )
     out = write_simulated_trace(res, tmp_path / "sim")
     doc = json.loads((out / "graph.json").read_text())
     assert doc["format"] == "shared" and len(doc["structures"]) == 2 and len(doc["request_ids"]) == 50
@@ -37,6 +38,9 @@ def test_graphs_once_per_structure(tmp_path):
 def test_read_without_tokens(tmp_path):
     src = write_toy_trace(tmp_path / "src", [seq(4, 3)], [4])
     lean = read_trace(src, tokens=False)
-    assert not lean.tokens_loaded and len(lean.tokens) == 0 and list(lean.tokens.columns) == list(
-        read_trace(src).tokens.columns)
+    assert (
+        not lean.tokens_loaded
+        and len(lean.tokens) == 0
+        and list(lean.tokens.columns) == list(read_trace(src).tokens.columns)
+    )
     assert len(lean.steps) == 3 and read_trace(src).tokens_loaded

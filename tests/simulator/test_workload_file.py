@@ -13,19 +13,33 @@ from tests.simulator.toy_traces import pasta, seq, tip, write_toy_trace
 GOOD = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,8,4\n0.5,16,2\n2.0,4,8\n"
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,8,4\n0.5,-3,2\n", "row 2: num_prefill_tokens"),
-    ("arrived_at,num_prefill_tokens,num_decode_tokens\n1.0,8,4\n0.5,3,2\n", "row 2: arrival 0.5 before"),
-    ("time,num_prefill_tokens,num_decode_tokens\n0.0,8,4\n", "missing column arrived_at"),
-    ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,8,x\n", "not a number"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,8,4\n0.5,-3,2\n", "row 2: num_prefill_tokens"),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n1.0,8,4\n0.5,3,2\n", "row 2: arrival 0.5 before"),
+        ("time,num_prefill_tokens,num_decode_tokens\n0.0,8,4\n", "missing column arrived_at"),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,8,x\n", "not a number"),
+    ],
+)
 def test_bad_workload_files_are_one_line_exit_2(tmp_path, small_trace, capsys, text, needle):
     path = tmp_path / "w.csv"
     path.write_text(text)
     with pytest.raises(ValueError, match=needle.split(":")[0]):
         read_workload_file(path)
-    code = main(["simulate", "--workload", str(path), "--structure-from", str(small_trace), "--hardware", "h100-sxm",
-                 "--model", "llama-3-8b"])
+    code = main(
+        [
+            "simulate",
+            "--workload",
+            str(path),
+            "--structure-from",
+            str(small_trace),
+            "--hardware",
+            "h100-sxm",
+            "--model",
+            "llama-3-8b",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("solm simulate: error:") and needle in err[0]
 
@@ -59,8 +73,7 @@ def test_stretch_scales_prompt_and_output(tmp_path):
 def test_stretch_keeps_threads_and_live_fraction(tmp_path):
     structure = load_workload(write_toy_trace(tmp_path / "s", [pasta(6, 3, 4), tip(4, 4, 4)], [6, 4]))
     path = tmp_path / "w.csv"
-    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "".join(
-        f"{i}.0,12,30\n" for i in range(40)))
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "".join(f"{i}.0,12,30\n" for i in range(40)))
     w = stretch(structure, read_workload_file(path), seed=1)
     src = w.source_request_ids
     assert set(src.tolist()) == {0, 1}

@@ -6,8 +6,11 @@ from simulator.cluster.routers.kv_aware import KVAware
 from simulator.cluster.routers.least_outstanding import LeastOutstanding
 from simulator.cluster.routers.round_robin import RoundRobin
 
-ROUTERS: dict[str, type[Router]] = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding,
-                                    "kv_aware": KVAware}
+ROUTERS: dict[str, type[Router]] = {
+    "round_robin": RoundRobin,
+    "least_outstanding": LeastOutstanding,
+    "kv_aware": KVAware,
+}
 
 
 def get_router(name: str) -> type[Router]:
