@@ -165,7 +165,7 @@ def own_passes(steps: pd.DataFrame, tokens: pd.DataFrame) -> tuple[pd.DataFrame,
     note = steps["note"].fillna("").astype(str) if "note" in steps else pd.Series("", index=steps.index)
     chunk = note.str.contains(CHUNK_NOTE, regex=False).to_numpy()
     if "chunk" in steps:
-        chunk |= steps["chunk"].fillna(False).to_numpy(bool)
+        chunk = chunk | steps["chunk"].fillna(False).to_numpy(bool)
     rid = steps["request_id"].to_numpy(np.int64)
     live = steps["live_kv_tokens"].to_numpy(np.int64)
     first = np.r_[True, rid[1:] != rid[:-1]] if len(rid) else np.zeros(0, bool)
