@@ -93,7 +93,7 @@ def test_a_trailing_request_that_cannot_run_does_not_stall_the_replay(t):
         pytest.skip("the shipped trace's prompts all have the same length")
     pos = [i for i in range(w.n_requests) if i != last] + [last]  # the too-wide one arrives last
     res = replay(w.take(pos), get_hardware("h100-sxm"), ModelSpec.from_trace_meta(w.source["model"]),
-                 ReplayConfig(max_batch_tokens=cap))
+                 ReplayConfig(max_batch_tokens=cap, chunked_prefill=False))
     assert res.metrics["failed"] >= 1 and res.metrics["completed"] == w.n_requests - res.metrics["failed"]
 
 
