@@ -41,9 +41,9 @@ import dataclasses  # noqa: E402
 
 from simulator.calibrate import load_vidur  # noqa: E402
 from simulator.cost import CostModel, gemm_shapes  # noqa: E402
+from simulator.gemm_fit import holdout_predictions, summary  # noqa: E402
 from simulator.hardware import HARDWARE  # noqa: E402
 from simulator.models import get_model  # noqa: E402
-from simulator.gemm_fit import holdout_predictions, summary  # noqa: E402
 
 
 def _row(name: str, entry: dict) -> str:

@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import socket
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -45,8 +44,16 @@ import torch  # noqa: E402
 from profiler.counters import CounterSampler  # noqa: E402
 from profiler.reader import read_trace  # noqa: E402
 from profiler.writer import write_json  # noqa: E402
-from runtime.capture import (NOT_APPLICABLE, CaptureConfig, capture, device_meta, git_commit, model_meta,  # noqa: E402
-                            quality_applicable, solm_version)
+from runtime.capture import (  # noqa: E402
+    NOT_APPLICABLE,
+    CaptureConfig,
+    capture,
+    device_meta,
+    git_commit,
+    model_meta,
+    quality_applicable,
+    solm_version,
+)
 from runtime.checkpoint import CHECKPOINTS_DIR, load_model  # noqa: E402
 from runtime.engines import GenerationConfig, Request, get_engine, systems  # noqa: E402
 from runtime.structure_replay import REPLAYABLE  # noqa: E402
@@ -166,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "solm_version": solm_version(), "git_commit": git_commit(), "seed": args.seed,
         "argv": sys.argv[1:] if argv is None else argv,
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cores": os.cpu_count()},
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "meta.json", meta)

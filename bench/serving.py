@@ -43,8 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from profiler.reader import read_trace  # noqa: E402
-from simulator.load_validation import (calibrate_batch1, serving_config, summarize_run,  # noqa: E402
-                                       validate_one)
+from simulator.load_validation import calibrate_batch1, serving_config, summarize_run, validate_one  # noqa: E402
 from simulator.models import ModelSpec  # noqa: E402
 from simulator.replay import replay  # noqa: E402
 from simulator.validation import trace_hardware  # noqa: E402

@@ -112,7 +112,7 @@ class CounterSampler:
                 self.rows.append(row)
             self._stop.wait(self.interval_s)
 
-    def start(self) -> "CounterSampler":
+    def start(self) -> CounterSampler:
         self._thread = threading.Thread(target=self._loop, name="solm-counters", daemon=True)
         self._thread.start()
         return self

@@ -66,7 +66,7 @@ class CaptureConfig:
     knobs: dict = field(default_factory=dict)  # engine-specific settings
     structure_from: str = ""  # a trace directory: replay its structure (runtime.structure_replay)
 
-    def resolved(self) -> "CaptureConfig":
+    def resolved(self) -> CaptureConfig:
         """Fill in the system's shipped model and default task (the engine class names them)."""
         from runtime.gguf import REAL_DEFAULT_TASK, is_gguf_spec
 

@@ -69,7 +69,7 @@ class HFConfigView:
     model_type: str
 
     @classmethod
-    def from_hf(cls, name: str, c) -> "HFConfigView":
+    def from_hf(cls, name: str, c) -> HFConfigView:
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         return cls(name=name, n_layers=c.num_hidden_layers, d_model=c.hidden_size, n_heads=c.num_attention_heads,
                    n_kv_heads=c.num_key_value_heads or c.num_attention_heads, head_dim=head_dim,

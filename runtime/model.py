@@ -60,13 +60,13 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     @classmethod
-    def from_name(cls, name: str) -> "ModelConfig":
+    def from_name(cls, name: str) -> ModelConfig:
         if name not in PRESETS:
             raise UnknownName(f"unknown model preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
         return cls(name=name, **PRESETS[name])
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict) -> ModelConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 

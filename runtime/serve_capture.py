@@ -23,9 +23,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from profiler.counters import CounterSampler
+from profiler.errors import UsageError
 from profiler.writer import TraceWriter
 from runtime.capture import CaptureConfig, model_meta, provenance_meta, quality_applicable, request_row, token_rows
-from profiler.errors import UsageError
 from runtime.checkpoint import load_model
 from runtime.engines import GenerationConfig, Request, get_engine
 from runtime.sampling import SamplingConfig

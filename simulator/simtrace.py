@@ -20,7 +20,7 @@ import json
 import os
 import platform
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,6 @@ from profiler.schema import PHASES, TABLES
 from profiler.writer import write_trace
 from simulator.slo import goodput
 from simulator.workload import CHUNK_NOTE, RECOMPUTE_NOTE, Workload
-
 
 
 @dataclass
@@ -280,7 +279,7 @@ def simulated_meta(res: ReplayResult) -> dict:
         "host": {"hostname": platform.node(), "platform": platform.platform(), "cores": os.cpu_count(),
                  "python": platform.python_version()},
         "counters_source": "none", "nvml": False, "nvml_reason": "simulated trace: no counters",
-        "timer": "simpy", "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "timer": "simpy", "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "simulation": {
             "source_trace": src.get("path", ""), "source_kind": src.get("kind"),
             "source_model": (src.get("model") or {}).get("name"), "source_device": (src.get("device") or {}).get("name"),

@@ -23,6 +23,7 @@ from runtime.model import TinyLM
 from runtime.sampling import SamplingConfig
 from runtime.tokenizer import Tokenizer
 
+
 @dataclass(frozen=True)
 class Request:
     request_id: int

@@ -18,8 +18,17 @@ import json
 import numpy as np
 import torch
 
-from runtime.engines.base import (Completion, Engine, GenerationConfig, PassInputs, Request, RequestState, Step,
-                                  TokenRecord, linear_graph)
+from runtime.engines.base import (
+    Completion,
+    Engine,
+    GenerationConfig,
+    PassInputs,
+    Request,
+    RequestState,
+    Step,
+    TokenRecord,
+    linear_graph,
+)
 from runtime.engines.diffusion_common import Denoiser, Layout, check_knobs, hybrid_mask, scaffold
 from runtime.kv import RequestKV
 from runtime.lang.planned_diffusion import ASYNC, ASYNC_END, MASK, PAD
@@ -45,7 +54,7 @@ class MaskedDiffusionEngine(Engine):
         t = tokenizer.token_id
         self.tags, self.mask_id, self.span_pad = (t(ASYNC), t(ASYNC_END)), t(MASK), t(PAD)
 
-    def start(self, request: Request, kv: RequestKV) -> "MaskedDiffusionState":
+    def start(self, request: Request, kv: RequestKV) -> MaskedDiffusionState:
         return MaskedDiffusionState(self, request, kv)
 
 

@@ -28,8 +28,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from runtime.engines.base import (Completion, Engine, GenerationConfig, PassInputs, Request, RequestState, Step,
-                                  TokenRecord)
+from runtime.engines.base import (
+    Completion,
+    Engine,
+    GenerationConfig,
+    PassInputs,
+    Request,
+    RequestState,
+    Step,
+    TokenRecord,
+)
 from runtime.kv import RequestKV
 from runtime.lang.pasta import ASYNC, ASYNC_END, SYNC, End, Finish, Fork, Inline, PastaParser, StreamSyntax, Sync
 from runtime.model import TinyLM
@@ -70,7 +78,7 @@ class Indices:
     def view(self) -> np.ndarray:
         return self.buf[: self.n]
 
-    def copy(self) -> "Indices":
+    def copy(self) -> Indices:
         return Indices(self.view())
 
     def __len__(self) -> int:
@@ -316,7 +324,7 @@ class PastaEngine(Engine):
         self.max_threads, self.max_chunk_tokens = max_threads, max_chunk_tokens
         self.max_total_tokens = max_total_tokens or 2 * config.max_tokens
 
-    def start(self, request: Request, kv: RequestKV) -> "PastaState":
+    def start(self, request: Request, kv: RequestKV) -> PastaState:
         return PastaState(self, request, kv)
 
     # ------------------------------------------------------------------ hooks (the skeleton baseline overrides them)

@@ -35,11 +35,20 @@ import json
 import numpy as np
 import torch
 
-from runtime.engines.base import Completion, Engine, GenerationConfig, PassInputs, Request, RequestState, Step, TokenRecord
+from runtime.engines.base import (
+    Completion,
+    Engine,
+    GenerationConfig,
+    PassInputs,
+    Request,
+    RequestState,
+    Step,
+    TokenRecord,
+)
 from runtime.engines.diffusion_common import Denoiser, Layout, SpanState, check_knobs, hybrid_mask, scaffold, steps_for
+from runtime.engines.operating_points import operating_knobs
 from runtime.kv import RequestKV
 from runtime.lang.planned_diffusion import ASYNC, ASYNC_END, MASK, PAD, SYNC, UNIT, PlanParser
-from runtime.engines.operating_points import operating_knobs
 from runtime.model import TinyLM
 from runtime.sampling import Sampler
 from runtime.tokenizer import Tokenizer
@@ -77,7 +86,7 @@ class PlannedDiffusionEngine(Engine):
         self.tags = (t(ASYNC), t(ASYNC_END))
         self.mask_id, self.pad_id_span, self.sync_id = t(MASK), t(PAD), t(SYNC)
 
-    def start(self, request: Request, kv: RequestKV) -> "PlannedDiffusionState":
+    def start(self, request: Request, kv: RequestKV) -> PlannedDiffusionState:
         return PlannedDiffusionState(self, request, kv)
 
     def _complete(self, request: Request, n: int, lay: Layout, recs: dict[int, TokenRecord], tail: list[TokenRecord],

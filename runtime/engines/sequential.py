@@ -7,8 +7,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runtime.engines.base import (Completion, Engine, PassInputs, Request, RequestState, Step, TokenRecord,
-                                  causal_inputs, linear_graph)
+from runtime.engines.base import (
+    Completion,
+    Engine,
+    PassInputs,
+    Request,
+    RequestState,
+    Step,
+    TokenRecord,
+    causal_inputs,
+    linear_graph,
+)
 from runtime.kv import RequestKV
 from runtime.sampling import Sampler
 
@@ -18,7 +27,7 @@ class SequentialEngine(Engine):
     default_model = "sequential-tiny"
     default_task = "reverse_words"
 
-    def start(self, request: Request, kv: RequestKV) -> "SequentialState":
+    def start(self, request: Request, kv: RequestKV) -> SequentialState:
         return SequentialState(self, request, kv)
 
 

@@ -20,8 +20,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runtime.engines.base import (Completion, Engine, GenerationConfig, PassInputs, Request, RequestState, Step,
-                                  TokenRecord, causal_inputs)
+from runtime.engines.base import (
+    Completion,
+    Engine,
+    GenerationConfig,
+    PassInputs,
+    Request,
+    RequestState,
+    Step,
+    TokenRecord,
+    causal_inputs,
+)
 from runtime.engines.eviction import get_policy
 from runtime.kv import RequestKV
 from runtime.lang.tip import DEFAULT_REGISTERS, PROMPT_STREAM, RegisterParser, check_registers
@@ -48,7 +57,7 @@ class TipEngine(Engine):
     def make_policy(self):
         return get_policy(self.policy_name)(**self.policy_args)
 
-    def start(self, request: Request, kv: RequestKV) -> "TipStream":
+    def start(self, request: Request, kv: RequestKV) -> TipStream:
         return TipStream(self, request, kv)
 
 

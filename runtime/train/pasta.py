@@ -40,7 +40,7 @@ from runtime.tasks import Example, get_task
 from runtime.tasks.parallel import ALL_TASKS
 from runtime.tokenizer import Tokenizer
 from runtime.train.recipes import Recipe, causal_seq
-from runtime.train.sft import IGNORE, TrainConfig, TrainSeq, collate, loss_of
+from runtime.train.sft import IGNORE, TrainConfig, TrainSeq, loss_of
 
 SFT_STYLES = {"fine": 0.6, "coarse": 0.1, "none": 0.15, "eager": 0.15}
 TASK_WEIGHTS = {"word_facts": 1.0, "map_numbers": 1.0, "list_stats": 1.0, "copy_line": 0.5}
@@ -136,7 +136,7 @@ class PastaRecipe(Recipe):
     structure_weight: float = 0.5  # share of the structure's expected quality in the reward's quality
     dpo_beta: float = 0.1
 
-    def for_stage(self, stage: str, lam: float | None = None) -> "PastaRecipe":
+    def for_stage(self, stage: str, lam: float | None = None) -> PastaRecipe:
         if stage not in STAGES:
             raise ValueError(f"pasta stages: {', '.join(STAGES)}; got {stage!r}")
         r = dataclasses.replace(self, **STAGES[stage])

@@ -12,7 +12,7 @@ import torch
 from runtime.engines import GenerationConfig, Request, drain
 from runtime.engines.pasta import MAIN, PastaEngine
 from runtime.engines.skeleton import SkeletonEngine
-from runtime.lang.pasta import ASYNC, ASYNC_END, PROMISE_OPEN, SYNC, annotate, promise_close
+from runtime.lang.pasta import ASYNC_END, PROMISE_OPEN, SYNC, annotate, promise_close
 from runtime.tasks import get_task
 from runtime.train.pasta import prompt_ids, replay, to_seq
 

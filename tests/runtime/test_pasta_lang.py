@@ -9,8 +9,22 @@ from hypothesis import strategies as st
 
 from runtime.engines import GenerationConfig, Request
 from runtime.engines.pasta import MAIN, PastaEngine
-from runtime.lang.pasta import (ASYNC, ASYNC_END, PROMISE_OPEN, STYLES, SYNC, Finish, Fork, Inline, PastaParser, Sync,
-                                annotate, promise_close, reserve_for, strip)
+from runtime.lang.pasta import (
+    ASYNC,
+    ASYNC_END,
+    PROMISE_OPEN,
+    STYLES,
+    SYNC,
+    Finish,
+    Fork,
+    Inline,
+    PastaParser,
+    Sync,
+    annotate,
+    promise_close,
+    reserve_for,
+    strip,
+)
 from runtime.tasks import get_task
 from runtime.tasks.parallel import ALL_TASKS, PARALLEL_TASKS
 from runtime.tokenizer import Tokenizer

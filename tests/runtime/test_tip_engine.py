@@ -9,8 +9,8 @@ import torch
 
 from runtime.engines import GenerationConfig, Request, drain
 from runtime.engines.tip import TipEngine
-from runtime.server import serve
 from runtime.lang.tip import DEFAULT_REGISTERS, annotate, tip_visibility
+from runtime.server import serve
 from runtime.tasks import get_task
 
 

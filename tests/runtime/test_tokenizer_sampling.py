@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from runtime.sampling import Sampler, SamplingConfig
 from runtime.tokenizer import BYTE_TOKENS, Tokenizer

@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.cost import (LAYER_OPS, CostModel, CostParams, default_params, layer_work,
-                            load_a100_params)
+from simulator.cost import LAYER_OPS, CostModel, CostParams, default_params, layer_work, load_a100_params
 from simulator.hardware import HARDWARE, get_hardware, override
 from simulator.models import get_model
 

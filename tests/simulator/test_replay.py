@@ -16,8 +16,18 @@ from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
 from simulator.simtrace import write_simulated_trace
 from simulator.workload import load_workload, uniform
-from tests.simulator.toy_traces import (BLOCK_BYTES, MODEL_META, LinearCost, one_second_cost, pasta,
-                                        planned_diffusion, seq, tip, toy_part, write_toy_trace)
+from tests.simulator.toy_traces import (
+    BLOCK_BYTES,
+    MODEL_META,
+    LinearCost,
+    one_second_cost,
+    pasta,
+    planned_diffusion,
+    seq,
+    tip,
+    toy_part,
+    write_toy_trace,
+)
 
 MODEL = ModelSpec.from_trace_meta(MODEL_META)
 
