@@ -64,8 +64,15 @@ def digest(root: Path) -> dict[str, str]:
 
 def run_solm(argv: list[str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess | None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SOLM_DEBUG": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "solm", *argv], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "solm", *argv],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -100,7 +107,9 @@ def classify(case: Case, base: Path, before: dict, r: subprocess.CompletedProces
         if r.returncode == 0:
             return "wrong_result"
         lines = r.stderr.strip().splitlines()
-        return "clean_error" if len(lines) == 1 and lines[0].startswith(f"solm {case.argv[0]}: error: ") else "traceback"
+        return (
+            "clean_error" if len(lines) == 1 and lines[0].startswith(f"solm {case.argv[0]}: error: ") else "traceback"
+        )
     if r.returncode != 0 or (case.check and not case.check(base, r)):
         return "wrong_result"
     return "correct"
@@ -115,8 +124,15 @@ def run_case(case: Case) -> tuple[str, str]:
         first = None
         if case.concurrent:  # the first writer: started, given time to take its lock, left running
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
-            first = subprocess.Popen([sys.executable, "-m", "solm", *case.concurrent], cwd=base, env=env, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            first = subprocess.Popen(
+                [sys.executable, "-m", "solm", *case.concurrent],
+                cwd=base,
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
             wait_for_lock(base / case.concurrent[case.concurrent.index("--out") + 1], first)
         r = run_solm(case.argv, base, case.timeout_s)
         if first is not None:  # the race happened only if the first was still writing: then stop it
@@ -153,6 +169,7 @@ def _meta(key: str, value) -> Callable[[Path], None]:
         meta = json.loads((base / "t" / "meta.json").read_text())
         meta[key] = value
         (base / "t" / "meta.json").write_text(json.dumps(meta))
+
     return setup
 
 
@@ -160,6 +177,7 @@ def _replace_meta(make: Callable[[Path], None]) -> Callable[[Path], None]:
     def setup(base: Path) -> None:
         (base / "t" / "meta.json").unlink()
         make(base / "t" / "meta.json")
+
     return setup
 
 
@@ -168,6 +186,7 @@ def _graph(edit: Callable[[dict], None]) -> Callable[[Path], None]:
         graphs = json.loads((base / "t" / "graph.json").read_text())
         edit(graphs[next(iter(graphs))])
         (base / "t" / "graph.json").write_text(json.dumps(graphs))
+
     return setup
 
 
@@ -178,6 +197,7 @@ def _requests(col: str, value: float) -> Callable[[Path], None]:
         df = pd.read_parquet(base / "t" / "requests.parquet")
         df.loc[0, col] = value
         df.to_parquet(base / "t" / "requests.parquet", index=False)
+
     return setup
 
 
@@ -208,72 +228,188 @@ def cases() -> list[Case]:
         Case("simulate --out PARENT --force", [*SIM, "--out", "runs", "--force"]),
         Case("simulate T --out T --force", [*SIM, "--out", "t", "--force"]),
         Case("simulate T --out T/sub --force", [*SIM, "--out", "t/sub", "--force"]),
-        Case("capture --structure-from T --out T --force",
-             ["capture", "--model", "tiny-2l", "--structure-from", "t", "--n", "1", "--out", "t", "--force"]),
+        Case(
+            "capture --structure-from T --out T --force",
+            ["capture", "--model", "tiny-2l", "--structure-from", "t", "--n", "1", "--out", "t", "--force"],
+        ),
         Case("export --perfetto T/meta.json --force", ["export", "t", "--perfetto", "t/meta.json", "--force"]),
         Case("export --perfetto existing file", ["export", "t", "--perfetto", "notes.txt"]),
         Case("diff --html T/meta.json --force", ["diff", "t", "t", "--html", "t/meta.json", "--force"]),
         Case("diff --html existing file", ["diff", "t", "t", "--html", "notes.txt"]),
         Case("train --out existing checkpoint", ["train", "--out", "ckpt", "--steps", "1"]),
         Case("train --out . --force", ["train", "--out", ".", "--force", "--steps", "1"]),
-        Case("two captures into one --out", [*CAPTURE, "--out", "busy", "--force"],
-             concurrent=["capture", "--model", "tiny-2l", "--n", "5000", "--max-tokens", "64", "--out", "busy"]),
-        Case("two sweeps into one --out", ["sweep", "t", "--hardware", "h100-sxm", "--out", "sw2"],
-             concurrent=["sweep", "t", "pd", "--hardware", "a100-80g,h100-sxm,h200", "--max-seqs", "1,2,4,8,16,32",
-                         "--rate", "1,2,4,8", "--num-requests", "64", "--workers", "1", "--out", "sw2"]),
-        Case("sweep resume, path spelled differently",
-             ["sweep", "./t/", "--hardware", "h100-sxm", "--max-seqs", "1,2", "--num-requests", "4", "--workers", "1",
-              "--out", "sw", "--json"], expect="ok", check=_sweep_resumed,
-             setup=lambda b: run_solm(["sweep", "t", "--hardware", "h100-sxm", "--max-seqs", "1,2", "--num-requests",
-                                       "4", "--workers", "1", "--out", "sw", "--json"], b, 120)),
+        Case(
+            "two captures into one --out",
+            [*CAPTURE, "--out", "busy", "--force"],
+            concurrent=["capture", "--model", "tiny-2l", "--n", "5000", "--max-tokens", "64", "--out", "busy"],
+        ),
+        Case(
+            "two sweeps into one --out",
+            ["sweep", "t", "--hardware", "h100-sxm", "--out", "sw2"],
+            concurrent=[
+                "sweep",
+                "t",
+                "pd",
+                "--hardware",
+                "a100-80g,h100-sxm,h200",
+                "--max-seqs",
+                "1,2,4,8,16,32",
+                "--rate",
+                "1,2,4,8",
+                "--num-requests",
+                "64",
+                "--workers",
+                "1",
+                "--out",
+                "sw2",
+            ],
+        ),
+        Case(
+            "sweep resume, path spelled differently",
+            [
+                "sweep",
+                "./t/",
+                "--hardware",
+                "h100-sxm",
+                "--max-seqs",
+                "1,2",
+                "--num-requests",
+                "4",
+                "--workers",
+                "1",
+                "--out",
+                "sw",
+                "--json",
+            ],
+            expect="ok",
+            check=_sweep_resumed,
+            setup=lambda b: run_solm(
+                [
+                    "sweep",
+                    "t",
+                    "--hardware",
+                    "h100-sxm",
+                    "--max-seqs",
+                    "1,2",
+                    "--num-requests",
+                    "4",
+                    "--workers",
+                    "1",
+                    "--out",
+                    "sw",
+                    "--json",
+                ],
+                b,
+                120,
+            ),
+        ),
         # crashes and hangs
-        Case("simulate --max-batch-tokens below a pass", ["simulate", "pd", "--hardware", "h100-sxm",
-                                                          "--max-batch-tokens", "2"]),
-        Case("sweep --max-batch-tokens below one trace's pass: an error row",
-             ["sweep", "t", "pd", "--hardware", "h100-sxm", "--max-batch-tokens", "40", "--num-requests", "4",
-              "--workers", "1", "--json"], expect="ok",
-             check=lambda b, r: _json_last(r)["errors"] == 1 and _json_last(r)["ok"] == 1),
+        Case(
+            "simulate --max-batch-tokens below a pass",
+            ["simulate", "pd", "--hardware", "h100-sxm", "--max-batch-tokens", "2"],
+        ),
+        Case(
+            "sweep --max-batch-tokens below one trace's pass: an error row",
+            [
+                "sweep",
+                "t",
+                "pd",
+                "--hardware",
+                "h100-sxm",
+                "--max-batch-tokens",
+                "40",
+                "--num-requests",
+                "4",
+                "--workers",
+                "1",
+                "--json",
+            ],
+            expect="ok",
+            check=lambda b, r: _json_last(r)["errors"] == 1 and _json_last(r)["ok"] == 1,
+        ),
         Case("simulate a trace with empty steps", [*SIM], setup=_empty_steps),
         Case("validate a trace with empty steps", ["validate", "t"], setup=_empty_steps),
         Case("simulate --out unwritable", [*SIM, "--out", "/proc/solm-abuse"]),
         Case("export --perfetto DIR", ["export", "t", "--perfetto", "runs"]),
         Case("diff --html DIR", ["diff", "t", "t", "--html", "runs"]),
-        Case("meta.json model of the wrong type", ["simulate", "t", "--hardware", "h100-sxm"], setup=_meta("model", "x")),
+        Case(
+            "meta.json model of the wrong type", ["simulate", "t", "--hardware", "h100-sxm"], setup=_meta("model", "x")
+        ),
         Case("meta.json field of the wrong type (inspect)", ["inspect", "t"], setup=_meta("device", [1, 2])),
-        Case("deeply nested meta.json", ["inspect", "t"],
-             setup=_replace_meta(lambda p: p.write_text("[" * 200000 + "]" * 200000))),
+        Case(
+            "deeply nested meta.json",
+            ["inspect", "t"],
+            setup=_replace_meta(lambda p: p.write_text("[" * 200000 + "]" * 200000)),
+        ),
         Case("--set hbm_capacity_bytes=1e400", [*SIM, "--set", "hbm_capacity_bytes=1e400"]),
         Case("capture --temperature nan", [*CAPTURE, "--temperature", "nan", "--out", "c"]),
         Case("capture --device bogus", [*CAPTURE, "--device", "bogus", "--out", "c"]),
         Case("capture --n 1000000000", ["capture", "--n", "1000000000", "--out", "c"], timeout_s=60),
         Case("capture --threads -1", [*CAPTURE, "--threads", "-1", "--out", "c"]),
-        Case("capture --task var_tracking --n 5000 (more than it can draw)",
-             ["capture", "--system", "tip", "--task", "var_tracking", "--n", "5000", "--out", "c"], timeout_s=120),
-        Case("diff with a FIFO meta.json", ["diff", "t", "runs/a"], timeout_s=30,
-             setup=_replace_meta(lambda p: os.mkfifo(p))),
-        Case("diff with /dev/zero as meta.json", ["diff", "runs/a", "t"], timeout_s=30,
-             setup=_replace_meta(lambda p: p.symlink_to("/dev/zero"))),
-        Case("export with a FIFO meta.json", ["export", "t", "--perfetto", "x.json"], timeout_s=30,
-             setup=_replace_meta(lambda p: os.mkfifo(p))),
-        Case("sweep --backend ray --address 127.0.0.1:1", ["sweep", "t", "--hardware", "h100-sxm", "--backend", "ray",
-                                                           "--address", "127.0.0.1:1"], timeout_s=90),
+        Case(
+            "capture --task var_tracking --n 5000 (more than it can draw)",
+            ["capture", "--system", "tip", "--task", "var_tracking", "--n", "5000", "--out", "c"],
+            timeout_s=120,
+        ),
+        Case(
+            "diff with a FIFO meta.json",
+            ["diff", "t", "runs/a"],
+            timeout_s=30,
+            setup=_replace_meta(lambda p: os.mkfifo(p)),
+        ),
+        Case(
+            "diff with /dev/zero as meta.json",
+            ["diff", "runs/a", "t"],
+            timeout_s=30,
+            setup=_replace_meta(lambda p: p.symlink_to("/dev/zero")),
+        ),
+        Case(
+            "export with a FIFO meta.json",
+            ["export", "t", "--perfetto", "x.json"],
+            timeout_s=30,
+            setup=_replace_meta(lambda p: os.mkfifo(p)),
+        ),
+        Case(
+            "sweep --backend ray --address 127.0.0.1:1",
+            ["sweep", "t", "--hardware", "h100-sxm", "--backend", "ray", "--address", "127.0.0.1:1"],
+            timeout_s=90,
+        ),
         # silent wrong results
         Case("--set launch_overhead_s=inf", [*SIM, "--set", "launch_overhead_s=inf"]),
         Case("capture --counters-hz nan", [*CAPTURE, "--counters-hz", "nan", "--out", "c"], timeout_s=60),
         Case("simulate --rate 1e-300", [*SIM, "--rate", "1e-300"]),
         Case("inspect --validate: cyclic graph", ["inspect", "t", "--validate"], setup=cyc, expect="invalid"),
         Case("inspect --validate: dangling link", ["inspect", "t", "--validate"], setup=dangling, expect="invalid"),
-        Case("inspect --validate: infinite e2e", ["inspect", "t", "--validate"], setup=_requests("e2e_s", float("inf")),
-             expect="invalid"),
-        Case("inspect --validate: negative ttft", ["inspect", "t", "--validate"], setup=_requests("ttft_s", -1.0),
-             expect="invalid"),
-        Case("inspect --validate: negative arrival", ["inspect", "t", "--validate"],
-             setup=_requests("arrival_s", -2.0), expect="invalid"),
-        Case("inspect --validate: quality 1.5", ["inspect", "t", "--validate"], setup=_requests("quality_score", 1.5),
-             expect="invalid"),
+        Case(
+            "inspect --validate: infinite e2e",
+            ["inspect", "t", "--validate"],
+            setup=_requests("e2e_s", float("inf")),
+            expect="invalid",
+        ),
+        Case(
+            "inspect --validate: negative ttft",
+            ["inspect", "t", "--validate"],
+            setup=_requests("ttft_s", -1.0),
+            expect="invalid",
+        ),
+        Case(
+            "inspect --validate: negative arrival",
+            ["inspect", "t", "--validate"],
+            setup=_requests("arrival_s", -2.0),
+            expect="invalid",
+        ),
+        Case(
+            "inspect --validate: quality 1.5",
+            ["inspect", "t", "--validate"],
+            setup=_requests("quality_score", 1.5),
+            expect="invalid",
+        ),
         Case("diff an invalid trace (cycle)", ["diff", "runs/a", "t"], setup=cyc),
-        Case("export an invalid trace (quality 1.5)", ["export", "t", "--perfetto", "x.json"],
-             setup=_requests("quality_score", 1.5)),
+        Case(
+            "export an invalid trace (quality 1.5)",
+            ["export", "t", "--perfetto", "x.json"],
+            setup=_requests("quality_score", 1.5),
+        ),
     ]
 
 
@@ -292,9 +428,16 @@ def main() -> int:
             outcome, detail = run_case(case)
         counts[outcome] += 1
         print(f"{outcome:12s} {time.perf_counter() - t0:5.1f} s  {case.name}: {detail}", flush=True)
-    figures = {"bench": "abuse", "cases": len(all_cases), "clean_errors": counts["clean_error"],
-               "correct": counts["correct"], "tracebacks": counts["traceback"], "data_lost": counts["data_lost"],
-               "hangs": counts["hang"], "wrong_results": counts["wrong_result"]}
+    figures = {
+        "bench": "abuse",
+        "cases": len(all_cases),
+        "clean_errors": counts["clean_error"],
+        "correct": counts["correct"],
+        "tracebacks": counts["traceback"],
+        "data_lost": counts["data_lost"],
+        "hangs": counts["hang"],
+        "wrong_results": counts["wrong_result"],
+    }
     print(json.dumps(figures))
     return 0 if counts["clean_error"] + counts["correct"] == len(all_cases) else 1
 

@@ -48,16 +48,20 @@ from simulator.models import get_model  # noqa: E402
 
 def _row(name: str, entry: dict) -> str:
     tiles, old = entry["tiles"], entry["old"]
-    return (f"  {name:26s} {tiles['n']:6d}  {tiles['median']:6.1f} {tiles['p90']:6.1f}"
-            f"   {old['median']:6.1f} {old['p90']:6.1f}")
+    return (
+        f"  {name:26s} {tiles['n']:6d}  {tiles['median']:6.1f} {tiles['p90']:6.1f}"
+        f"   {old['median']:6.1f} {old['p90']:6.1f}"
+    )
 
 
 def transfer() -> dict:
     """Predicted achieved rate of the up projection (4096 x 28672 per token) per part."""
     model = get_model("llama-3-8b")
     k, n = gemm_shapes(model)["mlp_up_proj"]
-    print("Llama-3-8B mlp_up_proj (K 4096, N 28672): predicted achieved TFLOP/s (300 and 4096 "
-          "tokens) and TB/s of weight streaming (1 token), tile model / old model")
+    print(
+        "Llama-3-8B mlp_up_proj (K 4096, N 28672): predicted achieved TFLOP/s (300 and 4096 "
+        "tokens) and TB/s of weight streaming (1 token), tile model / old model"
+    )
     rows = {}
     for name, hw in HARDWARE.items():
         if hw.kind != "gpu":
@@ -67,22 +71,29 @@ def transfer() -> dict:
         rates = []
         for cost in (tiles, old):
             times = {m: float(cost.op_times_s(m, m)["mlp_up_proj"]) for m in (1, 300, 4096)}
-            rates.append({"tb_s_1": k * n * 2 / times[1] / 1e12,
-                          "tflop_s_300": 2 * 300 * k * n / times[300] / 1e12,
-                          "tflop_s_4096": 2 * 4096 * k * n / times[4096] / 1e12})
+            rates.append(
+                {
+                    "tb_s_1": k * n * 2 / times[1] / 1e12,
+                    "tflop_s_300": 2 * 300 * k * n / times[300] / 1e12,
+                    "tflop_s_4096": 2 * 4096 * k * n / times[4096] / 1e12,
+                }
+            )
         rows[name] = {"tiles": rates[0], "old": rates[1]}
-        print(f"  {name:10s} peak {hw.peak_flops_per_s / 1e12:7.1f}: 4096 tokens "
-              f"{rates[0]['tflop_s_4096']:6.1f} / {rates[1]['tflop_s_4096']:6.1f}   300 tokens "
-              f"{rates[0]['tflop_s_300']:6.1f} / {rates[1]['tflop_s_300']:6.1f}   1 token "
-              f"{rates[0]['tb_s_1']:5.2f} / {rates[1]['tb_s_1']:5.2f} TB/s")
+        print(
+            f"  {name:10s} peak {hw.peak_flops_per_s / 1e12:7.1f}: 4096 tokens "
+            f"{rates[0]['tflop_s_4096']:6.1f} / {rates[1]['tflop_s_4096']:6.1f}   300 tokens "
+            f"{rates[0]['tflop_s_300']:6.1f} / {rates[1]['tflop_s_300']:6.1f}   1 token "
+            f"{rates[0]['tb_s_1']:5.2f} / {rates[1]['tb_s_1']:5.2f} TB/s"
+        )
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fit on every 8th token count")
-    parser.add_argument("--transfer", action="store_true",
-                        help="only print both models' predictions on the catalog's GPUs")
+    parser.add_argument(
+        "--transfer", action="store_true", help="only print both models' predictions on the catalog's GPUs"
+    )
     args = parser.parse_args()
     if args.transfer:
         rows = transfer()
@@ -93,29 +104,37 @@ def main() -> None:
     held = holdout_predictions(load_vidur(), thin=thin)
     report = summary(held)
     elapsed = time.perf_counter() - start
-    print(f"A100 GEMMs held out: {report['rows']} rows over 8 folds, {report['unseen_rows']} "
-          f"with a (K, N) shape absent from their fold's fit set (tile model fitted on every "
-          f"{ {2: '2nd', 8: '8th'}.get(thin, f'{thin}th') } token count; {elapsed:.0f} s)")
+    print(
+        f"A100 GEMMs held out: {report['rows']} rows over 8 folds, {report['unseen_rows']} "
+        f"with a (K, N) shape absent from their fold's fit set (tile model fitted on every "
+        f"{ {2: '2nd', 8: '8th'}.get(thin, f'{thin}th') } token count; {elapsed:.0f} s)"
+    )
     header = f"  {'unseen rows':26s} {'n':>6s}  {'tiles APE % median':>6s} {'p90':>4s}   {'old median':>6s} {'p90':>4s}"
     print(header)
     print(_row("all (pooled)", report))
-    for key, title in (("by_family", "op family"), ("by_tokens", "tokens"),
-                       ("by_fold", "fold")):
+    for key, title in (("by_family", "op family"), ("by_tokens", "tokens"), ("by_fold", "fold")):
         print(f"  -- per {title}")
         for name, entry in sorted(report[key].items()):
             print(_row(name, entry))
     figures = {
-        "bench": "cost_model", "quick": args.quick, "fit_every_nth_token_count": thin,
+        "bench": "cost_model",
+        "quick": args.quick,
+        "fit_every_nth_token_count": thin,
         "a100_unseen_median_ape_percent": round(report["tiles"]["median"], 2),
         "a100_unseen_p90_ape_percent": round(report["tiles"]["p90"], 2),
         "old_model_unseen_median_ape_percent": round(report["old"]["median"], 2),
         "old_model_unseen_p90_ape_percent": round(report["old"]["p90"], 2),
-        "unseen_rows": report["unseen_rows"], "heldout_rows": report["rows"],
-        "by_family": {name: {"tiles_median": round(e["tiles"]["median"], 2),
-                             "tiles_p90": round(e["tiles"]["p90"], 2),
-                             "old_median": round(e["old"]["median"], 2),
-                             "old_p90": round(e["old"]["p90"], 2)}
-                      for name, e in sorted(report["by_family"].items())},
+        "unseen_rows": report["unseen_rows"],
+        "heldout_rows": report["rows"],
+        "by_family": {
+            name: {
+                "tiles_median": round(e["tiles"]["median"], 2),
+                "tiles_p90": round(e["tiles"]["p90"], 2),
+                "old_median": round(e["old"]["median"], 2),
+                "old_p90": round(e["old"]["p90"], 2),
+            }
+            for name, e in sorted(report["by_family"].items())
+        },
         "elapsed_s": round(elapsed, 1),
     }
     print(json.dumps(figures))

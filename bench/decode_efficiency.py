@@ -133,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
-        print("bench/decode_efficiency.py: error: --device cuda asked for, but torch sees no CUDA device", file=sys.stderr)
+        print(
+            "bench/decode_efficiency.py: error: --device cuda asked for, but torch sees no CUDA device", file=sys.stderr
+        )
         return 2
     if not cuda:
         modes = [m for m in modes if m != "cuda-graphs"]
@@ -145,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     model.logits_vocab = None
     spec = args.model or f"arch:{args.arch}"
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    prompt = [int(i) for i in torch.randint(3, min(model.cfg.vocab_size, 30000), (args.context,),
-                                            generator=torch.Generator().manual_seed(0))]
+    prompt = [
+        int(i)
+        for i in torch.randint(
+            3, min(model.cfg.vocab_size, 30000), (args.context,), generator=torch.Generator().manual_seed(0)
+        )
+    ]
     peak, peak_src = peak_bytes_per_s(args.device, args.peak_gbps)
     timer = Timer(cuda)
     res, ref = {}, None
@@ -155,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             if m == "engine":
                 times, toks = run_engine_path(model, prompt, args.passes, args.warmup, timer)
             else:
-                times, toks = run_static(model, prompt, args.passes, args.warmup, timer,
-                                         {"static": "eager"}.get(m, m))
+                times, toks = run_static(model, prompt, args.passes, args.warmup, timer, {"static": "eager"}.get(m, m))
         except Exception as e:  # noqa: BLE001 - one failing path (a compiler missing) must not lose the others
             res[m] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
             print(f"{m:12s} failed: {res[m]['error']}", flush=True)
@@ -165,17 +170,38 @@ def main(argv: list[str] | None = None) -> int:
         ctx = args.context + args.warmup + args.passes / 2  # mean context over the timed passes
         nbytes = weight_bytes + ctx * model.kv_bytes_per_token
         med = statistics.median(times)
-        res[m] = {"pass_ms_median": med * 1e3, "pass_ms_min": min(times) * 1e3, "bytes_per_pass": nbytes,
-                  "gbytes_per_s": nbytes / med / 1e9, "efficiency": nbytes / med / peak if peak else None,
-                  "tokens_equal_engine": toks == ref}
+        res[m] = {
+            "pass_ms_median": med * 1e3,
+            "pass_ms_min": min(times) * 1e3,
+            "bytes_per_pass": nbytes,
+            "gbytes_per_s": nbytes / med / 1e9,
+            "efficiency": nbytes / med / peak if peak else None,
+            "tokens_equal_engine": toks == ref,
+        }
         eff = f"{100 * res[m]['efficiency']:.1f}% of peak" if peak else "efficiency n/a"
-        print(f"{m:12s} pass {med * 1e3:8.3f} ms median ({min(times) * 1e3:.3f} min)  {nbytes / med / 1e9:8.1f} GB/s  "
-              f"{eff}  tokens equal to engine path: {toks == ref}", flush=True)
-    print(json.dumps({"bench": "decode_efficiency", "model": spec, "device": args.device,
-                      "device_name": torch.cuda.get_device_name(torch.device(args.device)) if cuda else "cpu",
-                      "dtype": str(model.embed.weight.dtype).replace("torch.", ""), "weight_bytes": weight_bytes,
-                      "context": args.context, "passes": args.passes, "timer": "cuda events" if cuda else "perf_counter",
-                      "peak_bytes_per_s": peak, "peak_source": peak_src, "modes": res}))
+        print(
+            f"{m:12s} pass {med * 1e3:8.3f} ms median ({min(times) * 1e3:.3f} min)  {nbytes / med / 1e9:8.1f} GB/s  "
+            f"{eff}  tokens equal to engine path: {toks == ref}",
+            flush=True,
+        )
+    print(
+        json.dumps(
+            {
+                "bench": "decode_efficiency",
+                "model": spec,
+                "device": args.device,
+                "device_name": torch.cuda.get_device_name(torch.device(args.device)) if cuda else "cpu",
+                "dtype": str(model.embed.weight.dtype).replace("torch.", ""),
+                "weight_bytes": weight_bytes,
+                "context": args.context,
+                "passes": args.passes,
+                "timer": "cuda events" if cuda else "perf_counter",
+                "peak_bytes_per_s": peak,
+                "peak_source": peak_src,
+                "modes": res,
+            }
+        )
+    )
     return 0 if any("error" not in v for v in res.values()) else 1
 
 

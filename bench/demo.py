@@ -36,21 +36,27 @@ def print_summary(captured: list, simulated: list, wall_s: float) -> None:
     """What each capture measured, grouped by task: each system runs its own shipped model on its
     own default task, so rows are not a comparison of systems (the benchmarks compare them on
     equal terms: bench/pasta.py, bench/tip.py, bench/planned_diffusion.py)."""
-    print(f"\ndemo: captured {len(captured)} system(s) in {wall_s:.0f} s, each with its own shipped model on its own "
-          f"default task\n(not a comparison of systems: for that, bench/pasta.py, bench/tip.py, bench/planned_diffusion.py):")
+    print(
+        f"\ndemo: captured {len(captured)} system(s) in {wall_s:.0f} s, each with its own shipped model on its own "
+        f"default task\n(not a comparison of systems: for that, bench/pasta.py, bench/tip.py, bench/planned_diffusion.py):"
+    )
     by_task: dict[str, list] = {}
     for system, trace, s in captured:
         by_task.setdefault(s["task"], []).append((system, trace, s))
     for task, rows in sorted(by_task.items()):
         print(f"  task {task}:")
         for system, trace, s in rows:
-            print(f"    {system:<18} model {s['model']:<14} quality {s['quality_mean']:.3f}  {s['tokens_per_s']:.0f} tokens/s  "
-                  f"e2e p50 {s['e2e_s_p50'] * 1000:.0f} ms  peak KV {s['peak_kv_bytes'] / 1024:.0f} KiB  -> {trace.relative_to(ROOT)}")
+            print(
+                f"    {system:<18} model {s['model']:<14} quality {s['quality_mean']:.3f}  {s['tokens_per_s']:.0f} tokens/s  "
+                f"e2e p50 {s['e2e_s_p50'] * 1000:.0f} ms  peak KV {s['peak_kv_bytes'] / 1024:.0f} KiB  -> {trace.relative_to(ROOT)}"
+            )
     if simulated:
         print("  each trace's structure replayed as Llama-3-8B on an H100 at 8 req/s (same caveat):")
     for system, sim_out, m in simulated:
-        print(f"    {system:<18} e2e median {m['median_e2el_ms']:.0f} ms, {m['output_throughput']:.0f} output tokens/s  "
-              f"-> {sim_out.relative_to(ROOT)}")
+        print(
+            f"    {system:<18} e2e median {m['median_e2el_ms']:.0f} ms, {m['output_throughput']:.0f} output tokens/s  "
+            f"-> {sim_out.relative_to(ROOT)}"
+        )
 
 
 def main() -> None:
@@ -79,8 +85,21 @@ def main() -> None:
     if (ROOT / "solm" / "commands" / "simulate.py").exists():
         for system, trace, _ in captured:
             sim_out = out / f"{system}-on-h100-llama-3-8b"
-            m = solm("simulate", str(trace), "--hardware", "h100-sxm", "--model", "llama-3-8b", "--rate", "8",
-                     "--num-requests", "200", "--out", str(sim_out), "--force")
+            m = solm(
+                "simulate",
+                str(trace),
+                "--hardware",
+                "h100-sxm",
+                "--model",
+                "llama-3-8b",
+                "--rate",
+                "8",
+                "--num-requests",
+                "200",
+                "--out",
+                str(sim_out),
+                "--force",
+            )
             simulated.append((system, sim_out, m))
 
     print_summary(captured, simulated, time.perf_counter() - t0)
@@ -93,7 +112,9 @@ def main() -> None:
     if (extra / "simulate.py").exists():
         print(f"  solm simulate {args.out}/sequential --hardware h200 --model llama-3-70b --rate 2   # another what-if")
     if (extra / "dashboard.py").exists():
-        print(f"  solm dashboard {args.out}      # then open http://127.0.0.1:8501 in a browser: measured and simulated side by side")
+        print(
+            f"  solm dashboard {args.out}      # then open http://127.0.0.1:8501 in a browser: measured and simulated side by side"
+        )
 
 
 if __name__ == "__main__":

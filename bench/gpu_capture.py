@@ -75,20 +75,44 @@ def reference_dir(system: str, args, out: Path) -> Path | None:
     if not (CHECKPOINTS_DIR / engine_cls.default_model).is_dir():
         return None
     ref = out / "reference" / system
-    capture(CaptureConfig(system=system, n=args.n, max_tokens=args.max_tokens, page_size=args.page_size,
-                          device=args.device, seed=args.seed), ref, overwrite=args.force, progress=False)
+    capture(
+        CaptureConfig(
+            system=system,
+            n=args.n,
+            max_tokens=args.max_tokens,
+            page_size=args.page_size,
+            device=args.device,
+            seed=args.seed,
+        ),
+        ref,
+        overwrite=args.force,
+        progress=False,
+    )
     return ref
 
 
 def capture_system(system: str, model, info: dict, spec: str, args, out: Path, ref: Path | None) -> dict:
     """One trace through `runtime.capture.capture` (the model is shared across systems, loaded once)."""
-    cfg = CaptureConfig(system=system, model=spec, n=args.n, device=args.device, seed=args.seed,
-                        max_tokens=args.max_tokens, page_size=args.page_size, counters_interval_s=1.0 / args.counters_hz,
-                        warmup=1, structure_from=str(ref) if ref else "")
+    cfg = CaptureConfig(
+        system=system,
+        model=spec,
+        n=args.n,
+        device=args.device,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        page_size=args.page_size,
+        counters_interval_s=1.0 / args.counters_hz,
+        warmup=1,
+        structure_from=str(ref) if ref else "",
+    )
     path = capture(cfg, out, overwrite=args.force, progress=False, loaded=(model, info))
     t = read_trace(path)
-    return {"requests": len(t.requests), "counter_samples": len(t.counters),
-            "counters_source": t.meta.get("counters_source", ""), "structure_source": str(ref) if ref else "own"}
+    return {
+        "requests": len(t.requests),
+        "counter_samples": len(t.counters),
+        "counters_source": t.meta.get("counters_source", ""),
+        "structure_source": str(ref) if ref else "own",
+    }
 
 
 def warm_up(model, tok: Tokenizer) -> None:
@@ -112,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--counters-hz", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--structure-from", default="shipped",
-                    help="shipped (capture references with the shipped tiny models), a folder of <system> traces, or none")
+    ap.add_argument(
+        "--structure-from",
+        default="shipped",
+        help="shipped (capture references with the shipped tiny models), a folder of <system> traces, or none",
+    )
     ap.add_argument("--force", action="store_true", help="overwrite existing traces under --out")
     args = ap.parse_args(argv)
 
@@ -152,7 +179,11 @@ def main(argv: list[str] | None = None) -> int:
             res = capture_system(system, model, info, spec, args, out / system, ref)
             summary[system] = {"status": "ok", "dir": system, "wall_s": time.perf_counter() - t, **res}
         except Exception as e:  # one failing engine must not lose the others' traces
-            summary[system] = {"status": "error", "wall_s": time.perf_counter() - t, "error": f"{type(e).__name__}: {e}"}
+            summary[system] = {
+                "status": "error",
+                "wall_s": time.perf_counter() - t,
+                "error": f"{type(e).__name__}: {e}",
+            }
         s = summary[system]
         print(f"{system:18s} {s['status']:6s} {s['wall_s']:8.1f} s  {s.get('error', '')}")
 
@@ -166,11 +197,24 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         tf_version = ""
     meta = {
-        "kind": "gpu_capture", "model_spec": spec, "model": model_meta(model, spec, info), "device": device,
-        "load_s": load_s, "systems": summary, "n": args.n, "max_tokens": args.max_tokens, "page_size": args.page_size,
-        "counters_hz": args.counters_hz, "structure_from": args.structure_from, "quality_applicable": scored,
-        "quality_note": "" if scored else NOT_APPLICABLE, "transformers": tf_version,
-        "torch": torch.__version__, "solm_version": solm_version(), "git_commit": git_commit(), "seed": args.seed,
+        "kind": "gpu_capture",
+        "model_spec": spec,
+        "model": model_meta(model, spec, info),
+        "device": device,
+        "load_s": load_s,
+        "systems": summary,
+        "n": args.n,
+        "max_tokens": args.max_tokens,
+        "page_size": args.page_size,
+        "counters_hz": args.counters_hz,
+        "structure_from": args.structure_from,
+        "quality_applicable": scored,
+        "quality_note": "" if scored else NOT_APPLICABLE,
+        "transformers": tf_version,
+        "torch": torch.__version__,
+        "solm_version": solm_version(),
+        "git_commit": git_commit(),
+        "seed": args.seed,
         "argv": sys.argv[1:] if argv is None else argv,
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cores": os.cpu_count()},
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -178,9 +222,19 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "meta.json", meta)
     ok = [s for s, v in summary.items() if v["status"] == "ok"]
-    print(json.dumps({"bench": "gpu_capture", "out": str(out), "device": device.get("name", ""), "model": spec,
-                      "ok": ok, "failed": [s for s, v in summary.items() if v["status"] == "error"],
-                      "wall_s": {s: round(v["wall_s"], 3) for s, v in summary.items() if "wall_s" in v}}))
+    print(
+        json.dumps(
+            {
+                "bench": "gpu_capture",
+                "out": str(out),
+                "device": device.get("name", ""),
+                "model": spec,
+                "ok": ok,
+                "failed": [s for s, v in summary.items() if v["status"] == "error"],
+                "wall_s": {s: round(v["wall_s"], 3) for s, v in summary.items() if "wall_s" in v},
+            }
+        )
+    )
     return 0 if ok and all(v["status"] != "error" for v in summary.values()) else 1
 
 

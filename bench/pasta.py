@@ -64,8 +64,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--n", type=int, default=0, help="held-out prompts per task (default 30; --quick 5)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="runs of each (prompt, method), interleaved; the fastest is kept (default 3)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of each (prompt, method), interleaved; the fastest is kept (default 3)",
+    )
     return ap.parse_args()
 
 
@@ -77,9 +81,13 @@ class Methods:
         cfg = GenerationConfig(max_tokens=max_tokens)
         self.methods = [(m, e, spec) for m, e, spec in METHODS if (ROOT / "checkpoints" / spec).is_dir()]
         self.engines = {m: get_engine(e)(load_model(spec)[0], tok, cfg) for m, e, spec in self.methods}
-        self.same = {m: get_engine("sequential")(ForcedLogits(self.engines[m].model, tok.eos_id), tok,
-                                                 GenerationConfig(max_tokens=4 * max_tokens))
-                     for m, e, _ in self.methods if e in ("pasta", "skeleton")}
+        self.same = {
+            m: get_engine("sequential")(
+                ForcedLogits(self.engines[m].model, tok.eos_id), tok, GenerationConfig(max_tokens=4 * max_tokens)
+            )
+            for m, e, _ in self.methods
+            if e in ("pasta", "skeleton")
+        }
 
     def same_answer_wall(self, m: str, request: Request, output_ids: list[int]) -> float:
         same = self.same[m]
@@ -107,7 +115,7 @@ def measure(ms: Methods, prompts: list, repeats: int, tok: Tokenizer) -> dict[st
     names = list(ms.engines)
     rec: dict[str, list[dict]] = {m: [] for m in names}
     for i, (t, ex) in enumerate(prompts):
-        order = names[i % len(names):] + names[: i % len(names)]
+        order = names[i % len(names) :] + names[: i % len(names)]
         walls: dict[str, list[float]] = {m: [] for m in names}
         same_walls: dict[str, list[float]] = {m: [] for m in names}
         runs: dict = {}
@@ -117,14 +125,25 @@ def measure(ms: Methods, prompts: list, repeats: int, tok: Tokenizer) -> dict[st
                 c = ms.engines[m].generate(Request(i, ex.prompt))
                 walls[m].append(time.perf_counter() - t0)
                 assert runs.setdefault(m, c).output_ids == c.output_ids, "greedy decode changed between repeats"
-                same_walls[m].append(ms.same_answer_wall(m, Request(i, ex.prompt), c.output_ids) if m in ms.same else walls[m][-1])
+                same_walls[m].append(
+                    ms.same_answer_wall(m, Request(i, ex.prompt), c.output_ids) if m in ms.same else walls[m][-1]
+                )
         for m in order:
             c = runs[m]
-            rec[m].append({"task": t, "wall_s": min(walls[m]), "first_wall_s": walls[m][0],
-                           "quality": get_task(t).score(ex, c.text),
-                           "theoretical": c.theoretical_speedup if m != "sequential" else 1.0,
-                           "same_answer_wall_s": min(same_walls[m]), "first_same_answer_wall_s": same_walls[m][0],
-                           "tokens": len(tok.encode(c.text)), "steps": c.steps, "events": len(c.events)})
+            rec[m].append(
+                {
+                    "task": t,
+                    "wall_s": min(walls[m]),
+                    "first_wall_s": walls[m][0],
+                    "quality": get_task(t).score(ex, c.text),
+                    "theoretical": c.theoretical_speedup if m != "sequential" else 1.0,
+                    "same_answer_wall_s": min(same_walls[m]),
+                    "first_same_answer_wall_s": same_walls[m][0],
+                    "tokens": len(tok.encode(c.text)),
+                    "steps": c.steps,
+                    "events": len(c.events),
+                }
+            )
     return rec
 
 
@@ -135,21 +154,29 @@ def row_of(m: str, model: str, r: list[dict], seq: list[dict]) -> dict:
     th = geomean([r[k]["theoretical"] for k in par])
     attained = geomean([r[k]["same_answer_wall_s"] / r[k]["wall_s"] for k in par])
     return {
-        "method": m, "model": model, "prompts": len(r),
+        "method": m,
+        "model": model,
+        "prompts": len(r),
         "quality": round(float(np.mean([x["quality"] for x in r])), 4),
         "quality_parallel": round(float(np.mean([r[k]["quality"] for k in par])), 4),
         "quality_plain": round(float(np.mean([r[k]["quality"] for k in plain])), 4) if plain else None,
         "speedup_geomean": round(sp, 3),
         "speedup_geomean_first_run": round(geomean([seq[k]["first_wall_s"] / r[k]["first_wall_s"] for k in par]), 3),
-        "speedup_geomean_plain": round(geomean([seq[k]["wall_s"] / r[k]["wall_s"] for k in plain]), 3) if plain else None,
+        "speedup_geomean_plain": round(geomean([seq[k]["wall_s"] / r[k]["wall_s"] for k in plain]), 3)
+        if plain
+        else None,
         # per forward pass cost against sequential's on the same plain prompts (the models' outputs
         # may differ in length, so the wall ratio alone mixes overhead with what was written)
-        "plain_step_cost_vs_sequential": round(geomean([(r[k]["wall_s"] / r[k]["steps"]) / (seq[k]["wall_s"] / seq[k]["steps"])
-                                                        for k in plain]), 3) if plain else None,
+        "plain_step_cost_vs_sequential": round(
+            geomean([(r[k]["wall_s"] / r[k]["steps"]) / (seq[k]["wall_s"] / seq[k]["steps"]) for k in plain]), 3
+        )
+        if plain
+        else None,
         "theoretical_speedup_geomean": round(th, 3),
         "attained_speedup_geomean": round(attained, 3),
-        "attained_speedup_geomean_first_run": round(geomean([r[k]["first_same_answer_wall_s"] / r[k]["first_wall_s"]
-                                                             for k in par]), 3),
+        "attained_speedup_geomean_first_run": round(
+            geomean([r[k]["first_same_answer_wall_s"] / r[k]["first_wall_s"] for k in par]), 3
+        ),
         "attained_over_theoretical": round(attained / th, 3),
         "speedup_over_theoretical": round(sp / th, 3),
         "tokens_per_s": round(sum(x["tokens"] for x in r) / sum(x["wall_s"] for x in r), 1),
@@ -159,19 +186,25 @@ def row_of(m: str, model: str, r: list[dict], seq: list[dict]) -> dict:
 
 
 def print_rows(rows: list[dict]) -> None:
-    head = (f"{'method':<14} {'quality':>7} {'q(par)':>7} {'q(plain)':>8} {'speedup':>8} {'1st run':>7} {'theory':>7} "
-            f"{'attain':>7} {'att/th':>7} {'sp/th':>6} {'plain x':>8} {'plain/st':>8} {'tok/s':>7}")
+    head = (
+        f"{'method':<14} {'quality':>7} {'q(par)':>7} {'q(plain)':>8} {'speedup':>8} {'1st run':>7} {'theory':>7} "
+        f"{'attain':>7} {'att/th':>7} {'sp/th':>6} {'plain x':>8} {'plain/st':>8} {'tok/s':>7}"
+    )
     print(head)
     for r in rows:
-        print(f"{r['method']:<14} {r['quality']:>7.3f} {r['quality_parallel']:>7.3f} {r['quality_plain'] or 0:>8.3f} "
-              f"{r['speedup_geomean']:>8.2f} {r['speedup_geomean_first_run']:>7.2f} {r['theoretical_speedup_geomean']:>7.2f} "
-              f"{r['attained_speedup_geomean']:>7.2f} {r['attained_over_theoretical']:>7.2f} {r['speedup_over_theoretical']:>6.2f} "
-              f"{r['speedup_geomean_plain'] or 0:>8.2f} {r['plain_step_cost_vs_sequential'] or 0:>8.2f} {r['tokens_per_s']:>7.1f}")
-    print("speedup / theory: geometric means over parallelisable prompts (speedup: over the sequential baseline model, "
-          "fastest of the repeats of each; 1st run: the same from each method's first run alone, unfiltered); "
-          "attain: over decoding the same answer token by token with the same model; att/th = attain / theory; "
-          "sp/th = speedup / theory; plain x: wall speedup on copy_line prompts; "
-          "plain/st: cost of one forward pass there relative to sequential's")
+        print(
+            f"{r['method']:<14} {r['quality']:>7.3f} {r['quality_parallel']:>7.3f} {r['quality_plain'] or 0:>8.3f} "
+            f"{r['speedup_geomean']:>8.2f} {r['speedup_geomean_first_run']:>7.2f} {r['theoretical_speedup_geomean']:>7.2f} "
+            f"{r['attained_speedup_geomean']:>7.2f} {r['attained_over_theoretical']:>7.2f} {r['speedup_over_theoretical']:>6.2f} "
+            f"{r['speedup_geomean_plain'] or 0:>8.2f} {r['plain_step_cost_vs_sequential'] or 0:>8.2f} {r['tokens_per_s']:>7.1f}"
+        )
+    print(
+        "speedup / theory: geometric means over parallelisable prompts (speedup: over the sequential baseline model, "
+        "fastest of the repeats of each; 1st run: the same from each method's first run alone, unfiltered); "
+        "attain: over decoding the same answer token by token with the same model; att/th = attain / theory; "
+        "sp/th = speedup / theory; plain x: wall speedup on copy_line prompts; "
+        "plain/st: cost of one forward pass there relative to sequential's"
+    )
 
 
 def main() -> None:
@@ -187,9 +220,11 @@ def main() -> None:
     rec = measure(ms, prompts, repeats, tok)
     models = {a: c for a, _, c in ms.methods}
     rows = [row_of(m, models[m], rec[m], rec["sequential"]) for m in ms.engines]
-    print(f"PASTA benchmark: {len(prompts)} held-out prompts ({n} per task; parallel: {', '.join(PARALLEL_TASKS)}; "
-          f"plain: copy_line), fastest of {repeats} interleaved runs each, {torch.get_num_threads()} thread(s), "
-          f"{time.perf_counter() - t_start:.0f} s")
+    print(
+        f"PASTA benchmark: {len(prompts)} held-out prompts ({n} per task; parallel: {', '.join(PARALLEL_TASKS)}; "
+        f"plain: copy_line), fastest of {repeats} interleaved runs each, {torch.get_num_threads()} thread(s), "
+        f"{time.perf_counter() - t_start:.0f} s"
+    )
     print_rows(rows)
     print(json.dumps({"bench": "pasta", "quick": args.quick, "prompts_per_task": n, "repeats": repeats, "rows": rows}))
 

@@ -65,15 +65,20 @@ def grid(quick: bool, scales: tuple[float, ...] = (UNIT,)) -> list[dict]:
     if quick:
         for r, th in ((1.0, None), (0.5, None), (0.25, None), (1.0, 0.9), (0.5, 0.9)):
             pd.append(dict(steps_ratio=r, confidence_threshold=th, length_scale=10.0, block_sparse=True))
-        pd += [dict(steps_ratio=0.5, confidence_threshold=0.9, length_scale=10.0, block_sparse=True, cache_committed=True),
-               dict(steps_ratio=0.5, confidence_threshold=None, length_scale=8.0, block_sparse=True),
-               dict(steps_ratio=0.5, confidence_threshold=None, length_scale=10.0, block_sparse=False)]
+        pd += [
+            dict(steps_ratio=0.5, confidence_threshold=0.9, length_scale=10.0, block_sparse=True, cache_committed=True),
+            dict(steps_ratio=0.5, confidence_threshold=None, length_scale=8.0, block_sparse=True),
+            dict(steps_ratio=0.5, confidence_threshold=None, length_scale=10.0, block_sparse=False),
+        ]
         mdm = [dict(steps=36, confidence_threshold=None), dict(steps=72, confidence_threshold=0.9)]
     else:
         for r, th, ls, bs in itertools.product((1.0, 0.5, 0.25), (None, 0.7, 0.9), scales, (True, False)):
             pd.append(dict(steps_ratio=r, confidence_threshold=th, length_scale=ls, block_sparse=bs))
-        pd += [dict(steps_ratio=r, confidence_threshold=th, length_scale=10.0, block_sparse=True, cache_committed=True)
-               for r in (1.0, 0.5) for th in (None, 0.9)]
+        pd += [
+            dict(steps_ratio=r, confidence_threshold=th, length_scale=10.0, block_sparse=True, cache_committed=True)
+            for r in (1.0, 0.5)
+            for th in (None, 0.9)
+        ]
         mdm = [dict(steps=s, confidence_threshold=th) for s in (144, 72, 36) for th in (None, 0.9)]
     rows = [{"method": "ar", "system": "sequential", "knobs": {}}]
     rows += [{"method": "planned_diffusion", "system": "planned_diffusion", "knobs": k} for k in pd]
@@ -86,8 +91,10 @@ def ar_model_name() -> str:
     for name in ("pd-ar", "pasta-sequential"):
         if (CHECKPOINTS_DIR / name).is_dir():
             return name
-    raise SystemExit("no AR baseline checkpoint (checkpoints/pasta-sequential or checkpoints/pd-ar); "
-                     "train one: solm train --system planned_diffusion --stage ar --threads 1 --out checkpoints/pd-ar")
+    raise SystemExit(
+        "no AR baseline checkpoint (checkpoints/pasta-sequential or checkpoints/pd-ar); "
+        "train one: solm train --system planned_diffusion --stage ar --threads 1 --out checkpoints/pd-ar"
+    )
 
 
 def pareto(rows: list[dict]) -> None:
@@ -122,8 +129,11 @@ def measure(setups: list[dict], engines: list, prompts: list, label: str) -> lis
             pd_ev = [e for e in c.events if e.get("event") == "pd"]
             if pd_ev and pd_ev[0]["spans_finish_at_length"] is not None:
                 r["at_len"].append(pd_ev[0]["spans_finish_at_length"])
-        print(f"  {label} prompt {pi + 1}/{len(prompts)} ({task}) {time.perf_counter() - t_start:.0f} s",
-              file=sys.stderr, flush=True)
+        print(
+            f"  {label} prompt {pi + 1}/{len(prompts)} ({task}) {time.perf_counter() - t_start:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     return res
 
 
@@ -133,32 +143,47 @@ def summarize(setups: list[dict], res: list[dict]) -> list[dict]:
     for s, r in zip(setups, res):
         k = s["knobs"]
         ratio = k.get("steps_ratio", k["steps"] / k["length"] if "steps" in k else None)
-        rows.append({
-            "method": s["method"], "label": s.get("label", ""), "steps_ratio": ratio,
-            "confidence_threshold": k.get("confidence_threshold"), "length_scale": k.get("length_scale"),
-            "block_sparse": k.get("block_sparse"),
-            "cache_committed": k.get("cache_committed", False) if s["method"] == "planned_diffusion" else None,
-            "steps": k.get("steps"), "knobs": k, "quality": round(sum(r["q"]) / len(r["q"]), 4),
-            "speedup_geomean": round(geomean([a / b for a, b in zip(ar_lat, r["lat"])]), 3),
-            "latency_s_mean": round(sum(r["lat"]) / len(r["lat"]), 4),
-            "passes_mean": round(sum(r["passes"]) / len(r["passes"]), 1),
-            "denoise_time_frac": round(r["dn_s"] / max(1e-9, r["ar_s"] + r["dn_s"]), 3),
-            "spans_finish_at_length": (all(r["at_len"]) if r["at_len"] else None) if s["method"] == "planned_diffusion" else None,
-        })
+        rows.append(
+            {
+                "method": s["method"],
+                "label": s.get("label", ""),
+                "steps_ratio": ratio,
+                "confidence_threshold": k.get("confidence_threshold"),
+                "length_scale": k.get("length_scale"),
+                "block_sparse": k.get("block_sparse"),
+                "cache_committed": k.get("cache_committed", False) if s["method"] == "planned_diffusion" else None,
+                "steps": k.get("steps"),
+                "knobs": k,
+                "quality": round(sum(r["q"]) / len(r["q"]), 4),
+                "speedup_geomean": round(geomean([a / b for a, b in zip(ar_lat, r["lat"])]), 3),
+                "latency_s_mean": round(sum(r["lat"]) / len(r["lat"]), 4),
+                "passes_mean": round(sum(r["passes"]) / len(r["passes"]), 1),
+                "denoise_time_frac": round(r["dn_s"] / max(1e-9, r["ar_s"] + r["dn_s"]), 3),
+                "spans_finish_at_length": (all(r["at_len"]) if r["at_len"] else None)
+                if s["method"] == "planned_diffusion"
+                else None,
+            }
+        )
     pareto(rows)
     return rows
 
 
 def print_table(title: str, rows: list[dict]) -> None:
     print(title)
-    print(f"{'method':18} {'ratio':>5} {'thr':>4} {'scale':>5} {'sparse':>6} {'cache':>5} {'quality':>7} {'speedup':>7} "
-          f"{'lat_ms':>7} {'passes':>6} {'dn%':>4} {'at_len':>6} pareto")
+    print(
+        f"{'method':18} {'ratio':>5} {'thr':>4} {'scale':>5} {'sparse':>6} {'cache':>5} {'quality':>7} {'speedup':>7} "
+        f"{'lat_ms':>7} {'passes':>6} {'dn%':>4} {'at_len':>6} pareto"
+    )
     for r in rows:
-        f = lambda v, w, p="": f"{'-':>{w}}" if v is None else f"{str(v)[0]:>{w}}" if isinstance(v, bool) else f"{v:>{w}{p}}"  # noqa: E731
-        print(f"{r['method']:18} {f(r['steps_ratio'], 5, '.2f')} {f(r['confidence_threshold'], 4, '.1f')} "
-              f"{f(r['length_scale'], 5, '.0f')} {f(r['block_sparse'], 6)} {f(r['cache_committed'], 5)} {r['quality']:7.3f} {r['speedup_geomean']:7.2f} "
-              f"{r['latency_s_mean'] * 1000:7.1f} {r['passes_mean']:6.1f} {100 * r['denoise_time_frac']:4.0f} "
-              f"{f(r['spans_finish_at_length'], 6)} {'*' if r['pareto'] else ''} {r['label']}")
+        f = lambda v, w, p="": (
+            f"{'-':>{w}}" if v is None else f"{str(v)[0]:>{w}}" if isinstance(v, bool) else f"{v:>{w}{p}}"
+        )  # noqa: E731
+        print(
+            f"{r['method']:18} {f(r['steps_ratio'], 5, '.2f')} {f(r['confidence_threshold'], 4, '.1f')} "
+            f"{f(r['length_scale'], 5, '.0f')} {f(r['block_sparse'], 6)} {f(r['cache_committed'], 5)} {r['quality']:7.3f} {r['speedup_geomean']:7.2f} "
+            f"{r['latency_s_mean'] * 1000:7.1f} {r['passes_mean']:6.1f} {100 * r['denoise_time_frac']:4.0f} "
+            f"{f(r['spans_finish_at_length'], 6)} {'*' if r['pareto'] else ''} {r['label']}"
+        )
 
 
 def choose(dev_rows: list[dict]) -> tuple[dict | None, dict | None]:
@@ -167,8 +192,11 @@ def choose(dev_rows: list[dict]) -> tuple[dict | None, dict | None]:
     ar_q = dev_rows[0]["quality"]
     ok = [r for r in dev_rows if r["method"] == "planned_diffusion" and r["quality"] >= ar_q - QUALITY_MARGIN]
     best = max(ok, key=lambda r: r["speedup_geomean"], default=None)
-    mdm = max((r for r in dev_rows if r["method"] == "masked_diffusion"), key=lambda r: (r["quality"], r["speedup_geomean"]),
-              default=None)
+    mdm = max(
+        (r for r in dev_rows if r["method"] == "masked_diffusion"),
+        key=lambda r: (r["quality"], r["speedup_geomean"]),
+        default=None,
+    )
     return best, mdm
 
 
@@ -179,19 +207,36 @@ def test_setups(best: dict | None, mdm: dict | None) -> list[dict]:
     if best:
         chosen = {k: best["knobs"][k] for k in PD_KNOBS if k in best["knobs"]}
         same = all(chosen.get(k, shipped[k]) == shipped[k] for k in shipped)
-        setups.append({"method": "planned_diffusion", "system": "planned_diffusion", "knobs": best["knobs"],
-                       "label": "chosen on dev" + (" = shipped defaults" if same else "")})
+        setups.append(
+            {
+                "method": "planned_diffusion",
+                "system": "planned_diffusion",
+                "knobs": best["knobs"],
+                "label": "chosen on dev" + (" = shipped defaults" if same else ""),
+            }
+        )
     if not best or not same:
-        setups.append({"method": "planned_diffusion", "system": "planned_diffusion", "knobs": shipped,
-                       "label": "shipped defaults"})
+        setups.append(
+            {
+                "method": "planned_diffusion",
+                "system": "planned_diffusion",
+                "knobs": shipped,
+                "label": "shipped defaults",
+            }
+        )
     if mdm:
-        setups.append({"method": "masked_diffusion", "system": "masked_diffusion", "knobs": mdm["knobs"],
-                       "label": "best on dev"})
+        setups.append(
+            {"method": "masked_diffusion", "system": "masked_diffusion", "knobs": mdm["knobs"], "label": "best on dev"}
+        )
     return setups
 
 
-def run_split(setups: list[dict], models: dict, tok: Tokenizer, cfg: GenerationConfig, prompts: list, label: str) -> list[dict]:
-    engines = [get_engine(s["system"])(models["ar" if s["method"] == "ar" else "pd"], tok, cfg, **s["knobs"]) for s in setups]
+def run_split(
+    setups: list[dict], models: dict, tok: Tokenizer, cfg: GenerationConfig, prompts: list, label: str
+) -> list[dict]:
+    engines = [
+        get_engine(s["system"])(models["ar" if s["method"] == "ar" else "pd"], tok, cfg, **s["knobs"]) for s in setups
+    ]
     warm_up(engines, tok)
     return summarize(setups, measure(setups, engines, prompts, label))
 
@@ -199,14 +244,22 @@ def run_split(setups: list[dict], models: dict, tok: Tokenizer, cfg: GenerationC
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small grid, 2 prompts per task and split")
-    ap.add_argument("--n", type=int, default=None, help="prompts per task in each of dev and test (default 2 quick, 12 full)")
+    ap.add_argument(
+        "--n", type=int, default=None, help="prompts per task in each of dev and test (default 2 quick, 12 full)"
+    )
     ap.add_argument("--pd-model", default="pd-tiny")
     ap.add_argument("--ar-model", default="")
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--all-scales", action="store_true",
-                    help="also try length_scale 8 and 12 (the model was trained with 10) in the full grid")
-    ap.add_argument("--write-operating-point", action="store_true",
-                    help=f"record the dev choice as the engine's shipped defaults ({OPERATING_POINTS_FILE.name})")
+    ap.add_argument(
+        "--all-scales",
+        action="store_true",
+        help="also try length_scale 8 and 12 (the model was trained with 10) in the full grid",
+    )
+    ap.add_argument(
+        "--write-operating-point",
+        action="store_true",
+        help=f"record the dev choice as the engine's shipped defaults ({OPERATING_POINTS_FILE.name})",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     n = args.n or (2 if args.quick else 12)
@@ -215,22 +268,44 @@ def main() -> int:
     cfg = GenerationConfig(max_tokens=args.max_tokens)
     split = {s: [(t, ex) for t in PARALLEL for ex in get_task(t).examples(s, n, seed=0)] for s in ("dev", "test")}
     t_start = time.perf_counter()
-    dev_rows = run_split(grid(args.quick, (8.0, UNIT, 12.0) if args.all_scales else (UNIT,)), models, tok, cfg, split["dev"], "dev")
+    dev_rows = run_split(
+        grid(args.quick, (8.0, UNIT, 12.0) if args.all_scales else (UNIT,)), models, tok, cfg, split["dev"], "dev"
+    )
     print_table(f"dev: {len(split['dev'])} prompts ({n} per task), every setting (choose here)", dev_rows)
     best, mdm = choose(dev_rows)
     test_rows = run_split(test_setups(best, mdm), models, tok, cfg, split["test"], "test")
     print_table(f"test: {len(split['test'])} prompts ({n} per task), the dev choices (report these)", test_rows)
     report(dev_rows, test_rows, best)
     if args.write_operating_point and best:
-        write_operating_point("planned_diffusion", {
-            "model": args.pd_model, "knobs": {k: best["knobs"][k] for k in PD_KNOBS if k in best["knobs"]},
-            "rule": f"fastest planned_diffusion setting within {QUALITY_MARGIN:.2f} quality of AR on the dev split",
-            "command": " ".join(["python", "bench/planned_diffusion.py", *sys.argv[1:]]),
-            "dev_prompts": len(split["dev"]), "dev_quality": best["quality"], "dev_speedup_geomean": best["speedup_geomean"],
-            "ar_dev_quality": dev_rows[0]["quality"], "chosen_at": datetime.now(UTC).isoformat(timespec="seconds")})
-    print(json.dumps({"bench": "planned_diffusion", "dev_prompts": len(split["dev"]), "test_prompts": len(split["test"]),
-                      "ar_model": ar_name, "pd_model": args.pd_model, "wall_s": round(time.perf_counter() - t_start, 1),
-                      "chosen_on_dev": best and best["knobs"], "test_rows": test_rows, "dev_rows": dev_rows}))
+        write_operating_point(
+            "planned_diffusion",
+            {
+                "model": args.pd_model,
+                "knobs": {k: best["knobs"][k] for k in PD_KNOBS if k in best["knobs"]},
+                "rule": f"fastest planned_diffusion setting within {QUALITY_MARGIN:.2f} quality of AR on the dev split",
+                "command": " ".join(["python", "bench/planned_diffusion.py", *sys.argv[1:]]),
+                "dev_prompts": len(split["dev"]),
+                "dev_quality": best["quality"],
+                "dev_speedup_geomean": best["speedup_geomean"],
+                "ar_dev_quality": dev_rows[0]["quality"],
+                "chosen_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            },
+        )
+    print(
+        json.dumps(
+            {
+                "bench": "planned_diffusion",
+                "dev_prompts": len(split["dev"]),
+                "test_prompts": len(split["test"]),
+                "ar_model": ar_name,
+                "pd_model": args.pd_model,
+                "wall_s": round(time.perf_counter() - t_start, 1),
+                "chosen_on_dev": best and best["knobs"],
+                "test_rows": test_rows,
+                "dev_rows": dev_rows,
+            }
+        )
+    )
     return 0
 
 
@@ -239,9 +314,11 @@ def report(dev_rows: list[dict], test_rows: list[dict], best: dict | None) -> No
     ar_q = test_rows[0]["quality"]
     pd = next((r for r in test_rows if r["method"] == "planned_diffusion" and r["label"].startswith("chosen")), None)
     if pd and best:
-        print(f"test: AR quality {ar_q:.3f}; Planned Diffusion (chosen on dev) {pd['speedup_geomean']:.2f}x at quality "
-              f"{pd['quality']:.3f} (on dev, where it was the best of {sum(r['method'] == 'planned_diffusion' for r in dev_rows)} "
-              f"settings: {best['speedup_geomean']:.2f}x at {best['quality']:.3f}, AR {dev_rows[0]['quality']:.3f})")
+        print(
+            f"test: AR quality {ar_q:.3f}; Planned Diffusion (chosen on dev) {pd['speedup_geomean']:.2f}x at quality "
+            f"{pd['quality']:.3f} (on dev, where it was the best of {sum(r['method'] == 'planned_diffusion' for r in dev_rows)} "
+            f"settings: {best['speedup_geomean']:.2f}x at {best['quality']:.3f}, AR {dev_rows[0]['quality']:.3f})"
+        )
     else:
         print(f"test: AR quality {ar_q:.3f}; no Planned Diffusion setting within {QUALITY_MARGIN:.2f} of AR on dev")
     shipped = next((r for r in test_rows if r["label"] == "shipped defaults"), None)
@@ -249,9 +326,11 @@ def report(dev_rows: list[dict], test_rows: list[dict], best: dict | None) -> No
         print(f"test: shipped defaults {shipped['speedup_geomean']:.2f}x at quality {shipped['quality']:.3f}")
     mdm = next((r for r in test_rows if r["method"] == "masked_diffusion"), None)
     if mdm:
-        print(f"test: plain diffusion (its best quality on dev: {mdm['steps']} steps"
-              f"{' + threshold' if mdm['confidence_threshold'] else ''}) quality {mdm['quality']:.3f} at "
-              f"{1 / max(1e-9, mdm['speedup_geomean']):.1f}x AR's latency")
+        print(
+            f"test: plain diffusion (its best quality on dev: {mdm['steps']} steps"
+            f"{' + threshold' if mdm['confidence_threshold'] else ''}) quality {mdm['quality']:.3f} at "
+            f"{1 / max(1e-9, mdm['speedup_geomean']):.1f}x AR's latency"
+        )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,12 @@ from runtime.engines import GenerationConfig, Request, SequentialEngine, get_eng
 from runtime.gguf import SMOLLM2
 from runtime.tasks import get_task
 
-PARITY_PROMPTS = ("List three facts about the moon.", "Why do leaves change colour in autumn?",
-                  "Give two tips for writing clearly.", "What is a prime number?")
+PARITY_PROMPTS = (
+    "List three facts about the moon.",
+    "Why do leaves change colour in autumn?",
+    "Give two tips for writing clearly.",
+    "What is a prime number?",
+)
 
 
 def parity(model, tok, prompts, max_tokens: int) -> dict:
@@ -50,8 +54,13 @@ def parity(model, tok, prompts, max_tokens: int) -> dict:
     for i, prompt in enumerate(prompts):
         ours = eng.generate(Request(i, prompt)).output_ids
         ids = torch.tensor([eng.prompt_ids(Request(i, prompt))])
-        ref = model.hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
-                                pad_token_id=tok.pad_id)[0, ids.shape[1]:].tolist()
+        ref = model.hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=tok.pad_id,
+        )[0, ids.shape[1] :].tolist()
         same = next((j for j, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
         equal += same
         total += max(len(ours), len(ref))
@@ -113,11 +122,16 @@ def summarize(rows: list[dict], tok) -> dict:
         ratios.append(len(tok.encode(sot.text)) / max(1, len(tok.encode(seq.text))))
         overlaps.append(overlap_f1(sot.text, seq.text))
         fallbacks += any(e.get("event") == "sot_fallback" for e in sot.events)
-    return {"sot_speedup": geomean(sp_min), "sot_speedup_median_runs": geomean(sp_med),
-            "tokens_per_s": tps["sequential"][0] / tps["sequential"][1], "sot_tokens_per_s": tps["sot"][0] / tps["sot"][1],
-            "length_ratio_vs_sequential": statistics.fmean(ratios),
-            "token_overlap_vs_sequential": statistics.fmean(overlaps), "sot_fallbacks": fallbacks,
-            "requests": len(rows)}
+    return {
+        "sot_speedup": geomean(sp_min),
+        "sot_speedup_median_runs": geomean(sp_med),
+        "tokens_per_s": tps["sequential"][0] / tps["sequential"][1],
+        "sot_tokens_per_s": tps["sot"][0] / tps["sot"][1],
+        "length_ratio_vs_sequential": statistics.fmean(ratios),
+        "token_overlap_vs_sequential": statistics.fmean(overlaps),
+        "sot_fallbacks": fallbacks,
+        "requests": len(rows),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,30 +158,56 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     load_s = time.perf_counter() - t0
     tok = tokenizer_for(model)
-    print(f"{args.model}: loaded in {load_s:.1f} s ({model.num_parameters() / 1e6:.0f}M parameters, "
-          f"{info.get('gguf_architecture', '')}, float32; {args.threads} threads)", flush=True)
+    print(
+        f"{args.model}: loaded in {load_s:.1f} s ({model.num_parameters() / 1e6:.0f}M parameters, "
+        f"{info.get('gguf_architecture', '')}, float32; {args.threads} threads)",
+        flush=True,
+    )
     k, p_tokens = (2, 32) if args.quick else (4, 64)
     par = parity(model, tok, PARITY_PROMPTS[:k], p_tokens)
-    print(f"parity with transformers' generate: {par['equal']}/{par['total']} greedy tokens equal "
-          f"({k} prompts x {p_tokens} tokens)", flush=True)
+    print(
+        f"parity with transformers' generate: {par['equal']}/{par['total']} greedy tokens equal "
+        f"({k} prompts x {p_tokens} tokens)",
+        flush=True,
+    )
     prompts = [e.prompt for e in get_task("open_questions").examples("test", n, seed=0)]
     rows = compare(model, tok, prompts, max_tokens, repeats)
     s = summarize(rows, tok)
-    print(f"sot vs sequential on open_questions (test, {n} requests, max {max_tokens} tokens, {repeats} interleaved "
-          f"round(s)):")
-    print(f"  speedup (geomean of whole-answer wall-clock, fastest run of each): {s['sot_speedup']:.2f}x   "
-          f"(median runs: {s['sot_speedup_median_runs']:.2f}x)")
+    print(
+        f"sot vs sequential on open_questions (test, {n} requests, max {max_tokens} tokens, {repeats} interleaved "
+        f"round(s)):"
+    )
+    print(
+        f"  speedup (geomean of whole-answer wall-clock, fastest run of each): {s['sot_speedup']:.2f}x   "
+        f"(median runs: {s['sot_speedup_median_runs']:.2f}x)"
+    )
     print(f"  tokens/s: sequential {s['tokens_per_s']:.1f}, sot {s['sot_tokens_per_s']:.1f} (skeleton included)")
-    print(f"  answers vs the sequential answer of the same model (not a quality score): length ratio "
-          f"{s['length_ratio_vs_sequential']:.2f}, token overlap (unigram F1) {s['token_overlap_vs_sequential']:.2f}; "
-          f"{s['sot_fallbacks']} of {n} skeletons did not parse (sequential fallback)")
+    print(
+        f"  answers vs the sequential answer of the same model (not a quality score): length ratio "
+        f"{s['length_ratio_vs_sequential']:.2f}, token overlap (unigram F1) {s['token_overlap_vs_sequential']:.2f}; "
+        f"{s['sot_fallbacks']} of {n} skeletons did not parse (sequential fallback)"
+    )
     print("  quality: not applicable (open-ended questions, no exact scorer)")
-    print(json.dumps({"bench": "real_model", "model": args.model, **s, "load_s": round(load_s, 2),
-                      "parity_tokens_equal": par["equal"], "parity_tokens_total": par["total"],
-                      "parity_all_equal": par["equal"] == par["total"], "parity_prompts": k,
-                      "parity_tokens_per_prompt": p_tokens, "max_tokens": max_tokens, "repeats": repeats,
-                      "threads": args.threads, "filter": "fastest of the repeats per request (median beside)",
-                      "quality": "not applicable"}))
+    print(
+        json.dumps(
+            {
+                "bench": "real_model",
+                "model": args.model,
+                **s,
+                "load_s": round(load_s, 2),
+                "parity_tokens_equal": par["equal"],
+                "parity_tokens_total": par["total"],
+                "parity_all_equal": par["equal"] == par["total"],
+                "parity_prompts": k,
+                "parity_tokens_per_prompt": p_tokens,
+                "max_tokens": max_tokens,
+                "repeats": repeats,
+                "threads": args.threads,
+                "filter": "fastest of the repeats per request (median beside)",
+                "quality": "not applicable",
+            }
+        )
+    )
     return 0
 
 

@@ -1,6 +1,6 @@
 """`make bench`: run every benchmark in bench/ and collect their JSON lines into out/bench.jsonl.
 
-    .venv/bin/python bench/run_all.py [--quick]     (make bench QUICK=1)
+.venv/bin/python bench/run_all.py [--quick]     (make bench QUICK=1)
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ def main() -> int:
     out = ROOT / "out" / "bench.jsonl"
     out.parent.mkdir(exist_ok=True)
     out.write_text("".join(json.dumps(x) + "\n" for x in results))
-    print(f"\n{len(results)} benchmark(s) -> {out.relative_to(ROOT)}" + (f"; FAILED: {', '.join(sorted(set(failed)))}" if failed else ""))
+    print(
+        f"\n{len(results)} benchmark(s) -> {out.relative_to(ROOT)}"
+        + (f"; FAILED: {', '.join(sorted(set(failed)))}" if failed else "")
+    )
     return 1 if failed else 0
 
 

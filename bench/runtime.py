@@ -34,13 +34,19 @@ def batched_passes(model: TinyLM, context: int, requests: int, reps: int) -> dic
     """Decode passes, interleaved: one request alone (its own store), and `requests` requests in one
     shared pool, one row each, attention by mask over the pool and by per-request gathers.
     Seconds per pass: (fastest, median) of `reps` for each."""
+
     def setup(n: int):
         kv = model.new_kv_store(page_size=16)
         ctx = []
         for r in range(n):
             slots = kv.allocate(context, owner=r)
-            model(torch.randint(0, 256, (context,)), torch.arange(context), torch.tensor(slots),
-                  visibility_rows([slots[: i + 1] for i in range(context)], kv.num_slots, "cpu"), kv)
+            model(
+                torch.randint(0, 256, (context,)),
+                torch.arange(context),
+                torch.tensor(slots),
+                visibility_rows([slots[: i + 1] for i in range(context)], kv.num_slots, "cpu"),
+                kv,
+            )
             ctx.append(slots)
         return kv, ctx
 
@@ -49,8 +55,16 @@ def batched_passes(model: TinyLM, context: int, requests: int, reps: int) -> dic
         for r, slots in enumerate(ctx):
             (new,) = kv.allocate(1, owner=r)
             cols = np.asarray(slots + [new], dtype=np.int64)
-            out.append(PassInputs([int(torch.randint(0, 256, ()))], [context], [new], cols,
-                                  np.ones((1, len(cols)), dtype=bool), "decode"))
+            out.append(
+                PassInputs(
+                    [int(torch.randint(0, 256, ()))],
+                    [context],
+                    [new],
+                    cols,
+                    np.ones((1, len(cols)), dtype=bool),
+                    "decode",
+                )
+            )
         return out
 
     alone, shared = setup(1), setup(requests)
@@ -93,7 +107,9 @@ def main() -> None:
     ap.add_argument("--preset", default="tiny-4l")
     ap.add_argument("--context", type=int, default=128, help="tokens already in the KV store")
     ap.add_argument("--requests", type=int, default=8, help="requests in the batched pass")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: tiny models thrash with more on a shared CPU)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: tiny models thrash with more on a shared CPU)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     reps = 30 if args.quick else 200
@@ -102,8 +118,13 @@ def main() -> None:
     model = TinyLM(ModelConfig.from_name(args.preset)).eval()
     kv = model.new_kv_store(page_size=16)
     ctx = kv.allocate(args.context)
-    model(torch.randint(0, 256, (args.context,)), torch.arange(args.context), torch.tensor(ctx),
-          visibility_rows([ctx[: i + 1] for i in range(args.context)], kv.num_slots, "cpu"), kv)
+    model(
+        torch.randint(0, 256, (args.context,)),
+        torch.arange(args.context),
+        torch.tensor(ctx),
+        visibility_rows([ctx[: i + 1] for i in range(args.context)], kv.num_slots, "cpu"),
+        kv,
+    )
 
     times: dict[int, list[float]] = {r: [] for r in rows_list}
     for _ in range(reps):  # interleave row counts so machine noise hits all of them alike
@@ -115,8 +136,10 @@ def main() -> None:
             times[r].append(time.perf_counter() - t0)
             kv.free(new)
     base = statistics.median(times[1])
-    print(f"forward pass over {args.context} cached tokens, {args.preset} ({model.num_parameters()} params), "
-          f"{torch.get_num_threads()} threads, median of {reps}:")
+    print(
+        f"forward pass over {args.context} cached tokens, {args.preset} ({model.num_parameters()} params), "
+        f"{torch.get_num_threads()} threads, median of {reps}:"
+    )
     print(f"{'query rows':>10} {'ms':>8} {'x one row':>10} {'rows/s gain':>12}")
     ratios = {}
     for r in rows_list:
@@ -125,8 +148,10 @@ def main() -> None:
         print(f"{r:>10} {m * 1000:>8.3f} {m / base:>10.2f} {r * base / m:>12.2f}")
 
     linear_us = linear_layers_us(model, rows_list, reps)
-    print(f"the model's {len(linear_layers(model))} matmuls (nn.Linear) alone, median of {reps}: "
-          + ", ".join(f"{r} row{'s' if r > 1 else ''} {linear_us[r]:.0f} us" for r in rows_list))
+    print(
+        f"the model's {len(linear_layers(model))} matmuls (nn.Linear) alone, median of {reps}: "
+        + ", ".join(f"{r} row{'s' if r > 1 else ''} {linear_us[r]:.0f} us" for r in rows_list)
+    )
 
     # KV store bookkeeping: allocate + free a page worth of slots, versus one forward pass
     t0 = time.perf_counter()
@@ -134,32 +159,49 @@ def main() -> None:
     for _ in range(n):
         kv.free(kv.allocate(16))
     alloc_free_us = (time.perf_counter() - t0) / n * 1e6
-    print(f"allocate+free of one 16-slot page: {alloc_free_us:.1f} us ({alloc_free_us / (base * 1e6) * 100:.1f}% of a 1-row forward)")
+    print(
+        f"allocate+free of one 16-slot page: {alloc_free_us:.1f} us ({alloc_free_us / (base * 1e6) * 100:.1f}% of a 1-row forward)"
+    )
 
     # a server's batched pass: 8 requests' decode rows in one pass, mask over the pool vs gathers
     b = batched_passes(model, args.context, args.requests, reps)
-    print(f"decode pass of {args.requests} requests x {args.context} cached tokens in one pool vs one request alone "
-          f"(fastest of {reps} interleaved; median beside it):")
+    print(
+        f"decode pass of {args.requests} requests x {args.context} cached tokens in one pool vs one request alone "
+        f"(fastest of {reps} interleaved; median beside it):"
+    )
     print(f"{'pass':>14} {'fastest ms':>11} {'median ms':>10} {'x alone':>8} {'keys scored':>12}")
     for name, (fast, med, keys) in b.items():
         print(f"{name:>14} {fast * 1000:>11.3f} {med * 1000:>10.3f} {fast / b['alone'][0]:>8.2f} {keys:>12}")
     best = min(("batch_mask", "batch_gather"), key=lambda k: b[k][0])
     ratio, ratio_med = b[best][0] / b["alone"][0], b[best][1] / b["alone"][1]
-    print(f"faster attention for a batched pass: {best.split('_')[1]}; a batched pass of {args.requests} requests costs "
-          f"{ratio:.2f}x a one-request pass (median {ratio_med:.2f}x): "
-          f"{'less' if ratio < 2 else 'NOT less'} than 2x")
-    print(json.dumps({"bench": "runtime", "preset": args.preset, "context_tokens": args.context,
-                      "forward_ms_1_row": base * 1000,
-                      "forward_ratio_by_rows": {str(r): round(v, 3) for r, v in ratios.items()},
-                      "forward_ms_by_rows": {str(r): round(statistics.median(times[r]) * 1000, 4) for r in rows_list},
-                      "linear_layers_us_by_rows": {str(r): round(v, 1) for r, v in linear_us.items()},
-                      "page_alloc_free_us": round(alloc_free_us, 2),
-                      "batched_requests": args.requests,
-                      "batched_pass_ms": {k: {"fastest": round(v[0] * 1000, 4), "median": round(v[1] * 1000, 4),
-                                              "keys_scored": v[2]} for k, v in b.items()},
-                      "faster_batched_attention": best.split("_")[1],
-                      "batched_over_alone_fastest": round(ratio, 3), "batched_over_alone_median": round(ratio_med, 3),
-                      "batched_under_2x": bool(ratio < 2)}))
+    print(
+        f"faster attention for a batched pass: {best.split('_')[1]}; a batched pass of {args.requests} requests costs "
+        f"{ratio:.2f}x a one-request pass (median {ratio_med:.2f}x): "
+        f"{'less' if ratio < 2 else 'NOT less'} than 2x"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "runtime",
+                "preset": args.preset,
+                "context_tokens": args.context,
+                "forward_ms_1_row": base * 1000,
+                "forward_ratio_by_rows": {str(r): round(v, 3) for r, v in ratios.items()},
+                "forward_ms_by_rows": {str(r): round(statistics.median(times[r]) * 1000, 4) for r in rows_list},
+                "linear_layers_us_by_rows": {str(r): round(v, 1) for r, v in linear_us.items()},
+                "page_alloc_free_us": round(alloc_free_us, 2),
+                "batched_requests": args.requests,
+                "batched_pass_ms": {
+                    k: {"fastest": round(v[0] * 1000, 4), "median": round(v[1] * 1000, 4), "keys_scored": v[2]}
+                    for k, v in b.items()
+                },
+                "faster_batched_attention": best.split("_")[1],
+                "batched_over_alone_fastest": round(ratio, 3),
+                "batched_over_alone_median": round(ratio_med, 3),
+                "batched_under_2x": bool(ratio < 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -87,20 +87,48 @@ def load_capture_available() -> bool:
 
 
 def batch_args(kv_budget_mib: float) -> list[str]:
-    return ["--max-seqs", str(MAX_SEQS), "--max-batch-tokens", str(MAX_BATCH_TOKENS),
-            "--kv-budget-mib", f"{kv_budget_mib:.6f}", "--chunked-prefill"]
+    return [
+        "--max-seqs",
+        str(MAX_SEQS),
+        "--max-batch-tokens",
+        str(MAX_BATCH_TOKENS),
+        "--kv-budget-mib",
+        f"{kv_budget_mib:.6f}",
+        "--chunked-prefill",
+    ]
 
 
 def capture(name: str, out: Path, split: str, n: int, extra: list[str] = ()) -> Path:
-    solm(["capture", *SYSTEMS[name], "--split", split, "--n", str(n), "--max-tokens", str(MAX_TOKENS),
-          "--threads", "1", *extra, "--out", str(out), "--force", "--json"])
+    solm(
+        [
+            "capture",
+            *SYSTEMS[name],
+            "--split",
+            split,
+            "--n",
+            str(n),
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--threads",
+            "1",
+            *extra,
+            "--out",
+            str(out),
+            "--force",
+            "--json",
+        ]
+    )
     return out
 
 
 def slo_of(batch1) -> dict:
     """Each system's SLO: TTFT <= 5x and TPOT <= 2x the medians of its own batch-1 run."""
-    s = summarize_run(batch1.requests["arrival_s"], batch1.requests["ttft_s"], batch1.requests["e2e_s"],
-                      batch1.requests["output_tokens"])
+    s = summarize_run(
+        batch1.requests["arrival_s"],
+        batch1.requests["ttft_s"],
+        batch1.requests["e2e_s"],
+        batch1.requests["output_tokens"],
+    )
     return {"slo_ttft_ms": SLO_TTFT_X * s["ttft_p50_ms"], "slo_tpot_ms": SLO_TPOT_X * s["tpot_p50_ms"]}
 
 
@@ -129,8 +157,13 @@ class Setup:
         self.kv_budget_mib = POOL_TOKENS * self.model.kv_bytes_per_token / MIB
 
     def config(self, rate: float | None, seed: int = 0):
-        knobs = {"max_seqs": MAX_SEQS, "max_batch_tokens": MAX_BATCH_TOKENS, "chunked_prefill": True,
-                 "page_size": 16, "kv_budget_mib": self.kv_budget_mib}
+        knobs = {
+            "max_seqs": MAX_SEQS,
+            "max_batch_tokens": MAX_BATCH_TOKENS,
+            "chunked_prefill": True,
+            "page_size": 16,
+            "kv_budget_mib": self.kv_budget_mib,
+        }
         return serving_config({"knobs": knobs}, self.model, rate=rate, seed=seed, **self.slo)
 
     def simulate(self, trace, rate: float | None, seed: int = 0) -> dict:
@@ -141,18 +174,26 @@ class Setup:
         w = dataclasses.replace(w, logit_tokens=w.query_tokens.copy())
         res = replay(w, self.hw, self.model, self.config(rate, seed), cost=self.cost)
         r = res.requests
-        return {**summarize_run(r["arrival_s"], r["ttft_s"], r["e2e_s"], r["output_tokens"], **self.slo),
-                "preemptions": int(res.metrics["preemptions"])}
+        return {
+            **summarize_run(r["arrival_s"], r["ttft_s"], r["e2e_s"], r["output_tokens"], **self.slo),
+            "preemptions": int(res.metrics["preemptions"]),
+        }
 
 
 def measured_run(setup: Setup, out: Path, rate: float, seed: int, n: int) -> dict:
-    trace = read_trace(capture(setup.name, out, "test", n, ["--rate", f"{rate:.6g}", "--seed", str(seed),
-                                                            *batch_args(setup.kv_budget_mib)]))
+    trace = read_trace(
+        capture(
+            setup.name, out, "test", n, ["--rate", f"{rate:.6g}", "--seed", str(seed), *batch_args(setup.kv_budget_mib)]
+        )
+    )
     lv = validate_one(trace, setup.cost, setup.hw, setup.model, **setup.slo)
     same = texts_equal(trace, setup.alone) if lv["preemptions_measured"] == 0 else None
-    return {"measured": {**lv["measured"], "preemptions": lv["preemptions_measured"]},
-            "simulated": {**lv["simulated"], "preemptions": lv["preemptions_simulated"]},
-            "equal_alone": same, "trace": str(trace.path)}
+    return {
+        "measured": {**lv["measured"], "preemptions": lv["preemptions_measured"]},
+        "simulated": {**lv["simulated"], "preemptions": lv["preemptions_simulated"]},
+        "equal_alone": same,
+        "trace": str(trace.path),
+    }
 
 
 def texts_equal(trace, alone) -> bool:
@@ -163,16 +204,21 @@ def texts_equal(trace, alone) -> bool:
 
 
 def measured_capacity(setup: Setup, work: Path, n: int) -> float:
-    trace = read_trace(capture(setup.name, work / f"{setup.name}-capacity", "train", n,
-                               ["--rate", "inf", *batch_args(setup.kv_budget_mib)]))
+    trace = read_trace(
+        capture(
+            setup.name, work / f"{setup.name}-capacity", "train", n, ["--rate", "inf", *batch_args(setup.kv_budget_mib)]
+        )
+    )
     r = trace.requests
-    return summarize_run(r["arrival_s"], r["ttft_s"], np.where(r["status"] != "error", r["e2e_s"], np.nan),
-                         r["output_tokens"])["request_throughput"]
+    return summarize_run(
+        r["arrival_s"], r["ttft_s"], np.where(r["status"] != "error", r["e2e_s"], np.nan), r["output_tokens"]
+    )["request_throughput"]
 
 
 # ---- the run ----------------------------------------------------------------------------------
-def run_loads(setups: dict[str, Setup], capacity: dict[str, float], measured: bool, repeats: int, n: int,
-              work: Path) -> dict:
+def run_loads(
+    setups: dict[str, Setup], capacity: dict[str, float], measured: bool, repeats: int, n: int, work: Path
+) -> dict:
     """(system, load) -> list of per-repeat {measured, simulated}; interleaved, order rotated per repeat."""
     cells = [(name, load) for load in LOADS for name in setups if load in ONLY_AT.get(name, LOADS)]
     runs: dict = {}
@@ -190,8 +236,17 @@ def run_loads(setups: dict[str, Setup], capacity: dict[str, float], measured: bo
 
 
 def aggregate(runs: dict) -> list[dict]:
-    keys = ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "tpot_p50_ms", "output_throughput",
-            "request_throughput", "request_goodput", "preemptions")
+    keys = (
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "e2e_p50_ms",
+        "e2e_p99_ms",
+        "tpot_p50_ms",
+        "output_throughput",
+        "request_throughput",
+        "request_goodput",
+        "preemptions",
+    )
     rows = []
     for (name, load), rs in runs.items():
         row = {"system": name, "load": load, "rate": _med([r["rate"] for r in rs]), "repeats": len(rs)}
@@ -199,17 +254,24 @@ def aggregate(runs: dict) -> list[dict]:
             got = [r[side] for r in rs if r[side] is not None]
             row[side] = {k: _med([g.get(k) for g in got]) for k in keys} if got else None
             if got:
-                row[side]["spread"] = {k: _spread([g.get(k) for g in got]) for k in ("e2e_p50_ms", "ttft_p50_ms",
-                                                                                   "output_throughput")}
+                row[side]["spread"] = {
+                    k: _spread([g.get(k) for g in got]) for k in ("e2e_p50_ms", "ttft_p50_ms", "output_throughput")
+                }
         row["equal_alone"] = [r["equal_alone"] for r in rs]
         rows.append(row)
     return sorted(rows, key=lambda r: (r["system"], r["load"]))
 
 
 def mape(rows: list[dict], loads, key: str) -> float | None:
-    apes = [abs(r["simulated"][key] / r["measured"][key] - 1) * 100 for r in rows
-            if r["load"] in loads and r["system"] != "tip-dense" and r["measured"] and r["measured"].get(key)
-            and r["simulated"].get(key) is not None]
+    apes = [
+        abs(r["simulated"][key] / r["measured"][key] - 1) * 100
+        for r in rows
+        if r["load"] in loads
+        and r["system"] != "tip-dense"
+        and r["measured"]
+        and r["measured"].get(key)
+        and r["simulated"].get(key) is not None
+    ]
     return float(np.mean(apes)) if apes else None
 
 
@@ -220,17 +282,27 @@ def comparisons(rows: list[dict]) -> tuple[list, dict]:
     for load in LOADS:
         s, p = by.get(("sequential", load)), by.get(("pasta", load))
         if s and p:
-            speed.append({"load": load, "source": side,
-                          "speedup": s[side]["e2e_p50_ms"] / p[side]["e2e_p50_ms"],
-                          "simulated_speedup": s["simulated"]["e2e_p50_ms"] / p["simulated"]["e2e_p50_ms"],
-                          "sequential_req_per_s": s[side]["request_throughput"],
-                          "pasta_req_per_s": p[side]["request_throughput"]})
+            speed.append(
+                {
+                    "load": load,
+                    "source": side,
+                    "speedup": s[side]["e2e_p50_ms"] / p[side]["e2e_p50_ms"],
+                    "simulated_speedup": s["simulated"]["e2e_p50_ms"] / p["simulated"]["e2e_p50_ms"],
+                    "sequential_req_per_s": s[side]["request_throughput"],
+                    "pasta_req_per_s": p[side]["request_throughput"],
+                }
+            )
     t, d = by.get(("tip", LOADS[-1])), by.get(("tip-dense", LOADS[-1]))
     tip = {}
     if t and d:
-        tip = {"source": side, "load": LOADS[-1], "ratio": t[side]["output_throughput"] / d[side]["output_throughput"],
-               "simulated_ratio": t["simulated"]["output_throughput"] / d["simulated"]["output_throughput"],
-               "tip_preemptions": t[side]["preemptions"], "dense_preemptions": d[side]["preemptions"]}
+        tip = {
+            "source": side,
+            "load": LOADS[-1],
+            "ratio": t[side]["output_throughput"] / d[side]["output_throughput"],
+            "simulated_ratio": t["simulated"]["output_throughput"] / d["simulated"]["output_throughput"],
+            "tip_preemptions": t[side]["preemptions"],
+            "dense_preemptions": d[side]["preemptions"],
+        }
     return speed, tip
 
 
@@ -239,18 +311,22 @@ def _fmt(x, w=7, p=1) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'system':10s} {'load':>5s} {'rate/s':>7s} | {'E2E50 meas':>10s} {'[spread]':>15s} {'sim':>7s} | "
-          f"{'E2E99 m':>7s} {'sim':>7s} | {'TTFT50 m':>8s} {'sim':>7s} | {'tok/s m':>7s} {'sim':>7s} | "
-          f"{'good m':>6s} {'sim':>6s} | {'preempt m':>9s} {'sim':>5s}")
+    print(
+        f"{'system':10s} {'load':>5s} {'rate/s':>7s} | {'E2E50 meas':>10s} {'[spread]':>15s} {'sim':>7s} | "
+        f"{'E2E99 m':>7s} {'sim':>7s} | {'TTFT50 m':>8s} {'sim':>7s} | {'tok/s m':>7s} {'sim':>7s} | "
+        f"{'good m':>6s} {'sim':>6s} | {'preempt m':>9s} {'sim':>5s}"
+    )
     for r in rows:
         m, s = r["measured"] or {}, r["simulated"]
         sp = (m.get("spread") or {}).get("e2e_p50_ms")
-        print(f"{r['system']:10s} {r['load']:5.2f} {_fmt(r['rate'], 7, 2)} | {_fmt(m.get('e2e_p50_ms'), 10)} "
-              f"{('[' + _fmt(sp[0], 6) + ',' + _fmt(sp[1], 6) + ']') if sp else '':>15s} {_fmt(s['e2e_p50_ms'])} | "
-              f"{_fmt(m.get('e2e_p99_ms'))} {_fmt(s['e2e_p99_ms'])} | {_fmt(m.get('ttft_p50_ms'), 8)} "
-              f"{_fmt(s['ttft_p50_ms'])} | {_fmt(m.get('output_throughput'), 7, 0)} {_fmt(s['output_throughput'], 7, 0)}"
-              f" | {_fmt(m.get('request_goodput'), 6, 2)} {_fmt(s['request_goodput'], 6, 2)} | "
-              f"{_fmt(m.get('preemptions'), 9, 0)} {_fmt(s['preemptions'], 5, 0)}")
+        print(
+            f"{r['system']:10s} {r['load']:5.2f} {_fmt(r['rate'], 7, 2)} | {_fmt(m.get('e2e_p50_ms'), 10)} "
+            f"{('[' + _fmt(sp[0], 6) + ',' + _fmt(sp[1], 6) + ']') if sp else '':>15s} {_fmt(s['e2e_p50_ms'])} | "
+            f"{_fmt(m.get('e2e_p99_ms'))} {_fmt(s['e2e_p99_ms'])} | {_fmt(m.get('ttft_p50_ms'), 8)} "
+            f"{_fmt(s['ttft_p50_ms'])} | {_fmt(m.get('output_throughput'), 7, 0)} {_fmt(s['output_throughput'], 7, 0)}"
+            f" | {_fmt(m.get('request_goodput'), 6, 2)} {_fmt(s['request_goodput'], 6, 2)} | "
+            f"{_fmt(m.get('preemptions'), 9, 0)} {_fmt(s['preemptions'], 5, 0)}"
+        )
 
 
 def main() -> None:
@@ -267,8 +343,14 @@ def main() -> None:
         print(f"serving.py: error: unknown systems {bad} / repeats must be >= 1, n >= 2", file=sys.stderr)
         sys.exit(2)
     measured = load_capture_available()
-    missing = [] if measured else ["`solm capture --rate` (the batched serving runtime, serve-rt) is not in this "
-                                   "checkout: measured figures are null, the simulator side ran alone"]
+    missing = (
+        []
+        if measured
+        else [
+            "`solm capture --rate` (the batched serving runtime, serve-rt) is not in this "
+            "checkout: measured figures are null, the simulator side ran alone"
+        ]
+    )
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="solm-serving-") as tmp:
         work = Path(tmp)
@@ -277,28 +359,45 @@ def main() -> None:
         for name, s in setups.items():
             if name in CAPACITY_OF:
                 continue
-            capacity[name] = measured_capacity(s, work, n) if measured else s.simulate(s.cal, float("inf"))[
-                "request_throughput"]
+            capacity[name] = (
+                measured_capacity(s, work, n) if measured else s.simulate(s.cal, float("inf"))["request_throughput"]
+            )
         runs = run_loads(setups, capacity, measured, args.repeats, n, work)
     rows = aggregate(runs)
     print_table(rows)
     speed, tip = comparisons(rows)
     equal = [e for r in rows for e in r["equal_alone"] if e is not None]
-    out = {"bench": "serving", "mode": "measured" if measured else "simulated-only", "missing": missing,
-           "requests_per_run": n, "repeats": args.repeats, "capacity_req_per_s": capacity,
-           "capacity_source": "measured (dev split, all at once)" if measured else "simulated (dev split, all at once)",
-           "batch": {"max_seqs": MAX_SEQS, "max_batch_tokens": MAX_BATCH_TOKENS, "pool_kv_tokens": POOL_TOKENS,
-                     "chunked_prefill": True, "scheduler": "fcfs"},
-           "slo": {name: s.slo for name, s in setups.items()},
-           "slo_rule": f"TTFT <= {SLO_TTFT_X:g}x and TPOT <= {SLO_TPOT_X:g}x the system's batch-1 medians",
-           "e2e_p50_mape_percent": mape(rows, LOW, "e2e_p50_ms"), "ttft_p50_mape_percent": mape(rows, LOW, "ttft_p50_ms"),
-           "throughput_mape_percent": mape(rows, LOW, "output_throughput"),
-           "e2e_p50_mape_percent_at_90": mape(rows, (HIGH,), "e2e_p50_ms"),
-           "ttft_p50_mape_percent_at_90": mape(rows, (HIGH,), "ttft_p50_ms"),
-           "throughput_mape_percent_at_90": mape(rows, (HIGH,), "output_throughput"),
-           "pasta_speedup_at_load": speed, "tip_throughput_ratio": tip.get("ratio"), "tip_vs_dense": tip,
-           "batched_equals_alone": (all(equal) if equal else None), "batched_equals_alone_runs": len(equal),
-           "rows": rows, "wall_s": time.perf_counter() - t0}
+    out = {
+        "bench": "serving",
+        "mode": "measured" if measured else "simulated-only",
+        "missing": missing,
+        "requests_per_run": n,
+        "repeats": args.repeats,
+        "capacity_req_per_s": capacity,
+        "capacity_source": "measured (dev split, all at once)" if measured else "simulated (dev split, all at once)",
+        "batch": {
+            "max_seqs": MAX_SEQS,
+            "max_batch_tokens": MAX_BATCH_TOKENS,
+            "pool_kv_tokens": POOL_TOKENS,
+            "chunked_prefill": True,
+            "scheduler": "fcfs",
+        },
+        "slo": {name: s.slo for name, s in setups.items()},
+        "slo_rule": f"TTFT <= {SLO_TTFT_X:g}x and TPOT <= {SLO_TPOT_X:g}x the system's batch-1 medians",
+        "e2e_p50_mape_percent": mape(rows, LOW, "e2e_p50_ms"),
+        "ttft_p50_mape_percent": mape(rows, LOW, "ttft_p50_ms"),
+        "throughput_mape_percent": mape(rows, LOW, "output_throughput"),
+        "e2e_p50_mape_percent_at_90": mape(rows, (HIGH,), "e2e_p50_ms"),
+        "ttft_p50_mape_percent_at_90": mape(rows, (HIGH,), "ttft_p50_ms"),
+        "throughput_mape_percent_at_90": mape(rows, (HIGH,), "output_throughput"),
+        "pasta_speedup_at_load": speed,
+        "tip_throughput_ratio": tip.get("ratio"),
+        "tip_vs_dense": tip,
+        "batched_equals_alone": (all(equal) if equal else None),
+        "batched_equals_alone_runs": len(equal),
+        "rows": rows,
+        "wall_s": time.perf_counter() - t0,
+    }
     print(json.dumps(out))
 
 

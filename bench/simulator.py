@@ -55,16 +55,36 @@ def measured_traces(device_type: str) -> list[Path]:
     out = []
     for meta in sorted([*(ROOT / "traces").glob("*/meta.json"), *(ROOT / "traces").glob("*/*/meta.json")]):
         m = json.loads(meta.read_text())
-        if m.get("kind") == "measured" and (m.get("device") or {}).get("type") == device_type \
-                and "reference" not in meta.parts:
+        if (
+            m.get("kind") == "measured"
+            and (m.get("device") or {}).get("type") == device_type
+            and "reference" not in meta.parts
+        ):
             out.append(meta.parent)
     return out
 
 
 def capture_here(tmp: Path, n: int) -> Path:
     out = tmp / "sequential-tiny4l"
-    cmd = [sys.executable, "-m", "solm", "capture", "--system", "sequential", "--model", "tiny-4l", "--n", str(n),
-           "--max-tokens", "48", "--repeats", "3", "--out", str(out), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "solm",
+        "capture",
+        "--system",
+        "sequential",
+        "--model",
+        "tiny-4l",
+        "--n",
+        str(n),
+        "--max-tokens",
+        "48",
+        "--repeats",
+        "3",
+        "--out",
+        str(out),
+        "--json",
+    ]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
     return out
 
@@ -92,14 +112,18 @@ def validation_figures(traces: list[Path]) -> tuple[list[dict], list[dict]]:
         trace = read_trace(t)
         v = {**validate(trace), "recorded_runs": recorded_runs(trace.meta)}
         checks.append(v)
-        line = (f"validate {v['trace']}: step MAPE {v['step_time_mape_percent']:.1f}%, request latency MAPE "
-                f"{v['request_latency_mape_percent']:.1f}% ({v['check_requests']} held-out requests; {v['recorded_runs']})")
+        line = (
+            f"validate {v['trace']}: step MAPE {v['step_time_mape_percent']:.1f}%, request latency MAPE "
+            f"{v['request_latency_mape_percent']:.1f}% ({v['check_requests']} held-out requests; {v['recorded_runs']})"
+        )
         if read_runs(t) is not None:
             view, info = single_run(trace, 0)
             f = validate(view)
             first_runs.append(f)
-            line += (f"; first run only: step {f['step_time_mape_percent']:.1f}%, request latency "
-                     f"{f['request_latency_mape_percent']:.1f}% ({info['requests']} requests)")
+            line += (
+                f"; first run only: step {f['step_time_mape_percent']:.1f}%, request latency "
+                f"{f['request_latency_mape_percent']:.1f}% ({info['requests']} requests)"
+            )
         elif v["recorded_runs"] != "one run per request":
             line += "; first run only: n/a (the trace predates runs.parquet)"
         print(line)
@@ -136,26 +160,42 @@ def main() -> None:
 
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         t0 = time.perf_counter()
-        table = sweep([str(traces[0])], hardware=["a100-80g", "h100-sxm", "h200", "l40s", "mi300x"],
-                      models=["llama-3-8b", "qwen3-4b", "gemma-7b", "llama-2-7b"], max_seqs=[1, 4, 16, 64, 256],
-                      rates=list(np.geomspace(0.5, 256, 10)), num_requests=32, workers=workers,
-                      out=Path(tmp) / "sweep")
+        table = sweep(
+            [str(traces[0])],
+            hardware=["a100-80g", "h100-sxm", "h200", "l40s", "mi300x"],
+            models=["llama-3-8b", "qwen3-4b", "gemma-7b", "llama-2-7b"],
+            max_seqs=[1, 4, 16, 64, 256],
+            rates=list(np.geomspace(0.5, 256, 10)),
+            num_requests=32,
+            workers=workers,
+            out=Path(tmp) / "sweep",
+        )
         sweep_s = time.perf_counter() - t0
-        print(f"sweep of {len(table)} configurations on {workers} workers: {sweep_s:.1f} s "
-              f"({int(table['pareto'].sum())} Pareto-optimal)")
+        print(
+            f"sweep of {len(table)} configurations on {workers} workers: {sweep_s:.1f} s "
+            f"({int(table['pareto'].sum())} Pareto-optimal)"
+        )
 
     from simulator.validation import cross_check
 
     gpu = []
     for t in measured_traces("cuda"):
         c, v = cross_check(t), validate(t)
-        gpu.append({"trace": str(t.relative_to(ROOT)), "hardware": c["hardware"], "system": c["system"],
-                    "uncalibrated_request_latency_mape_percent": c["request_latency_mape_percent"],
-                    "uncalibrated_step_time_mape_percent": c["step_time_mape_percent"],
-                    "calibrated_request_latency_mape_percent": v["request_latency_mape_percent"]})
-        print(f"GPU cross-check {gpu[-1]['trace']} on {c['hardware']}: predicted from the catalog alone, request "
-              f"latency MAPE {c['request_latency_mape_percent']:.1f}% (step {c['step_time_mape_percent']:.1f}%); "
-              f"calibrated on half, {v['request_latency_mape_percent']:.1f}%")
+        gpu.append(
+            {
+                "trace": str(t.relative_to(ROOT)),
+                "hardware": c["hardware"],
+                "system": c["system"],
+                "uncalibrated_request_latency_mape_percent": c["request_latency_mape_percent"],
+                "uncalibrated_step_time_mape_percent": c["step_time_mape_percent"],
+                "calibrated_request_latency_mape_percent": v["request_latency_mape_percent"],
+            }
+        )
+        print(
+            f"GPU cross-check {gpu[-1]['trace']} on {c['hardware']}: predicted from the catalog alone, request "
+            f"latency MAPE {c['request_latency_mape_percent']:.1f}% (step {c['step_time_mape_percent']:.1f}%); "
+            f"calibrated on half, {v['request_latency_mape_percent']:.1f}%"
+        )
     if not gpu:
         print("GPU cross-check: no measured GPU trace in traces/ yet (bench/gpu_capture.py on a GPU writes one)")
 
@@ -163,20 +203,32 @@ def main() -> None:
 
     ops = a100_op_errors()
     print("A100 held-out median APE per op family: " + ", ".join(f"{k} {v:.1f}%" for k, v in ops.items()))
-    print(json.dumps({
-        "bench": "simulator", "quick": args.quick, "validation_traces": [str(t) for t in traces],
-        "validation_source": source,
-        "recorded_runs": sorted({v["recorded_runs"] for v in checks}),
-        "request_latency_mape_percent": float(np.mean([v["request_latency_mape_percent"] for v in checks])),
-        "step_time_mape_percent": float(np.mean([v["step_time_mape_percent"] for v in checks])),
-        "request_latency_mape_percent_first_run": mean_or_none([v["request_latency_mape_percent"] for v in first_runs]),
-        "step_time_mape_percent_first_run": mean_or_none([v["step_time_mape_percent"] for v in first_runs]),
-        "first_run_traces": len(first_runs),
-        "replay_1000x500_s": replay_s, "replay_1000x500_burst_s": burst_s,
-        "sweep_1000_s": sweep_s, "sweep_configs": int(len(table)), "sweep_workers": workers,
-        "a100_op_mape_percent": ops, "a100_op_mape_percent_median": float(np.median(list(ops.values()))),
-        "gpu_cross_check": gpu,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "simulator",
+                "quick": args.quick,
+                "validation_traces": [str(t) for t in traces],
+                "validation_source": source,
+                "recorded_runs": sorted({v["recorded_runs"] for v in checks}),
+                "request_latency_mape_percent": float(np.mean([v["request_latency_mape_percent"] for v in checks])),
+                "step_time_mape_percent": float(np.mean([v["step_time_mape_percent"] for v in checks])),
+                "request_latency_mape_percent_first_run": mean_or_none(
+                    [v["request_latency_mape_percent"] for v in first_runs]
+                ),
+                "step_time_mape_percent_first_run": mean_or_none([v["step_time_mape_percent"] for v in first_runs]),
+                "first_run_traces": len(first_runs),
+                "replay_1000x500_s": replay_s,
+                "replay_1000x500_burst_s": burst_s,
+                "sweep_1000_s": sweep_s,
+                "sweep_configs": int(len(table)),
+                "sweep_workers": workers,
+                "a100_op_mape_percent": ops,
+                "a100_op_mape_percent_median": float(np.median(list(ops.values()))),
+                "gpu_cross_check": gpu,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

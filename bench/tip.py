@@ -34,10 +34,12 @@ from runtime.tokenizer import Tokenizer  # noqa: E402
 BASELINES = ("streaming", "h2o", "window")
 
 
-def run_method(model, tok, task, examples, method: str, policy: str, budget: int | None, page_size: int,
-               max_tokens: int) -> dict:
-    eng = TipEngine(model, tok, GenerationConfig(max_tokens=max_tokens, page_size=page_size), policy=policy,
-                    budget_tokens=budget)
+def run_method(
+    model, tok, task, examples, method: str, policy: str, budget: int | None, page_size: int, max_tokens: int
+) -> dict:
+    eng = TipEngine(
+        model, tok, GenerationConfig(max_tokens=max_tokens, page_size=page_size), policy=policy, budget_tokens=budget
+    )
     live, peaks, scores = [], [], []
     evicted = freed = out_tokens = 0
     t0 = time.perf_counter()
@@ -52,19 +54,31 @@ def run_method(model, tok, task, examples, method: str, policy: str, budget: int
         out_tokens += len(c.output_ids)
     wall = time.perf_counter() - t0
     logical = evicted * model.kv_bytes_per_token
-    return {"task": task.name, "method": method, "budget_tokens": budget, "page_size": page_size,
-            "quality": sum(scores) / len(scores), "mean_live_kv_tokens": sum(live) / len(live),
-            "peak_live_kv_tokens": max(peaks), "logical_evicted_bytes": logical, "physical_freed_bytes": freed,
-            "physical_over_logical": (freed / logical) if logical else None, "tokens_per_s": out_tokens / wall,
-            "requests": len(examples), "passes": len(live)}
+    return {
+        "task": task.name,
+        "method": method,
+        "budget_tokens": budget,
+        "page_size": page_size,
+        "quality": sum(scores) / len(scores),
+        "mean_live_kv_tokens": sum(live) / len(live),
+        "peak_live_kv_tokens": max(peaks),
+        "logical_evicted_bytes": logical,
+        "physical_freed_bytes": freed,
+        "physical_over_logical": (freed / logical) if logical else None,
+        "tokens_per_s": out_tokens / wall,
+        "requests": len(examples),
+        "passes": len(live),
+    }
 
 
 def bench_task(model, tok, name: str, n: int, max_tokens: int) -> list[dict]:
     task = get_task(name)
     exs = task.examples("test", n, seed=0)
-    rows = [run_method(model, tok, task, exs, "dense", "full", None, 16, max_tokens),
-            run_method(model, tok, task, exs, "tip", "tip", None, 16, max_tokens),
-            run_method(model, tok, task, exs, "tip", "tip", None, 1, max_tokens)]
+    rows = [
+        run_method(model, tok, task, exs, "dense", "full", None, 16, max_tokens),
+        run_method(model, tok, task, exs, "tip", "tip", None, 16, max_tokens),
+        run_method(model, tok, task, exs, "tip", "tip", None, 1, max_tokens),
+    ]
     tip = rows[1]
     budgets = sorted({math.ceil(tip["mean_live_kv_tokens"]), tip["peak_live_kv_tokens"]})
     for b in budgets:
@@ -91,7 +105,9 @@ def held_out_summary(rows: list[dict], tasks: list[str]) -> dict:
     out: dict = {}
     for m in ("dense", "tip"):
         rs = [r for r in rows if r["method"] == m and r["page_size"] == 16 and r["task"] in tasks]
-        out[f"{m}_mean_live_kv_tokens"] = sum(r["mean_live_kv_tokens"] * r["passes"] for r in rs) / sum(r["passes"] for r in rs)
+        out[f"{m}_mean_live_kv_tokens"] = sum(r["mean_live_kv_tokens"] * r["passes"] for r in rs) / sum(
+            r["passes"] for r in rs
+        )
         out[f"{m}_quality"] = sum(r["quality"] * r["requests"] for r in rs) / sum(r["requests"] for r in rs)
     out["live_kv_reduction_percent"] = 100 * (1 - out["tip_mean_live_kv_tokens"] / out["dense_mean_live_kv_tokens"])
     return out
@@ -121,33 +137,49 @@ def main() -> int:
     rows = [r for name in args.tasks.split(",") for r in bench_task(model, tok, name, n, args.max_tokens)]
     serving = bench_serving(model, tok, args.tasks.split(",")[0], serve_n, args.pool_kv_tokens, args.max_tokens)
 
-    print(f"TIP benchmark: model {args.model} ({model.num_parameters()} parameters), {n} held-out prompts per task, "
-          f"{model.kv_bytes_per_token} KV bytes/token")
-    head = f"{'task':<13}{'method':<10}{'budget':>7}{'page':>5}{'quality':>9}{'mean live':>10}{'peak live':>10}" \
-           f"{'phys/logical':>13}{'tok/s':>8}"
+    print(
+        f"TIP benchmark: model {args.model} ({model.num_parameters()} parameters), {n} held-out prompts per task, "
+        f"{model.kv_bytes_per_token} KV bytes/token"
+    )
+    head = (
+        f"{'task':<13}{'method':<10}{'budget':>7}{'page':>5}{'quality':>9}{'mean live':>10}{'peak live':>10}"
+        f"{'phys/logical':>13}{'tok/s':>8}"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['task']:<13}{r['method']:<10}{fmt(r['budget_tokens'], 'd'):>7}{r['page_size']:>5}"
-              f"{r['quality']:>9.3f}{r['mean_live_kv_tokens']:>10.1f}{r['peak_live_kv_tokens']:>10d}"
-              f"{fmt(r['physical_over_logical'], '.3f'):>13}{r['tokens_per_s']:>8.0f}")
+        print(
+            f"{r['task']:<13}{r['method']:<10}{fmt(r['budget_tokens'], 'd'):>7}{r['page_size']:>5}"
+            f"{r['quality']:>9.3f}{r['mean_live_kv_tokens']:>10.1f}{r['peak_live_kv_tokens']:>10d}"
+            f"{fmt(r['physical_over_logical'], '.3f'):>13}{r['tokens_per_s']:>8.0f}"
+        )
     for name in args.tasks.split(","):
         s = held_out_summary(rows, [name])
-        print(f"{name}: TIP mean live KV {s['live_kv_reduction_percent']:.0f}% below dense; accuracy "
-              f"{100 * (s['tip_quality'] - s['dense_quality']):+.1f} points")
+        print(
+            f"{name}: TIP mean live KV {s['live_kv_reduction_percent']:.0f}% below dense; accuracy "
+            f"{100 * (s['tip_quality'] - s['dense_quality']):+.1f} points"
+        )
     summary = held_out_summary(rows, args.tasks.split(","))
-    print(f"held-out set ({', '.join(args.tasks.split(','))}, every pass of every request): TIP mean live KV "
-          f"{summary['tip_mean_live_kv_tokens']:.1f} vs dense {summary['dense_mean_live_kv_tokens']:.1f} tokens, "
-          f"{summary['live_kv_reduction_percent']:.0f}% below; accuracy {summary['tip_quality']:.3f} vs "
-          f"{summary['dense_quality']:.3f} ({100 * (summary['tip_quality'] - summary['dense_quality']):+.1f} points)")
-    print(f"\nmemory-limited serving ({serving[0]['task']}, pool {args.pool_kv_tokens} KV tokens = "
-          f"{serving[0]['pool_bytes']} bytes, {serve_n} requests)")
+    print(
+        f"held-out set ({', '.join(args.tasks.split(','))}, every pass of every request): TIP mean live KV "
+        f"{summary['tip_mean_live_kv_tokens']:.1f} vs dense {summary['dense_mean_live_kv_tokens']:.1f} tokens, "
+        f"{summary['live_kv_reduction_percent']:.0f}% below; accuracy {summary['tip_quality']:.3f} vs "
+        f"{summary['dense_quality']:.3f} ({100 * (summary['tip_quality'] - summary['dense_quality']):+.1f} points)"
+    )
+    print(
+        f"\nmemory-limited serving ({serving[0]['task']}, pool {args.pool_kv_tokens} KV tokens = "
+        f"{serving[0]['pool_bytes']} bytes, {serve_n} requests)"
+    )
     print(f"{'method':<8}{'mean conc':>10}{'max conc':>9}{'preempt':>8}{'tok/s':>8}{'wall s':>8}{'quality':>9}")
     for s in serving:
-        print(f"{s['method']:<8}{s['mean_concurrency']:>10.2f}{s['max_concurrency']:>9d}{s['preemptions']:>8d}"
-              f"{s['tokens_per_s']:>8.0f}{s['wall_s']:>8.2f}{s['quality']:>9.3f}")
+        print(
+            f"{s['method']:<8}{s['mean_concurrency']:>10.2f}{s['max_concurrency']:>9d}{s['preemptions']:>8d}"
+            f"{s['tokens_per_s']:>8.0f}{s['wall_s']:>8.2f}{s['quality']:>9.3f}"
+        )
     print(f"(bench wall {time.perf_counter() - t0:.0f} s)")
-    print(json.dumps({"bench": "tip", "model": args.model, "n": n, "summary": summary, "rows": rows, "serving": serving}))
+    print(
+        json.dumps({"bench": "tip", "model": args.model, "n": n, "summary": summary, "rows": rows, "serving": serving})
+    )
     return 0
 
 

@@ -55,9 +55,13 @@ if "roots" not in st.session_state:
     st.session_state["allowed_roots"] = None if any_path() else initial_roots()
 with st.sidebar:
     allowed = _shared.allowed_roots()
-    st.text_area("Trace folders (one per line)", key="roots", height=90,
-                 help="trace directories, or folders holding traces (searched two levels deep)"
-                 + ("" if allowed is None else "; only the folders the dashboard was started on, and below"))
+    st.text_area(
+        "Trace folders (one per line)",
+        key="roots",
+        height=90,
+        help="trace directories, or folders holding traces (searched two levels deep)"
+        + ("" if allowed is None else "; only the folders the dashboard was started on, and below"),
+    )
     for r in _shared.refused_roots():
         st.warning(f"{r}: outside the folders given on the command line (start with --allow-any-path to allow)")
     traces, errors = _shared.load()

@@ -19,8 +19,16 @@ from profiler.stats import non_dominated
 from profiler.summary import summarize
 
 TRACE_MARKERS = ("meta.json", "requests.parquet", "steps.parquet", "graph.json")
-COUNTER_COLUMNS = ("gpu_memory_used_bytes", "gpu_utilization_percent", "power_w", "energy_mj", "sm_clock_mhz",
-                   "temperature_c", "cpu_percent", "rss_bytes")
+COUNTER_COLUMNS = (
+    "gpu_memory_used_bytes",
+    "gpu_utilization_percent",
+    "power_w",
+    "energy_mj",
+    "sm_clock_mhz",
+    "temperature_c",
+    "cpu_percent",
+    "rss_bytes",
+)
 
 
 # ---- finding and loading ---------------------------------------------------------------------
@@ -105,7 +113,7 @@ def hardware_label(trace: Trace) -> str:
 
 def trace_label(trace: Trace, parents: int = 0) -> str:
     k = knobs_label(trace.meta)
-    name = "/".join(trace.path.parts[-1 - parents:])
+    name = "/".join(trace.path.parts[-1 - parents :])
     return f"{trace.system}{' ' + k if k else ''} · {trace.kind} · {name}"
 
 
@@ -123,17 +131,44 @@ def overview_table(traces: list[Trace], errors: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for t in traces:
         s = summarize(t)
-        rows.append({
-            "status": "ok" if t.complete else "incomplete", "trace": t.name, "kind": t.kind, "system": t.system,
-            "knobs": knobs_label(t.meta), "model": s["model"], "device": hardware_label(t),
-            "date": str(t.meta.get("created_at", ""))[:19].replace("T", " "), "requests": s["requests"],
-            "quality": s["quality_mean"], "e2e_ms_p50": None if s["e2e_s_p50"] is None else s["e2e_s_p50"] * 1e3,
-            "tokens_per_s": s["tokens_per_s"], "peak_kv_bytes": s["peak_kv_bytes"], "path": str(t.path), "error": "",
-        })
+        rows.append(
+            {
+                "status": "ok" if t.complete else "incomplete",
+                "trace": t.name,
+                "kind": t.kind,
+                "system": t.system,
+                "knobs": knobs_label(t.meta),
+                "model": s["model"],
+                "device": hardware_label(t),
+                "date": str(t.meta.get("created_at", ""))[:19].replace("T", " "),
+                "requests": s["requests"],
+                "quality": s["quality_mean"],
+                "e2e_ms_p50": None if s["e2e_s_p50"] is None else s["e2e_s_p50"] * 1e3,
+                "tokens_per_s": s["tokens_per_s"],
+                "peak_kv_bytes": s["peak_kv_bytes"],
+                "path": str(t.path),
+                "error": "",
+            }
+        )
     for e in errors.itertuples():
         rows.append({"status": "error", "trace": Path(e.path).name, "path": e.path, "error": e.error})
-    cols = ["status", "trace", "kind", "system", "knobs", "model", "device", "date", "requests", "quality",
-            "e2e_ms_p50", "tokens_per_s", "peak_kv_bytes", "path", "error"]
+    cols = [
+        "status",
+        "trace",
+        "kind",
+        "system",
+        "knobs",
+        "model",
+        "device",
+        "date",
+        "requests",
+        "quality",
+        "e2e_ms_p50",
+        "tokens_per_s",
+        "peak_kv_bytes",
+        "path",
+        "error",
+    ]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -142,18 +177,43 @@ def pareto_points(traces: list[Trace]) -> pd.DataFrame:
     rows = []
     for t, label in zip(traces, trace_labels(traces)):
         s = summarize(t)
-        rows.append({
-            "label": label, "trace": t.name, "path": str(t.path), "kind": t.kind, "system": t.system,
-            "knobs": knobs_label(t.meta), "hardware": hardware_label(t), "quality": s["quality_mean"],
-            "e2e_ms_mean": None if s["e2e_s_mean"] is None else s["e2e_s_mean"] * 1e3,
-            "e2e_ms_p50": None if s["e2e_s_p50"] is None else s["e2e_s_p50"] * 1e3,
-            "ttft_ms_p50": None if s["ttft_s_p50"] is None else s["ttft_s_p50"] * 1e3,
-            "tokens_per_s": s["tokens_per_s"], "peak_kv_bytes": s["peak_kv_bytes"],
-            "mean_live_kv_tokens": s["mean_live_kv_tokens"],
-        })
-    return pd.DataFrame(rows, columns=["label", "trace", "path", "kind", "system", "knobs", "hardware", "quality",
-                                       "e2e_ms_mean", "e2e_ms_p50", "ttft_ms_p50", "tokens_per_s", "peak_kv_bytes",
-                                       "mean_live_kv_tokens"])
+        rows.append(
+            {
+                "label": label,
+                "trace": t.name,
+                "path": str(t.path),
+                "kind": t.kind,
+                "system": t.system,
+                "knobs": knobs_label(t.meta),
+                "hardware": hardware_label(t),
+                "quality": s["quality_mean"],
+                "e2e_ms_mean": None if s["e2e_s_mean"] is None else s["e2e_s_mean"] * 1e3,
+                "e2e_ms_p50": None if s["e2e_s_p50"] is None else s["e2e_s_p50"] * 1e3,
+                "ttft_ms_p50": None if s["ttft_s_p50"] is None else s["ttft_s_p50"] * 1e3,
+                "tokens_per_s": s["tokens_per_s"],
+                "peak_kv_bytes": s["peak_kv_bytes"],
+                "mean_live_kv_tokens": s["mean_live_kv_tokens"],
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "label",
+            "trace",
+            "path",
+            "kind",
+            "system",
+            "knobs",
+            "hardware",
+            "quality",
+            "e2e_ms_mean",
+            "e2e_ms_p50",
+            "ttft_ms_p50",
+            "tokens_per_s",
+            "peak_kv_bytes",
+            "mean_live_kv_tokens",
+        ],
+    )
 
 
 def pareto_front(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
@@ -189,14 +249,37 @@ def sweep_points(files: list[Path]) -> pd.DataFrame:
         def col(name: str, default=np.nan) -> pd.Series:
             return t[name] if name in t else pd.Series(default, index=t.index)
 
-        label = (col("system", "?").map(str) + " on " + t["hardware"].map(str) + " (" + col("model", "").map(str)
-                 + ") seqs=" + col("max_seqs", "").map(str) + " rate=" + col("rate", "").map(str))
-        frames.append(pd.DataFrame({
-            "label": label, "trace": f.parent.name, "path": str(f), "kind": "sweep", "system": col("system", "?"),
-            "knobs": "", "hardware": t["hardware"], "quality": t["quality_mean"], "e2e_ms_mean": t["mean_e2el_ms"],
-            "e2e_ms_p50": col("median_e2el_ms"), "ttft_ms_p50": col("median_ttft_ms"),
-            "tokens_per_s": col("output_throughput"), "peak_kv_bytes": t["peak_kv_bytes"],
-            "mean_live_kv_tokens": np.nan}))
+        label = (
+            col("system", "?").map(str)
+            + " on "
+            + t["hardware"].map(str)
+            + " ("
+            + col("model", "").map(str)
+            + ") seqs="
+            + col("max_seqs", "").map(str)
+            + " rate="
+            + col("rate", "").map(str)
+        )
+        frames.append(
+            pd.DataFrame(
+                {
+                    "label": label,
+                    "trace": f.parent.name,
+                    "path": str(f),
+                    "kind": "sweep",
+                    "system": col("system", "?"),
+                    "knobs": "",
+                    "hardware": t["hardware"],
+                    "quality": t["quality_mean"],
+                    "e2e_ms_mean": t["mean_e2el_ms"],
+                    "e2e_ms_p50": col("median_e2el_ms"),
+                    "ttft_ms_p50": col("median_ttft_ms"),
+                    "tokens_per_s": col("output_throughput"),
+                    "peak_kv_bytes": t["peak_kv_bytes"],
+                    "mean_live_kv_tokens": np.nan,
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -213,21 +296,35 @@ def gantt_frame(trace: Trace, rid: int) -> pd.DataFrame:
         for stream in str(r.streams).split(","):
             if stream.strip() == "":
                 continue
-            rows.append({"stream": f"stream {int(stream)}", "stream_id": int(stream), "phase": r.phase,
-                         "start_ms": r.start_s * 1e3, "duration_ms": r.duration_s * 1e3,
-                         "end_ms": (r.start_s + r.duration_s) * 1e3, "step_index": int(r.step_index),
-                         "query_tokens": int(r.query_tokens)})
-    return pd.DataFrame(rows, columns=["stream", "stream_id", "phase", "start_ms", "duration_ms", "end_ms",
-                                       "step_index", "query_tokens"])
+            rows.append(
+                {
+                    "stream": f"stream {int(stream)}",
+                    "stream_id": int(stream),
+                    "phase": r.phase,
+                    "start_ms": r.start_s * 1e3,
+                    "duration_ms": r.duration_s * 1e3,
+                    "end_ms": (r.start_s + r.duration_s) * 1e3,
+                    "step_index": int(r.step_index),
+                    "query_tokens": int(r.query_tokens),
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=["stream", "stream_id", "phase", "start_ms", "duration_ms", "end_ms", "step_index", "query_tokens"],
+    )
 
 
 def kv_frame(trace: Trace, rid: int) -> pd.DataFrame:
     """Live KV tokens and bytes held after each pass of a request, against time (ms)."""
     s = trace.steps.loc[trace.steps["request_id"] == rid].sort_values("start_s")
-    return pd.DataFrame({"t_ms": (s["start_s"] + s["duration_s"]).to_numpy() * 1e3,
-                         "live_kv_tokens": s["live_kv_tokens"].to_numpy(),
-                         "kv_bytes_allocated": s["kv_bytes_allocated"].to_numpy(),
-                         "evicted_tokens": s["evicted_tokens"].to_numpy()})
+    return pd.DataFrame(
+        {
+            "t_ms": (s["start_s"] + s["duration_s"]).to_numpy() * 1e3,
+            "live_kv_tokens": s["live_kv_tokens"].to_numpy(),
+            "kv_bytes_allocated": s["kv_bytes_allocated"].to_numpy(),
+            "evicted_tokens": s["evicted_tokens"].to_numpy(),
+        }
+    )
 
 
 def counters_frame(trace: Trace, rid: int | None = None) -> pd.DataFrame:
@@ -262,11 +359,27 @@ def graph_layout(graph: dict | None) -> tuple[pd.DataFrame, pd.DataFrame]:
         layer = sorted(layer, key=lambda n: (g.nodes[n].get("stream", 0), str(n)))
         for i, n in enumerate(layer):
             pos[n] = (x, i - (len(layer) - 1) / 2)
-    nodes = pd.DataFrame([{"id": str(n), "kind": d.get("kind", "?"), "stream": d.get("stream"),
-                           "tokens": d.get("tokens", 0), "x": pos[n][0], "y": pos[n][1]}
-                          for n, d in g.nodes(data=True)], columns=node_cols)
-    edges = pd.DataFrame([{"source": str(s), "target": str(t), "x0": pos[s][0], "y0": pos[s][1],
-                           "x1": pos[t][0], "y1": pos[t][1]} for s, t in g.edges], columns=edge_cols)
+    nodes = pd.DataFrame(
+        [
+            {
+                "id": str(n),
+                "kind": d.get("kind", "?"),
+                "stream": d.get("stream"),
+                "tokens": d.get("tokens", 0),
+                "x": pos[n][0],
+                "y": pos[n][1],
+            }
+            for n, d in g.nodes(data=True)
+        ],
+        columns=node_cols,
+    )
+    edges = pd.DataFrame(
+        [
+            {"source": str(s), "target": str(t), "x0": pos[s][0], "y0": pos[s][1], "x1": pos[t][0], "y1": pos[t][1]}
+            for s, t in g.edges
+        ],
+        columns=edge_cols,
+    )
     return nodes, edges
 
 
@@ -278,11 +391,21 @@ def diff_overall_table(d: TraceDiff) -> pd.DataFrame:
 
 def diff_requests_table(d: TraceDiff) -> pd.DataFrame:
     r = d.requests
-    out = pd.DataFrame({"a_id": r["a_id"], "b_id": r["b_id"], "e2e_ms_a": r["e2e_s_a"] * 1e3,
-                        "e2e_ms_b": r["e2e_s_b"] * 1e3, "speedup": r["speedup"], "steps_a": r["steps_a"],
-                        "steps_b": r["steps_b"], "peak_kv_bytes_a": r["peak_kv_bytes_a"],
-                        "peak_kv_bytes_b": r["peak_kv_bytes_b"], "quality_a": r["quality_score_a"],
-                        "quality_b": r["quality_score_b"]})
+    out = pd.DataFrame(
+        {
+            "a_id": r["a_id"],
+            "b_id": r["b_id"],
+            "e2e_ms_a": r["e2e_s_a"] * 1e3,
+            "e2e_ms_b": r["e2e_s_b"] * 1e3,
+            "speedup": r["speedup"],
+            "steps_a": r["steps_a"],
+            "steps_b": r["steps_b"],
+            "peak_kv_bytes_a": r["peak_kv_bytes_a"],
+            "peak_kv_bytes_b": r["peak_kv_bytes_b"],
+            "quality_a": r["quality_score_a"],
+            "quality_b": r["quality_score_b"],
+        }
+    )
     out["text_similarity"] = [d.text[int(i)]["similarity"] for i in r["a_id"]]
     out["graph_identical"] = [d.graphs[int(i)]["identical"] for i in r["a_id"]]
     return out
@@ -296,10 +419,14 @@ def diff_graph_rows(d: TraceDiff, a_id: int) -> pd.DataFrame:
     g = d.graphs[a_id]
     rows = [{"change": "added", "chunk": n, "detail": ""} for n in g["added"]]
     rows += [{"change": "removed", "chunk": n, "detail": ""} for n in g["removed"]]
-    rows += [{"change": "length", "chunk": c["chunk"], "detail": f"{c['a_tokens']} -> {c['b_tokens']} tokens"}
-             for c in g["changed_length"]]
-    rows += [{"change": "dependence", "chunk": c["chunk"],
-              "detail": f"{c['a_depends_on']} -> {c['b_depends_on']}"} for c in g["changed_dependence"]]
+    rows += [
+        {"change": "length", "chunk": c["chunk"], "detail": f"{c['a_tokens']} -> {c['b_tokens']} tokens"}
+        for c in g["changed_length"]
+    ]
+    rows += [
+        {"change": "dependence", "chunk": c["chunk"], "detail": f"{c['a_depends_on']} -> {c['b_depends_on']}"}
+        for c in g["changed_dependence"]
+    ]
     return pd.DataFrame(rows, columns=["change", "chunk", "detail"])
 
 
@@ -319,8 +446,9 @@ def whatif_recost(trace: Trace, hardware: str, model: str | None = None) -> pd.D
     groups = np.minimum(s["active_streams"].clip(lower=1).to_numpy(dtype=float), q)
     kv = np.maximum(s["kv_tokens_read"].to_numpy(dtype=float), q)
     dur = np.asarray(cm.step_time_s(q, kv, groups), dtype=float) if len(s) else np.zeros(0)
-    per = pd.DataFrame({"request_id": s["request_id"].to_numpy(), "duration_s": dur,
-                        "emitted": s["emitted_tokens"].to_numpy()})
+    per = pd.DataFrame(
+        {"request_id": s["request_id"].to_numpy(), "duration_s": dur, "emitted": s["emitted_tokens"].to_numpy()}
+    )
     agg = per.groupby("request_id").agg(e2e_s=("duration_s", "sum"))
     first = per.groupby("request_id")["duration_s"].first().rename("ttft_s")
     req = trace.requests.set_index("request_id")
@@ -350,8 +478,14 @@ def whatif_point(trace: Trace, reqs: pd.DataFrame, hardware: str, model: str | N
     e2e = reqs["e2e_s"].dropna()
     tokens = reqs["output_tokens"].sum()
     return {
-        "label": label, "trace": trace.name, "path": str(trace.path), "kind": "simulated", "system": trace.system,
-        "knobs": knobs_label(trace.meta), "hardware": hardware, "quality": float(q.mean()) if len(q) else None,
+        "label": label,
+        "trace": trace.name,
+        "path": str(trace.path),
+        "kind": "simulated",
+        "system": trace.system,
+        "knobs": knobs_label(trace.meta),
+        "hardware": hardware,
+        "quality": float(q.mean()) if len(q) else None,
         "e2e_ms_mean": float(e2e.mean() * 1e3) if len(e2e) else None,
         "e2e_ms_p50": float(e2e.median() * 1e3) if len(e2e) else None,
         "ttft_ms_p50": float(reqs["ttft_s"].median() * 1e3) if len(reqs) else None,
@@ -361,8 +495,9 @@ def whatif_point(trace: Trace, reqs: pd.DataFrame, hardware: str, model: str | N
     }
 
 
-def whatif_run(trace: Trace, hardware: str, model: str | None, max_seqs: int, max_batch_tokens: int,
-               rate: float | None) -> dict:
+def whatif_run(
+    trace: Trace, hardware: str, model: str | None, max_seqs: int, max_batch_tokens: int, rate: float | None
+) -> dict:
     """Simulate `trace` under the settings: the SimPy replay where it is available (batching across
     requests, arrivals at `rate` requests/s or the trace's own times, the KV pool), else every pass
     re-costed in place. Returns requests (request_id, e2e_s, ttft_s, ...), metrics and which engine."""
@@ -377,15 +512,25 @@ def whatif_run(trace: Trace, hardware: str, model: str | None, max_seqs: int, ma
         cfg = ReplayConfig(max_seqs=int(max_seqs), max_batch_tokens=int(max_batch_tokens), rate=rate)
         result = replay(from_trace(trace), get_hardware(hardware), spec, cfg)
         reqs = _replay_requests(result, trace)
-        metrics = {k: v for k, v in dict(getattr(result, "metrics", {}) or {}).items()
-                   if isinstance(v, (int, float, str)) or v is None}
+        metrics = {
+            k: v
+            for k, v in dict(getattr(result, "metrics", {}) or {}).items()
+            if isinstance(v, (int, float, str)) or v is None
+        }
         engine = "SimPy replay (continuous batching)"
     else:
         reqs = whatif_recost(trace, hardware, model)
-        metrics = {"mean_e2el_ms": float(reqs["e2e_s"].mean() * 1e3), "mean_ttft_ms": float(reqs["ttft_s"].mean() * 1e3)}
+        metrics = {
+            "mean_e2el_ms": float(reqs["e2e_s"].mean() * 1e3),
+            "mean_ttft_ms": float(reqs["ttft_s"].mean() * 1e3),
+        }
         engine = "cost model per pass (replay not available: batch settings and rate not applied)"
-    return {"requests": reqs, "point": whatif_point(trace, reqs, hardware, model, label), "metrics": metrics,
-            "engine": engine}
+    return {
+        "requests": reqs,
+        "point": whatif_point(trace, reqs, hardware, model, label),
+        "metrics": metrics,
+        "engine": engine,
+    }
 
 
 def _replay_requests(result, trace: Trace) -> pd.DataFrame:

@@ -15,8 +15,20 @@ import pandas as pd
 
 from profiler.reader import Trace
 
-COLUMNS = ("system", "kind", "load", "request_throughput", "output_throughput", "ttft_ms_p50", "ttft_ms_p99",
-           "tpot_ms_p50", "e2e_ms_p50", "e2e_ms_p99", "trace", "path")
+COLUMNS = (
+    "system",
+    "kind",
+    "load",
+    "request_throughput",
+    "output_throughput",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "tpot_ms_p50",
+    "e2e_ms_p50",
+    "e2e_ms_p99",
+    "trace",
+    "path",
+)
 
 
 def serving_level(meta: dict) -> tuple[float | None, int | None]:
@@ -45,13 +57,22 @@ def point(trace: Trace, kind: str) -> dict:
     multi = out > 1
     tpot = (e2e[multi] - ttft[multi]) / (out[multi] - 1)
     duration = float(np.nanmax(arrival + e2e) - np.nanmin(arrival)) if len(ok) else 0.0
-    pct = (lambda v, q: float(np.nanpercentile(v, q) * 1e3) if len(v) else None)  # noqa: E731
+    pct = lambda v, q: float(np.nanpercentile(v, q) * 1e3) if len(v) else None  # noqa: E731
     rate, conc = serving_level(trace.meta)
-    return {"system": trace.system, "kind": kind, "load": load_label(rate, conc),
-            "request_throughput": len(ok) / duration if duration > 0 else None,
-            "output_throughput": out.sum() / duration if duration > 0 else None,
-            "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99), "tpot_ms_p50": pct(tpot, 50),
-            "e2e_ms_p50": pct(e2e, 50), "e2e_ms_p99": pct(e2e, 99), "trace": trace.name, "path": str(trace.path)}
+    return {
+        "system": trace.system,
+        "kind": kind,
+        "load": load_label(rate, conc),
+        "request_throughput": len(ok) / duration if duration > 0 else None,
+        "output_throughput": out.sum() / duration if duration > 0 else None,
+        "ttft_ms_p50": pct(ttft, 50),
+        "ttft_ms_p99": pct(ttft, 99),
+        "tpot_ms_p50": pct(tpot, 50),
+        "e2e_ms_p50": pct(e2e, 50),
+        "e2e_ms_p99": pct(e2e, 99),
+        "trace": trace.name,
+        "path": str(trace.path),
+    }
 
 
 def load_points(traces: list[Trace]) -> pd.DataFrame:
@@ -62,6 +83,7 @@ def load_points(traces: list[Trace]) -> pd.DataFrame:
 
 def calibration_groups(traces: list[Trace]) -> list[tuple[str, list[str]]]:
     """(batch-1 trace, its system's measured serving traces) for every system that has both."""
+
     def key(t: Trace) -> tuple:
         return t.system, (t.meta.get("model") or {}).get("name")
 
@@ -81,9 +103,20 @@ def predicted_points(result: dict, kind: str = "simulated (batch-1 calibration)"
     rows = []
     for lv in result["levels"]:
         s = lv["simulated"]
-        rows.append({"system": lv["system"], "kind": kind, "load": load_label(lv["rate"], lv["concurrency"]),
-                     "request_throughput": s["request_throughput"], "output_throughput": s["output_throughput"],
-                     "ttft_ms_p50": s["ttft_p50_ms"], "ttft_ms_p99": s["ttft_p99_ms"], "tpot_ms_p50": s["tpot_p50_ms"],
-                     "e2e_ms_p50": s["e2e_p50_ms"], "e2e_ms_p99": s["e2e_p99_ms"], "trace": lv["trace"].split("/")[-1],
-                     "path": lv["trace"]})
+        rows.append(
+            {
+                "system": lv["system"],
+                "kind": kind,
+                "load": load_label(lv["rate"], lv["concurrency"]),
+                "request_throughput": s["request_throughput"],
+                "output_throughput": s["output_throughput"],
+                "ttft_ms_p50": s["ttft_p50_ms"],
+                "ttft_ms_p99": s["ttft_p99_ms"],
+                "tpot_ms_p50": s["tpot_p50_ms"],
+                "e2e_ms_p50": s["e2e_p50_ms"],
+                "e2e_ms_p99": s["e2e_p99_ms"],
+                "trace": lv["trace"].split("/")[-1],
+                "path": lv["trace"],
+            }
+        )
     return pd.DataFrame(rows, columns=list(COLUMNS))

@@ -18,16 +18,25 @@ NAN = float("nan")
 
 def _row(t_s: float, source: str, **values: float) -> dict:
     row = {
-        "t_s": t_s, "source": source, "gpu_memory_used_bytes": NAN, "gpu_utilization_percent": NAN,
-        "power_w": NAN, "energy_mj": NAN, "sm_clock_mhz": NAN, "temperature_c": NAN,
-        "cpu_percent": NAN, "rss_bytes": NAN,
+        "t_s": t_s,
+        "source": source,
+        "gpu_memory_used_bytes": NAN,
+        "gpu_utilization_percent": NAN,
+        "power_w": NAN,
+        "energy_mj": NAN,
+        "sm_clock_mhz": NAN,
+        "temperature_c": NAN,
+        "cpu_percent": NAN,
+        "rss_bytes": NAN,
     }
     row.update(values)
     return row
 
 
 class CounterSampler:
-    def __init__(self, interval_s: float = 0.05, device_index: int = 0, origin: float | None = None, use_nvml: bool = True) -> None:
+    def __init__(
+        self, interval_s: float = 0.05, device_index: int = 0, origin: float | None = None, use_nvml: bool = True
+    ) -> None:
         if interval_s <= 0:
             raise ValueError(f"sampling interval must be > 0 s, got {interval_s}")
         self.interval_s = interval_s
@@ -135,5 +144,9 @@ class CounterSampler:
         return self.snapshot()
 
     def meta(self) -> dict:
-        return {"counters_source": self.source, "nvml": self.source == "nvml", "nvml_reason": self.reason,
-                "counters_interval_s": self.interval_s}
+        return {
+            "counters_source": self.source,
+            "nvml": self.source == "nvml",
+            "nvml_reason": self.reason,
+            "counters_interval_s": self.interval_s,
+        }

@@ -89,8 +89,11 @@ class TraceDiff:
 
     @property
     def identical(self) -> bool:
-        return all(v in (None, 0.0) for m in self.overall["metrics"].values() for v in (m["delta"],)) and all(
-            t["identical"] for t in self.text.values()) and all(g["identical"] for g in self.graphs.values())
+        return (
+            all(v in (None, 0.0) for m in self.overall["metrics"].values() for v in (m["delta"],))
+            and all(t["identical"] for t in self.text.values())
+            and all(g["identical"] for g in self.graphs.values())
+        )
 
     def summary(self) -> dict:
         """Everything JSON-safe except the per-token opcodes (see `text` for those)."""
@@ -99,31 +102,57 @@ class TraceDiff:
             rid = int(row["a_id"])
             item: dict[str, object] = {"a_id": rid, "b_id": int(row["b_id"]), "speedup": _num(row["speedup"])}
             for m, _ in METRICS:
-                item[m] = {"a": _num(row[f"{m}_a"]), "b": _num(row[f"{m}_b"]),
-                           "delta": _num(row[f"{m}_delta"]), "ratio": _num(row[f"{m}_ratio"])}
+                item[m] = {
+                    "a": _num(row[f"{m}_a"]),
+                    "b": _num(row[f"{m}_b"]),
+                    "delta": _num(row[f"{m}_delta"]),
+                    "ratio": _num(row[f"{m}_ratio"]),
+                }
             item["text"] = {k: v for k, v in self.text[rid].items() if k != "ops"}
             item["graph"] = self.graphs[rid]
             per_request.append(item)
         return {
-            "a": _describe(self.a), "b": _describe(self.b), "matched_by": self.matched_by,
-            "matched": len(self.requests), "unmatched_a": self.unmatched_a, "unmatched_b": self.unmatched_b,
-            "identical": self.identical, "overall": self.overall, "counters": self.counters,
+            "a": _describe(self.a),
+            "b": _describe(self.b),
+            "matched_by": self.matched_by,
+            "matched": len(self.requests),
+            "unmatched_a": self.unmatched_a,
+            "unmatched_b": self.unmatched_b,
+            "identical": self.identical,
+            "overall": self.overall,
+            "counters": self.counters,
             "requests": per_request,
         }
 
 
 def _describe(t: Trace) -> dict:
     model = t.meta.get("model", {})
-    return {"trace": str(t.path), "kind": t.kind, "system": t.system,
-            "model": model.get("name") if isinstance(model, dict) else model,
-            "requests": int(len(t.requests))}
+    return {
+        "trace": str(t.path),
+        "kind": t.kind,
+        "system": t.system,
+        "model": model.get("name") if isinstance(model, dict) else model,
+        "requests": int(len(t.requests)),
+    }
 
 
 def request_metrics(trace: Trace) -> pd.DataFrame:
     """Per-request figures (indexed by request_id) from the requests and steps tables."""
     req = trace.requests.set_index("request_id")
-    out = req[["e2e_s", "ttft_s", "steps", "output_tokens", "critical_path_tokens", "theoretical_speedup",
-               "peak_live_kv_tokens", "peak_kv_bytes", "quality_score", "prompt"]].copy()
+    out = req[
+        [
+            "e2e_s",
+            "ttft_s",
+            "steps",
+            "output_tokens",
+            "critical_path_tokens",
+            "theoretical_speedup",
+            "peak_live_kv_tokens",
+            "peak_kv_bytes",
+            "quality_score",
+            "prompt",
+        ]
+    ].copy()
     out["attained_parallelism"] = (req["output_tokens"] / req["steps"].where(req["steps"] > 0)).astype(float)
     live = trace.steps.groupby("request_id")["live_kv_tokens"].mean()
     out["mean_live_kv_tokens"] = live.reindex(out.index).astype(float)
@@ -170,8 +199,14 @@ def text_diff(a_tokens: list[str], b_tokens: list[str]) -> dict:
         if len(ops) < MAX_TEXT_OPS:
             ops.append((tag, "".join(a_tokens[i1:i2]), "".join(b_tokens[j1:j2])))
     identical = a_tokens == b_tokens
-    return {"identical": identical, "similarity": 1.0 if identical else round(sm.ratio(), 6),
-            "a_tokens": len(a_tokens), "b_tokens": len(b_tokens), **counts, "ops": ops}
+    return {
+        "identical": identical,
+        "similarity": 1.0 if identical else round(sm.ratio(), 6),
+        "a_tokens": len(a_tokens),
+        "b_tokens": len(b_tokens),
+        **counts,
+        "ops": ops,
+    }
 
 
 def graph_diff(ga: dict | None, gb: dict | None) -> dict:
@@ -181,18 +216,34 @@ def graph_diff(ga: dict | None, gb: dict | None) -> dict:
     common = sorted(set(na) & set(nb), key=str)
     preds_a = _preds(ea)
     preds_b = _preds(eb)
-    length = [{"chunk": n, "a_tokens": na[n].get("tokens"), "b_tokens": nb[n].get("tokens")}
-              for n in common if na[n].get("tokens") != nb[n].get("tokens")]
-    deps = [{"chunk": n, "a_depends_on": sorted(preds_a.get(n, ()), key=str),
-             "b_depends_on": sorted(preds_b.get(n, ()), key=str)}
-            for n in common if preds_a.get(n, set()) != preds_b.get(n, set())]
+    length = [
+        {"chunk": n, "a_tokens": na[n].get("tokens"), "b_tokens": nb[n].get("tokens")}
+        for n in common
+        if na[n].get("tokens") != nb[n].get("tokens")
+    ]
+    deps = [
+        {
+            "chunk": n,
+            "a_depends_on": sorted(preds_a.get(n, ()), key=str),
+            "b_depends_on": sorted(preds_b.get(n, ()), key=str),
+        }
+        for n in common
+        if preds_a.get(n, set()) != preds_b.get(n, set())
+    ]
     added = sorted(set(nb) - set(na), key=str)
     removed = sorted(set(na) - set(nb), key=str)
     return {
         "identical": not (added or removed or length or deps) and ea == eb,
-        "a_chunks": len(na), "b_chunks": len(nb), "a_edges": len(ea), "b_edges": len(eb),
-        "added": added, "removed": removed, "changed_length": length, "changed_dependence": deps,
-        "edges_added": len(eb - ea), "edges_removed": len(ea - eb),
+        "a_chunks": len(na),
+        "b_chunks": len(nb),
+        "a_edges": len(ea),
+        "b_edges": len(eb),
+        "added": added,
+        "removed": removed,
+        "changed_length": length,
+        "changed_dependence": deps,
+        "edges_added": len(eb - ea),
+        "edges_removed": len(ea - eb),
     }
 
 
@@ -231,7 +282,8 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
     if pairs.empty:
         raise TraceError(
             f"no requests in common: {a.path} and {b.path} share no request with the same prompt "
-            f"(capture both with the same --task, --split, --seed and --n)")
+            f"(capture both with the same --task, --split, --seed and --n)"
+        )
     ra = ma.loc[pairs["a_id"]].reset_index(drop=True)
     rb = mb.loc[pairs["b_id"]].reset_index(drop=True)
     rows = pairs.copy()
@@ -252,7 +304,8 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
         # speedup: A's total latency over B's on the matched requests (>1: B is faster)
         "speedup": _num(total_a / total_b) if total_b > 0 else None,
         "speedup_geomean": _num(geomean(rows["speedup"])),
-        "e2e_s_total_a": total_a, "e2e_s_total_b": total_b,
+        "e2e_s_total_a": total_a,
+        "e2e_s_total_b": total_b,
         "tokens_per_s_a": _num(tok_a / total_a) if total_a > 0 else None,
         "tokens_per_s_b": _num(tok_b / total_b) if total_b > 0 else None,
         "metrics": overall_metrics,
@@ -271,7 +324,13 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
         counters[name] = {"a": ca[name], "b": cb[name], "delta": d, "ratio": r}
     counters = dict(sorted(counters.items()))
     return TraceDiff(
-        a=a, b=b, matched_by=how, requests=rows, overall=overall, text=text, graphs=graphs,
+        a=a,
+        b=b,
+        matched_by=how,
+        requests=rows,
+        overall=overall,
+        text=text,
+        graphs=graphs,
         counters=counters,
         unmatched_a=sorted(set(ma.index.tolist()) - set(pairs["a_id"].tolist())),
         unmatched_b=sorted(set(mb.index.tolist()) - set(pairs["b_id"].tolist())),
@@ -292,5 +351,6 @@ def diff_paths(a: str | Path, b: str | Path) -> TraceDiff:
     if va is not None and vb is not None and va != vb:
         raise TraceError(
             f"cannot diff traces of different schema versions: {pa_} is v{va}, {pb} is v{vb} "
-            f"(this solm reads v{SCHEMA_VERSION}; re-capture the other one)")
+            f"(this solm reads v{SCHEMA_VERSION}; re-capture the other one)"
+        )
     return diff_traces(read_valid_trace(pa_), read_valid_trace(pb))

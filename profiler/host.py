@@ -45,6 +45,11 @@ def read_host_cpu() -> dict:
         ram_bytes: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         ram_bytes = None
-    return {"model": model or platform.processor() or platform.machine(), "logical_cores": os.cpu_count() or 1,
-            "usable_cores": usable, "clock_mhz": max(clocks_mhz) if clocks_mhz else None,
-            "flops_per_cycle": _cpu_flops_per_cycle(flags) if flags else 32, "ram_bytes": ram_bytes}
+    return {
+        "model": model or platform.processor() or platform.machine(),
+        "logical_cores": os.cpu_count() or 1,
+        "usable_cores": usable,
+        "clock_mhz": max(clocks_mhz) if clocks_mhz else None,
+        "flops_per_cycle": _cpu_flops_per_cycle(flags) if flags else 32,
+        "ram_bytes": ram_bytes,
+    }

@@ -90,8 +90,14 @@ def project_kind(d: Path) -> str | None:
     return None
 
 
-def check_out_dir(out: str | Path, inputs: Iterable[str | Path] = (), force: bool | None = False, flag: str = "--out",
-                  kinds: Iterable[str] = (*TRACE_KINDS, "sweep"), resume: str | None = None) -> Path:
+def check_out_dir(
+    out: str | Path,
+    inputs: Iterable[str | Path] = (),
+    force: bool | None = False,
+    flag: str = "--out",
+    kinds: Iterable[str] = (*TRACE_KINDS, "sweep"),
+    resume: str | None = None,
+) -> Path:
     """Refuse (UsageError) an output folder the command may not use; return it resolved.
 
     `kinds`: the project outputs `--force` may replace. `resume`: a kind this command continues
@@ -110,8 +116,7 @@ def check_out_dir(out: str | Path, inputs: Iterable[str | Path] = (), force: boo
         raise UsageError(f"{flag} {out} exists and is not empty (choose another {flag}{hint})")
     if kind not in set(kinds):
         what = f"a solm {kind} output" if kind else "not an output solm wrote (no solm meta.json)"
-        raise UsageError(f"{flag} {out} is {what}; --force replaces only an empty folder or one of: "
-                         f"{', '.join(kinds)}")
+        raise UsageError(f"{flag} {out} is {what}; --force replaces only an empty folder or one of: {', '.join(kinds)}")
     return p
 
 
@@ -138,8 +143,10 @@ class OutLock:
         except BlockingIOError:
             holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(self.fd)
-            raise UsageError(f"{flag} {d} is being written by another solm process (pid {holder}); "
-                             f"wait for it or choose another {flag}") from None
+            raise UsageError(
+                f"{flag} {d} is being written by another solm process (pid {holder}); "
+                f"wait for it or choose another {flag}"
+            ) from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, str(os.getpid()).encode(), 0)
 
@@ -159,8 +166,14 @@ class OutLock:
         self.release()
 
 
-def claim_out_dir(out: str | Path, inputs: Iterable[str | Path] = (), force: bool | None = False, flag: str = "--out",
-                  kinds: Iterable[str] = (*TRACE_KINDS, "sweep"), resume: str | None = None) -> OutLock:
+def claim_out_dir(
+    out: str | Path,
+    inputs: Iterable[str | Path] = (),
+    force: bool | None = False,
+    flag: str = "--out",
+    kinds: Iterable[str] = (*TRACE_KINDS, "sweep"),
+    resume: str | None = None,
+) -> OutLock:
     """Check `out`, create it and lock it; the writer replaces its contents later (so a run that
     fails before writing leaves an old output as it was).
 
@@ -186,8 +199,9 @@ def claim_out_dir(out: str | Path, inputs: Iterable[str | Path] = (), force: boo
     return lock
 
 
-def check_out_file(out: str | Path, inputs: Iterable[str | Path] = (), force: bool = False,
-                   flag: str = "--out") -> Path:
+def check_out_file(
+    out: str | Path, inputs: Iterable[str | Path] = (), force: bool = False, flag: str = "--out"
+) -> Path:
     """Refuse (UsageError) an output file the command may not write; return it resolved."""
     p = resolved(out)
     if p.is_dir():

@@ -33,8 +33,18 @@ PID_BLOCK = 1_000_000  # process ids of trace i: i * PID_BLOCK + ...
 COUNTER_PID = 0  # within a block: the counters process; request r is r + 1
 STEPS_TID = 0  # within a request: forward passes; stream s is s + 1 (the prompt, -1, is tid 0)
 COUNTER_COLUMNS = tuple(f.name for f in COUNTERS if f.name not in ("t_s", "source"))
-STEP_ARGS = ("step_index", "batch_index", "query_tokens", "kv_tokens_read", "active_streams",
-             "emitted_tokens", "evicted_tokens", "live_kv_tokens", "kv_bytes_allocated", "freed_kv_bytes")
+STEP_ARGS = (
+    "step_index",
+    "batch_index",
+    "query_tokens",
+    "kv_tokens_read",
+    "active_streams",
+    "emitted_tokens",
+    "evicted_tokens",
+    "live_kv_tokens",
+    "kv_bytes_allocated",
+    "freed_kv_bytes",
+)
 
 
 def _us(seconds: float) -> float:
@@ -45,8 +55,9 @@ def _meta_event(name: str, pid: int, tid: int, value: str, sort_index: int | Non
     out = [{"ph": "M", "name": name, "ts": 0, "dur": 0, "pid": pid, "tid": tid, "args": {"name": value}}]
     if sort_index is not None:
         key = "process_sort_index" if name == "process_name" else "thread_sort_index"
-        out.append({"ph": "M", "name": key, "ts": 0, "dur": 0, "pid": pid, "tid": tid,
-                    "args": {"sort_index": sort_index}})
+        out.append(
+            {"ph": "M", "name": key, "ts": 0, "dur": 0, "pid": pid, "tid": tid, "args": {"sort_index": sort_index}}
+        )
     return out
 
 
@@ -71,20 +82,60 @@ def trace_events(trace: Trace, index: int = 0) -> list[dict]:
             args["streams"] = s.streams
             if s.note:
                 args["note"] = s.note
-            events.append({"ph": "X", "cat": "step", "name": s.phase, "ts": ts, "dur": dur,
-                           "pid": pid, "tid": STEPS_TID, "args": args})
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "step",
+                    "name": s.phase,
+                    "ts": ts,
+                    "dur": dur,
+                    "pid": pid,
+                    "tid": STEPS_TID,
+                    "args": args,
+                }
+            )
             for stream in _streams(s.streams):
                 tid = stream + 1
                 if stream not in seen_streams:
                     seen_streams.add(stream)
                     events += _meta_event("thread_name", pid, tid, f"stream {stream}", tid)
-                events.append({"ph": "X", "cat": "stream", "name": f"{s.phase} s{stream}", "ts": ts, "dur": dur,
-                               "pid": pid, "tid": tid, "args": {"stream": stream, "step_index": int(s.step_index)}})
+                events.append(
+                    {
+                        "ph": "X",
+                        "cat": "stream",
+                        "name": f"{s.phase} s{stream}",
+                        "ts": ts,
+                        "dur": dur,
+                        "pid": pid,
+                        "tid": tid,
+                        "args": {"stream": stream, "step_index": int(s.step_index)},
+                    }
+                )
             end = _us(s.start_s + s.duration_s)
-            events.append({"ph": "C", "cat": "kv", "name": "live KV", "ts": end, "dur": 0, "pid": pid,
-                           "tid": STEPS_TID, "args": {"live_kv_tokens": int(s.live_kv_tokens)}})
-            events.append({"ph": "C", "cat": "kv", "name": "KV bytes held", "ts": end, "dur": 0, "pid": pid,
-                           "tid": STEPS_TID, "args": {"kv_bytes_allocated": int(s.kv_bytes_allocated)}})
+            events.append(
+                {
+                    "ph": "C",
+                    "cat": "kv",
+                    "name": "live KV",
+                    "ts": end,
+                    "dur": 0,
+                    "pid": pid,
+                    "tid": STEPS_TID,
+                    "args": {"live_kv_tokens": int(s.live_kv_tokens)},
+                }
+            )
+            events.append(
+                {
+                    "ph": "C",
+                    "cat": "kv",
+                    "name": "KV bytes held",
+                    "ts": end,
+                    "dur": 0,
+                    "pid": pid,
+                    "tid": STEPS_TID,
+                    "args": {"kv_bytes_allocated": int(s.kv_bytes_allocated)},
+                }
+            )
     counters = trace.counters
     if len(counters):
         pid = base + COUNTER_PID
@@ -94,8 +145,18 @@ def trace_events(trace: Trace, index: int = 0) -> list[dict]:
             for t, v in zip(counters["t_s"], counters[col]):
                 if v is None or (isinstance(v, float) and math.isnan(v)):
                     continue
-                events.append({"ph": "C", "cat": "counter", "name": col, "ts": _us(t), "dur": 0,
-                               "pid": pid, "tid": 0, "args": {col: float(v)}})
+                events.append(
+                    {
+                        "ph": "C",
+                        "cat": "counter",
+                        "name": col,
+                        "ts": _us(t),
+                        "dur": 0,
+                        "pid": pid,
+                        "tid": 0,
+                        "args": {col: float(v)},
+                    }
+                )
     return events
 
 
@@ -107,9 +168,18 @@ def to_chrome_trace(traces: list[Trace]) -> dict:
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
-        "otherData": {"solm_traces": [
-            {"trace": str(t.path), "kind": t.kind, "system": t.system, "pid_base": i * PID_BLOCK,
-             "schema_version": t.meta.get("schema_version")} for i, t in enumerate(traces)]},
+        "otherData": {
+            "solm_traces": [
+                {
+                    "trace": str(t.path),
+                    "kind": t.kind,
+                    "system": t.system,
+                    "pid_base": i * PID_BLOCK,
+                    "schema_version": t.meta.get("schema_version"),
+                }
+                for i, t in enumerate(traces)
+            ]
+        },
     }
 
 
@@ -123,7 +193,8 @@ def export_perfetto(paths: list[str | Path], out: str | Path) -> dict:
     write_file_atomic(out_path, json.dumps(doc, separators=(",", ":")))  # whole or not at all
     ev = doc["traceEvents"]
     return {
-        "out": str(out_path), "traces": [str(t.path) for t in traces],
+        "out": str(out_path),
+        "traces": [str(t.path) for t in traces],
         "events": len(ev),
         "complete_events": sum(e["ph"] == "X" for e in ev),
         "counter_events": sum(e["ph"] == "C" and e.get("cat") == "counter" for e in ev),

@@ -48,9 +48,23 @@ MAX_GRAPH_BYTES = 2 << 30
 MAX_JSON_DEPTH = 32  # meta.json nests 3-4 levels; graph.json 4
 # meta.json fields and the JSON type each must have when present (required ones: META_REQUIRED)
 META_TYPES: dict[str, type | tuple[type, ...]] = {
-    "schema_version": int, "kind": str, "system": str, "model": dict, "device": dict, "created_at": str,
-    "task": str, "knobs": dict, "host": dict, "complete": bool, "split": str, "n_requests": int, "seed": int,
-    "nvml": bool, "counters_source": str, "simulation": dict, "quality_applicable": bool,
+    "schema_version": int,
+    "kind": str,
+    "system": str,
+    "model": dict,
+    "device": dict,
+    "created_at": str,
+    "task": str,
+    "knobs": dict,
+    "host": dict,
+    "complete": bool,
+    "split": str,
+    "n_requests": int,
+    "seed": int,
+    "nvml": bool,
+    "counters_source": str,
+    "simulation": dict,
+    "quality_applicable": bool,
 }
 
 
@@ -142,7 +156,9 @@ def read_table(file: Path, name: str) -> pa.Table:
     try:
         return table.select(expected.names).cast(expected)
     except (pa.ArrowException, ValueError) as e:
-        raise TraceError(f"{file}: column types do not match schema v{SCHEMA_VERSION} ({str(e).splitlines()[0]})") from None
+        raise TraceError(
+            f"{file}: column types do not match schema v{SCHEMA_VERSION} ({str(e).splitlines()[0]})"
+        ) from None
 
 
 def read_parts(path: Path) -> tuple[dict[str, pa.Table], dict[str, dict]]:
@@ -155,9 +171,7 @@ def read_parts(path: Path) -> tuple[dict[str, pa.Table], dict[str, dict]]:
         tables["steps"].append(read_table(parts / f"steps-{tag}.parquet", "steps"))
         tables["tokens"].append(read_table(parts / f"tokens-{tag}.parquet", "tokens"))
         graphs[str(rid)] = _read_json(parts / f"graph-{tag}.json")
-    merged = {
-        name: pa.concat_tables(ts) if ts else TABLES[name].empty_table() for name, ts in tables.items()
-    }
+    merged = {name: pa.concat_tables(ts) if ts else TABLES[name].empty_table() for name, ts in tables.items()}
     return merged, graphs
 
 

@@ -28,13 +28,35 @@ from profiler.schema import RUNS
 RUNS_FILE = "runs.parquet"
 
 
-def run_rows(request_id: int, run: int, arrival_s: float, ttft_s: float, e2e_s: float, step_rows: list[dict],
-             recorded: bool, same_output: bool) -> list[dict]:
+def run_rows(
+    request_id: int,
+    run: int,
+    arrival_s: float,
+    ttft_s: float,
+    e2e_s: float,
+    step_rows: list[dict],
+    recorded: bool,
+    same_output: bool,
+) -> list[dict]:
     """The rows of one run (its passes' `start_s` and `duration_s` on the capture's clock)."""
-    head = {"request_id": request_id, "run": run, "recorded": recorded, "same_output": same_output,
-            "arrival_s": arrival_s, "ttft_s": ttft_s, "e2e_s": e2e_s}
-    return [{**head, "step_index": int(s["step_index"]), "start_s": float(s["start_s"]),
-             "duration_s": float(s["duration_s"])} for s in step_rows]
+    head = {
+        "request_id": request_id,
+        "run": run,
+        "recorded": recorded,
+        "same_output": same_output,
+        "arrival_s": arrival_s,
+        "ttft_s": ttft_s,
+        "e2e_s": e2e_s,
+    }
+    return [
+        {
+            **head,
+            "step_index": int(s["step_index"]),
+            "start_s": float(s["start_s"]),
+            "duration_s": float(s["duration_s"]),
+        }
+        for s in step_rows
+    ]
 
 
 def write_runs(trace_dir: str | Path, rows: list[dict]) -> None:
@@ -64,13 +86,18 @@ def single_run(trace, run: int = 0):
     Returns (the view, {"run", "requests", "left_out"})."""
     runs = read_runs(trace.path)
     if runs is None:
-        raise UsageError(f"{trace.path}: no {RUNS_FILE} (captured with one run per request, or before every "
-                         f"run's timings were kept)")
+        raise UsageError(
+            f"{trace.path}: no {RUNS_FILE} (captured with one run per request, or before every run's timings were kept)"
+        )
     mine = runs[(runs["run"] == run) & runs["same_output"]]
     if mine.empty:
         raise UsageError(f"{trace.path}: no run {run} in {RUNS_FILE} (runs 0..{int(runs['run'].max())})")
-    steps = trace.steps.merge(mine[["request_id", "step_index", "start_s", "duration_s"]],
-                              on=["request_id", "step_index"], how="left", suffixes=("_recorded", ""))
+    steps = trace.steps.merge(
+        mine[["request_id", "step_index", "start_s", "duration_s"]],
+        on=["request_id", "step_index"],
+        how="left",
+        suffixes=("_recorded", ""),
+    )
     n_steps = trace.steps.groupby("request_id").size()
     n_run = mine.groupby("request_id").size()
     ok = [int(r) for r in n_steps.index if r in n_run.index and n_run[r] == n_steps[r]]
@@ -82,7 +109,11 @@ def single_run(trace, run: int = 0):
     for col in ("arrival_s", "ttft_s", "e2e_s"):
         req[col] = req["request_id"].map(per_req[col]).astype(float)
     req["start_s"] = req["arrival_s"] + offset
-    view = dataclasses.replace(trace, requests=req.reset_index(drop=True), steps=steps,
-                               tokens=trace.tokens[trace.tokens["request_id"].isin(ok)].reset_index(drop=True),
-                               graphs={k: v for k, v in trace.graphs.items() if k in ok})
+    view = dataclasses.replace(
+        trace,
+        requests=req.reset_index(drop=True),
+        steps=steps,
+        tokens=trace.tokens[trace.tokens["request_id"].isin(ok)].reset_index(drop=True),
+        graphs={k: v for k, v in trace.graphs.items() if k in ok},
+    )
     return view, {"run": run, "requests": len(ok), "left_out": int(trace.requests["request_id"].nunique() - len(ok))}

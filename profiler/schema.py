@@ -24,75 +24,83 @@ SCHEMA_VERSION = 1
 SCHEMA_MINOR = 1
 KINDS = ("measured", "simulated")
 
-REQUESTS = pa.schema([
-    ("request_id", pa.int64()),
-    ("prompt", pa.string()),
-    ("reference", pa.string()),  # expected answer ("" when there is none)
-    ("prompt_tokens", pa.int64()),
-    ("output_tokens", pa.int64()),
-    ("output_text", pa.string()),
-    ("quality_score", pa.float64()),  # 0..1; NaN = not applicable (e.g. structure replay)
-    ("arrival_s", pa.float64()),  # relative to the run's start
-    ("start_s", pa.float64()),
-    ("ttft_s", pa.float64()),  # from arrival to the end of the pass that produced the first token
-    ("e2e_s", pa.float64()),  # from arrival to the end of the last pass
-    ("steps", pa.int64()),
-    ("critical_path_tokens", pa.int64()),
-    ("theoretical_speedup", pa.float64()),  # output tokens / critical path
-    ("peak_live_kv_tokens", pa.int64()),
-    ("peak_kv_bytes", pa.int64()),
-    ("status", pa.string()),  # ok, truncated, error
-    ("stop_reason", pa.string()),
-    ("error", pa.string()),
-    ("events", pa.string()),  # JSON list of recorded fallbacks / guard hits
-])
+REQUESTS = pa.schema(
+    [
+        ("request_id", pa.int64()),
+        ("prompt", pa.string()),
+        ("reference", pa.string()),  # expected answer ("" when there is none)
+        ("prompt_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("output_text", pa.string()),
+        ("quality_score", pa.float64()),  # 0..1; NaN = not applicable (e.g. structure replay)
+        ("arrival_s", pa.float64()),  # relative to the run's start
+        ("start_s", pa.float64()),
+        ("ttft_s", pa.float64()),  # from arrival to the end of the pass that produced the first token
+        ("e2e_s", pa.float64()),  # from arrival to the end of the last pass
+        ("steps", pa.int64()),
+        ("critical_path_tokens", pa.int64()),
+        ("theoretical_speedup", pa.float64()),  # output tokens / critical path
+        ("peak_live_kv_tokens", pa.int64()),
+        ("peak_kv_bytes", pa.int64()),
+        ("status", pa.string()),  # ok, truncated, error
+        ("stop_reason", pa.string()),
+        ("error", pa.string()),
+        ("events", pa.string()),  # JSON list of recorded fallbacks / guard hits
+    ]
+)
 
-STEPS = pa.schema([
-    ("request_id", pa.int64()),
-    ("step_index", pa.int64()),  # within the request
-    ("batch_index", pa.int64()),  # global forward-pass index (rows of one batched pass share it)
-    ("phase", pa.string()),  # prefill, decode, plan, denoise, sync
-    ("start_s", pa.float64()),
-    ("duration_s", pa.float64()),
-    ("streams", pa.string()),  # comma-separated stream ids with a query row in this pass
-    ("active_streams", pa.int64()),
-    ("query_tokens", pa.int64()),
-    ("kv_tokens_read", pa.int64()),  # sum over query rows of visible slots
-    ("live_kv_tokens", pa.int64()),  # after the pass
-    ("kv_bytes_allocated", pa.int64()),  # after the pass (whole pages held)
-    ("emitted_tokens", pa.int64()),
-    ("evicted_tokens", pa.int64()),  # declared dead by this pass (logical eviction)
-    ("freed_kv_bytes", pa.int64()),  # released by this pass (physical eviction)
-    ("device_memory_bytes", pa.int64()),  # -1 when unknown
-    ("note", pa.string()),
-])
+STEPS = pa.schema(
+    [
+        ("request_id", pa.int64()),
+        ("step_index", pa.int64()),  # within the request
+        ("batch_index", pa.int64()),  # global forward-pass index (rows of one batched pass share it)
+        ("phase", pa.string()),  # prefill, decode, plan, denoise, sync
+        ("start_s", pa.float64()),
+        ("duration_s", pa.float64()),
+        ("streams", pa.string()),  # comma-separated stream ids with a query row in this pass
+        ("active_streams", pa.int64()),
+        ("query_tokens", pa.int64()),
+        ("kv_tokens_read", pa.int64()),  # sum over query rows of visible slots
+        ("live_kv_tokens", pa.int64()),  # after the pass
+        ("kv_bytes_allocated", pa.int64()),  # after the pass (whole pages held)
+        ("emitted_tokens", pa.int64()),
+        ("evicted_tokens", pa.int64()),  # declared dead by this pass (logical eviction)
+        ("freed_kv_bytes", pa.int64()),  # released by this pass (physical eviction)
+        ("device_memory_bytes", pa.int64()),  # -1 when unknown
+        ("note", pa.string()),
+    ]
+)
 
-TOKENS = pa.schema([
-    ("request_id", pa.int64()),
-    ("token_index", pa.int64()),  # index in the final output
-    ("token_id", pa.int64()),
-    ("token_text", pa.string()),
-    ("stream", pa.int64()),  # thread / span / register step that produced it
-    ("step_index", pa.int64()),  # the pass that produced it
-    ("position_id", pa.int64()),
-    ("kv_slot", pa.int64()),  # -1: never written
-    ("kind", pa.string()),  # content, tag, plan, mask, pad
-    ("visible_streams", pa.list_(pa.int64())),  # -1 is the prompt
-    ("evicted_at_step", pa.int64()),  # -1: never evicted
-])
+TOKENS = pa.schema(
+    [
+        ("request_id", pa.int64()),
+        ("token_index", pa.int64()),  # index in the final output
+        ("token_id", pa.int64()),
+        ("token_text", pa.string()),
+        ("stream", pa.int64()),  # thread / span / register step that produced it
+        ("step_index", pa.int64()),  # the pass that produced it
+        ("position_id", pa.int64()),
+        ("kv_slot", pa.int64()),  # -1: never written
+        ("kind", pa.string()),  # content, tag, plan, mask, pad
+        ("visible_streams", pa.list_(pa.int64())),  # -1 is the prompt
+        ("evicted_at_step", pa.int64()),  # -1: never evicted
+    ]
+)
 
-COUNTERS = pa.schema([
-    ("t_s", pa.float64()),  # relative to the run's start
-    ("source", pa.string()),  # nvml or host
-    ("gpu_memory_used_bytes", pa.float64()),
-    ("gpu_utilization_percent", pa.float64()),
-    ("power_w", pa.float64()),
-    ("energy_mj", pa.float64()),  # cumulative since the sampler started
-    ("sm_clock_mhz", pa.float64()),
-    ("temperature_c", pa.float64()),
-    ("cpu_percent", pa.float64()),
-    ("rss_bytes", pa.float64()),
-])
+COUNTERS = pa.schema(
+    [
+        ("t_s", pa.float64()),  # relative to the run's start
+        ("source", pa.string()),  # nvml or host
+        ("gpu_memory_used_bytes", pa.float64()),
+        ("gpu_utilization_percent", pa.float64()),
+        ("power_w", pa.float64()),
+        ("energy_mj", pa.float64()),  # cumulative since the sampler started
+        ("sm_clock_mhz", pa.float64()),
+        ("temperature_c", pa.float64()),
+        ("cpu_percent", pa.float64()),
+        ("rss_bytes", pa.float64()),
+    ]
+)
 
 # the v1.0 columns (what every v1 trace has)
 BASE_TABLES: dict[str, pa.Schema] = {"requests": REQUESTS, "steps": STEPS, "tokens": TOKENS, "counters": COUNTERS}
@@ -126,28 +134,34 @@ def fill_defaults(name: str, table: pa.Table) -> pa.Table:
         if field.name in table.column_names:
             continue
         if isinstance(value, tuple):
-            arr = table.column(value[1]).cast(field.type) if value[1] in table.column_names \
+            arr = (
+                table.column(value[1]).cast(field.type)
+                if value[1] in table.column_names
                 else pa.nulls(table.num_rows, field.type)
+            )
         else:
             arr = pa.array([value] * table.num_rows, type=field.type)
         table = table.append_column(field, arr)
     return table
 
+
 # Optional `runs.parquet` of a measured trace: every timed run of every request (`capture --repeats`
 # records one run per request in the tables above; this keeps them all, one row per forward pass of
 # each run, on the capture's real clock). See profiler/runs.py.
-RUNS = pa.schema([
-    ("request_id", pa.int64()),
-    ("run", pa.int64()),  # the round it ran in: 0 = the first (a `--repeats 1` capture's only run)
-    ("recorded", pa.bool_()),  # the run the trace's tables hold (shifted onto their timeline)
-    ("same_output", pa.bool_()),  # its output tokens equal the first run's
-    ("arrival_s", pa.float64()),  # the request's, on the capture's clock (repeated on each of its rows)
-    ("ttft_s", pa.float64()),
-    ("e2e_s", pa.float64()),
-    ("step_index", pa.int64()),
-    ("start_s", pa.float64()),
-    ("duration_s", pa.float64()),
-])
+RUNS = pa.schema(
+    [
+        ("request_id", pa.int64()),
+        ("run", pa.int64()),  # the round it ran in: 0 = the first (a `--repeats 1` capture's only run)
+        ("recorded", pa.bool_()),  # the run the trace's tables hold (shifted onto their timeline)
+        ("same_output", pa.bool_()),  # its output tokens equal the first run's
+        ("arrival_s", pa.float64()),  # the request's, on the capture's clock (repeated on each of its rows)
+        ("ttft_s", pa.float64()),
+        ("e2e_s", pa.float64()),
+        ("step_index", pa.int64()),
+        ("start_s", pa.float64()),
+        ("duration_s", pa.float64()),
+    ]
+)
 
 META_REQUIRED = ("schema_version", "kind", "system", "model", "device", "created_at")
 

@@ -27,6 +27,7 @@ from profiler.schema import BASE_TABLES, MINOR_COLUMNS, SCHEMA_MINOR, SCHEMA_VER
 class OutputExists(UsageError, FileExistsError):
     """The output folder holds something the writer may not replace (a FileExistsError too)."""
 
+
 PARTS = "parts"
 
 
@@ -91,8 +92,9 @@ class TraceWriter:
         self.n_committed = 0
         self._gen: dict[int, int] = {}  # request id -> its committed generation
 
-    def add_request(self, request_row: dict, step_rows: list[dict], token_rows: list[dict], graph: dict,
-                    replace: bool = False) -> None:
+    def add_request(
+        self, request_row: dict, step_rows: list[dict], token_rows: list[dict], graph: dict, replace: bool = False
+    ) -> None:
         """Commit one request. `replace=True` refines a committed one (`capture --repeats`): the new
         generation is committed (`request-RID.gN`, readers take the newest) before the old one is
         removed, so a run cut short at any point keeps one whole version of every committed request."""
@@ -108,7 +110,12 @@ class TraceWriter:
         write_table(parts / f"request-{tag}.parquet", table_from_rows("requests", [request_row]))
         if gen:
             old = part_tag(rid, gen - 1)  # uncommit the old generation first (its request part), then the rest
-            for name in (f"request-{old}.parquet", f"steps-{old}.parquet", f"tokens-{old}.parquet", f"graph-{old}.json"):
+            for name in (
+                f"request-{old}.parquet",
+                f"steps-{old}.parquet",
+                f"tokens-{old}.parquet",
+                f"graph-{old}.json",
+            ):
                 (parts / name).unlink(missing_ok=True)
         else:
             self.n_committed += 1
@@ -133,7 +140,9 @@ class TraceWriter:
         return self.dir
 
 
-def write_trace(out_dir: str | Path, meta: dict, tables: dict[str, pa.Table], graphs: dict, overwrite: bool = True) -> Path:
+def write_trace(
+    out_dir: str | Path, meta: dict, tables: dict[str, pa.Table], graphs: dict, overwrite: bool = True
+) -> Path:
     """Write a whole trace at once (the simulator's output). Same layout, complete from the start."""
     out = Path(out_dir)
     prepare_out(out, overwrite)
@@ -143,5 +152,8 @@ def write_trace(out_dir: str | Path, meta: dict, tables: dict[str, pa.Table], gr
         write_table(out / f"{name}.parquet", t.cast(schema) if t.schema != schema else t)
     write_json(out / "graph.json", {str(k): v for k, v in graphs.items()})
     n = tables["requests"].num_rows if "requests" in tables else 0
-    write_json(out / "meta.json", {**meta, "schema_version": SCHEMA_VERSION, "schema_minor": SCHEMA_MINOR, "complete": True, "n_requests": n})
+    write_json(
+        out / "meta.json",
+        {**meta, "schema_version": SCHEMA_VERSION, "schema_minor": SCHEMA_MINOR, "complete": True, "n_requests": n},
+    )
     return out

@@ -42,8 +42,10 @@ from runtime.tokenizer import Tokenizer
 # which of a request's repeated runs is recorded: index into its runs sorted by latency
 KEEP = {"min": lambda n: 0, "median": lambda n: (n - 1) // 2}
 
-NOT_APPLICABLE = ("not applicable: a model that does not speak the project's tokenizer (random real-scale "
-                  "weights, a transformers checkpoint, real GGUF weights) or a structure replayed from another trace")
+NOT_APPLICABLE = (
+    "not applicable: a model that does not speak the project's tokenizer (random real-scale "
+    "weights, a transformers checkpoint, real GGUF weights) or a structure replayed from another trace"
+)
 
 
 @dataclass
@@ -94,8 +96,12 @@ def git_commit() -> str:
 
 
 def device_meta(device: str, sampler: CounterSampler) -> dict:
-    info = {"type": "cuda" if device.startswith("cuda") else "cpu", "torch": torch.__version__,
-            "cuda": torch.version.cuda or "", **sampler.meta()}
+    info = {
+        "type": "cuda" if device.startswith("cuda") else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "",
+        **sampler.meta(),
+    }
     if info["type"] == "cuda":
         idx = torch.device(device).index or 0
         info["name"] = torch.cuda.get_device_name(idx)
@@ -116,11 +122,19 @@ def model_meta(model: TinyLM, spec: str, info: dict) -> dict:
     c = model.cfg
     dtype = model.embed.weight.dtype
     return {
-        "name": spec if not Path(spec).is_dir() else Path(spec).name, "preset": c.name,
-        "n_layers": c.n_layers, "d_model": c.d_model, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads,
-        "d_ff": c.d_ff, "vocab_size": c.vocab_size, "dtype": str(dtype).replace("torch.", ""),
-        "dtype_bytes": torch.empty((), dtype=dtype).element_size(), "params": model.num_parameters(),
-        "kv_bytes_per_token": model.kv_bytes_per_token, "trained": bool(info.get("trained", True)),
+        "name": spec if not Path(spec).is_dir() else Path(spec).name,
+        "preset": c.name,
+        "n_layers": c.n_layers,
+        "d_model": c.d_model,
+        "n_heads": c.n_heads,
+        "n_kv_heads": c.n_kv_heads,
+        "d_ff": c.d_ff,
+        "vocab_size": c.vocab_size,
+        "dtype": str(dtype).replace("torch.", ""),
+        "dtype_bytes": torch.empty((), dtype=dtype).element_size(),
+        "params": model.num_parameters(),
+        "kv_bytes_per_token": model.kv_bytes_per_token,
+        "trained": bool(info.get("trained", True)),
         "checkpoint_info": info,
         **(model.meta_extra() if hasattr(model, "meta_extra") else {}),  # real architectures: head_dim, tied embeddings
     }
@@ -130,31 +144,63 @@ def provenance_meta(device: str, sampler: CounterSampler, timer_name: str, seed:
     """Where and when a capture ran, and how it was timed and sampled (meta.json keys)."""
     return {
         "device": device_meta(device, sampler),
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cores": os.cpu_count(),
-                 "python": platform.python_version()},
-        "solm_version": solm_version(), "git_commit": git_commit(), "seed": seed,
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"), "timer": timer_name,
-        "counters_source": sampler.source, "nvml": sampler.source == "nvml", "nvml_reason": sampler.reason,
+        "host": {
+            "hostname": socket.gethostname(),
+            "platform": platform.platform(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "solm_version": solm_version(),
+        "git_commit": git_commit(),
+        "seed": seed,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "timer": timer_name,
+        "counters_source": sampler.source,
+        "nvml": sampler.source == "nvml",
+        "nvml_reason": sampler.reason,
     }
 
 
 def request_row(ex: Example, c: Completion, rec, quality: float, arrival_s: float) -> dict:
     return {
-        "request_id": c.request_id, "prompt": ex.prompt, "reference": ex.answer,
-        "prompt_tokens": c.prompt_tokens, "output_tokens": len(c.output_ids), "output_text": c.text,
-        "quality_score": quality, "arrival_s": arrival_s, "start_s": rec.start_s,
-        "ttft_s": rec.first_token_s - arrival_s, "e2e_s": rec.end_s - arrival_s, "steps": c.steps,
-        "critical_path_tokens": c.critical_path_tokens, "theoretical_speedup": c.theoretical_speedup,
-        "peak_live_kv_tokens": c.peak_live_kv_tokens, "peak_kv_bytes": c.peak_kv_bytes,
-        "status": c.status, "stop_reason": c.stop_reason, "error": c.error, "events": json.dumps(c.events),
+        "request_id": c.request_id,
+        "prompt": ex.prompt,
+        "reference": ex.answer,
+        "prompt_tokens": c.prompt_tokens,
+        "output_tokens": len(c.output_ids),
+        "output_text": c.text,
+        "quality_score": quality,
+        "arrival_s": arrival_s,
+        "start_s": rec.start_s,
+        "ttft_s": rec.first_token_s - arrival_s,
+        "e2e_s": rec.end_s - arrival_s,
+        "steps": c.steps,
+        "critical_path_tokens": c.critical_path_tokens,
+        "theoretical_speedup": c.theoretical_speedup,
+        "peak_live_kv_tokens": c.peak_live_kv_tokens,
+        "peak_kv_bytes": c.peak_kv_bytes,
+        "status": c.status,
+        "stop_reason": c.stop_reason,
+        "error": c.error,
+        "events": json.dumps(c.events),
     }
 
 
 def token_rows(c: Completion, tok: Tokenizer) -> list[dict]:
     return [
-        {"request_id": c.request_id, "token_index": i, "token_id": t.token_id, "token_text": tok.token_text(t.token_id),
-         "stream": t.stream, "step_index": t.step_index, "position_id": t.position_id, "kv_slot": t.kv_slot,
-         "kind": t.kind, "visible_streams": list(t.visible_streams), "evicted_at_step": t.evicted_at_step}
+        {
+            "request_id": c.request_id,
+            "token_index": i,
+            "token_id": t.token_id,
+            "token_text": tok.token_text(t.token_id),
+            "stream": t.stream,
+            "step_index": t.step_index,
+            "position_id": t.position_id,
+            "kv_slot": t.kv_slot,
+            "kind": t.kind,
+            "visible_streams": list(t.visible_streams),
+            "evicted_at_step": t.evicted_at_step,
+        }
         for i, t in enumerate(c.tokens)
     ]
 
@@ -176,8 +222,9 @@ def structure_scripts(cfg: CaptureConfig) -> tuple[list, dict]:
         raise UsageError(f"--structure-from supports {', '.join(REPLAYABLE)}, not {cfg.system!r}")
     ref = read_trace(cfg.structure_from)  # a missing or corrupt trace is a TraceError, one line
     if ref.meta.get("system") != cfg.system:
-        raise UsageError(f"--structure-from {cfg.structure_from} holds a {ref.meta.get('system')!r} trace, "
-                         f"not {cfg.system!r}")
+        raise UsageError(
+            f"--structure-from {cfg.structure_from} holds a {ref.meta.get('system')!r} trace, not {cfg.system!r}"
+        )
     return read_scripts(cfg.structure_from)[: cfg.n], ref.meta
 
 
@@ -200,8 +247,11 @@ def check_config(cfg: CaptureConfig) -> None:
 def make_start(cfg: CaptureConfig, model, tok: Tokenizer, scripts: list | None):
     """`start(rid, example, script)`: a request's step generator, on the engine `cfg` names (or a
     replayer of `scripts`, the reference trace's structure)."""
-    gen_cfg = GenerationConfig(max_tokens=cfg.max_tokens, page_size=cfg.page_size,
-                               sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.seed))
+    gen_cfg = GenerationConfig(
+        max_tokens=cfg.max_tokens,
+        page_size=cfg.page_size,
+        sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.seed),
+    )
     try:
         if scripts is None:
             engine = get_engine(cfg.system)(model, tok, gen_cfg, **cfg.knobs)
@@ -239,7 +289,9 @@ class Run:
 
 def shifted(rec: RecordedRun, by_s: float, first_batch: int) -> RecordedRun:
     """`rec` moved `by_s` seconds along the clock, its passes renumbered from `first_batch`."""
-    rows = [{**row, "start_s": row["start_s"] + by_s, "batch_index": first_batch + j} for j, row in enumerate(rec.step_rows)]
+    rows = [
+        {**row, "start_s": row["start_s"] + by_s, "batch_index": first_batch + j} for j, row in enumerate(rec.step_rows)
+    ]
     return RecordedRun(rec.result, rows, rec.start_s + by_s, rec.first_token_s + by_s, rec.end_s + by_s)
 
 
@@ -286,8 +338,16 @@ class Rounds:
         for rid, rr in enumerate(self.runs):
             kept = self.kept(rid) if rr else None
             for r in rr:
-                rows += run_rows(rid, r.round, r.arrival_s, r.rec.first_token_s - r.arrival_s, r.e2e_s, r.rec.step_rows,
-                                 r is kept, r.rec.result.output_ids == rr[0].rec.result.output_ids)
+                rows += run_rows(
+                    rid,
+                    r.round,
+                    r.arrival_s,
+                    r.rec.first_token_s - r.arrival_s,
+                    r.e2e_s,
+                    r.rec.step_rows,
+                    r is kept,
+                    r.rec.result.output_ids == rr[0].rec.result.output_ids,
+                )
         return rows
 
     def meta(self, repeats: int) -> dict:
@@ -295,13 +355,16 @@ class Rounds:
         full = [sorted(r.e2e_s for r in rr) for rr in self.runs if len(rr) == repeats]
         spread = sorted((x[-1] - x[0]) / x[KEEP["median"](repeats)] for x in full)
         return {
-            "runs_per_request": repeats, "recorded": f"the {self.keep} end-to-end latency run",
-            "rounds": "interleaved: every request once, then again", "diverged_runs": self.diverged(),
+            "runs_per_request": repeats,
+            "recorded": f"the {self.keep} end-to-end latency run",
+            "rounds": "interleaved: every request once, then again",
+            "diverged_runs": self.diverged(),
             "timeline": "recorded runs laid end to end in request order, each after the gap measured before it in "
-                        "its own round (the counters keep the real clock)",
+            "its own round (the counters keep the real clock)",
             "every_run": "runs.parquet (profiler.runs.single_run gives the trace as the first round saw it)",
             "e2e_spread_percent_median": round(100 * spread[len(spread) // 2], 2) if spread else None,
-            "e2e_spread_percent_max": round(100 * spread[-1], 2) if spread else None}
+            "e2e_spread_percent_max": round(100 * spread[-1], 2) if spread else None,
+        }
 
 
 @dataclass
@@ -323,8 +386,13 @@ class Session:
                 continue
             ex, c = self.examples[rid], rec.result
             quality = self.task.score(ex, c.text) if self.scored and c.status != "error" else math.nan
-            self.writer.add_request(request_row(ex, c, rec, quality, arrival), rec.step_rows, token_rows(c, self.tok),
-                                    c.graph, replace=rid in self.committed)
+            self.writer.add_request(
+                request_row(ex, c, rec, quality, arrival),
+                rec.step_rows,
+                token_rows(c, self.tok),
+                c.graph,
+                replace=rid in self.committed,
+            )
             self.committed[rid] = (kept, arrival)
 
 
@@ -335,13 +403,25 @@ def _not_applicable_note(task_name: str) -> str:
 
 def capture_meta(cfg: CaptureConfig, model, info: dict, sampler: CounterSampler, timer_name: str, scored: bool) -> dict:
     return {
-        "kind": "measured", "system": cfg.system, "knobs": {**cfg.knobs, "max_tokens": cfg.max_tokens,
-        "temperature": cfg.temperature, "top_p": cfg.top_p, "page_size": cfg.page_size},
-        "task": cfg.task, "split": cfg.split, "model": model_meta(model, cfg.model, info),
+        "kind": "measured",
+        "system": cfg.system,
+        "knobs": {
+            **cfg.knobs,
+            "max_tokens": cfg.max_tokens,
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "page_size": cfg.page_size,
+        },
+        "task": cfg.task,
+        "split": cfg.split,
+        "model": model_meta(model, cfg.model, info),
         **provenance_meta(cfg.device, sampler, timer_name, cfg.seed),
-        "quality_applicable": scored, "quality_note": "" if scored else _not_applicable_note(cfg.task),
+        "quality_applicable": scored,
+        "quality_note": "" if scored else _not_applicable_note(cfg.task),
         "structure_source": cfg.structure_from or "the model's own tokens",
-        "engine_settings": engine_settings(cfg), "warmup_requests": cfg.warmup, "runs_per_request": cfg.repeats,
+        "engine_settings": engine_settings(cfg),
+        "warmup_requests": cfg.warmup,
+        "runs_per_request": cfg.repeats,
     }
 
 
@@ -376,8 +456,9 @@ def run_rounds(cfg: CaptureConfig, s: Session, start, scripts: list | None, reco
             write_runs(s.writer.dir, s.rounds.table_rows())
 
 
-def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progress: bool = True,
-            loaded: tuple | None = None) -> Path:
+def capture(
+    cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progress: bool = True, loaded: tuple | None = None
+) -> Path:
     """Run `cfg` and write its trace to `out`. `loaded`: an already loaded (model, info) to use
     instead of loading `cfg.model` (bench/gpu_capture.py loads an 8B model once for every system)."""
     cfg = cfg.resolved()
@@ -385,8 +466,9 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
     scripts = None
     if cfg.structure_from:
         scripts, ref_meta = structure_scripts(cfg)
-        cfg = CaptureConfig(**{**asdict(cfg), "task": ref_meta.get("task") or cfg.task,
-                               "split": ref_meta.get("split") or cfg.split})
+        cfg = CaptureConfig(
+            **{**asdict(cfg), "task": ref_meta.get("task") or cfg.task, "split": ref_meta.get("split") or cfg.split}
+        )
     task = get_task(cfg.task)
     if cfg.max_tokens is None:
         cfg = CaptureConfig(**{**asdict(cfg), "max_tokens": default_max_tokens(cfg.task)})
@@ -403,14 +485,17 @@ def capture(cfg: CaptureConfig, out: str | Path, overwrite: bool = False, progre
     meta = capture_meta(cfg, model, info, sampler, timer.name, scored)
     for i, (ex, script) in enumerate(warm):  # same engine and settings, nothing recorded
         drain(start(-1 - i, ex, script))
-    session = Session(TraceWriter(out, meta, overwrite=overwrite), task, tok, examples, scored,
-                      Rounds(len(examples), cfg.keep))
+    session = Session(
+        TraceWriter(out, meta, overwrite=overwrite), task, tok, examples, scored, Rounds(len(examples), cfg.keep)
+    )
     sampler.start()
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(examples) * cfg.repeats, desc=f"capture {cfg.system}", unit="run", leave=False, disable=None)
+        bar = tqdm(
+            total=len(examples) * cfg.repeats, desc=f"capture {cfg.system}", unit="run", leave=False, disable=None
+        )
     try:
         run_rounds(cfg, session, start, scripts, recorder, sampler, bar)
     finally:

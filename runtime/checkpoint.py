@@ -92,5 +92,8 @@ def _load_hf(spec: str, device: str, seed: int) -> tuple[TinyLM, dict]:
             raise FileNotFoundError(e.args[0]) from None
         return model, {"arch": name, "trained": False, "transformers": hf_adapter.transformers_version()}
     model = hf_adapter.load_hf_dir(spec, device, logits_vocab=vocab)
-    return model, {"hf_dir": str(Path(spec).resolve()), "trained": True,
-                   "transformers": hf_adapter.transformers_version()}
+    return model, {
+        "hf_dir": str(Path(spec).resolve()),
+        "trained": True,
+        "transformers": hf_adapter.transformers_version(),
+    }

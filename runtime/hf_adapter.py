@@ -71,10 +71,18 @@ class HFConfigView:
     @classmethod
     def from_hf(cls, name: str, c) -> HFConfigView:
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return cls(name=name, n_layers=c.num_hidden_layers, d_model=c.hidden_size, n_heads=c.num_attention_heads,
-                   n_kv_heads=c.num_key_value_heads or c.num_attention_heads, head_dim=head_dim,
-                   d_ff=c.intermediate_size, vocab_size=c.vocab_size, max_positions=c.max_position_embeddings,
-                   model_type=c.model_type)
+        return cls(
+            name=name,
+            n_layers=c.num_hidden_layers,
+            d_model=c.hidden_size,
+            n_heads=c.num_attention_heads,
+            n_kv_heads=c.num_key_value_heads or c.num_attention_heads,
+            head_dim=head_dim,
+            d_ff=c.intermediate_size,
+            vocab_size=c.vocab_size,
+            max_positions=c.max_position_embeddings,
+            model_type=c.model_type,
+        )
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -89,8 +97,10 @@ class HFCausalLM(PagedKVModel, nn.Module):
         if mt not in SUPPORTED:
             raise ValueError(f"model_type {mt!r} is not supported by the adapter (supported: {', '.join(SUPPORTED)})")
         if logits_vocab is not None and hf.config.vocab_size < logits_vocab:
-            raise ValueError(f"{name or mt}: vocab_size {hf.config.vocab_size} is smaller than the tokenizer's "
-                             f"{logits_vocab} ids (every id the engines may feed needs an embedding row)")
+            raise ValueError(
+                f"{name or mt}: vocab_size {hf.config.vocab_size} is smaller than the tokenizer's "
+                f"{logits_vocab} ids (every id the engines may feed needs an embedding row)"
+            )
         self.hf = hf.eval()
         self.cfg = HFConfigView.from_hf(name or mt, hf.config)
         self.logits_vocab = logits_vocab
@@ -107,13 +117,26 @@ class HFCausalLM(PagedKVModel, nn.Module):
     def meta_extra(self) -> dict:
         """Trace `model` fields beyond `capture.model_meta`'s, for `simulator.ModelSpec.from_trace_meta`:
         head_dim (Gemma-7B, Qwen3: != d_model / n_heads), tied embeddings, gated MLP (all families here)."""
-        return {"head_dim": self.cfg.head_dim, "tied_embeddings": bool(getattr(self.hf.config, "tie_word_embeddings", False)),
-                "gated_mlp": True, "model_type": self.cfg.model_type}
+        return {
+            "head_dim": self.cfg.head_dim,
+            "tied_embeddings": bool(getattr(self.hf.config, "tie_word_embeddings", False)),
+            "gated_mlp": True,
+            "model_type": self.cfg.model_type,
+        }
 
     # ------------------------------------------------------------------ inference primitive
-    def _attention(self, attn: nn.Module, layer: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   slots: torch.Tensor, mask: torch.Tensor, kv: PagedKVStore,
-                   attn_sum: list[torch.Tensor] | None) -> torch.Tensor:
+    def _attention(
+        self,
+        attn: nn.Module,
+        layer: int,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+        kv: PagedKVStore,
+        attn_sum: list[torch.Tensor] | None,
+    ) -> torch.Tensor:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # same rotate-half for all
 
         N, D = h.shape[1], self.cfg.head_dim
@@ -136,8 +159,15 @@ class HFCausalLM(PagedKVModel, nn.Module):
             y = w @ Vr
         return attn.o_proj(y.transpose(1, 2).reshape(1, N, -1))  # (1, N, d)
 
-    def forward_unchecked(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
-                          kv, attn_sum: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def forward_unchecked(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+        kv,
+        attn_sum: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """The decoder itself, on device tensors, with a ready (1, 1, N, S) bool mask and no check
         and no host synchronisation (`runtime.static_decode` compiles it; `forward` checks first).
         `kv` needs `write(layer, slots, k, v)` and `keys_values(layer)`."""
@@ -145,8 +175,7 @@ class HFCausalLM(PagedKVModel, nn.Module):
         x = body.embed_tokens(tokens[None])  # (1, N, d); Gemma's embedding scales by sqrt(d) itself
         cos, sin = body.rotary_emb(x, positions[None])  # (1, N, D)
         for i, layer in enumerate(body.layers):
-            x = x + self._attention(layer.self_attn, i, layer.input_layernorm(x), cos, sin, slots, mask, kv,
-                                    attn_sum)
+            x = x + self._attention(layer.self_attn, i, layer.input_layernorm(x), cos, sin, slots, mask, kv, attn_sum)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         h = body.norm(x)[0]  # (N, d)
         logits = self.hf.lm_head(h).float()  # (N, V)
@@ -210,8 +239,9 @@ def hf_config_from_file(path: Path):
     return AutoConfig.for_model(d.pop("model_type"), **d)
 
 
-def build_arch(name: str, device: str = "cpu", seed: int = 0, dtype: torch.dtype | None = None,
-               logits_vocab: int | None = None) -> HFCausalLM:
+def build_arch(
+    name: str, device: str = "cpu", seed: int = 0, dtype: torch.dtype | None = None, logits_vocab: int | None = None
+) -> HFCausalLM:
     """A randomly initialised model of a named architecture (`runtime/hf_configs/NAME.json`)."""
     path = HF_CONFIGS_DIR / f"{name}.json"
     if not path.is_file():
@@ -228,8 +258,9 @@ def build_arch(name: str, device: str = "cpu", seed: int = 0, dtype: torch.dtype
     return HFCausalLM(hf, name=f"arch:{name}", logits_vocab=logits_vocab)
 
 
-def load_hf_dir(path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
-                logits_vocab: int | None = None) -> HFCausalLM:
+def load_hf_dir(
+    path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None, logits_vocab: int | None = None
+) -> HFCausalLM:
     """A local HF checkpoint directory (config.json + safetensors); never touches the network."""
     p = Path(path)
     dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)

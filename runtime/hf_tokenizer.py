@@ -47,15 +47,24 @@ class HFTokenizer:
         (a template that rewrites earlier turns)."""
         if not self.has_chat_template:
             return f"\n\n{next_user}\n\n"
-        first = self.hf.apply_chat_template([{"role": "user", "content": first_user}], add_generation_prompt=True,
-                                            tokenize=False) + assistant
-        full = self.hf.apply_chat_template([{"role": "user", "content": first_user},
-                                            {"role": "assistant", "content": assistant},
-                                            {"role": "user", "content": next_user}], add_generation_prompt=True,
-                                           tokenize=False)
+        first = (
+            self.hf.apply_chat_template(
+                [{"role": "user", "content": first_user}], add_generation_prompt=True, tokenize=False
+            )
+            + assistant
+        )
+        full = self.hf.apply_chat_template(
+            [
+                {"role": "user", "content": first_user},
+                {"role": "assistant", "content": assistant},
+                {"role": "user", "content": next_user},
+            ],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
         if not full.startswith(first):
             raise ValueError("the chat template does not extend the first turn (it rewrites earlier turns)")
-        return full[len(first):]
+        return full[len(first) :]
 
     def encode(self, text: str, *, specials: bool = True) -> list[int]:
         return [int(i) for i in self.hf.encode(text, add_special_tokens=False)]

@@ -115,9 +115,9 @@ class PagedKVStore:
         P = self.page_size
         if (page + 1) * P > self._kpool.shape[2]:
             self._grow((page + 1) * P)
-        self._kpool[:, :, page * P:(page + 1) * P] = 0
-        self._vpool[:, :, page * P:(page + 1) * P] = 0
-        self._held[page * P:(page + 1) * P] = True
+        self._kpool[:, :, page * P : (page + 1) * P] = 0
+        self._vpool[:, :, page * P : (page + 1) * P] = 0
+        self._held[page * P : (page + 1) * P] = True
         self._used[page] = set()
         self.pages_allocated_total += 1
         return page
@@ -172,7 +172,7 @@ class PagedKVStore:
     def _release(self, page: int) -> int:
         nbytes = self.page_bytes
         del self._used[page]
-        self._held[page * self.page_size:(page + 1) * self.page_size] = False
+        self._held[page * self.page_size : (page + 1) * self.page_size] = False
         self._free_page_ids.append(page)
         self._free_page_ids.sort()
         for owner in [o for o, cur in self._open.items() if cur[0] == page]:
@@ -238,8 +238,10 @@ class RequestKV:
     def allocate(self, n: int, owner: Hashable = None) -> list[int]:
         """`n` fresh slots (KVPoolFull from a full pool, with nothing taken)."""
         if self.store.max_pages is not None and self.pages_for(n, owner) > self.store.max_pages - self.store.pages_held:
-            raise KVPoolFull(f"KV pool full: request {self.rid} needs {self.pages_for(n, owner)} more pages, "
-                             f"{self.store.max_pages - self.store.pages_held} free")
+            raise KVPoolFull(
+                f"KV pool full: request {self.rid} needs {self.pages_for(n, owner)} more pages, "
+                f"{self.store.max_pages - self.store.pages_held} free"
+            )
         slots = self.store.allocate(n, owner=(self.rid, owner))
         P = self.store.page_size
         for s in slots:
@@ -279,7 +281,10 @@ class RequestKV:
 
     def allocate_replay(self, ids: list[int], owners: list) -> list[int]:
         """One slot per held token, each under its owner, in order (a readmitted request)."""
-        if self.store.max_pages is not None and self.pages_for_owners(owners) > self.store.max_pages - self.store.pages_held:
+        if (
+            self.store.max_pages is not None
+            and self.pages_for_owners(owners) > self.store.max_pages - self.store.pages_held
+        ):
             raise KVPoolFull(f"KV pool full: request {self.rid} cannot be readmitted")
         return [self.allocate(1, o)[0] for o in owners]
 

@@ -120,15 +120,16 @@ class Group:
     attention: bool = False
 
 
-def grouped_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, groups: list[Group],
-                      attn_out: list[torch.Tensor] | None) -> torch.Tensor:
+def grouped_attention(
+    q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, groups: list[Group], attn_out: list[torch.Tensor] | None
+) -> torch.Tensor:
     """Attention of q (1, H, N, D) over K, V (1, Hkv, S, D), each group's rows over its own gathered
     slots only; with `attn_out`, the attention each slot received (1, S) is appended."""
     ys, per_slot = [], None
     if attn_out is not None:
         per_slot = q.new_zeros((1, K.shape[2]))
     for g in groups:
-        qg, Kg, Vg = q[:, :, g.start:g.stop], K[:, :, g.cols], V[:, :, g.cols]  # (1, H, R, D), (1, Hkv, M, D)
+        qg, Kg, Vg = q[:, :, g.start : g.stop], K[:, :, g.cols], V[:, :, g.cols]  # (1, H, R, D), (1, Hkv, M, D)
         if per_slot is None or not g.attention:
             ys.append(F.scaled_dot_product_attention(qg, Kg, Vg, attn_mask=g.mask, enable_gqa=True))
             continue

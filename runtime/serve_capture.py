@@ -53,7 +53,9 @@ class LoadConfig:
         if self.concurrency is not None and self.concurrency < 1:
             raise UsageError(f"--concurrency must be >= 1, got {self.concurrency}")
         if self.max_seqs < 1 or self.max_batch_tokens < 1:
-            raise UsageError(f"--max-seqs and --max-batch-tokens must be >= 1, got {self.max_seqs}, {self.max_batch_tokens}")
+            raise UsageError(
+                f"--max-seqs and --max-batch-tokens must be >= 1, got {self.max_seqs}, {self.max_batch_tokens}"
+            )
         if not (self.kv_budget_mib > 0 and math.isfinite(self.kv_budget_mib)):
             raise UsageError(f"--kv-budget-mib must be > 0, got {self.kv_budget_mib}")
         if self.attention not in ATTENTION_MODES:
@@ -90,13 +92,33 @@ def step_rows(rec: PassRecord, origin_s: float = 0.0) -> dict[int, list[dict]]:
         if e.step is not None:
             row = e.step.as_row()
         else:
-            row = {"request_id": e.request_id, "step_index": -1, "phase": "prefill", "streams": "", "active_streams": 0,
-                   "query_tokens": 0, "kv_tokens_read": 0, "live_kv_tokens": -1, "kv_bytes_allocated": -1,
-                   "emitted_tokens": 0, "evicted_tokens": 0, "freed_kv_bytes": 0, "note": "prefill chunk"}
-        row.update(batch_index=rec.index, start_s=rec.start_s - origin_s, duration_s=rec.end_s - rec.start_s,
-                   device_memory_bytes=-1, batch_requests=reqs, batch_query_tokens=rows,
-                   recompute_tokens=e.recompute_tokens, preempted_requests=len(rec.preempted),
-                   attention_kv_tokens=e.attention_kv_tokens, chunk=e.chunk)
+            row = {
+                "request_id": e.request_id,
+                "step_index": -1,
+                "phase": "prefill",
+                "streams": "",
+                "active_streams": 0,
+                "query_tokens": 0,
+                "kv_tokens_read": 0,
+                "live_kv_tokens": -1,
+                "kv_bytes_allocated": -1,
+                "emitted_tokens": 0,
+                "evicted_tokens": 0,
+                "freed_kv_bytes": 0,
+                "note": "prefill chunk",
+            }
+        row.update(
+            batch_index=rec.index,
+            start_s=rec.start_s - origin_s,
+            duration_s=rec.end_s - rec.start_s,
+            device_memory_bytes=-1,
+            batch_requests=reqs,
+            batch_query_tokens=rows,
+            recompute_tokens=e.recompute_tokens,
+            preempted_requests=len(rec.preempted),
+            attention_kv_tokens=e.attention_kv_tokens,
+            chunk=e.chunk,
+        )
         out.setdefault(e.request_id, []).append(row)
     return out
 
@@ -108,15 +130,20 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
     if cfg.n < 1:
         raise UsageError(f"--n must be >= 1, got {cfg.n}")
     if cfg.repeats != 1 or cfg.structure_from:
-        raise UsageError("--repeats and --structure-from apply to one-at-a-time capture, not to --rate/--concurrency "
-                         "(repeat a load run with separate captures: arrivals never mix across runs)")
+        raise UsageError(
+            "--repeats and --structure-from apply to one-at-a-time capture, not to --rate/--concurrency "
+            "(repeat a load run with separate captures: arrivals never mix across runs)"
+        )
     from runtime.tasks import get_task
 
     task = get_task(cfg.task)
     model, info = load_model(cfg.model, cfg.device, seed=cfg.seed)
     tok = Tokenizer()
-    gen_cfg = GenerationConfig(max_tokens=cfg.max_tokens, page_size=cfg.page_size,
-                               sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.seed))
+    gen_cfg = GenerationConfig(
+        max_tokens=cfg.max_tokens,
+        page_size=cfg.page_size,
+        sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.seed),
+    )
     try:
         engine = get_engine(cfg.system)(model, tok, gen_cfg, **cfg.knobs)
     except TypeError as e:
@@ -131,17 +158,35 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
     clock = WallClock()
     server = Server(engine, scheduler=make_scheduler(load), clock=clock, **server_args)
     meta = {
-        "kind": "measured", "system": cfg.system,
-        "knobs": {**cfg.knobs, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
-                  "page_size": cfg.page_size},
-        "task": cfg.task, "split": cfg.split, "model": model_meta(model, cfg.model, info),
+        "kind": "measured",
+        "system": cfg.system,
+        "knobs": {
+            **cfg.knobs,
+            "max_tokens": cfg.max_tokens,
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "page_size": cfg.page_size,
+        },
+        "task": cfg.task,
+        "split": cfg.split,
+        "model": model_meta(model, cfg.model, info),
         **provenance_meta(cfg.device, sampler, "perf_counter", cfg.seed),
-        "quality_applicable": scored, "warmup_requests": cfg.warmup, "runs_per_request": 1,
-        "serving": {"rate_per_s": load.rate, "concurrency": load.concurrency, "max_seqs": load.max_seqs,
-                    "max_batch_tokens": load.max_batch_tokens, "kv_budget_mib": load.kv_budget_mib,
-                    "pool_pages": server.pool_capacity_blocks, "pool_bytes": server.pool_capacity_blocks * server.store.page_bytes,
-                    "scheduler": load.scheduler, "chunked_prefill": load.chunked_prefill, "attention": load.attention,
-                    "arrivals": "poisson" if load.rate else "closed loop"},
+        "quality_applicable": scored,
+        "warmup_requests": cfg.warmup,
+        "runs_per_request": 1,
+        "serving": {
+            "rate_per_s": load.rate,
+            "concurrency": load.concurrency,
+            "max_seqs": load.max_seqs,
+            "max_batch_tokens": load.max_batch_tokens,
+            "kv_budget_mib": load.kv_budget_mib,
+            "pool_pages": server.pool_capacity_blocks,
+            "pool_bytes": server.pool_capacity_blocks * server.store.page_bytes,
+            "scheduler": load.scheduler,
+            "chunked_prefill": load.chunked_prefill,
+            "attention": load.attention,
+            "arrivals": "poisson" if load.rate else "closed loop",
+        },
     }
     writer = TraceWriter(out, meta, overwrite=overwrite)
     prompts = [ex.prompt for ex in examples]
@@ -155,6 +200,7 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
 
         def more(rid: int, t: float):
             return (t, queue.pop(0)) if queue else None
+
     sampler.start()
     server.clock = clock = WallClock()  # arrivals count from here
     sampler.origin = clock.t0
@@ -175,12 +221,16 @@ def write_requests(writer: TraceWriter, result: dict, examples: list, task, tok:
             steps.setdefault(rid, []).extend(rows)
     for t in result["requests"]:
         c, ex = t.completion, examples[t.request.request_id]
-        times = SimpleNamespace(start_s=t.start_s if not math.isnan(t.start_s) else t.end_s,
-                                first_token_s=t.first_token_s, end_s=t.end_s)
+        times = SimpleNamespace(
+            start_s=t.start_s if not math.isnan(t.start_s) else t.end_s, first_token_s=t.first_token_s, end_s=t.end_s
+        )
         quality = task.score(ex, c.text) if scored and c.status != "error" else math.nan
         row = request_row(ex, c, times, quality, t.arrival_s)
-        row.update(queue_s=times.start_s - t.arrival_s, preemptions=t.preemptions,
-                   recompute_tokens=t.state.recompute_tokens if t.state else 0)
+        row.update(
+            queue_s=times.start_s - t.arrival_s,
+            preemptions=t.preemptions,
+            recompute_tokens=t.state.recompute_tokens if t.state else 0,
+        )
         writer.add_request(row, steps.get(c.request_id, []), token_rows(c, tok), c.graph)
 
 
@@ -189,10 +239,17 @@ def serving_summary(result: dict) -> dict:
     passes, reqs = result["passes"], result["requests"]
     wall = max((t.end_s for t in reqs), default=0.0)
     out_tokens = sum(len(t.completion.output_ids) for t in reqs)
-    return {"wall_s": wall, "serving_summary": {
-        "passes": len(passes), "preemptions": result["preemptions"], "recomputes": result["recomputes"],
-        "recompute_tokens": result["recompute_tokens"],
-        "mean_batch_requests": float(np.mean([len(p.entries) for p in passes])) if passes else 0.0,
-        "max_batch_requests": max((len(p.entries) for p in passes), default=0),
-        "errors": sum(t.completion.status == "error" for t in reqs), "output_tokens": out_tokens,
-        "output_tokens_per_s": out_tokens / wall if wall > 0 else None}}
+    return {
+        "wall_s": wall,
+        "serving_summary": {
+            "passes": len(passes),
+            "preemptions": result["preemptions"],
+            "recomputes": result["recomputes"],
+            "recompute_tokens": result["recompute_tokens"],
+            "mean_batch_requests": float(np.mean([len(p.entries) for p in passes])) if passes else 0.0,
+            "max_batch_requests": max((len(p.entries) for p in passes), default=0),
+            "errors": sum(t.completion.status == "error" for t in reqs),
+            "output_tokens": out_tokens,
+            "output_tokens_per_s": out_tokens / wall if wall > 0 else None,
+        },
+    }

@@ -117,9 +117,17 @@ class Server:
     """Continuous batching of one engine's requests over one KV pool of `kv_budget_mib` (or
     `max_pages`). Implements `scheduling.ServingState`; `scheduler` is a `scheduling.Scheduler`."""
 
-    def __init__(self, engine: Engine, kv_budget_mib: float | None = None, *, max_pages: int | None = None,
-                 scheduler=None, clock=None, attention: str = "mask",
-                 on_pass: Callable[[PassRecord], None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        kv_budget_mib: float | None = None,
+        *,
+        max_pages: int | None = None,
+        scheduler=None,
+        clock=None,
+        attention: str = "mask",
+        on_pass: Callable[[PassRecord], None] | None = None,
+    ) -> None:
         if attention not in ATTENTION_MODES:
             raise UsageError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
         if attention == "gather" and not getattr(engine.model, "supports_groups", False):
@@ -131,8 +139,10 @@ class Server:
                 raise UsageError(f"kv_budget_mib must be > 0, got {kv_budget_mib}")
             max_pages = int(kv_budget_mib * MIB // page_bytes)
             if max_pages < 1:
-                raise UsageError(f"a KV budget of {kv_budget_mib} MiB is smaller than one page "
-                                 f"({page_bytes} bytes: {P} tokens of {engine.model.kv_bytes_per_token} bytes)")
+                raise UsageError(
+                    f"a KV budget of {kv_budget_mib} MiB is smaller than one page "
+                    f"({page_bytes} bytes: {P} tokens of {engine.model.kv_bytes_per_token} bytes)"
+                )
         if max_pages < 1:
             raise UsageError(f"max_pages must be >= 1, got {max_pages}")
         self.engine, self.scheduler, self.attention = engine, scheduler, attention
@@ -146,7 +156,9 @@ class Server:
         self.tracked: dict[int, Tracked] = {}
         self.running: list[int] = []
         self.waiting: list[int] = []
-        self.preempted_ids: dict[int, list] = {}  # waiting after a preemption -> store owner of each token it re-prefills
+        self.preempted_ids: dict[
+            int, list
+        ] = {}  # waiting after a preemption -> store owner of each token it re-prefills
         self.passes = 0
         self.preemptions = self.recomputes = self.recompute_tokens = 0
         self._admitted: list[int] = []
@@ -180,11 +192,14 @@ class Server:
             return full, st.kv.pages_for_owners(owners)
         return full, st.kv.pages_held + sum(st.kv.pages_for(n, o) for o, n in new.items())
 
-    def next_tokens_and_blocks(self, ids: Sequence[int], limit: Sequence[int] | None = None
-                               ) -> tuple[np.ndarray, np.ndarray]:
+    def next_tokens_and_blocks(
+        self, ids: Sequence[int], limit: Sequence[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         out = [self._next(r, None if limit is None else limit[i]) for i, r in enumerate(ids)]
-        return (np.array([o[0] for o in out], dtype=np.int64).reshape(-1),
-                np.array([o[1] for o in out], dtype=np.int64).reshape(-1))
+        return (
+            np.array([o[0] for o in out], dtype=np.int64).reshape(-1),
+            np.array([o[1] for o in out], dtype=np.int64).reshape(-1),
+        )
 
     def peak_blocks_of(self, ids: Sequence[int]) -> np.ndarray:
         P = self.store.page_size
@@ -224,8 +239,9 @@ class Server:
         return np.full(len(ids), self.engine.config.max_tokens, dtype=np.int64)
 
     def remaining_passes(self, ids: Sequence[int]) -> np.ndarray:
-        raise NotImplementedError("a real server cannot know how many passes a request has left (oracle "
-                                  "scheduling is a simulator what-if)")
+        raise NotImplementedError(
+            "a real server cannot know how many passes a request has left (oracle scheduling is a simulator what-if)"
+        )
 
     # ------------------------------------------------------------------ requests
     def submit(self, request: Request, arrival_s: float) -> None:
@@ -239,8 +255,10 @@ class Server:
         self.tracked[request.request_id] = Tracked(request, arrival_s, st)
         (_,), (blocks,) = self.next_tokens_and_blocks([request.request_id])
         if blocks > self.pool_capacity_blocks:
-            return self._fail(request.request_id, f"its first pass needs {blocks} KV pages, the whole pool holds "
-                                                  f"{self.pool_capacity_blocks}")
+            return self._fail(
+                request.request_id,
+                f"its first pass needs {blocks} KV pages, the whole pool holds {self.pool_capacity_blocks}",
+            )
         self.waiting.append(request.request_id)
 
     def _fail(self, rid: int, why: str) -> None:
@@ -249,9 +267,21 @@ class Server:
         if t.state:
             t.state.release()
         t.end_s = self.clock.now()
-        t.completion = Completion(request_id=rid, prompt_tokens=n, output_ids=[], text="", tokens=[], graph={},
-                                  critical_path_tokens=0, steps=0, peak_live_kv_tokens=0, peak_kv_bytes=0,
-                                  status="error", stop_reason="kv_pool", error=f"request {rid}: {why}")
+        t.completion = Completion(
+            request_id=rid,
+            prompt_tokens=n,
+            output_ids=[],
+            text="",
+            tokens=[],
+            graph={},
+            critical_path_tokens=0,
+            steps=0,
+            peak_live_kv_tokens=0,
+            peak_kv_bytes=0,
+            status="error",
+            stop_reason="kv_pool",
+            error=f"request {rid}: {why}",
+        )
         self.finished.append(rid)
 
     @property
@@ -277,8 +307,15 @@ class Server:
             chunk = q < full
             inp = st.chunk_inputs(q) if chunk else st.inputs()
             inputs.append(inp)
-            entries.append(Entry(rid, 0 if chunk else inp.rows - inp.skip, 0 if chunk else inp.kv_read,
-                                 recompute_tokens=min(q, replay) if replay else 0, chunk=chunk))
+            entries.append(
+                Entry(
+                    rid,
+                    0 if chunk else inp.rows - inp.skip,
+                    0 if chunk else inp.kv_read,
+                    recompute_tokens=min(q, replay) if replay else 0,
+                    chunk=chunk,
+                )
+            )
         logits, attn, scored = self.forward(inputs)
         for e, k in zip(entries, scored):
             e.attention_kv_tokens = k
@@ -289,15 +326,16 @@ class Server:
         for e, inp in zip(entries, inputs):
             t = self.tracked[e.request_id]
             if not e.chunk:
-                e.step = t.state.after(logits[r: r + inp.rows], attn)
+                e.step = t.state.after(logits[r : r + inp.rows], attn)
                 t.state.passes_done += 1
                 if e.step.emitted and math.isnan(t.first_token_s):
                     t.first_token_s = end
                 if t.state.done:
                     self._finish(e.request_id, end)
             r += inp.rows
-        rec = PassRecord(self.passes, start, end, r, scored, entries, self._preempted, self._admitted,
-                         self.store.pages_held)
+        rec = PassRecord(
+            self.passes, start, end, r, scored, entries, self._preempted, self._admitted, self.store.pages_held
+        )
         self.passes += 1
         if self.on_pass:
             self.on_pass(rec)
@@ -326,8 +364,11 @@ class Server:
         return forward_batch(self.engine.model, self.store, inputs, self.attention)
 
     # ------------------------------------------------------------------ a whole load
-    def serve(self, arrivals: Sequence[tuple[float, str]], next_arrival: Callable[[int, float], tuple[float, str] | None]
-              | None = None) -> dict:
+    def serve(
+        self,
+        arrivals: Sequence[tuple[float, str]],
+        next_arrival: Callable[[int, float], tuple[float, str] | None] | None = None,
+    ) -> dict:
         """Serve `arrivals` ((arrival_s, prompt), request ids in order); `next_arrival(rid, t)`, if
         given, is called when request `rid` finishes at `t` and may return one more arrival (a closed
         loop of clients). Returns the completions, each request's times and every pass."""
@@ -354,20 +395,32 @@ class Server:
                 pending.sort(key=lambda x: (x[0], x[1]))
             if not pending and not self.busy:
                 break
-        return {"requests": [self.tracked[r] for r in sorted(self.tracked)], "passes": passes,
-                "preemptions": self.preemptions, "recomputes": self.recomputes,
-                "recompute_tokens": self.recompute_tokens, "pool_pages": self.pool_capacity_blocks,
-                "pool_bytes": self.pool_capacity_blocks * self.store.page_bytes}
+        return {
+            "requests": [self.tracked[r] for r in sorted(self.tracked)],
+            "passes": passes,
+            "preemptions": self.preemptions,
+            "recomputes": self.recomputes,
+            "recompute_tokens": self.recompute_tokens,
+            "pool_pages": self.pool_capacity_blocks,
+            "pool_bytes": self.pool_capacity_blocks * self.store.page_bytes,
+        }
 
 
-def forward_batch(model, store: PagedKVStore, inputs: list[PassInputs], attention: str = "mask"
-                  ) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+def forward_batch(
+    model, store: PagedKVStore, inputs: list[PassInputs], attention: str = "mask"
+) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
     """One pass over every request's rows: logits (R, V), per-slot attention or None, and per
     request the keys the attention scored (mask: its rows times the whole pool; gather: its rows
     times its own slots)."""
     dev = model.embed.weight.device
-    ids = np.array([[i for inp in inputs for i in inp.ids], [p for inp in inputs for p in inp.positions],
-                    [s for inp in inputs for s in inp.slots]], dtype=np.int64)
+    ids = np.array(
+        [
+            [i for inp in inputs for i in inp.ids],
+            [p for inp in inputs for p in inp.positions],
+            [s for inp in inputs for s in inp.slots],
+        ],
+        dtype=np.int64,
+    )
     t = torch.from_numpy(ids).to(dev)
     want = any(inp.attention for inp in inputs)
     if attention == "mask":
@@ -376,8 +429,15 @@ def forward_batch(model, store: PagedKVStore, inputs: list[PassInputs], attentio
     else:
         groups, r, scored = [], 0, []
         for inp in inputs:
-            groups.append(Group(r, r + inp.rows, torch.from_numpy(inp.cols).to(dev),
-                                torch.from_numpy(inp.vis).to(dev)[None, None], inp.attention))
+            groups.append(
+                Group(
+                    r,
+                    r + inp.rows,
+                    torch.from_numpy(inp.cols).to(dev),
+                    torch.from_numpy(inp.vis).to(dev)[None, None],
+                    inp.attention,
+                )
+            )
             r += inp.rows
             scored.append(inp.rows * len(inp.cols))
         out = model(t[0], t[1], t[2], None, store, return_attention=want, groups=groups)
@@ -397,9 +457,17 @@ def serve(engine: Engine, prompts: list[str], pool_bytes: int, scheduler=None, a
     done = [t.completion for t in out["requests"]]
     out_tokens = sum(len(c.output_ids) for c in done)
     sizes = [sum(not e.chunk for e in p.entries) for p in out["passes"]]
-    return {"requests": sum(c.status != "error" for c in done), "pool_bytes": int(out["pool_bytes"]),
-            "pool_pages": out["pool_pages"], "wall_s": wall, "output_tokens": out_tokens,
-            "tokens_per_s": out_tokens / wall if wall > 0 else float("nan"),
-            "mean_concurrency": sum(sizes) / max(1, len(sizes)), "max_concurrency": max(sizes, default=0),
-            "passes": len(sizes), "preemptions": out["preemptions"], "recomputes": out["recomputes"],
-            "completions": done}
+    return {
+        "requests": sum(c.status != "error" for c in done),
+        "pool_bytes": int(out["pool_bytes"]),
+        "pool_pages": out["pool_pages"],
+        "wall_s": wall,
+        "output_tokens": out_tokens,
+        "tokens_per_s": out_tokens / wall if wall > 0 else float("nan"),
+        "mean_concurrency": sum(sizes) / max(1, len(sizes)),
+        "max_concurrency": max(sizes, default=0),
+        "passes": len(sizes),
+        "preemptions": out["preemptions"],
+        "recomputes": out["recomputes"],
+        "completions": done,
+    }

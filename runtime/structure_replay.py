@@ -60,8 +60,9 @@ class ForcedLogits(nn.Module):
     bench/pasta.py's same-answer decode and the TIP engine tests use it. With `keep_logits`,
     `own_logits` collects the model's own last-row logits of every pass (tests compare them)."""
 
-    def __init__(self, model: nn.Module, fallback: int, script: list[int] | None = None,
-                 keep_logits: bool = False) -> None:
+    def __init__(
+        self, model: nn.Module, fallback: int, script: list[int] | None = None, keep_logits: bool = False
+    ) -> None:
         super().__init__()
         self.inner, self.fallback = model, fallback
         self.script: list[int] = list(script or [])

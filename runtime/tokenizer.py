@@ -21,20 +21,32 @@ PROMISE_TOPIC_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"  # topics with a fu
 # Append only: a token's id is BYTE_TOKENS + its index here.
 SPECIAL_TOKENS: tuple[str, ...] = (
     # control
-    "<bos>", "<eos>", "<pad>", "<sep>", "[MASK]", "[PAD]",
+    "<bos>",
+    "<eos>",
+    "<pad>",
+    "<sep>",
+    "[MASK]",
+    "[PAD]",
     # PASTA-LANG. A promise `<promise topic="T" tokens="N"/>` is `<promise topic="`, the topic's bytes,
     # then one token for `" tokens="N"/>` when N is a multiple of 10 up to 100 (the coarse lengths the
     # paper found best); any other N is spelled in bytes and still parses.
-    '<promise topic="', *(f'" tokens="{n}"/>' for n in range(10, 101, 10)), "<async>", "</async>", "<sync/>",
+    '<promise topic="',
+    *(f'" tokens="{n}"/>' for n in range(10, 101, 10)),
+    "<async>",
+    "</async>",
+    "<sync/>",
     # TIP thought registers (R <= 16)
     *(f"<reg_{i}>" for i in range(16)),
     # Planned Diffusion plan language
-    "<promise>", "-<topic>", "</topic>",
+    "<promise>",
+    "-<topic>",
+    "</topic>",
     # Planned Diffusion, fused (renamed from reserved slots 0-9): an entry's opening
     # `<promise>-<topic>` and its closing ` N</topic>` for N = 1..9 are one token each, so an entry
     # with a one-byte topic costs 3 autoregressive passes instead of 6. The surface text is
     # unchanged; other numbers are spelled in bytes and still parse.
-    "<promise>-<topic>", *(f" {n}</topic>" for n in range(1, 10)),
+    "<promise>-<topic>",
+    *(f" {n}</topic>" for n in range(1, 10)),
     # reserved for later systems (rename in place; never reorder)
     *(f"<reserved_{i}>" for i in range(10, 16)),
     # PASTA-LANG, fused: a promise's opening and a one-character topic in [a-z0-9] are one token

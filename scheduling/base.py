@@ -37,8 +37,15 @@ RESERVE_MODES = ("current", "peak")
 class Scheduler:
     name = "base"
 
-    def __init__(self, max_seqs: int, max_batch_tokens: int, *, chunked_prefill: bool = True,
-                 reserve: str = "current", oracle: bool = False) -> None:
+    def __init__(
+        self,
+        max_seqs: int,
+        max_batch_tokens: int,
+        *,
+        chunked_prefill: bool = True,
+        reserve: str = "current",
+        oracle: bool = False,
+    ) -> None:
         if reserve not in RESERVE_MODES:
             raise UsageError(f"reserve must be one of {', '.join(RESERVE_MODES)}, got {reserve!r}")
         self.max_seqs = max_seqs

@@ -43,8 +43,9 @@ class ServingState(Protocol):
         """KV pages (blocks of the server's block size) the whole shared pool holds."""
         ...
 
-    def next_tokens_and_blocks(self, ids: Sequence[int],
-                               limit: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def next_tokens_and_blocks(
+        self, ids: Sequence[int], limit: Sequence[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(query tokens, KV blocks held after it) of each request's next forward pass.
 
         Query tokens: the rows the pass computes for that request (a prompt prefill: what is left

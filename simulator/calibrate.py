@@ -57,8 +57,16 @@ from simulator.models import ModelSpec
 
 VIDUR_DIR = Path(__file__).resolve().parent / "data" / "vidur-a100"  # copied in, see its README
 VIDUR_OPS: tuple[str, ...] = (
-    "emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
-    "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add",
+    "emb",
+    "input_layernorm",
+    "attn_pre_proj",
+    "attn_rope",
+    "attn_post_proj",
+    "post_attention_layernorm",
+    "mlp_up_proj",
+    "mlp_act",
+    "mlp_down_proj",
+    "add",
 )
 CALIBRATED_FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(OP_FAMILY[op] for op in VIDUR_OPS))
 A100 = HARDWARE["a100-80g"]  # vidur profiles an A100 80GB (vidur device_sku_config.py)
@@ -86,18 +94,15 @@ def load_vidur(data_dir: Path | str | None = None) -> pd.DataFrame:
         wide = pd.read_csv(path)
         keys = ["num_tensor_parallel_workers", "num_tokens"]
         dims = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp"]
-        cols = [f"time_stats.{op}.median" for op in VIDUR_OPS if
-                f"time_stats.{op}.median" in wide.columns]
-        wide = wide.groupby(keys, as_index=False).agg(
-            {**{c: "median" for c in cols}, **{d: "first" for d in dims}})
+        cols = [f"time_stats.{op}.median" for op in VIDUR_OPS if f"time_stats.{op}.median" in wide.columns]
+        wide = wide.groupby(keys, as_index=False).agg({**{c: "median" for c in cols}, **{d: "first" for d in dims}})
         long = wide.melt(id_vars=keys + dims, value_vars=cols, var_name="op", value_name="time_ms")
         long["op"] = long["op"].str.removeprefix("time_stats.").str.removesuffix(".median")
         long["model"] = path.name.split(".")[0]
         # Phi-2 (parallel attention/MLP) has no post-attention norm column.
         long["parallel_attn_mlp"] = "time_stats.post_attention_layernorm.median" not in cols
         frames.append(long)
-    table = pd.concat(frames, ignore_index=True).rename(
-        columns={"num_tensor_parallel_workers": "tp"})
+    table = pd.concat(frames, ignore_index=True).rename(columns={"num_tensor_parallel_workers": "tp"})
     table["time_s"] = table.pop("time_ms") / 1e3
     table["family"] = table["op"].map(OP_FAMILY)
     return table.sort_values(["model", "tp", "op", "num_tokens"], ignore_index=True)
@@ -106,10 +111,15 @@ def load_vidur(data_dir: Path | str | None = None) -> pd.DataFrame:
 def _spec_of(row: pd.Series) -> ModelSpec:
     """A one-layer ModelSpec with the shape a vidur row was profiled on."""
     return ModelSpec(
-        name=str(row["model"]), n_layers=1, d_model=int(row["n_embd"]),
-        n_heads=int(row["n_head"]), n_kv_heads=int(row["n_kv_head"]),
-        d_ff=int(row["n_expanded_embd"]), vocab_size=int(row["vocab_size"]),
-        gated_mlp=bool(row["use_gated_mlp"]), parallel_attn_mlp=bool(row["parallel_attn_mlp"]),
+        name=str(row["model"]),
+        n_layers=1,
+        d_model=int(row["n_embd"]),
+        n_heads=int(row["n_head"]),
+        n_kv_heads=int(row["n_kv_head"]),
+        d_ff=int(row["n_expanded_embd"]),
+        vocab_size=int(row["vocab_size"]),
+        gated_mlp=bool(row["use_gated_mlp"]),
+        parallel_attn_mlp=bool(row["parallel_attn_mlp"]),
     )
 
 
@@ -125,37 +135,33 @@ def _work_arrays(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray
             work = layer_work(spec, n, int(tp))[op]
         scale = 1.0 / RESIDUAL_ADDS_PER_LAYER if op == "add" else 1.0  # vidur times one add
         idx = rows.index.get_indexer(group.index)
-        flops[idx], bytes_[idx], launches[idx] = (np.broadcast_to(w, n.shape) * scale
-                                                  for w in work)
+        flops[idx], bytes_[idx], launches[idx] = (np.broadcast_to(w, n.shape) * scale for w in work)
     return flops, bytes_, launches, rows["num_tokens"].to_numpy(float)
 
 
-def _predict(x: np.ndarray, work: tuple[np.ndarray, ...], hardware: HardwareSpec,
-             smooth_p: float) -> np.ndarray:
+def _predict(x: np.ndarray, work: tuple[np.ndarray, ...], hardware: HardwareSpec, smooth_p: float) -> np.ndarray:
     flops, bytes_, launches, tokens = work
     eff = OpEfficiency(*x)
     return op_time_s((flops, bytes_, launches), tokens, eff, hardware, smooth_p)
 
 
-def fit_family(rows: pd.DataFrame, hardware: HardwareSpec = A100, smooth_p: float = 4.0,
-               start: OpEfficiency | None = None) -> OpEfficiency:
+def fit_family(
+    rows: pd.DataFrame, hardware: HardwareSpec = A100, smooth_p: float = 4.0, start: OpEfficiency | None = None
+) -> OpEfficiency:
     """Least-squares fit of one family's efficiencies on measured rows (log residuals)."""
     work = _work_arrays(rows.reset_index(drop=True))
     measured = rows["time_s"].to_numpy(float)
-    start = start or OpEfficiency(hardware.matmul_efficiency, 64.0, hardware.memory_efficiency,
-                                  1.0)
+    start = start or OpEfficiency(hardware.matmul_efficiency, 64.0, hardware.memory_efficiency, 1.0)
     x0 = np.clip(np.array(dataclasses.astuple(start), dtype=float), _LOWER, _UPPER)
 
     def residuals(x: np.ndarray) -> np.ndarray:
         return np.log(_predict(x, work, hardware, smooth_p) / measured)
 
-    result = least_squares(residuals, x0, bounds=(_LOWER, _UPPER),
-                           x_scale=np.maximum(np.abs(x0), 1e-2), method="trf")
+    result = least_squares(residuals, x0, bounds=(_LOWER, _UPPER), x_scale=np.maximum(np.abs(x0), 1e-2), method="trf")
     return OpEfficiency(*(float(v) for v in result.x))
 
 
-def fit_a100(table: pd.DataFrame, smooth_p: float = 4.0, source: str = "vidur-a100"
-             ) -> CostParams:
+def fit_a100(table: pd.DataFrame, smooth_p: float = 4.0, source: str = "vidur-a100") -> CostParams:
     """CostParams with every vidur-measured family fitted; the rest keep A100 priors."""
     prior = CostParams.prior(A100)
     families = dict(prior.families)
@@ -175,8 +181,7 @@ def _split(table: pd.DataFrame, split: str) -> Iterable[tuple[pd.DataFrame, pd.D
         raise ValueError(f"unknown split {split!r}; valid: interleaved, model")
 
 
-def heldout_errors(table: pd.DataFrame, split: str = "interleaved", smooth_p: float = 4.0
-                   ) -> dict[str, float]:
+def heldout_errors(table: pd.DataFrame, split: str = "interleaved", smooth_p: float = 4.0) -> dict[str, float]:
     """Median absolute percentage error per op family on held-out rows."""
     ape: dict[str, list[np.ndarray]] = {}
     for train, test in _split(table, split):
@@ -190,14 +195,12 @@ def heldout_errors(table: pd.DataFrame, split: str = "interleaved", smooth_p: fl
     return {family: float(np.median(np.concatenate(ape[family]))) for family in sorted(ape)}
 
 
-def a100_op_errors(data_dir: Path | str | None = None, split: str = "interleaved"
-                   ) -> dict[str, float]:
+def a100_op_errors(data_dir: Path | str | None = None, split: str = "interleaved") -> dict[str, float]:
     """Held-out median APE (percent) per op family of the A100 calibration, for benchmarks."""
     return heldout_errors(load_vidur(data_dir), split)
 
 
-def write_a100_calibration(data_dir: Path | str | None = None,
-                           path: Path = CALIBRATION_PATH) -> dict[str, Any]:
+def write_a100_calibration(data_dir: Path | str | None = None, path: Path = CALIBRATION_PATH) -> dict[str, Any]:
     """Refit on all vidur rows and write params + held-out error reports to `path`.
 
     The per-family roofline (CPU-style `families`, also the old GEMM model) is fitted on every
@@ -214,18 +217,20 @@ def write_a100_calibration(data_dir: Path | str | None = None,
     table = load_vidur(data_dir)
     rows = gemm_rows(table)
     gemm = fit_gemm(rows, thin=2, fixed=FIXED_FROM_DATASHEETS)
-    params = dataclasses.replace(fit_a100(table), gemm=gemm,
-                                 source="vidur-a100 (tile-and-wave GEMMs)")
+    params = dataclasses.replace(fit_a100(table), gemm=gemm, source="vidur-a100 (tile-and-wave GEMMs)")
     ape = np.abs(predict_tiles(rows, gemm) / rows["time_s"].to_numpy(float) - 1) * 100
     payload = {
         "command": "python -m simulator.calibrate",
         "params": params.to_json(),
         "report": {
-            "gemm_fit": {"rows": len(rows), "fitted_on": "every 2nd token count",
-                         "fixed": FIXED_FROM_DATASHEETS,
-                         "in_sample_median_ape_percent": float(np.median(ape)),
-                         "in_sample_p90_ape_percent": float(np.percentile(ape, 90)),
-                         "heldout": "python bench/cost_model.py (docs/cost_model.md)"},
+            "gemm_fit": {
+                "rows": len(rows),
+                "fitted_on": "every 2nd token count",
+                "fixed": FIXED_FROM_DATASHEETS,
+                "in_sample_median_ape_percent": float(np.median(ape)),
+                "in_sample_p90_ape_percent": float(np.percentile(ape, 90)),
+                "heldout": "python bench/cost_model.py (docs/cost_model.md)",
+            },
             "hardware": A100.name,
             "data": "microsoft/vidur data/profiling/compute/a100/*/mlp.csv (commit 7d47513)",
             "models": sorted(table["model"].unique()),
@@ -266,10 +271,8 @@ class StepFit:
     n_steps: int = 0
     heldout_median_ape_percent: float | None = None  # fit on even steps, tested on odd ones
 
-    def predict_s(self, query_tokens: float | np.ndarray, kv_tokens_read: float | np.ndarray
-                  ) -> float | np.ndarray:
-        return (self.overhead_s + self.per_query_token_s * query_tokens
-                + self.per_kv_token_s * kv_tokens_read)
+    def predict_s(self, query_tokens: float | np.ndarray, kv_tokens_read: float | np.ndarray) -> float | np.ndarray:
+        return self.overhead_s + self.per_query_token_s * query_tokens + self.per_kv_token_s * kv_tokens_read
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -288,8 +291,7 @@ _F_SCALE = 0.1
 def _steps_array(steps: Sequence[Sequence[float]]) -> np.ndarray:
     array = np.asarray(steps, dtype=float)
     if array.ndim != 2 or array.shape[1] not in (3, 4) or len(array) < 4:
-        raise ValueError("steps must be >= 4 rows of (query_tokens, kv_tokens_read, duration_s"
-                         "[, query_groups])")
+        raise ValueError("steps must be >= 4 rows of (query_tokens, kv_tokens_read, duration_s[, query_groups])")
     if np.any(array[:, 2] <= 0) or np.any(array[:, 0] < 1) or np.any(array[:, 1] < 0):
         raise ValueError("steps need query_tokens >= 1, kv_tokens_read >= 0, duration_s > 0")
     return array
@@ -298,10 +300,18 @@ def _steps_array(steps: Sequence[Sequence[float]]) -> np.ndarray:
 def _fit_line(array: np.ndarray) -> np.ndarray:
     q, kv, duration = array[:, 0], array[:, 1], array[:, 2]
     design = np.stack([np.ones_like(q), q, kv], axis=1) / duration[:, None]  # relative error
-    scale = np.array([np.median(duration), np.median(duration) / np.median(q),
-                      np.median(duration) / max(np.median(kv), 1.0)])
-    result = least_squares(lambda x: design @ x - 1.0, scale, bounds=(0.0, np.inf),
-                           x_scale=scale, method="trf", loss=_ROBUST_LOSS, f_scale=_F_SCALE)
+    scale = np.array(
+        [np.median(duration), np.median(duration) / np.median(q), np.median(duration) / max(np.median(kv), 1.0)]
+    )
+    result = least_squares(
+        lambda x: design @ x - 1.0,
+        scale,
+        bounds=(0.0, np.inf),
+        x_scale=scale,
+        method="trf",
+        loss=_ROBUST_LOSS,
+        f_scale=_F_SCALE,
+    )
     return result.x
 
 
@@ -316,9 +326,9 @@ def fit_steps(steps: Sequence[Sequence[float]]) -> StepFit:
     return StepFit(float(x[0]), float(x[1]), float(x[2]), len(array), heldout)
 
 
-def fit_cost_params_to_steps(hardware: HardwareSpec, model: ModelSpec,
-                             steps: Sequence[Sequence[float]],
-                             base: CostParams | None = None) -> CostParams:
+def fit_cost_params_to_steps(
+    hardware: HardwareSpec, model: ModelSpec, steps: Sequence[Sequence[float]], base: CostParams | None = None
+) -> CostParams:
     """Rescale `base` so that `CostModel(hardware, model).step_time_s` matches measured steps.
 
     Three numbers are fitted: a factor on every compute efficiency, one on every memory
@@ -332,34 +342,42 @@ def fit_cost_params_to_steps(hardware: HardwareSpec, model: ModelSpec,
     groups = array[:, 3] if array.shape[1] == 4 else np.ones_like(q)
 
     def scaled(x: np.ndarray) -> CostParams:
-        return dataclasses.replace(base.scaled(float(x[0]), float(x[1])),
-                                   step_overhead_s=float(x[2]),
-                                   source=f"{base.source} fitted to {len(array)} steps")
+        return dataclasses.replace(
+            base.scaled(float(x[0]), float(x[1])),
+            step_overhead_s=float(x[2]),
+            source=f"{base.source} fitted to {len(array)} steps",
+        )
 
     def residuals(x: np.ndarray) -> np.ndarray:
         predicted = CostModel(hardware, model, scaled(x)).step_time_s(q, kv, groups)
         return np.log(predicted / duration)
 
     x0 = np.array([1.0, 1.0, float(np.min(duration)) * 0.1])
-    result = least_squares(residuals, x0, bounds=([1e-3, 1e-3, 0.0], [1e3, 1e3, np.inf]),
-                           x_scale=np.maximum(x0, 1e-6), method="trf", loss=_ROBUST_LOSS,
-                           f_scale=_F_SCALE)
+    result = least_squares(
+        residuals,
+        x0,
+        bounds=([1e-3, 1e-3, 0.0], [1e3, 1e3, np.inf]),
+        x_scale=np.maximum(x0, 1e-6),
+        method="trf",
+        loss=_ROBUST_LOSS,
+        f_scale=_F_SCALE,
+    )
     return scaled(result.x)
 
 
 def _main() -> None:
     payload = write_a100_calibration()
     gemm = payload["report"]["gemm_fit"]
-    print(f"tile-and-wave GEMM fit ({gemm['rows']} rows): in-sample median APE "
-          f"{gemm['in_sample_median_ape_percent']:.1f}%, p90 {gemm['in_sample_p90_ape_percent']:.1f}%;"
-          f" params {payload['params']['gemm']}")
+    print(
+        f"tile-and-wave GEMM fit ({gemm['rows']} rows): in-sample median APE "
+        f"{gemm['in_sample_median_ape_percent']:.1f}%, p90 {gemm['in_sample_p90_ape_percent']:.1f}%;"
+        f" params {payload['params']['gemm']}"
+    )
     report = payload["report"]["heldout_median_ape_percent"]
-    print(f"A100 calibration ({payload['report']['op_rows']} op rows) written to "
-          f"{CALIBRATION_PATH}")
+    print(f"A100 calibration ({payload['report']['op_rows']} op rows) written to {CALIBRATION_PATH}")
     print(f"{'family':20s} {'interleaved %':>14s} {'leave-model-out %':>18s}")
     for family in report["interleaved"]:
-        print(f"{family:20s} {report['interleaved'][family]:14.1f} "
-              f"{report['leave_one_model_out'][family]:18.1f}")
+        print(f"{family:20s} {report['interleaved'][family]:14.1f} {report['leave_one_model_out'][family]:18.1f}")
     print(json.dumps({"a100_median_ape_percent": report["interleaved"]}))
 
 

@@ -75,13 +75,16 @@ class CommParams:
         return self.ramps[path][family]
 
     def to_json(self) -> dict:
-        return {"source": self.source,
-                "ramps": {p: {f: asdict(r) for f, r in fams.items()} for p, fams in self.ramps.items()}}
+        return {
+            "source": self.source,
+            "ramps": {p: {f: asdict(r) for f, r in fams.items()} for p, fams in self.ramps.items()},
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> CommParams:
-        return cls({p: {f: Ramp(**r) for f, r in fams.items()} for p, fams in data["ramps"].items()},
-                   data.get("source", ""))
+        return cls(
+            {p: {f: Ramp(**r) for f, r in fams.items()} for p, fams in data["ramps"].items()}, data.get("source", "")
+        )
 
 
 @functools.lru_cache(maxsize=1)
@@ -125,9 +128,15 @@ def _ramp_time_s(ramp: Ramp, traffic: Number, bytes_per_s: float) -> Number:
     return ramp.latency_s + traffic / (bytes_per_s * eff)
 
 
-def collective_time_s(collective: str, nbytes: Number, workers: int, hardware: HardwareSpec,
-                      topology: str | None = None, params: CommParams | None = None,
-                      across_nodes: bool = False) -> Number:
+def collective_time_s(
+    collective: str,
+    nbytes: Number,
+    workers: int,
+    hardware: HardwareSpec,
+    topology: str | None = None,
+    params: CommParams | None = None,
+    across_nodes: bool = False,
+) -> Number:
     """Seconds of one call. `nbytes`: the buffer per GPU (all-gather: its output).
 
     send/recv on n workers: every GPU sends `nbytes` to its neighbour at once (a pipeline's stage
@@ -157,8 +166,11 @@ def collective_time_s(collective: str, nbytes: Number, workers: int, hardware: H
         raise ValueError(f"{workers} GPUs do not fill whole nodes of {per_node}")
     nodes = workers // per_node
     inside = collective_time_s(collective, nbytes, per_node, hardware, topology, params)
-    between = _ramp_time_s(params.ramp("network", family),
-                           traffic_bytes(collective, nbytes / per_node, nodes), hardware.network_bytes_per_s)
+    between = _ramp_time_s(
+        params.ramp("network", family),
+        traffic_bytes(collective, nbytes / per_node, nodes),
+        hardware.network_bytes_per_s,
+    )
     return inside + between
 
 
@@ -172,19 +184,28 @@ def measured_rows() -> dict[str, np.ndarray]:
     for system in MEASURED:
         for collective in ("all_reduce", "send_recv"):
             d = pd.read_csv(DATA_DIR / f"{system}.{collective}.csv")
-            d = pd.DataFrame({"system": system, "collective": collective, "workers": d["num_workers"],
-                              "per_node": d["devices_per_node"], "bytes": d["size"].astype(float),
-                              "time_s": d[f"time_stats.{collective}.median"] * 1e-3})
+            d = pd.DataFrame(
+                {
+                    "system": system,
+                    "collective": collective,
+                    "workers": d["num_workers"],
+                    "per_node": d["devices_per_node"],
+                    "bytes": d["size"].astype(float),
+                    "time_s": d[f"time_stats.{collective}.median"] * 1e-3,
+                }
+            )
             # within one node; plus the DGX's one-GPU-per-node send/recv for the network path
             # (the pairwise system's network is not described by its source)
             keep = (d["per_node"] == d["workers"]) | (
-                (system == "dgx") & (collective == "send_recv") & (d["per_node"] == 1))
+                (system == "dgx") & (collective == "send_recv") & (d["per_node"] == 1)
+            )
             frames.append(d[keep])
     d = pd.concat(frames, ignore_index=True).sort_values(["system", "collective", "workers", "per_node", "bytes"])
     d["held_out"] = d.groupby(["system", "collective", "workers", "per_node"]).cumcount() % 2 == 1
     d["across_nodes"] = d["per_node"] < d["workers"]
-    return {c: d[c].to_numpy() for c in ("system", "collective", "workers", "bytes", "time_s", "held_out",
-                                         "across_nodes")}
+    return {
+        c: d[c].to_numpy() for c in ("system", "collective", "workers", "bytes", "time_s", "held_out", "across_nodes")
+    }
 
 
 def predict_rows(rows: dict[str, np.ndarray], params: CommParams) -> np.ndarray:
@@ -193,16 +214,33 @@ def predict_rows(rows: dict[str, np.ndarray], params: CommParams) -> np.ndarray:
     for key in sorted(set(keys)):
         system, collective, workers, across = key
         part, topology = MEASURED[system]
-        sel = ((rows["system"] == system) & (rows["collective"] == collective) & (rows["workers"] == workers)
-               & (rows["across_nodes"] == across))
-        out[sel] = collective_time_s(collective, rows["bytes"][sel], int(workers), get_hardware(part), topology,
-                                     params, across_nodes=bool(across))
+        sel = (
+            (rows["system"] == system)
+            & (rows["collective"] == collective)
+            & (rows["workers"] == workers)
+            & (rows["across_nodes"] == across)
+        )
+        out[sel] = collective_time_s(
+            collective,
+            rows["bytes"][sel],
+            int(workers),
+            get_hardware(part),
+            topology,
+            params,
+            across_nodes=bool(across),
+        )
     return out
 
 
 # (path, family) pairs the data identifies; the others copy their neighbour's fit
-_FITTED = (("nvswitch", "ring"), ("nvswitch", "p2p"), ("nvlink", "ring"), ("nvlink", "p2p"), ("pcie", "ring"),
-           ("network", "p2p"))
+_FITTED = (
+    ("nvswitch", "ring"),
+    ("nvswitch", "p2p"),
+    ("nvlink", "ring"),
+    ("nvlink", "p2p"),
+    ("pcie", "ring"),
+    ("network", "p2p"),
+)
 _COPIED = {("pcie", "p2p"): ("pcie", "ring"), ("network", "ring"): ("network", "p2p")}
 
 
@@ -210,9 +248,8 @@ def _unpack(x: np.ndarray) -> CommParams:
     ramps: dict = {path: {} for path in PATHS}
     eff = {path: x[i] for i, path in enumerate(("nvswitch", "nvlink", "pcie", "network"))}
     for j, (path, family) in enumerate(_FITTED):
-        log_ramp, exponent, latency_us = x[4 + 3 * j: 7 + 3 * j]
-        ramps[path][family] = Ramp(float(eff[path]), float(np.exp(log_ramp)), float(exponent),
-                                   float(latency_us) * 1e-6)
+        log_ramp, exponent, latency_us = x[4 + 3 * j : 7 + 3 * j]
+        ramps[path][family] = Ramp(float(eff[path]), float(np.exp(log_ramp)), float(exponent), float(latency_us) * 1e-6)
     for (path, family), (src_path, src_family) in _COPIED.items():
         ramps[path][family] = ramps[src_path][src_family]
     return CommParams(ramps)
@@ -229,8 +266,13 @@ def fit(rows: dict[str, np.ndarray] | None = None) -> CommParams:
     x0 = np.array([0.7] * 4 + [np.log(1e6), 1.0, 20.0] * n_fit)
     lower = np.array([0.05] * 4 + [np.log(1e3), 0.2, 0.0] * n_fit)
     upper = np.array([1.0] * 4 + [np.log(1e9), 1.0, 500.0] * n_fit)  # exponent <= 1: time never falls with bytes
-    result = least_squares(lambda x: predict_rows(train, _unpack(x)) / train["time_s"] - 1.0, x0,
-                           bounds=(lower, upper), loss="soft_l1", f_scale=0.1)
+    result = least_squares(
+        lambda x: predict_rows(train, _unpack(x)) / train["time_s"] - 1.0,
+        x0,
+        bounds=(lower, upper),
+        loss="soft_l1",
+        f_scale=0.1,
+    )
     params = _unpack(result.x)
     return CommParams(params.ramps, source="fit on the vidur A100 collectives (every other buffer size)")
 
@@ -242,19 +284,28 @@ def evaluate(params: CommParams | None = None, rows: dict[str, np.ndarray] | Non
     held = rows["held_out"]
     ape = np.abs(predict_rows(rows, params) / rows["time_s"] - 1.0) * 100
     series = {}
-    for key in sorted(set(zip(rows["system"][held], rows["collective"][held], rows["workers"][held],
-                              rows["across_nodes"][held]))):
+    for key in sorted(
+        set(zip(rows["system"][held], rows["collective"][held], rows["workers"][held], rows["across_nodes"][held]))
+    ):
         system, collective, workers, across = key
-        sel = held & (rows["system"] == system) & (rows["collective"] == collective) & (
-            rows["workers"] == workers) & (rows["across_nodes"] == across)
+        sel = (
+            held
+            & (rows["system"] == system)
+            & (rows["collective"] == collective)
+            & (rows["workers"] == workers)
+            & (rows["across_nodes"] == across)
+        )
         name = f"{system}.{collective}.n{workers}" + (".across_nodes" if across else "")
         series[name] = round(float(ape[sel].mean()), 2)
     within = held & ~rows["across_nodes"]
     big = within & (rows["bytes"] >= 2**20)
-    return {"comm_mape_percent": round(float(ape[within].mean()), 2),
-            "comm_mape_percent_1mib_up": round(float(ape[big].mean()), 2),
-            "comm_mape_percent_network": round(float(ape[held & rows["across_nodes"]].mean()), 2),
-            "held_out_rows": int(within.sum()), "series": series}
+    return {
+        "comm_mape_percent": round(float(ape[within].mean()), 2),
+        "comm_mape_percent_1mib_up": round(float(ape[big].mean()), 2),
+        "comm_mape_percent_network": round(float(ape[held & rows["across_nodes"]].mean()), 2),
+        "held_out_rows": int(within.sum()),
+        "series": series,
+    }
 
 
 def main() -> int:

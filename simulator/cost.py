@@ -58,25 +58,40 @@ from simulator.models import ModelSpec
 Number = Union[float, np.ndarray]
 
 LAYER_OPS: tuple[str, ...] = (
-    "input_layernorm", "attn_pre_proj", "attn_rope", "attn_prefill", "attn_decode",
-    "attn_post_proj", "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj",
+    "input_layernorm",
+    "attn_pre_proj",
+    "attn_rope",
+    "attn_prefill",
+    "attn_decode",
+    "attn_post_proj",
+    "post_attention_layernorm",
+    "mlp_up_proj",
+    "mlp_act",
+    "mlp_down_proj",
     "add",
 )
 PASS_OPS: tuple[str, ...] = ("emb", "lm_head")
 # The op families whose efficiencies are fitted together. The two norms are the same kernel;
 # lm_head is a wide GEMM like the fused gate+up projection.
 OP_FAMILY: dict[str, str] = {
-    "input_layernorm": "norm", "post_attention_layernorm": "norm",
-    "attn_pre_proj": "qkv_proj", "attn_post_proj": "o_proj",
-    "mlp_up_proj": "up_proj", "mlp_down_proj": "down_proj", "lm_head": "up_proj",
-    "attn_rope": "rope", "mlp_act": "act", "add": "add", "emb": "emb",
-    "attn_prefill": "attention_prefill", "attn_decode": "attention_decode",
+    "input_layernorm": "norm",
+    "post_attention_layernorm": "norm",
+    "attn_pre_proj": "qkv_proj",
+    "attn_post_proj": "o_proj",
+    "mlp_up_proj": "up_proj",
+    "mlp_down_proj": "down_proj",
+    "lm_head": "up_proj",
+    "attn_rope": "rope",
+    "mlp_act": "act",
+    "add": "add",
+    "emb": "emb",
+    "attn_prefill": "attention_prefill",
+    "attn_decode": "attention_decode",
 }
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(OP_FAMILY.values()))
 MATMUL_FAMILIES: tuple[str, ...] = ("qkv_proj", "o_proj", "up_proj", "down_proj")
 # The GEMMs the tile-and-wave model (simulator.gemm) times on GPUs with a chip layout.
-GEMM_OPS: tuple[str, ...] = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj",
-                             "lm_head")
+GEMM_OPS: tuple[str, ...] = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj", "lm_head")
 GEMM_TABLE_TOKENS = 8192  # integer token counts up to this are looked up in a per-model table
 RESIDUAL_ADDS_PER_LAYER = 2  # after attention and after the MLP (vidur times one of them)
 
@@ -97,8 +112,7 @@ class OpEfficiency:
             if not getattr(self, name) > 0:
                 raise ValueError(f"OpEfficiency.{name} must be > 0, got {getattr(self, name)!r}")
         if not self.overhead_launches >= 0:
-            raise ValueError(f"OpEfficiency.overhead_launches must be >= 0, "
-                             f"got {self.overhead_launches!r}")
+            raise ValueError(f"OpEfficiency.overhead_launches must be >= 0, got {self.overhead_launches!r}")
 
 
 @dataclass(frozen=True)
@@ -124,21 +138,19 @@ class CostParams:
         # GPU GEMMs need ~64+ rows to fill their tiles (the A100 fit gives ~73); CPU GEMM
         # kernels (oneDNN, MKL) run near their vector peak from a few rows on.
         half_tokens = 64.0 if hardware.kind == "gpu" else 2.0
-        matmul = OpEfficiency(hardware.matmul_efficiency, half_tokens,
-                              hardware.memory_efficiency, 1.0)
+        matmul = OpEfficiency(hardware.matmul_efficiency, half_tokens, hardware.memory_efficiency, 1.0)
         elementwise = OpEfficiency(0.1, 1.0, hardware.memory_efficiency, 1.0)
         families = {name: matmul for name in MATMUL_FAMILIES}
         families.update({name: elementwise for name in ("norm", "rope", "act", "add", "emb")})
         # FlashAttention-2 forward reaches 50-73% of A100 peak (Dao 2023, section 4.1);
         # decode attention is a bandwidth-bound stream over the KV cache.
         families["attention_prefill"] = OpEfficiency(
-            0.6 * hardware.matmul_efficiency / 0.7, 128.0, hardware.memory_efficiency, 1.0)
-        families["attention_decode"] = OpEfficiency(
-            0.3, 1.0, hardware.memory_efficiency, 1.0)
+            0.6 * hardware.matmul_efficiency / 0.7, 128.0, hardware.memory_efficiency, 1.0
+        )
+        families["attention_decode"] = OpEfficiency(0.3, 1.0, hardware.memory_efficiency, 1.0)
         gemm = None
         if hardware.has_chip_layout:
-            gemm = GemmParams(tensor_eff=hardware.matmul_efficiency / 0.8,
-                              memory_eff=hardware.memory_efficiency)
+            gemm = GemmParams(tensor_eff=hardware.matmul_efficiency / 0.8, memory_eff=hardware.memory_efficiency)
         return cls(families=families, source=f"prior({hardware.name})", gemm=gemm)
 
     def scaled_to(self, hardware: HardwareSpec, reference: HardwareSpec) -> CostParams:
@@ -160,22 +172,29 @@ class CostParams:
         gemm = self.gemm
         if gemm is not None:  # 1.0 between NVIDIA parts: one tile fit serves all of them
             gemm = dataclasses.replace(
-                gemm, tensor_eff=min(gemm.tensor_eff * compute_ratio, 1.0),
-                memory_eff=min(gemm.memory_eff * memory_ratio, 1.0))
+                gemm,
+                tensor_eff=min(gemm.tensor_eff * compute_ratio, 1.0),
+                memory_eff=min(gemm.memory_eff * memory_ratio, 1.0),
+            )
         return dataclasses.replace(
-            self, families=families, gemm=gemm,
-            source=f"{self.source} carried to {hardware.name}")
+            self, families=families, gemm=gemm, source=f"{self.source} carried to {hardware.name}"
+        )
 
     def scaled(self, compute: float, memory: float) -> CostParams:
         """Every compute and every memory efficiency times a factor (each capped at 1)."""
         families = {
-            name: dataclasses.replace(eff, compute_eff_max=min(eff.compute_eff_max * compute, 1.0),
-                                      memory_eff=min(eff.memory_eff * memory, 1.0))
+            name: dataclasses.replace(
+                eff,
+                compute_eff_max=min(eff.compute_eff_max * compute, 1.0),
+                memory_eff=min(eff.memory_eff * memory, 1.0),
+            )
             for name, eff in self.families.items()
         }
         gemm = self.gemm and dataclasses.replace(
-            self.gemm, tensor_eff=min(self.gemm.tensor_eff * compute, 1.0),
-            memory_eff=min(self.gemm.memory_eff * memory, 1.0))
+            self.gemm,
+            tensor_eff=min(self.gemm.tensor_eff * compute, 1.0),
+            memory_eff=min(self.gemm.memory_eff * memory, 1.0),
+        )
         return dataclasses.replace(self, families=families, gemm=gemm)
 
     def to_json(self) -> dict[str, Any]:
@@ -241,8 +260,11 @@ def layer_work(model: ModelSpec, num_tokens: Number, tensor_parallel: int = 1) -
         # gated: act(gate) * up reads two (n, ff) tensors, writes one; plain: read one, write one
         "mlp_act": (5 * n * ff, b * n * ff * (3 if model.gated_mlp else 2), 1.0),
         "mlp_down_proj": gemm(ff, d),
-        "add": (RESIDUAL_ADDS_PER_LAYER * n * d, RESIDUAL_ADDS_PER_LAYER * b * 3 * n * d,
-                float(RESIDUAL_ADDS_PER_LAYER)),
+        "add": (
+            RESIDUAL_ADDS_PER_LAYER * n * d,
+            RESIDUAL_ADDS_PER_LAYER * b * 3 * n * d,
+            float(RESIDUAL_ADDS_PER_LAYER),
+        ),
     }
     return work
 
@@ -262,9 +284,14 @@ def gemm_shapes(model: ModelSpec, tensor_parallel: int = 1) -> dict[str, tuple[f
     }
 
 
-def attention_work(model: ModelSpec, num_tokens: Number, kv_tokens_read: Number,
-                   query_groups: Number, q_tile_tokens: int,
-                   tensor_parallel: int = 1) -> Work:
+def attention_work(
+    model: ModelSpec,
+    num_tokens: Number,
+    kv_tokens_read: Number,
+    query_groups: Number,
+    q_tile_tokens: int,
+    tensor_parallel: int = 1,
+) -> Work:
     """FLOPs and bytes of attention in one layer on one shard.
 
     FLOPs: QK^T and PV, 2 x head_dim each per (query row, visible slot, query head). Bytes: read
@@ -273,32 +300,33 @@ def attention_work(model: ModelSpec, num_tokens: Number, kv_tokens_read: Number,
     n, b = num_tokens, model.dtype_bytes
     heads = model.n_heads / tensor_parallel
     kv_bytes_per_token = model.kv_bytes_per_token_per_layer * (
-        max(model.n_kv_heads // tensor_parallel, 1) / model.n_kv_heads)
+        max(model.n_kv_heads // tensor_parallel, 1) / model.n_kv_heads
+    )
     rows_per_group = n / query_groups
     if _is_array(rows_per_group):
         rows_per_group = np.clip(rows_per_group, 1.0, q_tile_tokens)
     else:  # builtins: numpy on scalars costs a microsecond per call
         rows_per_group = min(max(rows_per_group, 1.0), q_tile_tokens)
     flops = 4 * kv_tokens_read * model.head_dim * heads
-    bytes_ = (2 * n * heads * model.head_dim * b + n * kv_bytes_per_token
-              + kv_tokens_read * kv_bytes_per_token / rows_per_group)
+    bytes_ = (
+        2 * n * heads * model.head_dim * b
+        + n * kv_bytes_per_token
+        + kv_tokens_read * kv_bytes_per_token / rows_per_group
+    )
     return flops, bytes_, 1.0
 
 
-def pass_work(model: ModelSpec, num_tokens: Number, logit_tokens: Number,
-              tensor_parallel: int = 1) -> dict[str, Work]:
+def pass_work(model: ModelSpec, num_tokens: Number, logit_tokens: Number, tensor_parallel: int = 1) -> dict[str, Work]:
     """Once per forward pass: embedding gather, final norm + lm_head over the logit rows."""
     b, d, m = model.dtype_bytes, model.d_model, logit_tokens
     vocab = model.vocab_size / tensor_parallel
     return {
         "emb": (0.0 * num_tokens, b * 2 * num_tokens * d, 1.0),
-        "lm_head": (2 * m * d * vocab + 5 * m * d,
-                    b * (d * vocab + m * d + m * vocab + 2 * m * d), 2.0),
+        "lm_head": (2 * m * d * vocab + 5 * m * d, b * (d * vocab + m * d + m * vocab + 2 * m * d), 2.0),
     }
 
 
-def roofline_s(work: Work, tokens: Number, eff: OpEfficiency, hardware: HardwareSpec
-               ) -> tuple[Number, Number, Number]:
+def roofline_s(work: Work, tokens: Number, eff: OpEfficiency, hardware: HardwareSpec) -> tuple[Number, Number, Number]:
     """(fixed_s, compute_s, memory_s) of one op: the three terms of the module's formula."""
     flops, bytes_, launches = work
     compute_eff = eff.compute_eff_max * tokens / (tokens + eff.compute_half_tokens)
@@ -309,8 +337,9 @@ def roofline_s(work: Work, tokens: Number, eff: OpEfficiency, hardware: Hardware
 
 
 @functools.lru_cache(maxsize=4096)
-def _gemm_table(hardware: HardwareSpec, params: GemmParams, k: float, n: float, dtype_bytes: int,
-                size: int) -> np.ndarray:
+def _gemm_table(
+    hardware: HardwareSpec, params: GemmParams, k: float, n: float, dtype_bytes: int, size: int
+) -> np.ndarray:
     """GEMM seconds for M = 1..size (the replay asks for the same token counts over and over)."""
     m = np.arange(1, size + 1, dtype=float)
     table = gemm_kernel(m, k, n, hardware, params, dtype_bytes).time_s
@@ -318,8 +347,9 @@ def _gemm_table(hardware: HardwareSpec, params: GemmParams, k: float, n: float, 
     return table
 
 
-def gemm_time_lookup_s(m: Number, k: float, n: float, hardware: HardwareSpec,
-                       params: GemmParams, dtype_bytes: int) -> Number:
+def gemm_time_lookup_s(
+    m: Number, k: float, n: float, hardware: HardwareSpec, params: GemmParams, dtype_bytes: int
+) -> Number:
     """`gemm_kernel(...).time_s`, from a cached table for whole token counts up to 8192."""
     values = np.asarray(m, dtype=float)
     top = float(values.max()) if values.size else 1.0
@@ -332,8 +362,7 @@ def gemm_time_lookup_s(m: Number, k: float, n: float, hardware: HardwareSpec,
     return gemm_kernel(m, k, n, hardware, params, dtype_bytes).time_s
 
 
-def op_time_s(work: Work, tokens: Number, eff: OpEfficiency, hardware: HardwareSpec,
-              smooth_p: float) -> Number:
+def op_time_s(work: Work, tokens: Number, eff: OpEfficiency, hardware: HardwareSpec, smooth_p: float) -> Number:
     """Seconds of one op: fixed cost + p-norm of the compute and memory times."""
     fixed_s, compute_s, memory_s = roofline_s(work, tokens, eff, hardware)
     return fixed_s + (compute_s**smooth_p + memory_s**smooth_p) ** (1.0 / smooth_p)
@@ -352,11 +381,9 @@ class CostModel:
         if self.params is None:
             object.__setattr__(self, "params", default_params(self.hardware))
         if not isinstance(self.tensor_parallel, int) or self.tensor_parallel < 1:
-            raise ValueError(f"tensor_parallel must be a positive int, "
-                             f"got {self.tensor_parallel!r}")
+            raise ValueError(f"tensor_parallel must be a positive int, got {self.tensor_parallel!r}")
         # cache per instance: (num_tokens, logit_tokens) -> seconds of everything but attention
-        object.__setattr__(self, "_dense_cache", functools.lru_cache(maxsize=65536)(
-            self._dense_time_s))
+        object.__setattr__(self, "_dense_cache", functools.lru_cache(maxsize=65536)(self._dense_time_s))
 
     # ---- per-op breakdowns -------------------------------------------------------------
     def _eff(self, op: str) -> OpEfficiency:
@@ -370,20 +397,19 @@ class CostModel:
     def gemm_kernel(self, op: str, num_tokens: Number) -> KernelTimes:
         """The chosen kernel of GEMM `op` for `num_tokens` rows, with its terms (--explain)."""
         k, n = gemm_shapes(self.model, self.tensor_parallel)[op]
-        return gemm_kernel(num_tokens, k, n, self.hardware, self.params.gemm,
-                           self.model.dtype_bytes)
+        return gemm_kernel(num_tokens, k, n, self.hardware, self.params.gemm, self.model.dtype_bytes)
 
     def _op_s(self, op: str, work: Work, tokens: Number) -> Number:
         """Seconds of one layer/pass op: the tile model for GEMMs where it applies."""
         if op in GEMM_OPS and self.uses_tiles:
             k, n = gemm_shapes(self.model, self.tensor_parallel)[op]
-            gemm_s = gemm_time_lookup_s(tokens, k, n, self.hardware, self.params.gemm,
-                                        self.model.dtype_bytes)
+            gemm_s = gemm_time_lookup_s(tokens, k, n, self.hardware, self.params.gemm, self.model.dtype_bytes)
             if op == "lm_head":  # plus the final norm over the logit rows
                 d, b = self.model.d_model, self.model.dtype_bytes
                 norm = (5 * tokens * d, b * (2 * tokens * d + d), 1.0)
-                gemm_s = gemm_s + op_time_s(norm, tokens, self.params.families["norm"],
-                                            self.hardware, self.params.smooth_p)
+                gemm_s = gemm_s + op_time_s(
+                    norm, tokens, self.params.families["norm"], self.hardware, self.params.smooth_p
+                )
             return gemm_s
         return op_time_s(work, tokens, self._eff(op), self.hardware, self.params.smooth_p)
 
@@ -395,8 +421,7 @@ class CostModel:
         bytes_ = num_tokens * self.model.d_model * self.model.dtype_bytes
         return 2 * collective_time_s("all_reduce", bytes_, self.tensor_parallel, self.hardware)
 
-    def op_times_s(self, num_tokens: Number, kv_tokens_read: Number,
-                   query_groups: Number = 1) -> dict[str, Number]:
+    def op_times_s(self, num_tokens: Number, kv_tokens_read: Number, query_groups: Number = 1) -> dict[str, Number]:
         """Seconds of each op in ONE layer (plus `all_reduce` when tensor_parallel > 1)."""
         num_tokens, kv_tokens_read, query_groups = _check(num_tokens, kv_tokens_read, query_groups)
         times = {
@@ -417,42 +442,40 @@ class CostModel:
             times["all_reduce"] = self._all_reduce_s(num_tokens)
         return {op: times[op] for op in (*LAYER_OPS, "all_reduce") if op in times}
 
-    def pass_op_times_s(self, num_tokens: Number, logit_tokens: Number | None = None
-                        ) -> dict[str, Number]:
+    def pass_op_times_s(self, num_tokens: Number, logit_tokens: Number | None = None) -> dict[str, Number]:
         """Seconds of the once-per-pass ops: emb, lm_head, step_overhead."""
         logit_tokens = num_tokens if logit_tokens is None else logit_tokens
         times = {
             op: self._op_s(op, work, num_tokens if op == "emb" else logit_tokens)
-            for op, work in pass_work(self.model, num_tokens, logit_tokens,
-                                      self.tensor_parallel).items()
+            for op, work in pass_work(self.model, num_tokens, logit_tokens, self.tensor_parallel).items()
         }
         times["step_overhead"] = self.params.step_overhead_s + 0.0 * num_tokens
         return times
 
     def bound(self, num_tokens: float, kv_tokens_read: float, query_groups: float = 1) -> str:
-        """"memory" or "compute": the roof holding more of one layer's time (ops summed)."""
+        """ "memory" or "compute": the roof holding more of one layer's time (ops summed)."""
         works = layer_work(self.model, num_tokens, self.tensor_parallel)
         attn_op = "attn_decode" if num_tokens <= query_groups else "attn_prefill"
-        works[attn_op] = attention_work(self.model, num_tokens, kv_tokens_read, query_groups,
-                                        self.params.q_tile_tokens, self.tensor_parallel)
+        works[attn_op] = attention_work(
+            self.model, num_tokens, kv_tokens_read, query_groups, self.params.q_tile_tokens, self.tensor_parallel
+        )
         compute_s = memory_s = 0.0
         for op, work in works.items():
             if op in GEMM_OPS and self.uses_tiles:
                 kernel = self.gemm_kernel(op, num_tokens)
                 op_compute_s, op_memory_s = kernel.compute_s, kernel.memory_s
             else:
-                _, op_compute_s, op_memory_s = roofline_s(work, num_tokens, self._eff(op),
-                                                          self.hardware)
+                _, op_compute_s, op_memory_s = roofline_s(work, num_tokens, self._eff(op), self.hardware)
             compute_s += float(op_compute_s)
             memory_s += float(op_memory_s)
         return "compute" if compute_s > memory_s else "memory"
 
     # ---- whole passes ------------------------------------------------------------------
-    def _attention_s(self, num_tokens: Number, kv_tokens_read: Number, query_groups: Number,
-                     op: str) -> Number:
+    def _attention_s(self, num_tokens: Number, kv_tokens_read: Number, query_groups: Number, op: str) -> Number:
         """Seconds of attention in one layer with the efficiencies of `op` (prefill/decode)."""
-        work = attention_work(self.model, num_tokens, kv_tokens_read, query_groups,
-                              self.params.q_tile_tokens, self.tensor_parallel)
+        work = attention_work(
+            self.model, num_tokens, kv_tokens_read, query_groups, self.params.q_tile_tokens, self.tensor_parallel
+        )
         return op_time_s(work, num_tokens, self._eff(op), self.hardware, self.params.smooth_p)
 
     def _dense_time_s(self, num_tokens: Number, logit_tokens: Number) -> Number:
@@ -465,24 +488,24 @@ class CostModel:
         per_pass = sum(self.pass_op_times_s(num_tokens, logit_tokens).values())
         return self.model.n_layers * per_layer + per_pass
 
-    def step_time_s(self, query_tokens: Number, kv_tokens_read: Number,
-                    query_groups: Number = 1, logit_tokens: Number | None = None) -> Number:
+    def step_time_s(
+        self, query_tokens: Number, kv_tokens_read: Number, query_groups: Number = 1, logit_tokens: Number | None = None
+    ) -> Number:
         """Seconds of one forward pass: all layers, lm_head, fixed step overhead.
 
         Scalars in, float out (cached, a few microseconds); arrays in, array out (vectorised).
         `logit_tokens` (rows that need logits) defaults to all query rows.
         """
-        if not (_is_array(query_tokens) or _is_array(kv_tokens_read) or _is_array(query_groups)
-                or _is_array(logit_tokens)):
+        if not (
+            _is_array(query_tokens) or _is_array(kv_tokens_read) or _is_array(query_groups) or _is_array(logit_tokens)
+        ):
             if query_tokens < 1 or kv_tokens_read < 0 or query_groups < 1:
                 _check(query_tokens, kv_tokens_read, query_groups)  # raises with a clear line
-            dense = self._dense_cache(query_tokens,
-                                      query_tokens if logit_tokens is None else logit_tokens)
+            dense = self._dense_cache(query_tokens, query_tokens if logit_tokens is None else logit_tokens)
             op = "attn_decode" if query_tokens <= query_groups else "attn_prefill"
             attn = self._attention_s(query_tokens, kv_tokens_read, query_groups, op)
             return dense + self.model.n_layers * attn
-        query_tokens, kv_tokens_read, query_groups = _check(query_tokens, kv_tokens_read,
-                                                            query_groups)
+        query_tokens, kv_tokens_read, query_groups = _check(query_tokens, kv_tokens_read, query_groups)
         logit = query_tokens if logit_tokens is None else np.asarray(logit_tokens, dtype=float)
         dense = self._dense_time_s(query_tokens, logit)
         prefill_s = self._attention_s(query_tokens, kv_tokens_read, query_groups, "attn_prefill")
@@ -495,14 +518,13 @@ def _is_array(value: object) -> bool:
     return isinstance(value, np.ndarray)
 
 
-def _check(num_tokens: Number, kv_tokens_read: Number, query_groups: Number
-           ) -> tuple[Number, Number, Number]:
+def _check(num_tokens: Number, kv_tokens_read: Number, query_groups: Number) -> tuple[Number, Number, Number]:
     """Validate counts (ValueError, one line); arrays become float arrays."""
-    arrays = any(_is_array(v) or isinstance(v, (list, tuple))
-                 for v in (num_tokens, kv_tokens_read, query_groups))
+    arrays = any(_is_array(v) or isinstance(v, (list, tuple)) for v in (num_tokens, kv_tokens_read, query_groups))
     if arrays:
         num_tokens, kv_tokens_read, query_groups = (
-            np.asarray(v, dtype=float) for v in (num_tokens, kv_tokens_read, query_groups))
+            np.asarray(v, dtype=float) for v in (num_tokens, kv_tokens_read, query_groups)
+        )
     if np.any(np.asarray(num_tokens) < 1):
         raise ValueError(f"num_tokens must be >= 1, got {num_tokens!r}")
     if np.any(np.asarray(kv_tokens_read) < 0):

@@ -55,11 +55,25 @@ def next_demand(sim, rs, limit=None) -> Demand:
     w, bs = sim.w, sim.config.block_size
     rs = np.asarray(rs, np.int64)
     idx = sim.off[rs] + sim.ptr[rs]
-    if not sim.recompute[rs].any() and not sim.chunk_done[rs].any() and not sim.redo[rs].any() and (
-            limit is None or (np.asarray(limit) >= w.query_tokens[idx]).all()):  # whole passes of the workload
+    if (
+        not sim.recompute[rs].any()
+        and not sim.chunk_done[rs].any()
+        and not sim.redo[rs].any()
+        and (limit is None or (np.asarray(limit) >= w.query_tokens[idx]).all())
+    ):  # whole passes of the workload
         n = len(rs)
-        return Demand(w.query_tokens[idx], w.kv_tokens_read[idx], w.query_groups[idx], w.logit_tokens[idx],
-                      sim.blocks[idx], w.live_kv_tokens[idx], w.emits[idx], np.zeros(n, np.int64), np.ones(n, bool), idx)
+        return Demand(
+            w.query_tokens[idx],
+            w.kv_tokens_read[idx],
+            w.query_groups[idx],
+            w.logit_tokens[idx],
+            sim.blocks[idx],
+            w.live_kv_tokens[idx],
+            w.emits[idx],
+            np.zeros(n, np.int64),
+            np.ones(n, bool),
+            idx,
+        )
     prev = np.maximum(idx - 1, 0)
     rc = sim.recompute[rs]
     has_prev = (sim.ptr[rs] > 0) & ~rc  # holds the KV of its last pass (not freed by a preemption)
@@ -75,15 +89,27 @@ def next_demand(sim, rs, limit=None) -> Demand:
     share = np.where(full > 0, upto / np.maximum(full, 1), 1.0)
     before_alloc = np.where(has_prev, w.alloc_kv_tokens[prev], 0)
     before_live = np.where(has_prev, w.live_kv_tokens[prev], 0)
-    blocks = np.where(final, sim.blocks[idx], -(-np.ceil(before_alloc + (w.alloc_kv_tokens[idx] - before_alloc) * share
-                                                        ).astype(np.int64) // bs))
-    live = np.where(final, w.live_kv_tokens[idx],
-                    (before_live + (w.live_kv_tokens[idx] - before_live) * share).astype(np.int64))
+    blocks = np.where(
+        final,
+        sim.blocks[idx],
+        -(-np.ceil(before_alloc + (w.alloc_kv_tokens[idx] - before_alloc) * share).astype(np.int64) // bs),
+    )
+    live = np.where(
+        final, w.live_kv_tokens[idx], (before_live + (w.live_kv_tokens[idx] - before_live) * share).astype(np.int64)
+    )
     kv_full = w.kv_tokens_read[idx] + _causal(rebuild)
     whole = (done == 0) & final
     frac = (_causal(upto) - _causal(done)) / np.maximum(_causal(full), 1)
     kv = np.where(whole, kv_full, np.round(kv_full * frac).astype(np.int64))
-    return Demand(query=run, kv_read=kv, groups=np.where(final, w.query_groups[idx], 1),
-                  logits=np.where(final, w.logit_tokens[idx], 1), blocks=blocks, live=live,
-                  emits=np.where(final, w.emits[idx], 0), rebuild=np.minimum(upto, redo) - np.minimum(done, redo),
-                  final=final, flat=idx)
+    return Demand(
+        query=run,
+        kv_read=kv,
+        groups=np.where(final, w.query_groups[idx], 1),
+        logits=np.where(final, w.logit_tokens[idx], 1),
+        blocks=blocks,
+        live=live,
+        emits=np.where(final, w.emits[idx], 0),
+        rebuild=np.minimum(upto, redo) - np.minimum(done, redo),
+        final=final,
+        flat=idx,
+    )

@@ -77,15 +77,41 @@ class Tile:
 #   64x128x64, 64x64x64.
 _SMALL_M = (Tile(16, 128, 64, 2), Tile(32, 128, 64, 2))
 TILES: dict[str, tuple[Tile, ...]] = {
-    "ampere": (Tile(256, 128, 32), Tile(128, 256, 32), Tile(128, 128, 32, 2),
-               Tile(128, 64, 32, 2), Tile(64, 128, 32, 2), Tile(64, 64, 64, 2), *_SMALL_M),
-    "hopper": (Tile(128, 256, 64), Tile(256, 128, 64), Tile(128, 128, 64),
-               Tile(64, 256, 64), Tile(64, 128, 64, 2), *_SMALL_M),
-    "blackwell": (Tile(128, 256, 64, operand_share=2), Tile(128, 128, 64, operand_share=2),
-                  Tile(128, 256, 64), Tile(256, 128, 64), Tile(128, 128, 64),
-                  Tile(64, 256, 64), *_SMALL_M),
-    "cdna3": (Tile(256, 256, 64), Tile(256, 128, 64), Tile(128, 256, 64), Tile(128, 128, 64),
-              Tile(64, 128, 64, 2), Tile(64, 64, 64, 2), *_SMALL_M),
+    "ampere": (
+        Tile(256, 128, 32),
+        Tile(128, 256, 32),
+        Tile(128, 128, 32, 2),
+        Tile(128, 64, 32, 2),
+        Tile(64, 128, 32, 2),
+        Tile(64, 64, 64, 2),
+        *_SMALL_M,
+    ),
+    "hopper": (
+        Tile(128, 256, 64),
+        Tile(256, 128, 64),
+        Tile(128, 128, 64),
+        Tile(64, 256, 64),
+        Tile(64, 128, 64, 2),
+        *_SMALL_M,
+    ),
+    "blackwell": (
+        Tile(128, 256, 64, operand_share=2),
+        Tile(128, 128, 64, operand_share=2),
+        Tile(128, 256, 64),
+        Tile(256, 128, 64),
+        Tile(128, 128, 64),
+        Tile(64, 256, 64),
+        *_SMALL_M,
+    ),
+    "cdna3": (
+        Tile(256, 256, 64),
+        Tile(256, 128, 64),
+        Tile(128, 256, 64),
+        Tile(128, 128, 64),
+        Tile(64, 128, 64, 2),
+        Tile(64, 64, 64, 2),
+        *_SMALL_M,
+    ),
 }
 TILES["ada"] = TILES["ampere"]
 # Split-K slices tried when the output tiles alone would leave SMs idle (cuBLAS splits K for
@@ -108,9 +134,15 @@ class GemmParams:
     choice_q: float = 0.0  # 0: the fastest kernel; q > 0: a power mean (exponent -q) of all
 
     def __post_init__(self) -> None:
-        bounds = {"tensor_eff": (0, 1), "memory_eff": (0, 1), "feed_bytes_per_clock": (0, None),
-                  "launch_overheads": (0, None), "fill_iters": (None, None),
-                  "overlap_p": (None, None), "choice_q": (None, None)}
+        bounds = {
+            "tensor_eff": (0, 1),
+            "memory_eff": (0, 1),
+            "feed_bytes_per_clock": (0, None),
+            "launch_overheads": (0, None),
+            "fill_iters": (None, None),
+            "overlap_p": (None, None),
+            "choice_q": (None, None),
+        }
         minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0}
         for name, (low, high) in bounds.items():
             value = getattr(self, name)
@@ -142,8 +174,9 @@ class KernelTimes:
     ideal_s: Number  # useful FLOPs at the part's tensor peak x tensor_eff, or bytes, if larger
 
 
-def _kernel(m: np.ndarray, k: float, n: float, tile: Tile, split: int, hw: HardwareSpec,
-            p: GemmParams, dtype_bytes: int) -> tuple[np.ndarray, ...]:
+def _kernel(
+    m: np.ndarray, k: float, n: float, tile: Tile, split: int, hw: HardwareSpec, p: GemmParams, dtype_bytes: int
+) -> tuple[np.ndarray, ...]:
     """(time, tiles, waves, compute, memory) of one kernel choice for every M."""
     sms = float(hw.num_sms)
     rows, cols = np.ceil(m / tile.tm), np.ceil(n / tile.tn)
@@ -153,9 +186,10 @@ def _kernel(m: np.ndarray, k: float, n: float, tile: Tile, split: int, hw: Hardw
     last = tiles - full_waves * per_wave  # tiles of the last, partial wave
     iters = np.ceil(np.ceil(k / split) / tile.tk)
     clock = hw.sustained_clock_hz
-    iter_s = max(2.0 * tile.tm * tile.tn * tile.tk / (hw.sm_peak_flops_per_s * p.tensor_eff),
-                 (tile.tm + tile.tn) * tile.tk * dtype_bytes / tile.operand_share
-                 / (p.feed_bytes_per_clock * clock))
+    iter_s = max(
+        2.0 * tile.tm * tile.tn * tile.tk / (hw.sm_peak_flops_per_s * p.tensor_eff),
+        (tile.tm + tile.tn) * tile.tk * dtype_bytes / tile.operand_share / (p.feed_bytes_per_clock * clock),
+    )
     tile_s = (iters + p.fill_iters) * iter_s
     # busiest SM of each wave: ctas_per_sm tiles in a full wave, ceil(last / SMs) in the last
     compute = (full_waves * tile.ctas_per_sm + np.ceil(last / sms)) * tile_s
@@ -179,9 +213,18 @@ def _pnorm(a: np.ndarray, b: np.ndarray, power: float) -> np.ndarray:
     return top * ((a / top) ** power + (b / top) ** power) ** (1.0 / power)
 
 
-def _hbm_bytes(m: np.ndarray, k: float, n: float, rows: np.ndarray, cols: np.ndarray,
-               tile: Tile, per_wave: float, split: int, hw: HardwareSpec,
-               dtype_bytes: int) -> np.ndarray:
+def _hbm_bytes(
+    m: np.ndarray,
+    k: float,
+    n: float,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    tile: Tile,
+    per_wave: float,
+    split: int,
+    hw: HardwareSpec,
+    dtype_bytes: int,
+) -> np.ndarray:
     """HBM bytes of the kernel: each operand once if it stays in L2 across waves, else once per
     band of the output a wave covers (a wave spans a near-square block of tiles); outputs (and
     split-K partials) once."""
@@ -197,9 +240,16 @@ def _hbm_bytes(m: np.ndarray, k: float, n: float, rows: np.ndarray, cols: np.nda
     return a_bytes * a_passes + w_bytes * w_passes + out_bytes
 
 
-def gemm_kernel(m: Number, k: float, n: float, hw: HardwareSpec, p: GemmParams,
-                dtype_bytes: int = 2, tiles: tuple[Tile, ...] | None = None,
-                splits: tuple[int, ...] = SPLITS) -> KernelTimes:
+def gemm_kernel(
+    m: Number,
+    k: float,
+    n: float,
+    hw: HardwareSpec,
+    p: GemmParams,
+    dtype_bytes: int = 2,
+    tiles: tuple[Tile, ...] | None = None,
+    splits: tuple[int, ...] = SPLITS,
+) -> KernelTimes:
     """The fastest kernel of `hw.arch`'s tiles (or `tiles`) and split-K choices for each M."""
     if not hw.has_chip_layout:
         raise ValueError(f"hardware {hw.name!r} has no chip layout (num_sms, clocks, L2, arch)")
@@ -220,25 +270,29 @@ def gemm_kernel(m: Number, k: float, n: float, hw: HardwareSpec, p: GemmParams,
         chosen = chosen * np.mean((times / chosen) ** -p.choice_q, axis=0) ** (-1 / p.choice_q)
 
     def pick(index: int) -> np.ndarray:
-        return np.stack([np.broadcast_to(terms[index], m_arr.shape) for _, _, terms in choices]
-                        )[best, cols]
+        return np.stack([np.broadcast_to(terms[index], m_arr.shape) for _, _, terms in choices])[best, cols]
 
     useful_s = 2.0 * m_arr * k * n / (hw.peak_flops_per_s * p.tensor_eff)
     bytes_s = (m_arr * k + k * n + m_arr * n) * dtype_bytes / (hw.hbm_bytes_per_s * p.memory_eff)
     result = KernelTimes(
-        time_s=chosen, tile=[choices[i][0].label for i in best],
-        split=np.array([choices[i][1] for i in best], dtype=float), tiles=pick(1),
-        waves=pick(2), compute_s=pick(3), memory_s=pick(4),
-        ideal_s=np.maximum(useful_s, bytes_s))
+        time_s=chosen,
+        tile=[choices[i][0].label for i in best],
+        split=np.array([choices[i][1] for i in best], dtype=float),
+        tiles=pick(1),
+        waves=pick(2),
+        compute_s=pick(3),
+        memory_s=pick(4),
+        ideal_s=np.maximum(useful_s, bytes_s),
+    )
     if scalar:
-        return dataclasses.replace(result, **{
-            f.name: float(getattr(result, f.name)[0])
-            for f in dataclasses.fields(result) if f.name != "tile"})
+        return dataclasses.replace(
+            result,
+            **{f.name: float(getattr(result, f.name)[0]) for f in dataclasses.fields(result) if f.name != "tile"},
+        )
     return result
 
 
-def gemm_time_s(m: Number, k: float, n: float, hw: HardwareSpec, p: GemmParams,
-                dtype_bytes: int = 2) -> Number:
+def gemm_time_s(m: Number, k: float, n: float, hw: HardwareSpec, p: GemmParams, dtype_bytes: int = 2) -> Number:
     """Seconds of the fastest kernel for an (m x k) @ (k x n) GEMM."""
     return gemm_kernel(m, k, n, hw, p, dtype_bytes).time_s
 
@@ -246,6 +300,7 @@ def gemm_time_s(m: Number, k: float, n: float, hw: HardwareSpec, p: GemmParams,
 def bound(kernel: KernelTimes, index: int = 0) -> str:
     """Why the kernel takes its time: "compute", "memory", "wave" (quantization: the waves'
     time exceeds the ideal by over 15%) or "launch" (fixed costs are most of it)."""
+
     def at(value: Any) -> float:
         return float(np.atleast_1d(value)[index])
 

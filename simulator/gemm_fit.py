@@ -29,11 +29,17 @@ from simulator.gemm import GemmParams, gemm_kernel
 from simulator.hardware import HARDWARE, HardwareSpec
 
 A100 = HARDWARE["a100-80g"]
-VIDUR_GEMM_OPS: tuple[str, ...] = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj",
-                                   "mlp_down_proj")
+VIDUR_GEMM_OPS: tuple[str, ...] = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 # Fitted parameters, their bounds and starting point (GemmParams field order).
-FIT_FIELDS: tuple[str, ...] = ("tensor_eff", "fill_iters", "feed_bytes_per_clock", "memory_eff",
-                               "launch_overheads", "overlap_p", "choice_q")
+FIT_FIELDS: tuple[str, ...] = (
+    "tensor_eff",
+    "fill_iters",
+    "feed_bytes_per_clock",
+    "memory_eff",
+    "launch_overheads",
+    "overlap_p",
+    "choice_q",
+)
 _LOWER = np.array([0.3, 0.0, 8.0, 0.3, 0.05, 1.0, 0.5])
 _UPPER = np.array([1.0, 20.0, 256.0, 1.0, 10.0, 20.0, 100.0])
 _START = np.array([0.8, 2.0, 48.0, 0.9, 1.0, 2.0, 8.0])
@@ -58,19 +64,16 @@ def gemm_rows(table: pd.DataFrame) -> pd.DataFrame:
     return rows.reset_index(drop=True)
 
 
-def predict_tiles(rows: pd.DataFrame, params: GemmParams, hardware: HardwareSpec = A100
-                  ) -> np.ndarray:
+def predict_tiles(rows: pd.DataFrame, params: GemmParams, hardware: HardwareSpec = A100) -> np.ndarray:
     """Seconds the tile model predicts for every row (one vectorised call per (K, N) shape)."""
     out = np.empty(len(rows))
     for (k, n), group in rows.groupby(["K", "N"], sort=False):
         idx = rows.index.get_indexer(group.index)
-        out[idx] = gemm_kernel(group["num_tokens"].to_numpy(float), k, n, hardware,
-                               params).time_s
+        out[idx] = gemm_kernel(group["num_tokens"].to_numpy(float), k, n, hardware, params).time_s
     return out
 
 
-def predict_old(rows: pd.DataFrame, families: dict[str, Any],
-                hardware: HardwareSpec = A100) -> np.ndarray:
+def predict_old(rows: pd.DataFrame, families: dict[str, Any], hardware: HardwareSpec = A100) -> np.ndarray:
     """Seconds the old per-family roofline predicts for every row."""
     from simulator.calibrate import _predict, _work_arrays
 
@@ -82,8 +85,13 @@ def predict_old(rows: pd.DataFrame, families: dict[str, Any],
     return out
 
 
-def fit_gemm(rows: pd.DataFrame, hardware: HardwareSpec = A100, thin: int = 1,
-             fixed: dict[str, float] | None = None, f_scale: float = 0.05) -> GemmParams:
+def fit_gemm(
+    rows: pd.DataFrame,
+    hardware: HardwareSpec = A100,
+    thin: int = 1,
+    fixed: dict[str, float] | None = None,
+    f_scale: float = 0.05,
+) -> GemmParams:
     """Least-squares fit of the tile parameters to measured GEMM rows (every `thin`-th token
     count of each shape, to bound the time); `fixed` holds fields not fitted."""
     rows = rows[rows.groupby(["model", "tp", "op"]).cumcount() % thin == 0].reset_index(drop=True)
@@ -101,9 +109,16 @@ def fit_gemm(rows: pd.DataFrame, hardware: HardwareSpec = A100, thin: int = 1,
 
     # Soft-L1: a few kernels the library picks badly (a 40% jump from one token count to the
     # next) should not pull the tile parameters.
-    result = least_squares(residuals, _START[free], bounds=(_LOWER[free], _UPPER[free]),
-                           x_scale=_START[free], diff_step=1e-2, loss="soft_l1", f_scale=f_scale,
-                           method="trf")
+    result = least_squares(
+        residuals,
+        _START[free],
+        bounds=(_LOWER[free], _UPPER[free]),
+        x_scale=_START[free],
+        diff_step=1e-2,
+        loss="soft_l1",
+        f_scale=f_scale,
+        method="trf",
+    )
     return params_of(result.x)
 
 
@@ -131,9 +146,12 @@ def holdout_predictions(table: pd.DataFrame, thin: int = 1) -> pd.DataFrame:
             families = {family: fit_family(group) for family, group in train.groupby("family")}
             seen = set(zip(train["K"], train["N"]))
             test = test.assign(
-                fold=name, split=split,
+                fold=name,
+                split=split,
                 unseen=[(k, n) not in seen for k, n in zip(test["K"], test["N"])],
-                tiles_s=predict_tiles(test, params), old_s=predict_old(test, families))
+                tiles_s=predict_tiles(test, params),
+                old_s=predict_old(test, families),
+            )
             frames.append(test)
     return pd.concat(frames, ignore_index=True)
 
@@ -149,17 +167,21 @@ def summary(held: pd.DataFrame) -> dict[str, Any]:
     tiles, old = (ape_percent(unseen[c], unseen["time_s"]) for c in ("tiles_s", "old_s"))
 
     def stats(values: np.ndarray) -> dict[str, float]:
-        return {"median": float(np.median(values)), "p90": float(np.percentile(values, 90)),
-                "n": len(values)}
+        return {"median": float(np.median(values)), "p90": float(np.percentile(values, 90)), "n": len(values)}
 
     def by(column: pd.Series) -> dict[str, dict[str, dict[str, float]]]:
-        return {str(key): {"tiles": stats(tiles[mask]), "old": stats(old[mask])}
-                for key, mask in ((k, (column == k).to_numpy()) for k in column.unique())}
+        return {
+            str(key): {"tiles": stats(tiles[mask]), "old": stats(old[mask])}
+            for key, mask in ((k, (column == k).to_numpy()) for k in column.unique())
+        }
 
     bands = pd.cut(unseen["num_tokens"], TOKEN_BINS, right=True).astype(str)
     return {
-        "rows": len(held), "unseen_rows": len(unseen),
-        "tiles": stats(tiles), "old": stats(old),
-        "by_family": by(unseen["op"].map(OP_FAMILY)), "by_tokens": by(bands),
+        "rows": len(held),
+        "unseen_rows": len(unseen),
+        "tiles": stats(tiles),
+        "old": stats(old),
+        "by_family": by(unseen["op"].map(OP_FAMILY)),
+        "by_tokens": by(bands),
         "by_fold": by(unseen["fold"]),
     }

@@ -103,8 +103,7 @@ _POSITIVE_FIELDS = (
 )
 _NON_NEGATIVE_FIELDS = ("interconnect_latency_s", "launch_overhead_s")
 _FRACTION_FIELDS = ("matmul_efficiency", "memory_efficiency")
-CHIP_FIELDS = ("num_sms", "tensor_flops_per_sm_per_clock", "boost_clock_hz",
-               "sustained_clock_hz", "l2_bytes", "arch")
+CHIP_FIELDS = ("num_sms", "tensor_flops_per_sm_per_clock", "boost_clock_hz", "sustained_clock_hz", "l2_bytes", "arch")
 _CHIP_NUMBERS = CHIP_FIELDS[:-1]
 ARCHES = ("ampere", "ada", "hopper", "blackwell", "cdna3")
 
@@ -127,17 +126,17 @@ def _validate(spec: HardwareSpec) -> None:
             raise ValueError(f"hardware {spec.name!r}: {field} must be in (0, 1], got {value!r}")
     for field in _CHIP_NUMBERS:
         value = getattr(spec, field)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not value > 0):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
             raise ValueError(f"hardware {spec.name!r}: {field} must be > 0, got {value!r}")
     if spec.arch is not None and spec.arch not in ARCHES:
-        raise ValueError(f"hardware {spec.name!r}: arch must be one of {', '.join(ARCHES)}, "
-                         f"got {spec.arch!r}")
+        raise ValueError(f"hardware {spec.name!r}: arch must be one of {', '.join(ARCHES)}, got {spec.arch!r}")
     if spec.num_sms is not None and not float(spec.num_sms).is_integer():
-        raise ValueError(f"hardware {spec.name!r}: num_sms must be a whole number, "
-                         f"got {spec.num_sms!r}")
-    if (spec.boost_clock_hz is not None and spec.sustained_clock_hz is not None
-            and spec.sustained_clock_hz > spec.boost_clock_hz * 1.0001):
+        raise ValueError(f"hardware {spec.name!r}: num_sms must be a whole number, got {spec.num_sms!r}")
+    if (
+        spec.boost_clock_hz is not None
+        and spec.sustained_clock_hz is not None
+        and spec.sustained_clock_hz > spec.boost_clock_hz * 1.0001
+    ):
         raise ValueError(f"hardware {spec.name!r}: sustained_clock_hz exceeds boost_clock_hz")
 
 
@@ -147,8 +146,9 @@ TOPOLOGIES = ("nvswitch", "nvlink_pairs", "pcie", "mesh")  # node topologies (si
 def _validate_links(spec: HardwareSpec) -> None:
     """ValueError (one line) for impossible interconnect or price fields."""
     if spec.topology not in TOPOLOGIES:
-        raise ValueError(f"hardware {spec.name!r}: topology must be one of {', '.join(TOPOLOGIES)}, "
-                         f"got {spec.topology!r}")
+        raise ValueError(
+            f"hardware {spec.name!r}: topology must be one of {', '.join(TOPOLOGIES)}, got {spec.topology!r}"
+        )
     for name in ("pcie_bytes_per_s", "network_bytes_per_s"):
         value = getattr(spec, name)
         if not isinstance(value, (int, float)) or not value > 0:
@@ -176,61 +176,151 @@ HARDWARE: dict[str, HardwareSpec] = {
     # NVIDIA A100 datasheet (A100 40GB/80GB SXM): BF16 tensor 312 TFLOP/s dense (624 sparse);
     # HBM2 1,555 GB/s (40GB), HBM2e 2,039 GB/s (80GB SXM); NVLink 600 GB/s.
     "a100-40g": HardwareSpec(
-        "a100-40g", "gpu", 312e12, 1.555e12, 40 * GIB, 600e9, _NVLINK_LATENCY_S,
-        _NV_LAUNCH_S, _NV_MATMUL_EFF, _NV_MEMORY_EFF, "NVIDIA A100 datasheet (SXM4 40GB)",
+        "a100-40g",
+        "gpu",
+        312e12,
+        1.555e12,
+        40 * GIB,
+        600e9,
+        _NVLINK_LATENCY_S,
+        _NV_LAUNCH_S,
+        _NV_MATMUL_EFF,
+        _NV_MEMORY_EFF,
+        "NVIDIA A100 datasheet (SXM4 40GB)",
     ),
     "a100-80g": HardwareSpec(
-        "a100-80g", "gpu", 312e12, 2.039e12, 80 * GIB, 600e9, _NVLINK_LATENCY_S,
-        _NV_LAUNCH_S, _NV_MATMUL_EFF, _NV_MEMORY_EFF, "NVIDIA A100 datasheet (SXM4 80GB)",
+        "a100-80g",
+        "gpu",
+        312e12,
+        2.039e12,
+        80 * GIB,
+        600e9,
+        _NVLINK_LATENCY_S,
+        _NV_LAUNCH_S,
+        _NV_MATMUL_EFF,
+        _NV_MEMORY_EFF,
+        "NVIDIA A100 datasheet (SXM4 80GB)",
     ),
     # NVIDIA A10 datasheet: BF16 tensor 125 TFLOP/s dense (250 sparse), GDDR6 600 GB/s, 24 GB,
     # PCIe Gen4 x16 64 GB/s.
     "a10": HardwareSpec(
-        "a10", "gpu", 125e12, 600e9, 24 * GIB, 64e9, _PCIE_LATENCY_S,
-        _NV_LAUNCH_S, _NV_MATMUL_EFF, _NV_MEMORY_EFF, "NVIDIA A10 datasheet",
+        "a10",
+        "gpu",
+        125e12,
+        600e9,
+        24 * GIB,
+        64e9,
+        _PCIE_LATENCY_S,
+        _NV_LAUNCH_S,
+        _NV_MATMUL_EFF,
+        _NV_MEMORY_EFF,
+        "NVIDIA A10 datasheet",
     ),
     # NVIDIA A40 datasheet: BF16 tensor 149.7 TFLOP/s dense (299.4 sparse), GDDR6 696 GB/s,
     # 48 GB, NVLink bridge 112.5 GB/s bidirectional.
     "a40": HardwareSpec(
-        "a40", "gpu", 149.7e12, 696e9, 48 * GIB, 112.5e9, _NVLINK_LATENCY_S,
-        _NV_LAUNCH_S, _NV_MATMUL_EFF, _NV_MEMORY_EFF, "NVIDIA A40 datasheet",
+        "a40",
+        "gpu",
+        149.7e12,
+        696e9,
+        48 * GIB,
+        112.5e9,
+        _NVLINK_LATENCY_S,
+        _NV_LAUNCH_S,
+        _NV_MATMUL_EFF,
+        _NV_MEMORY_EFF,
+        "NVIDIA A40 datasheet",
     ),
     # NVIDIA L4 datasheet: BF16 tensor 242 TFLOP/s with sparsity -> 121 dense; GDDR6 300 GB/s,
     # 24 GB; PCIe Gen4 x16 64 GB/s.
     "l4": HardwareSpec(
-        "l4", "gpu", 121e12, 300e9, 24 * GIB, 64e9, _PCIE_LATENCY_S,
-        _NV_LAUNCH_S, _NV_MATMUL_EFF, _NV_MEMORY_EFF, "NVIDIA L4 datasheet (242 sparse / 2)",
+        "l4",
+        "gpu",
+        121e12,
+        300e9,
+        24 * GIB,
+        64e9,
+        _PCIE_LATENCY_S,
+        _NV_LAUNCH_S,
+        _NV_MATMUL_EFF,
+        _NV_MEMORY_EFF,
+        "NVIDIA L4 datasheet (242 sparse / 2)",
     ),
     # NVIDIA L40S datasheet: BF16 tensor 362.05 TFLOP/s dense (733 sparse), GDDR6 864 GB/s,
     # 48 GB; PCIe Gen4 x16 64 GB/s bidirectional, no NVLink.
     "l40s": HardwareSpec(
-        "l40s", "gpu", 362.05e12, 864e9, 48 * GIB, 64e9, _PCIE_LATENCY_S,
-        _NV_LAUNCH_S, _NV_MATMUL_EFF, _NV_MEMORY_EFF, "NVIDIA L40S datasheet",
+        "l40s",
+        "gpu",
+        362.05e12,
+        864e9,
+        48 * GIB,
+        64e9,
+        _PCIE_LATENCY_S,
+        _NV_LAUNCH_S,
+        _NV_MATMUL_EFF,
+        _NV_MEMORY_EFF,
+        "NVIDIA L40S datasheet",
     ),
     # NVIDIA H100 datasheet (SXM5): BF16 tensor 1,979 TFLOP/s with sparsity -> 989.4 dense;
     # HBM3 3.35 TB/s, 80 GB; NVLink 900 GB/s.
     "h100-sxm": HardwareSpec(
-        "h100-sxm", "gpu", 989.4e12, 3.35e12, 80 * GIB, 900e9, _NVLINK_LATENCY_S,
-        _NV_LAUNCH_S, _NV_MATMUL_EFF, _NV_MEMORY_EFF, "NVIDIA H100 datasheet (SXM)",
+        "h100-sxm",
+        "gpu",
+        989.4e12,
+        3.35e12,
+        80 * GIB,
+        900e9,
+        _NVLINK_LATENCY_S,
+        _NV_LAUNCH_S,
+        _NV_MATMUL_EFF,
+        _NV_MEMORY_EFF,
+        "NVIDIA H100 datasheet (SXM)",
     ),
     # NVIDIA H100 datasheet (PCIe): BF16 tensor 1,513 TFLOP/s sparse -> 756 dense; HBM2e 2.0 TB/s,
     # 80 GB; NVLink bridge 600 GB/s (PCIe Gen5 128 GB/s without it).
     "h100-pcie": HardwareSpec(
-        "h100-pcie", "gpu", 756e12, 2.0e12, 80 * GIB, 600e9, _NVLINK_LATENCY_S,
-        _NV_LAUNCH_S, _NV_MATMUL_EFF, _NV_MEMORY_EFF, "NVIDIA H100 datasheet (PCIe)",
+        "h100-pcie",
+        "gpu",
+        756e12,
+        2.0e12,
+        80 * GIB,
+        600e9,
+        _NVLINK_LATENCY_S,
+        _NV_LAUNCH_S,
+        _NV_MATMUL_EFF,
+        _NV_MEMORY_EFF,
+        "NVIDIA H100 datasheet (PCIe)",
     ),
     # NVIDIA H200 datasheet (SXM): BF16 tensor 1,979 sparse -> 989 dense (same die as H100);
     # HBM3e 4.8 TB/s, 141 GB; NVLink 900 GB/s.
     "h200": HardwareSpec(
-        "h200", "gpu", 989.4e12, 4.8e12, 141 * GIB, 900e9, _NVLINK_LATENCY_S,
-        _NV_LAUNCH_S, _NV_MATMUL_EFF, _NV_MEMORY_EFF, "NVIDIA H200 datasheet (SXM)",
+        "h200",
+        "gpu",
+        989.4e12,
+        4.8e12,
+        141 * GIB,
+        900e9,
+        _NVLINK_LATENCY_S,
+        _NV_LAUNCH_S,
+        _NV_MATMUL_EFF,
+        _NV_MEMORY_EFF,
+        "NVIDIA H200 datasheet (SXM)",
     ),
     # NVIDIA HGX B200 spec (1,000 W): BF16 tensor 4.5 PFLOP/s sparse -> 2.25 dense; HBM3e 8 TB/s,
     # 192 GB physical (the DGX B200 datasheet lists 1,440 GB for 8 GPUs, i.e. 180 GB usable);
     # NVLink 5 1.8 TB/s.
     "b200": HardwareSpec(
-        "b200", "gpu", 2.25e15, 8.0e12, 192 * GIB, 1.8e12, _NVLINK_LATENCY_S,
-        _NV_LAUNCH_S, _NV_MATMUL_EFF, _NV_MEMORY_EFF, "NVIDIA HGX B200 datasheet",
+        "b200",
+        "gpu",
+        2.25e15,
+        8.0e12,
+        192 * GIB,
+        1.8e12,
+        _NVLINK_LATENCY_S,
+        _NV_LAUNCH_S,
+        _NV_MATMUL_EFF,
+        _NV_MEMORY_EFF,
+        "NVIDIA HGX B200 datasheet",
     ),
     # AMD Instinct MI300X datasheet: BF16 matrix 1,307.4 TFLOP/s dense (2,614.9 sparse); HBM3
     # 5.3 TB/s, 192 GB; Infinity Fabric 896 GB/s aggregate (7 links x 128 GB/s).
@@ -238,8 +328,17 @@ HARDWARE: dict[str, HardwareSpec] = {
     # MI300X BF16 GEMMs reaching roughly half of the datasheet peak; kernel launch on ROCm is
     # of the same order as CUDA.
     "mi300x": HardwareSpec(
-        "mi300x", "gpu", 1307.4e12, 5.3e12, 192 * GIB, 896e9, _NVLINK_LATENCY_S,
-        _NV_LAUNCH_S, 0.50, 0.70, "AMD Instinct MI300X datasheet",
+        "mi300x",
+        "gpu",
+        1307.4e12,
+        5.3e12,
+        192 * GIB,
+        896e9,
+        _NVLINK_LATENCY_S,
+        _NV_LAUNCH_S,
+        0.50,
+        0.70,
+        "AMD Instinct MI300X datasheet",
     ),
     # A generic capturing host, for replaying CPU traces: 8 cores x 3.0 GHz x 32 fp32 FLOP/cycle
     # (AVX2: two 8-lane FMA units, 2 FLOP per FMA) = 768 GFLOP/s; dual-channel DDR4-3200
@@ -247,8 +346,17 @@ HARDWARE: dict[str, HardwareSpec] = {
     # talk through DRAM, so the "interconnect" is the memory bus. Use `host_cpu_spec()` for
     # the machine actually running.
     "host-cpu": HardwareSpec(
-        "host-cpu", "cpu", 8 * 3.0e9 * 32, 51.2e9, 32 * GIB, 51.2e9, 1e-6,
-        10e-6, 0.5, 0.6, "generic AVX2 host (assumed; see comment)",
+        "host-cpu",
+        "cpu",
+        8 * 3.0e9 * 32,
+        51.2e9,
+        32 * GIB,
+        51.2e9,
+        1e-6,
+        10e-6,
+        0.5,
+        0.6,
+        "generic AVX2 host (assumed; see comment)",
     ),
 }
 
@@ -299,8 +407,14 @@ _CHIP: dict[str, tuple[str, int, float, float, float, int]] = {
 }
 for _name, (_arch, _sms, _per_clock, _boost, _sustained, _l2) in _CHIP.items():
     HARDWARE[_name] = dataclasses.replace(
-        HARDWARE[_name], arch=_arch, num_sms=_sms, tensor_flops_per_sm_per_clock=_per_clock,
-        boost_clock_hz=_boost, sustained_clock_hz=_sustained, l2_bytes=_l2)
+        HARDWARE[_name],
+        arch=_arch,
+        num_sms=_sms,
+        tensor_flops_per_sm_per_clock=_per_clock,
+        boost_clock_hz=_boost,
+        sustained_clock_hz=_sustained,
+        l2_bytes=_l2,
+    )
 
 
 # ---- interconnect block ------------------------------------------------------------------------
@@ -310,36 +424,94 @@ for _name, (_arch, _sms, _per_clock, _boost, _sustained, _l2) in _CHIP.items():
 _GEN4, _GEN5 = {"pcie_generation": 4, "pcie_bytes_per_s": 64e9}, {"pcie_generation": 5, "pcie_bytes_per_s": 128e9}
 _LINKS: dict[str, dict] = {
     # DGX A100: NVLink 3 through 6 NVSwitches, 8 x 200 Gb/s HDR InfiniBand (one per GPU).
-    "a100-40g": {"nvlink_generation": 3, **_GEN4, "network_bytes_per_s": 25e9, "topology": "nvswitch",
-                 "links_source": "NVIDIA DGX A100 datasheet (NVLink 3, NVSwitch, 8x HDR 200 Gb/s)"},
-    "a100-80g": {"nvlink_generation": 3, **_GEN4, "network_bytes_per_s": 25e9, "topology": "nvswitch",
-                 "links_source": "NVIDIA DGX A100 datasheet (NVLink 3, NVSwitch, 8x HDR 200 Gb/s)"},
+    "a100-40g": {
+        "nvlink_generation": 3,
+        **_GEN4,
+        "network_bytes_per_s": 25e9,
+        "topology": "nvswitch",
+        "links_source": "NVIDIA DGX A100 datasheet (NVLink 3, NVSwitch, 8x HDR 200 Gb/s)",
+    },
+    "a100-80g": {
+        "nvlink_generation": 3,
+        **_GEN4,
+        "network_bytes_per_s": 25e9,
+        "topology": "nvswitch",
+        "links_source": "NVIDIA DGX A100 datasheet (NVLink 3, NVSwitch, 8x HDR 200 Gb/s)",
+    },
     # PCIe-only inference cards: no NVLink; 100 Gb/s Ethernet per GPU assumed for a server of them.
-    "a10": {**_GEN4, "network_bytes_per_s": 12.5e9, "topology": "pcie", "gpus_per_node": 4,
-            "links_source": "NVIDIA A10 datasheet (PCIe Gen4 x16, no NVLink); NIC 100 GbE assumed"},
-    "l4": {**_GEN4, "network_bytes_per_s": 12.5e9, "topology": "pcie",
-           "links_source": "NVIDIA L4 datasheet (PCIe Gen4 x16, no NVLink); NIC 100 GbE assumed"},
-    "l40s": {**_GEN4, "network_bytes_per_s": 25e9, "topology": "pcie",
-             "links_source": "NVIDIA L40S datasheet (PCIe Gen4 x16, no NVLink); NIC 200 Gb/s assumed"},
+    "a10": {
+        **_GEN4,
+        "network_bytes_per_s": 12.5e9,
+        "topology": "pcie",
+        "gpus_per_node": 4,
+        "links_source": "NVIDIA A10 datasheet (PCIe Gen4 x16, no NVLink); NIC 100 GbE assumed",
+    },
+    "l4": {
+        **_GEN4,
+        "network_bytes_per_s": 12.5e9,
+        "topology": "pcie",
+        "links_source": "NVIDIA L4 datasheet (PCIe Gen4 x16, no NVLink); NIC 100 GbE assumed",
+    },
+    "l40s": {
+        **_GEN4,
+        "network_bytes_per_s": 25e9,
+        "topology": "pcie",
+        "links_source": "NVIDIA L40S datasheet (PCIe Gen4 x16, no NVLink); NIC 200 Gb/s assumed",
+    },
     # A40: NVLink 3 bridge joining two boards.
-    "a40": {"nvlink_generation": 3, **_GEN4, "network_bytes_per_s": 25e9, "topology": "nvlink_pairs",
-            "links_source": "NVIDIA A40 datasheet (NVLink bridge, 2 GPUs, PCIe Gen4); NIC 200 Gb/s assumed"},
+    "a40": {
+        "nvlink_generation": 3,
+        **_GEN4,
+        "network_bytes_per_s": 25e9,
+        "topology": "nvlink_pairs",
+        "links_source": "NVIDIA A40 datasheet (NVLink bridge, 2 GPUs, PCIe Gen4); NIC 200 Gb/s assumed",
+    },
     # DGX H100 / H200: NVLink 4 through NVSwitch, 8 x 400 Gb/s ConnectX-7 (NDR) per node.
-    "h100-sxm": {"nvlink_generation": 4, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvswitch",
-                 "links_source": "NVIDIA DGX H100 datasheet (NVLink 4, NVSwitch, 8x 400 Gb/s NDR)"},
-    "h100-pcie": {"nvlink_generation": 4, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvlink_pairs",
-                  "links_source": "NVIDIA H100 PCIe datasheet (NVLink bridge pairs, PCIe Gen5); NIC 400 Gb/s assumed"},
-    "h200": {"nvlink_generation": 4, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvswitch",
-             "links_source": "NVIDIA DGX H200 datasheet (NVLink 4, NVSwitch, 8x 400 Gb/s NDR)"},
+    "h100-sxm": {
+        "nvlink_generation": 4,
+        **_GEN5,
+        "network_bytes_per_s": 50e9,
+        "topology": "nvswitch",
+        "links_source": "NVIDIA DGX H100 datasheet (NVLink 4, NVSwitch, 8x 400 Gb/s NDR)",
+    },
+    "h100-pcie": {
+        "nvlink_generation": 4,
+        **_GEN5,
+        "network_bytes_per_s": 50e9,
+        "topology": "nvlink_pairs",
+        "links_source": "NVIDIA H100 PCIe datasheet (NVLink bridge pairs, PCIe Gen5); NIC 400 Gb/s assumed",
+    },
+    "h200": {
+        "nvlink_generation": 4,
+        **_GEN5,
+        "network_bytes_per_s": 50e9,
+        "topology": "nvswitch",
+        "links_source": "NVIDIA DGX H200 datasheet (NVLink 4, NVSwitch, 8x 400 Gb/s NDR)",
+    },
     # DGX B200: NVLink 5 (1.8 TB/s per GPU) through NVSwitch, 8 x 400 Gb/s ConnectX-7.
-    "b200": {"nvlink_generation": 5, **_GEN5, "network_bytes_per_s": 50e9, "topology": "nvswitch",
-             "links_source": "NVIDIA DGX B200 datasheet (NVLink 5, NVSwitch, 8x 400 Gb/s)"},
+    "b200": {
+        "nvlink_generation": 5,
+        **_GEN5,
+        "network_bytes_per_s": 50e9,
+        "topology": "nvswitch",
+        "links_source": "NVIDIA DGX B200 datasheet (NVLink 5, NVSwitch, 8x 400 Gb/s)",
+    },
     # MI300X platform: 8 GPUs fully connected by Infinity Fabric (7 links each), PCIe Gen5, 400 Gb/s NICs.
-    "mi300x": {**_GEN5, "network_bytes_per_s": 50e9, "topology": "mesh", "nvlink_generation": None,
-               "links_source": "AMD Instinct MI300X platform brief (Infinity Fabric mesh of 8, PCIe Gen5)"},
+    "mi300x": {
+        **_GEN5,
+        "network_bytes_per_s": 50e9,
+        "topology": "mesh",
+        "nvlink_generation": None,
+        "links_source": "AMD Instinct MI300X platform brief (Infinity Fabric mesh of 8, PCIe Gen5)",
+    },
     # Host: processes exchange through DRAM (the interconnect figure above); no NIC assumed beyond 100 GbE.
-    "host-cpu": {**_GEN4, "network_bytes_per_s": 12.5e9, "topology": "nvswitch", "gpus_per_node": 1,
-                 "links_source": "generic host (assumed)"},
+    "host-cpu": {
+        **_GEN4,
+        "network_bytes_per_s": 12.5e9,
+        "topology": "nvswitch",
+        "gpus_per_node": 1,
+        "links_source": "generic host (assumed)",
+    },
 }
 HARDWARE = {name: dataclasses.replace(spec, **_LINKS[name]) for name, spec in HARDWARE.items()}
 
@@ -349,9 +521,7 @@ def get_hardware(name: str) -> HardwareSpec:
     try:
         return HARDWARE[name]
     except KeyError:
-        raise UnknownName(
-            f"unknown hardware {name!r}; valid names: {', '.join(sorted(HARDWARE))}"
-        ) from None
+        raise UnknownName(f"unknown hardware {name!r}; valid names: {', '.join(sorted(HARDWARE))}") from None
 
 
 def override(base_name: str, /, **fields: object) -> HardwareSpec:
@@ -367,9 +537,7 @@ def override(base_name: str, /, **fields: object) -> HardwareSpec:
     valid = {f.name for f in dataclasses.fields(HardwareSpec)}
     unknown = sorted(set(fields) - valid)
     if unknown:
-        raise UsageError(
-            f"unknown hardware field(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}"
-        )
+        raise UsageError(f"unknown hardware field(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
     fields.setdefault("name", f"{base_name}-custom")
     if "peak_flops_per_s" not in fields and base.has_chip_layout:
         fields["peak_flops_per_s"] = base.peak_flops_per_s * _peak_scale(base, fields)
@@ -419,8 +587,11 @@ def host_cpu_spec(cores: int | None = None) -> HardwareSpec:
 
 if __name__ == "__main__":
     for spec in HARDWARE.values():
-        chip = (f" {spec.num_sms:4d} SMs {spec.sustained_clock_hz / 1e9:.2f} GHz "
-                f"L2 {spec.l2_bytes / MIB:4.0f} MiB" if spec.has_chip_layout else "")
+        chip = (
+            f" {spec.num_sms:4d} SMs {spec.sustained_clock_hz / 1e9:.2f} GHz L2 {spec.l2_bytes / MIB:4.0f} MiB"
+            if spec.has_chip_layout
+            else ""
+        )
         print(
             f"{spec.name:10s} {spec.peak_flops_per_s / 1e12:8.1f} TFLOP/s "
             f"{spec.hbm_bytes_per_s / 1e12:6.3f} TB/s {spec.hbm_capacity_bytes / GIB:6.0f} GiB "

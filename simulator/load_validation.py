@@ -49,8 +49,14 @@ from simulator.workload import from_trace
 
 MIB = 1 << 20
 # serving settings a serving trace's meta may carry (meta["serving"], else meta["knobs"]) -> ReplayConfig field
-SERVING_KEYS = {"max_seqs": "max_seqs", "max_batch_tokens": "max_batch_tokens", "scheduler": "scheduler",
-                "chunked_prefill": "chunked_prefill", "page_size": "block_size", "reserve": "reserve"}
+SERVING_KEYS = {
+    "max_seqs": "max_seqs",
+    "max_batch_tokens": "max_batch_tokens",
+    "scheduler": "scheduler",
+    "chunked_prefill": "chunked_prefill",
+    "page_size": "block_size",
+    "reserve": "reserve",
+}
 
 
 def pass_arrays(trace: Trace) -> np.ndarray:
@@ -124,9 +130,13 @@ def _figures(arrival, ttft, e2e, out_tokens) -> dict:
     tpot = np.full(len(e2e), np.nan)
     tpot[multi] = (e2e[multi] - ttft[multi]) / (out_tokens[multi] - 1)
     duration = float(np.nanmax(arrival + e2e) - np.nanmin(arrival)) if ok.any() else 0.0
-    return {"ttft": ttft, "tpot": tpot, "e2e": e2e,
-            "output_throughput": float(out_tokens[ok].sum() / duration) if duration > 0 else float("nan"),
-            "request_throughput": float(ok.sum() / duration) if duration > 0 else float("nan")}
+    return {
+        "ttft": ttft,
+        "tpot": tpot,
+        "e2e": e2e,
+        "output_throughput": float(out_tokens[ok].sum() / duration) if duration > 0 else float("nan"),
+        "request_throughput": float(ok.sum() / duration) if duration > 0 else float("nan"),
+    }
 
 
 def summarize_run(arrival, ttft, e2e, out_tokens, slo_ttft_ms=None, slo_tpot_ms=None) -> dict:
@@ -141,8 +151,13 @@ def summarize_run(arrival, ttft, e2e, out_tokens, slo_ttft_ms=None, slo_tpot_ms=
     ok = np.isfinite(e2e)
     duration = float(np.nanmax(arrival + e2e) - np.nanmin(arrival)) if ok.any() else 0.0
     g = goodput(fig["ttft"], fig["tpot"], ok, duration, slo_ttft_ms, slo_tpot_ms)
-    return {**out, "output_throughput": fig["output_throughput"], "request_throughput": fig["request_throughput"],
-            "request_goodput": g["request_goodput"], "slo_attained_percent": g["slo_attained_percent"]}
+    return {
+        **out,
+        "output_throughput": fig["output_throughput"],
+        "request_throughput": fig["request_throughput"],
+        "request_goodput": g["request_goodput"],
+        "slo_attained_percent": g["slo_attained_percent"],
+    }
 
 
 def _ape(sim: float, meas: float) -> float:
@@ -157,8 +172,12 @@ def _compare(meas: dict, sim: dict) -> tuple[dict, dict, dict]:
         both = np.isfinite(m) & np.isfinite(s) & (m > 0)
         for which, fig in (("measured", meas), ("simulated", sim)):
             v = fig[name][both]
-            summary.setdefault(which, {}).update({f"{name}_p50_ms": float(np.median(v) * 1e3) if len(v) else None,
-                                                  f"{name}_p99_ms": float(np.percentile(v, 99) * 1e3) if len(v) else None})
+            summary.setdefault(which, {}).update(
+                {
+                    f"{name}_p50_ms": float(np.median(v) * 1e3) if len(v) else None,
+                    f"{name}_p99_ms": float(np.percentile(v, 99) * 1e3) if len(v) else None,
+                }
+            )
         if both.any():
             errors[f"{name}_p50_ape_percent"] = _ape(np.median(s[both]), np.median(m[both]))
             errors[f"{name}_p99_ape_percent"] = _ape(np.percentile(s[both], 99), np.percentile(m[both], 99))
@@ -184,34 +203,64 @@ def validate_one(trace: Trace, cost: HostCost, hw: HardwareSpec, model: ModelSpe
     arrival = req["arrival_s"].to_numpy(float)
     good = (req["status"] != "error").to_numpy()
     out_tokens = req["output_tokens"].to_numpy(np.int64)
-    meas = _figures(arrival, np.where(good, req["ttft_s"].to_numpy(float), np.nan),
-                    np.where(good, req["e2e_s"].to_numpy(float), np.nan), out_tokens)
+    meas = _figures(
+        arrival,
+        np.where(good, req["ttft_s"].to_numpy(float), np.nan),
+        np.where(good, req["e2e_s"].to_numpy(float), np.nan),
+        out_tokens,
+    )
     r = res.requests
-    sim = _figures(r["arrival_s"].to_numpy(float), r["ttft_s"].to_numpy(float), r["e2e_s"].to_numpy(float),
-                   r["output_tokens"].to_numpy(np.int64))
+    sim = _figures(
+        r["arrival_s"].to_numpy(float),
+        r["ttft_s"].to_numpy(float),
+        r["e2e_s"].to_numpy(float),
+        r["output_tokens"].to_numpy(np.int64),
+    )
     measured, simulated, errors = _compare(meas, sim)
     for which, fig, ok in (("measured", meas, good), ("simulated", sim, np.isfinite(sim["e2e"]))):
-        duration = (float(np.nanmax(arrival + meas["e2e"]) - np.nanmin(arrival)) if which == "measured"
-                    else float(res.metrics["duration_s"]))
+        duration = (
+            float(np.nanmax(arrival + meas["e2e"]) - np.nanmin(arrival))
+            if which == "measured"
+            else float(res.metrics["duration_s"])
+        )
         g = goodput(fig["ttft"], fig["tpot"], ok, duration, config.slo_ttft_ms, config.slo_tpot_ms)
         (measured if which == "measured" else simulated).update(
-            request_goodput=g["request_goodput"], slo_attained_percent=g["slo_attained_percent"])
+            request_goodput=g["request_goodput"], slo_attained_percent=g["slo_attained_percent"]
+        )
     passes = pass_arrays(trace)
-    predicted = np.asarray(cost.forward.step_time_s(passes[:, 0], passes[:, 1], passes[:, 3]), float) if len(
-        passes) else np.zeros(0)
-    errors["pass_time_mape_percent"] = (float(np.mean(np.abs(predicted / passes[:, 2] - 1)) * 100)
-                                        if len(passes) else float("nan"))
-    level = load_level(trace.meta) if config.arrival == "trace" else {"rate": config.rate,
-                                                                       "concurrency": config.concurrency}
-    return {"trace": str(trace.path), "system": trace.system, **level, "requests": int(len(w.request_ids)),
-            "passes_measured": int(len(passes)), "passes_simulated": int(res.metrics["passes"]),
-            "mean_batch_measured": float(passes[:, 4].mean()) if len(passes) else None,
-            "mean_batch_simulated": res.metrics["mean_batch_requests"],
-            "preemptions_measured": _preemptions(trace),
-            "preemptions_simulated": int(res.metrics["preemptions"]),
-            "config": {k: v for k, v in config.describe().items() if k in ("max_seqs", "max_batch_tokens", "scheduler",
-                                                                          "chunked_prefill", "kv_capacity_bytes")},
-            "measured": measured, "simulated": simulated, "errors": errors}
+    predicted = (
+        np.asarray(cost.forward.step_time_s(passes[:, 0], passes[:, 1], passes[:, 3]), float)
+        if len(passes)
+        else np.zeros(0)
+    )
+    errors["pass_time_mape_percent"] = (
+        float(np.mean(np.abs(predicted / passes[:, 2] - 1)) * 100) if len(passes) else float("nan")
+    )
+    level = (
+        load_level(trace.meta)
+        if config.arrival == "trace"
+        else {"rate": config.rate, "concurrency": config.concurrency}
+    )
+    return {
+        "trace": str(trace.path),
+        "system": trace.system,
+        **level,
+        "requests": int(len(w.request_ids)),
+        "passes_measured": int(len(passes)),
+        "passes_simulated": int(res.metrics["passes"]),
+        "mean_batch_measured": float(passes[:, 4].mean()) if len(passes) else None,
+        "mean_batch_simulated": res.metrics["mean_batch_requests"],
+        "preemptions_measured": _preemptions(trace),
+        "preemptions_simulated": int(res.metrics["preemptions"]),
+        "config": {
+            k: v
+            for k, v in config.describe().items()
+            if k in ("max_seqs", "max_batch_tokens", "scheduler", "chunked_prefill", "kv_capacity_bytes")
+        },
+        "measured": measured,
+        "simulated": simulated,
+        "errors": errors,
+    }
 
 
 def _preemptions(trace: Trace) -> int:
@@ -220,8 +269,9 @@ def _preemptions(trace: Trace) -> int:
     return int(sum(sum(e.get("event") == "preempted" for e in json.loads(x or "[]")) for x in ev))
 
 
-def validate_load(serving: Sequence[str | Path], calibrate_from: str | Path,
-                  hardware: HardwareSpec | str | None = None, **overrides) -> dict:
+def validate_load(
+    serving: Sequence[str | Path], calibrate_from: str | Path, hardware: HardwareSpec | str | None = None, **overrides
+) -> dict:
     """Calibrate on the batch-1 trace, predict every serving trace (see the module docstring)."""
     calib = read_trace(calibrate_from)
     traces = [read_trace(p) for p in serving]
@@ -231,11 +281,21 @@ def validate_load(serving: Sequence[str | Path], calibrate_from: str | Path,
     model = ModelSpec.from_trace_meta(calib.meta)
     for t in traces:
         if t.system != calib.system or (t.meta.get("model") or {}).get("name") != model.name:
-            raise UsageError(f"{t.path}: {t.system} with {(t.meta.get('model') or {}).get('name')} cannot be "
-                             f"predicted from a calibration of {calib.system} with {model.name} ({calib.path})")
+            raise UsageError(
+                f"{t.path}: {t.system} with {(t.meta.get('model') or {}).get('name')} cannot be "
+                f"predicted from a calibration of {calib.system} with {model.name} ({calib.path})"
+            )
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(calib.meta)
     cost = calibrate_batch1(calib, hw, model)
     levels = [validate_one(t, cost, hw, model, **overrides) for t in traces]
-    return {"calibrate_from": str(calib.path), "system": calib.system, "model": model.name, "hardware": hw.name,
-            "calibration_passes": int(len(pass_arrays(calib))), "host_per_pass_s": cost.per_pass_s,
-            "host_per_stream_s": cost.per_stream_s, "cost_params": cost.params.source, "levels": levels}
+    return {
+        "calibrate_from": str(calib.path),
+        "system": calib.system,
+        "model": model.name,
+        "hardware": hw.name,
+        "calibration_passes": int(len(pass_arrays(calib))),
+        "host_per_pass_s": cost.per_pass_s,
+        "host_per_stream_s": cost.per_stream_s,
+        "cost_params": cost.params.source,
+        "levels": levels,
+    }

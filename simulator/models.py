@@ -41,18 +41,19 @@ class ModelSpec:
     head_dim_override: int | None = None  # Gemma, Qwen3: head_dim != d_model / n_heads
 
     def __post_init__(self) -> None:
-        for field in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size",
-                      "dtype_bytes"):
+        for field in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "dtype_bytes"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"model {self.name!r}: {field} must be a positive int, "
-                                 f"got {value!r}")
+                raise ValueError(f"model {self.name!r}: {field} must be a positive int, got {value!r}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"model {self.name!r}: n_heads ({self.n_heads}) must be a multiple "
-                             f"of n_kv_heads ({self.n_kv_heads})")
+            raise ValueError(
+                f"model {self.name!r}: n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
+            )
         if self.head_dim_override is None and self.d_model % self.n_heads:
-            raise ValueError(f"model {self.name!r}: d_model ({self.d_model}) is not a multiple "
-                             f"of n_heads ({self.n_heads}); give head_dim_override")
+            raise ValueError(
+                f"model {self.name!r}: d_model ({self.d_model}) is not a multiple "
+                f"of n_heads ({self.n_heads}); give head_dim_override"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -111,8 +112,7 @@ class ModelSpec:
         model = meta.get("model", meta) if isinstance(meta, dict) else meta
         if not isinstance(model, dict):
             raise TraceMetaError(f"trace meta 'model' must be a dict, got {type(model).__name__}")
-        required = ("name", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff",
-                    "vocab_size", "dtype_bytes")
+        required = ("name", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "dtype_bytes")
         missing = [key for key in required if key not in model]
         if missing:
             raise TraceMetaError(f"trace meta 'model' lacks {', '.join(missing)}")
@@ -120,9 +120,7 @@ class ModelSpec:
         if wrong:
             raise TraceMetaError(f"trace meta 'model': {', '.join(wrong)} must be integers")
         optional: dict[str, Any] = {
-            key: model[key]
-            for key in ("gated_mlp", "tied_embeddings", "parallel_attn_mlp")
-            if key in model
+            key: model[key] for key in ("gated_mlp", "tied_embeddings", "parallel_attn_mlp") if key in model
         }
         try:
             head_dim = model.get("head_dim")
@@ -141,59 +139,120 @@ class ModelSpec:
 # num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, head_dim,
 # tie_word_embeddings).
 _QWEN25_7B = ModelSpec(  # Qwen/Qwen2.5-7B; QKV bias not counted
-    "qwen2.5-7b", n_layers=28, d_model=3584, n_heads=28, n_kv_heads=4, d_ff=18944,
+    "qwen2.5-7b",
+    n_layers=28,
+    d_model=3584,
+    n_heads=28,
+    n_kv_heads=4,
+    d_ff=18944,
     vocab_size=152064,
 )
 
 MODELS: dict[str, ModelSpec] = {
     "llama-2-7b": ModelSpec(  # meta-llama/Llama-2-7b-hf: 6.74B params
-        "llama-2-7b", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, d_ff=11008,
+        "llama-2-7b",
+        n_layers=32,
+        d_model=4096,
+        n_heads=32,
+        n_kv_heads=32,
+        d_ff=11008,
         vocab_size=32000,
     ),
     "llama-2-70b": ModelSpec(  # meta-llama/Llama-2-70b-hf: GQA with 8 KV heads
-        "llama-2-70b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672,
+        "llama-2-70b",
+        n_layers=80,
+        d_model=8192,
+        n_heads=64,
+        n_kv_heads=8,
+        d_ff=28672,
         vocab_size=32000,
     ),
     "llama-3-8b": ModelSpec(  # meta-llama/Meta-Llama-3-8B
-        "llama-3-8b", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336,
+        "llama-3-8b",
+        n_layers=32,
+        d_model=4096,
+        n_heads=32,
+        n_kv_heads=8,
+        d_ff=14336,
         vocab_size=128256,
     ),
     "llama-3-70b": ModelSpec(  # meta-llama/Meta-Llama-3-70B
-        "llama-3-70b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672,
+        "llama-3-70b",
+        n_layers=80,
+        d_model=8192,
+        n_heads=64,
+        n_kv_heads=8,
+        d_ff=28672,
         vocab_size=128256,
     ),
     "gemma-7b": ModelSpec(  # google/gemma-7b: head_dim 256 (16 x 256 != 3072), GeGLU, tied
-        "gemma-7b", n_layers=28, d_model=3072, n_heads=16, n_kv_heads=16, d_ff=24576,
-        vocab_size=256000, tied_embeddings=True, head_dim_override=256,
+        "gemma-7b",
+        n_layers=28,
+        d_model=3072,
+        n_heads=16,
+        n_kv_heads=16,
+        d_ff=24576,
+        vocab_size=256000,
+        tied_embeddings=True,
+        head_dim_override=256,
     ),
     "qwen3-4b": ModelSpec(  # Qwen/Qwen3-4B: head_dim 128 (32 x 128 != 2560), tied
-        "qwen3-4b", n_layers=36, d_model=2560, n_heads=32, n_kv_heads=8, d_ff=9728,
-        vocab_size=151936, tied_embeddings=True, head_dim_override=128,
+        "qwen3-4b",
+        n_layers=36,
+        d_model=2560,
+        n_heads=32,
+        n_kv_heads=8,
+        d_ff=9728,
+        vocab_size=151936,
+        tied_embeddings=True,
+        head_dim_override=128,
     ),
     "qwen2.5-7b": _QWEN25_7B,
     # Dream-org/Dream-v0-Base-7B is a masked-diffusion LM initialised from Qwen2.5-7B with the
     # same config (bidirectional attention changes the mask, not the shapes).
     "dream-7b": dataclasses.replace(_QWEN25_7B, name="dream-7b"),
     "codellama-34b": ModelSpec(  # codellama/CodeLlama-34b-hf: GQA with 8 KV heads
-        "codellama-34b", n_layers=48, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=22016,
+        "codellama-34b",
+        n_layers=48,
+        d_model=8192,
+        n_heads=64,
+        n_kv_heads=8,
+        d_ff=22016,
         vocab_size=32000,
     ),
     "internlm-20b": ModelSpec(  # internlm/internlm-20b: multi-head attention (40 KV heads)
-        "internlm-20b", n_layers=60, d_model=5120, n_heads=40, n_kv_heads=40, d_ff=13824,
+        "internlm-20b",
+        n_layers=60,
+        d_model=5120,
+        n_heads=40,
+        n_kv_heads=40,
+        d_ff=13824,
         vocab_size=103168,
     ),
     # Qwen/Qwen-72B: QKV bias (not counted); its config.json lists intermediate_size 49152 for
     # the gate and up projections together, i.e. 24,576 per projection.
     "qwen-72b": ModelSpec(
-        "qwen-72b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=64, d_ff=24576,
+        "qwen-72b",
+        n_layers=80,
+        d_model=8192,
+        n_heads=64,
+        n_kv_heads=64,
+        d_ff=24576,
         vocab_size=152064,
     ),
     # microsoft/phi-2: not gated (fc1 -> gelu_new -> fc2), LayerNorm, and attention and MLP run
     # in parallel on one normed input (one norm per layer); partial rotary (40% of head_dim);
     # separate lm_head.
     "phi-2": ModelSpec(
-        "phi-2", n_layers=32, d_model=2560, n_heads=32, n_kv_heads=32, d_ff=10240,
-        vocab_size=51200, gated_mlp=False, parallel_attn_mlp=True,
+        "phi-2",
+        n_layers=32,
+        d_model=2560,
+        n_heads=32,
+        n_kv_heads=32,
+        d_ff=10240,
+        vocab_size=51200,
+        gated_mlp=False,
+        parallel_attn_mlp=True,
     ),
 }
 
@@ -203,12 +262,9 @@ def get_model(name: str) -> ModelSpec:
     try:
         return MODELS[name]
     except KeyError:
-        raise UnknownName(
-            f"unknown model {name!r}; valid names: {', '.join(sorted(MODELS))}"
-        ) from None
+        raise UnknownName(f"unknown model {name!r}; valid names: {', '.join(sorted(MODELS))}") from None
 
 
 if __name__ == "__main__":
     for spec in MODELS.values():
-        print(f"{spec.name:12s} {spec.params / 1e9:6.2f}B params "
-              f"{spec.kv_bytes_per_token / 1024:7.1f} KiB KV/token")
+        print(f"{spec.name:12s} {spec.params / 1e9:6.2f}B params {spec.kv_bytes_per_token / 1024:7.1f} KiB KV/token")

@@ -70,8 +70,10 @@ def probe(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
             pass
     except OSError as e:
         reason = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
-        raise UsageError(f"cannot reach a Ray cluster at {address}: {reason} (connect timeout {timeout_s:g} s) "
-                         "(start one with `ray start --head`, or leave out --address for a local one)") from None
+        raise UsageError(
+            f"cannot reach a Ray cluster at {address}: {reason} (connect timeout {timeout_s:g} s) "
+            "(start one with `ray start --head`, or leave out --address for a local one)"
+        ) from None
 
 
 def listening_sockets(pids: set[int]) -> list[tuple[int, str, str, int]]:
@@ -203,9 +205,16 @@ def _local(workers: int) -> Iterator[Any]:
     try:
         with _environ(LOCAL_ENV), _loopback_node() as ray:
             with _caller_signal_handlers():
-                ray.init(include_dashboard=False, dashboard_host="127.0.0.1", object_store_memory=100 * 1024**2,
-                         num_cpus=workers, _node_ip_address="127.0.0.1", _temp_dir=tmp, log_to_driver=False,
-                         logging_level=logging.WARNING)
+                ray.init(
+                    include_dashboard=False,
+                    dashboard_host="127.0.0.1",
+                    object_store_memory=100 * 1024**2,
+                    num_cpus=workers,
+                    _node_ip_address="127.0.0.1",
+                    _temp_dir=tmp,
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                )
             try:
                 warn_non_loopback()
                 yield ray

@@ -80,7 +80,9 @@ class ReplayConfig:
             raise UsageError(f"KV capacity must be > 0 bytes, got {self.kv_capacity_bytes!r}")
         if self.rate is not None and not (self.rate >= MIN_RATE):  # also refuses NaN
             raise UsageError(f"rate must be > 0 requests/s, at least {MIN_RATE:g} (or inf), got {self.rate!r}")
-        if self.concurrency is not None and (not isinstance(self.concurrency, (int, np.integer)) or self.concurrency < 1):
+        if self.concurrency is not None and (
+            not isinstance(self.concurrency, (int, np.integer)) or self.concurrency < 1
+        ):
             raise UsageError(f"concurrency must be a positive integer, got {self.concurrency!r}")
         if self.rate is not None and self.concurrency is not None:
             raise UsageError("give a rate or a concurrency, not both")
@@ -99,8 +101,13 @@ class ReplayConfig:
         return {**asdict(self), "arrival": self.arrival, "rate": None if self.rate is None else float(self.rate)}
 
     def make_scheduler(self):
-        return get_scheduler(self.scheduler)(self.max_seqs, self.max_batch_tokens, chunked_prefill=self.chunked_prefill,
-                                             reserve=self.reserve, oracle=self.sjf_oracle)
+        return get_scheduler(self.scheduler)(
+            self.max_seqs,
+            self.max_batch_tokens,
+            chunked_prefill=self.chunked_prefill,
+            reserve=self.reserve,
+            oracle=self.sjf_oracle,
+        )
 
 
 def kv_capacity_bytes(hardware: HardwareSpec, model: ModelSpec, config: ReplayConfig) -> int:
@@ -110,9 +117,11 @@ def kv_capacity_bytes(hardware: HardwareSpec, model: ModelSpec, config: ReplayCo
     usable = int(hardware.hbm_capacity_bytes * config.memory_utilization)
     free = usable - model.weight_bytes
     if free <= 0:
-        raise UsageError(f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB) leave no room for KV in "
-                         f"{hardware.name}'s {usable / 2**30:.1f} GiB usable memory; pick a larger part or model "
-                         f"a smaller one")
+        raise UsageError(
+            f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB) leave no room for KV in "
+            f"{hardware.name}'s {usable / 2**30:.1f} GiB usable memory; pick a larger part or model "
+            f"a smaller one"
+        )
     return free
 
 
@@ -153,8 +162,9 @@ class KVPool:
         self.bytes_per_block = block_size * kv_bytes_per_token
         self.capacity_blocks = capacity_bytes // self.bytes_per_block
         if self.capacity_blocks < 1:
-            raise UsageError(f"KV pool of {capacity_bytes} bytes holds no {block_size}-token block "
-                             f"({self.bytes_per_block} bytes)")
+            raise UsageError(
+                f"KV pool of {capacity_bytes} bytes holds no {block_size}-token block ({self.bytes_per_block} bytes)"
+            )
         self.peak_blocks = 0
 
     def note(self, blocks_per_pass: np.ndarray | int) -> None:
@@ -182,8 +192,9 @@ class Replay:
 
     Implements `scheduling.ServingState`, so the shared scheduler forms every batch."""
 
-    def __init__(self, workload: Workload, cost, model: ModelSpec, hardware: HardwareSpec,
-                 config: ReplayConfig) -> None:
+    def __init__(
+        self, workload: Workload, cost, model: ModelSpec, hardware: HardwareSpec, config: ReplayConfig
+    ) -> None:
         self.w, self.cost, self.model, self.hardware, self.config = workload, cost, model, hardware, config
         n = workload.n_requests
         self.env = simpy.Environment()
@@ -287,8 +298,10 @@ class Replay:
         peak = int(self.peak_blocks[r])
         if peak > self.pool.capacity_blocks:
             b = self.pool.bytes_per_block
-            return (f"needs {peak * b} KV bytes ({peak * cfg.block_size} tokens) at its peak, more than the whole "
-                    f"pool: {self.pool.capacity_blocks * b} bytes on {self.hardware.name} with {self.model.name}")
+            return (
+                f"needs {peak * b} KV bytes ({peak * cfg.block_size} tokens) at its peak, more than the whole "
+                f"pool: {self.pool.capacity_blocks * b} bytes on {self.hardware.name} with {self.model.name}"
+            )
         q = w.query_tokens[lo:hi]
         if cfg.chunked_prefill:  # prefills are split to fit; other passes are not
             q = q[w.phase[lo:hi] != PREFILL]
@@ -343,7 +356,9 @@ class Replay:
     def _pass_times(self, q, kv, g, lg) -> np.ndarray:
         step = self.cost.step_time_s
         if len(q) < SCALAR_COST_BELOW:
-            return np.array([step(int(a), int(b), int(c), int(d)) if a > 0 else 0.0 for a, b, c, d in zip(q, kv, g, lg)])
+            return np.array(
+                [step(int(a), int(b), int(c), int(d)) if a > 0 else 0.0 for a, b, c, d in zip(q, kv, g, lg)]
+            )
         out = np.zeros(len(q))
         on = q > 0
         if on.any():
@@ -358,11 +373,17 @@ class Replay:
         """The longest stretch of passes the batch runs before the scheduler could decide otherwise."""
         R = np.fromiter(batch, np.int64, len(batch))
         d = next_demand(self, R, np.fromiter(batch.values(), np.int64, len(batch)))
-        if (len(R) < len(self.running) or self.recompute[R].any() or self.chunk_done[R].any() or self.redo[R].any()
-                or not d.final.all()):  # a chunk, a recompute or a request sitting out: one pass
+        if (
+            len(R) < len(self.running)
+            or self.recompute[R].any()
+            or self.chunk_done[R].any()
+            or self.redo[R].any()
+            or not d.final.all()
+        ):  # a chunk, a recompute or a request sitting out: one pass
             self.pool.note(d.blocks.sum())
-            return self._stretch(R, d.flat, self._pass_times([d.query.sum()], [d.kv_read.sum()], [d.groups.sum()],
-                                                             [d.logits.sum()]), d)
+            return self._stretch(
+                R, d.flat, self._pass_times([d.query.sum()], [d.kv_read.sum()], [d.groups.sum()], [d.logits.sum()]), d
+            )
         m, q, blocks, idx = self._stretch_length(R)
         w = self.w
         idx = idx[:, :m]
@@ -370,8 +391,12 @@ class Replay:
         if math.isfinite(t_next) and m > 1:  # passes that start before the next arrival, plus the one it lands in
             probe = min(m, SCALAR_COST_BELOW)
             while True:
-                dur = self._pass_times(q[:probe], w.kv_tokens_read[idx[:, :probe]].sum(0),
-                                       w.query_groups[idx[:, :probe]].sum(0), w.logit_tokens[idx[:, :probe]].sum(0))
+                dur = self._pass_times(
+                    q[:probe],
+                    w.kv_tokens_read[idx[:, :probe]].sum(0),
+                    w.query_groups[idx[:, :probe]].sum(0),
+                    w.logit_tokens[idx[:, :probe]].sum(0),
+                )
                 ends = self.env.now + np.cumsum(dur)
                 hit = np.flatnonzero(ends >= t_next)
                 if len(hit) or probe == m:
@@ -380,8 +405,9 @@ class Replay:
                 probe = min(m, probe * 4)
             durations = dur[:m]
         else:
-            durations = self._pass_times(q[:m], w.kv_tokens_read[idx].sum(0), w.query_groups[idx].sum(0),
-                                         w.logit_tokens[idx].sum(0))
+            durations = self._pass_times(
+                q[:m], w.kv_tokens_read[idx].sum(0), w.query_groups[idx].sum(0), w.logit_tokens[idx].sum(0)
+            )
         self.pool.note(blocks[:m])
         return self._stretch(R, idx[:, 0], durations)
 
@@ -450,8 +476,7 @@ class Replay:
         return self
 
 
-def replay(workload: Workload, hardware: HardwareSpec, model: ModelSpec, config: ReplayConfig | None = None,
-           cost=None):
+def replay(workload: Workload, hardware: HardwareSpec, model: ModelSpec, config: ReplayConfig | None = None, cost=None):
     """Replay `workload` on `hardware` with `model`; return a `simulator.simtrace.ReplayResult`.
 
     `cost` is anything with `step_time_s(query_tokens, kv_tokens_read, query_groups, logit_tokens)`

@@ -63,15 +63,32 @@ def _stats(name: str, values_s: np.ndarray) -> dict:
     v = np.asarray(values_s, float) * 1e3
     if not len(v):
         return {f"mean_{name}_ms": None, f"median_{name}_ms": None, f"p99_{name}_ms": None}
-    return {f"mean_{name}_ms": float(v.mean()), f"median_{name}_ms": float(np.median(v)),
-            f"p99_{name}_ms": float(np.percentile(v, 99))}
+    return {
+        f"mean_{name}_ms": float(v.mean()),
+        f"median_{name}_ms": float(np.median(v)),
+        f"p99_{name}_ms": float(np.percentile(v, 99)),
+    }
 
 
 def collect(sim) -> ReplayResult:
     """Flatten a finished `simulator.replay.Replay` into rows, per-request figures and metrics."""
     w: Workload = sim.w
     n = w.n_requests
-    cols = ("req", "flat", "start", "dur", "batch", "query", "kv", "groups", "blocks", "live", "emits", "rebuild", "final")
+    cols = (
+        "req",
+        "flat",
+        "start",
+        "dur",
+        "batch",
+        "query",
+        "kv",
+        "groups",
+        "blocks",
+        "live",
+        "emits",
+        "rebuild",
+        "final",
+    )
     parts = [_stretch_rows(sim, s) for s in sim.stretches]
     if parts:
         c = {k: np.concatenate([p[k] for p in parts]) for k in cols}
@@ -107,52 +124,120 @@ def collect(sim) -> ReplayResult:
     completed = int(ok.sum())
     total_out = int(out_tokens[ok].sum())
     total_in = int(w.prompt_tokens[ok].sum())
-    per_s = (lambda x: x / duration if duration > 0 else None)  # noqa: E731
+    per_s = lambda x: x / duration if duration > 0 else None  # noqa: E731
     q = w.quality_score[ok & ~np.isnan(w.quality_score)]
     metrics = {
-        "completed": completed, "failed": int(errored.sum()), "total_input_tokens": total_in,
-        "total_output_tokens": total_out, "duration_s": duration,
-        "request_throughput": per_s(completed), "output_throughput": per_s(total_out),
+        "completed": completed,
+        "failed": int(errored.sum()),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "duration_s": duration,
+        "request_throughput": per_s(completed),
+        "output_throughput": per_s(total_out),
         "total_token_throughput": per_s(total_in + total_out),
-        **_stats("ttft", ttft[ok & ~np.isnan(ttft)]), **_stats("tpot", tpot[multi]), **_stats("itl", itl),
+        **_stats("ttft", ttft[ok & ~np.isnan(ttft)]),
+        **_stats("tpot", tpot[multi]),
+        **_stats("itl", itl),
         **_stats("e2el", e2e[ok]),
-        "peak_kv_bytes": int(sim.pool.peak_blocks * bpb), "kv_capacity_bytes": int(sim.pool.capacity_blocks * bpb),
-        "passes": int(sim.n_pass), "mean_batch_requests": float(len(req) / sim.n_pass) if sim.n_pass else None,
-        "preemptions": int(sim.preemptions.sum()), "recomputed_tokens": int(c["rebuild"].sum()),
-        "prefill_chunks": int((~c["final"]).sum()), "device_busy_s": float(sim.device.busy_s),
+        "peak_kv_bytes": int(sim.pool.peak_blocks * bpb),
+        "kv_capacity_bytes": int(sim.pool.capacity_blocks * bpb),
+        "passes": int(sim.n_pass),
+        "mean_batch_requests": float(len(req) / sim.n_pass) if sim.n_pass else None,
+        "preemptions": int(sim.preemptions.sum()),
+        "recomputed_tokens": int(c["rebuild"].sum()),
+        "prefill_chunks": int((~c["final"]).sum()),
+        "device_busy_s": float(sim.device.busy_s),
         "quality_mean": float(q.mean()) if len(q) else None,
         **goodput(ttft, tpot, ok, duration, sim.config.slo_ttft_ms, sim.config.slo_tpot_ms),
     }
-    requests = pd.DataFrame({
-        "request_id": w.request_ids, "source_request_id": w.source_ids(), "arrival_s": arrival,
-        "start_s": sim.start_s, "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "steps": counts,
-        "preemptions": sim.preemptions, "prompt_tokens": w.prompt_tokens, "output_tokens": out_tokens,
-        "peak_live_kv_tokens": _peak(w.live_kv_tokens, w.offsets),
-        "peak_kv_bytes": peak_blocks * bpb, "quality_score": w.quality_score,
-        "status": [("error" if errored[r] else w.status[r]) for r in range(n)],
-        "error": [sim.error.get(r, "") for r in range(n)],
-    })
-    rows = {"request": req, "flat": flat, "start_s": start, "duration_s": dur, "batch_index": batch,
-            "step_index": step_index, "emits": emits, "query": c["query"], "kv_read": c["kv"], "groups": c["groups"],
-            "blocks": c["blocks"], "live": c["live"], "rebuild": c["rebuild"], "final": c["final"]}
-    return ReplayResult(metrics, requests, rows, list(sim.events), w, sim.config, sim.hardware, sim.model,
-                        int(sim.capacity_bytes), bpb, getattr(getattr(sim.cost, "params", None), "source", ""))
+    requests = pd.DataFrame(
+        {
+            "request_id": w.request_ids,
+            "source_request_id": w.source_ids(),
+            "arrival_s": arrival,
+            "start_s": sim.start_s,
+            "ttft_s": ttft,
+            "tpot_s": tpot,
+            "e2e_s": e2e,
+            "steps": counts,
+            "preemptions": sim.preemptions,
+            "prompt_tokens": w.prompt_tokens,
+            "output_tokens": out_tokens,
+            "peak_live_kv_tokens": _peak(w.live_kv_tokens, w.offsets),
+            "peak_kv_bytes": peak_blocks * bpb,
+            "quality_score": w.quality_score,
+            "status": [("error" if errored[r] else w.status[r]) for r in range(n)],
+            "error": [sim.error.get(r, "") for r in range(n)],
+        }
+    )
+    rows = {
+        "request": req,
+        "flat": flat,
+        "start_s": start,
+        "duration_s": dur,
+        "batch_index": batch,
+        "step_index": step_index,
+        "emits": emits,
+        "query": c["query"],
+        "kv_read": c["kv"],
+        "groups": c["groups"],
+        "blocks": c["blocks"],
+        "live": c["live"],
+        "rebuild": c["rebuild"],
+        "final": c["final"],
+    }
+    return ReplayResult(
+        metrics,
+        requests,
+        rows,
+        list(sim.events),
+        w,
+        sim.config,
+        sim.hardware,
+        sim.model,
+        int(sim.capacity_bytes),
+        bpb,
+        getattr(getattr(sim.cost, "params", None), "source", ""),
+    )
 
 
 def _stretch_rows(sim, s) -> dict[str, np.ndarray]:
     """One entry per (pass, request) of a stretch: the workload's passes, or the single pass's own demand."""
     m, R = len(s.durations_s), s.requests
-    out = {"req": np.repeat(R, m), "start": np.tile(s.starts_s, len(R)), "dur": np.tile(s.durations_s, len(R)),
-           "batch": s.first_batch + np.tile(np.arange(m), len(R))}
+    out = {
+        "req": np.repeat(R, m),
+        "start": np.tile(s.starts_s, len(R)),
+        "dur": np.tile(s.durations_s, len(R)),
+        "batch": s.first_batch + np.tile(np.arange(m), len(R)),
+    }
     if s.demand is not None:
         d = s.demand
-        return {**out, "flat": d.flat, "query": d.query, "kv": d.kv_read, "groups": d.groups, "blocks": d.blocks,
-                "live": d.live, "emits": d.emits, "rebuild": d.rebuild, "final": d.final}
+        return {
+            **out,
+            "flat": d.flat,
+            "query": d.query,
+            "kv": d.kv_read,
+            "groups": d.groups,
+            "blocks": d.blocks,
+            "live": d.live,
+            "emits": d.emits,
+            "rebuild": d.rebuild,
+            "final": d.final,
+        }
     w = sim.w
     flat = (s.first_pass[:, None] + np.arange(m)[None, :]).ravel()
-    return {**out, "flat": flat, "query": w.query_tokens[flat], "kv": w.kv_tokens_read[flat],
-            "groups": w.query_groups[flat], "blocks": sim.blocks[flat], "live": w.live_kv_tokens[flat],
-            "emits": w.emits[flat], "rebuild": np.zeros(len(flat), np.int64), "final": np.ones(len(flat), bool)}
+    return {
+        **out,
+        "flat": flat,
+        "query": w.query_tokens[flat],
+        "kv": w.kv_tokens_read[flat],
+        "groups": w.query_groups[flat],
+        "blocks": sim.blocks[flat],
+        "live": w.live_kv_tokens[flat],
+        "emits": w.emits[flat],
+        "rebuild": np.zeros(len(flat), np.int64),
+        "final": np.ones(len(flat), bool),
+    }
 
 
 def _peak(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -175,19 +260,36 @@ def _steps_table(res: ReplayResult) -> pa.Table:
     phases = np.array(PHASES, dtype=object)[w.phase[flat]]
     phases[~final] = "prefill"  # a recompute keeps its pass's own phase; its note says what it re-prefilled
     streams = w.streams[flat] if w.streams is not None else np.full(len(flat), "0", dtype=object)
-    note = np.array([(f"{RECOMPUTE_NOTE} ({n} tokens)" if n else "") + ("" if f else ("; " if n else "") + CHUNK_NOTE)
-                     for n, f in zip(rebuild.tolist(), final.tolist())], dtype=object)
-    return pa.table({
-        "request_id": w.request_ids[req], "step_index": r["step_index"], "batch_index": r["batch_index"],
-        "phase": phases, "start_s": r["start_s"], "duration_s": r["duration_s"], "streams": streams,
-        "active_streams": r["groups"], "query_tokens": r["query"], "kv_tokens_read": r["kv_read"],
-        "live_kv_tokens": r["live"], "kv_bytes_allocated": blocks * bpb, "emitted_tokens": r["emits"],
-        "evicted_tokens": evicted,
-        "freed_kv_bytes": np.where(evicted > 0, np.maximum(prev_blocks - blocks, 0) * bpb, 0),
-        "device_memory_bytes": np.full(len(flat), -1, np.int64),
-        "note": note,
-        **_serving_step_columns(r),
-    }, schema=TABLES["steps"])
+    note = np.array(
+        [
+            (f"{RECOMPUTE_NOTE} ({n} tokens)" if n else "") + ("" if f else ("; " if n else "") + CHUNK_NOTE)
+            for n, f in zip(rebuild.tolist(), final.tolist())
+        ],
+        dtype=object,
+    )
+    return pa.table(
+        {
+            "request_id": w.request_ids[req],
+            "step_index": r["step_index"],
+            "batch_index": r["batch_index"],
+            "phase": phases,
+            "start_s": r["start_s"],
+            "duration_s": r["duration_s"],
+            "streams": streams,
+            "active_streams": r["groups"],
+            "query_tokens": r["query"],
+            "kv_tokens_read": r["kv_read"],
+            "live_kv_tokens": r["live"],
+            "kv_bytes_allocated": blocks * bpb,
+            "emitted_tokens": r["emits"],
+            "evicted_tokens": evicted,
+            "freed_kv_bytes": np.where(evicted > 0, np.maximum(prev_blocks - blocks, 0) * bpb, 0),
+            "device_memory_bytes": np.full(len(flat), -1, np.int64),
+            "note": note,
+            **_serving_step_columns(r),
+        },
+        schema=TABLES["steps"],
+    )
 
 
 def _pass_totals(batch: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -201,9 +303,14 @@ def _pass_totals(batch: np.ndarray, values: np.ndarray) -> np.ndarray:
 def _serving_step_columns(r: dict) -> dict[str, np.ndarray]:
     """The schema_minor step columns (profiler.schema.MINOR_COLUMNS) of the replayed passes."""
     batch, n = r["batch_index"], len(r["flat"])
-    return {"batch_requests": _pass_totals(batch, np.ones(n)), "batch_query_tokens": _pass_totals(batch, r["query"]),
-            "recompute_tokens": r["rebuild"], "preempted_requests": np.zeros(n, np.int64),
-            "attention_kv_tokens": r["kv_read"], "chunk": ~r["final"]}
+    return {
+        "batch_requests": _pass_totals(batch, np.ones(n)),
+        "batch_query_tokens": _pass_totals(batch, r["query"]),
+        "recompute_tokens": r["rebuild"],
+        "preempted_requests": np.zeros(n, np.int64),
+        "attention_kv_tokens": r["kv_read"],
+        "chunk": ~r["final"],
+    }
 
 
 def _tokens_table(res: ReplayResult, source) -> pa.Table:
@@ -229,14 +336,22 @@ def _tokens_table(res: ReplayResult, source) -> pa.Table:
     counts = np.bincount(owner, minlength=w.n_requests)
     index = np.arange(len(owner)) - np.repeat(np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
     k = len(owner)
-    return pa.table({
-        "request_id": w.request_ids[owner], "token_index": index, "token_id": np.full(k, -1, np.int64),
-        "token_text": np.full(k, "", object), "stream": np.zeros(k, np.int64),
-        "step_index": np.repeat(r["step_index"], em), "position_id": np.full(k, -1, np.int64),
-        "kv_slot": np.full(k, -1, np.int64), "kind": np.full(k, "content", object),
-        "visible_streams": pa.ListArray.from_arrays(np.zeros(k + 1, np.int32), pa.array([], pa.int64())),
-        "evicted_at_step": np.full(k, -1, np.int64),
-    }, schema=TABLES["tokens"])
+    return pa.table(
+        {
+            "request_id": w.request_ids[owner],
+            "token_index": index,
+            "token_id": np.full(k, -1, np.int64),
+            "token_text": np.full(k, "", object),
+            "stream": np.zeros(k, np.int64),
+            "step_index": np.repeat(r["step_index"], em),
+            "position_id": np.full(k, -1, np.int64),
+            "kv_slot": np.full(k, -1, np.int64),
+            "kind": np.full(k, "content", object),
+            "visible_streams": pa.ListArray.from_arrays(np.zeros(k + 1, np.int32), pa.array([], pa.int64())),
+            "evicted_at_step": np.full(k, -1, np.int64),
+        },
+        schema=TABLES["tokens"],
+    )
 
 
 def _requests_table(res: ReplayResult, source) -> pa.Table:
@@ -245,46 +360,88 @@ def _requests_table(res: ReplayResult, source) -> pa.Table:
     src = None
     if source is not None and len(source.requests):
         src = source.requests.set_index("request_id").reindex(rq["source_request_id"].to_numpy())
-    text = (lambda c: src[c].fillna("").astype(str).to_numpy(object) if src is not None else np.full(n, "", object))  # noqa: E731
+    text = lambda c: src[c].fillna("").astype(str).to_numpy(object) if src is not None else np.full(n, "", object)  # noqa: E731
     preempts: dict[int, list] = {}
     for r, name, t in res.events:
         if name == "preempt":
             preempts.setdefault(r, []).append({"event": "preempted", "t_s": t})
     out_tok = rq["output_tokens"].to_numpy(np.int64)
     crit = src["critical_path_tokens"].fillna(0).to_numpy(np.int64) if src is not None else out_tok
-    return pa.table({
-        "request_id": rq["request_id"], "prompt": text("prompt"), "reference": text("reference"),
-        "prompt_tokens": rq["prompt_tokens"], "output_tokens": out_tok, "output_text": text("output_text"),
-        "quality_score": rq["quality_score"], "arrival_s": rq["arrival_s"], "start_s": rq["start_s"],
-        "ttft_s": rq["ttft_s"], "e2e_s": rq["e2e_s"], "steps": rq["steps"], "critical_path_tokens": crit,
-        "theoretical_speedup": (src["theoretical_speedup"].to_numpy(float) if src is not None
-                                else np.where(crit > 0, out_tok / np.maximum(crit, 1), np.nan)),
-        "peak_live_kv_tokens": rq["peak_live_kv_tokens"], "peak_kv_bytes": rq["peak_kv_bytes"],
-        "status": rq["status"], "stop_reason": text("stop_reason"), "error": rq["error"],
-        "events": [json.dumps(preempts.get(r, [])) for r in range(n)],
-        "queue_s": rq["start_s"] - rq["arrival_s"], "preemptions": rq["preemptions"],
-        "recompute_tokens": np.bincount(res.rows["request"], weights=res.rows["rebuild"], minlength=n).astype(np.int64),
-    }, schema=TABLES["requests"])
+    return pa.table(
+        {
+            "request_id": rq["request_id"],
+            "prompt": text("prompt"),
+            "reference": text("reference"),
+            "prompt_tokens": rq["prompt_tokens"],
+            "output_tokens": out_tok,
+            "output_text": text("output_text"),
+            "quality_score": rq["quality_score"],
+            "arrival_s": rq["arrival_s"],
+            "start_s": rq["start_s"],
+            "ttft_s": rq["ttft_s"],
+            "e2e_s": rq["e2e_s"],
+            "steps": rq["steps"],
+            "critical_path_tokens": crit,
+            "theoretical_speedup": (
+                src["theoretical_speedup"].to_numpy(float)
+                if src is not None
+                else np.where(crit > 0, out_tok / np.maximum(crit, 1), np.nan)
+            ),
+            "peak_live_kv_tokens": rq["peak_live_kv_tokens"],
+            "peak_kv_bytes": rq["peak_kv_bytes"],
+            "status": rq["status"],
+            "stop_reason": text("stop_reason"),
+            "error": rq["error"],
+            "events": [json.dumps(preempts.get(r, [])) for r in range(n)],
+            "queue_s": rq["start_s"] - rq["arrival_s"],
+            "preemptions": rq["preemptions"],
+            "recompute_tokens": np.bincount(res.rows["request"], weights=res.rows["rebuild"], minlength=n).astype(
+                np.int64
+            ),
+        },
+        schema=TABLES["requests"],
+    )
 
 
 def simulated_meta(res: ReplayResult) -> dict:
     w, hw, model = res.workload, res.hardware, res.model
     src = w.source
     return {
-        "kind": "simulated", "system": src.get("system", "?"), "knobs": src.get("knobs", {}),
-        "task": src.get("task"), "split": None, "seed": res.config.seed,
-        "model": {**asdict(model), "params": model.params, "dtype_bytes": model.dtype_bytes,
-                  "kv_bytes_per_token": model.kv_bytes_per_token, "weight_bytes": model.weight_bytes},
+        "kind": "simulated",
+        "system": src.get("system", "?"),
+        "knobs": src.get("knobs", {}),
+        "task": src.get("task"),
+        "split": None,
+        "seed": res.config.seed,
+        "model": {
+            **asdict(model),
+            "params": model.params,
+            "dtype_bytes": model.dtype_bytes,
+            "kv_bytes_per_token": model.kv_bytes_per_token,
+            "weight_bytes": model.weight_bytes,
+        },
         "device": {"name": hw.name, "type": "simulated", "spec": asdict(hw)},
-        "host": {"hostname": platform.node(), "platform": platform.platform(), "cores": os.cpu_count(),
-                 "python": platform.python_version()},
-        "counters_source": "none", "nvml": False, "nvml_reason": "simulated trace: no counters",
-        "timer": "simpy", "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": {
+            "hostname": platform.node(),
+            "platform": platform.platform(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "counters_source": "none",
+        "nvml": False,
+        "nvml_reason": "simulated trace: no counters",
+        "timer": "simpy",
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "simulation": {
-            "source_trace": src.get("path", ""), "source_kind": src.get("kind"),
-            "source_model": (src.get("model") or {}).get("name"), "source_device": (src.get("device") or {}).get("name"),
-            "hardware": hw.name, "model": model.name, "batch": res.config.describe(),
-            "arrival": res.config.arrival, "kv_capacity_bytes": res.kv_capacity_bytes,
+            "source_trace": src.get("path", ""),
+            "source_kind": src.get("kind"),
+            "source_model": (src.get("model") or {}).get("name"),
+            "source_device": (src.get("device") or {}).get("name"),
+            "hardware": hw.name,
+            "model": model.name,
+            "batch": res.config.describe(),
+            "arrival": res.config.arrival,
+            "kv_capacity_bytes": res.kv_capacity_bytes,
             "cost_params": res.cost_source,
         },
         "quality": {"quality_mean": res.metrics.get("quality_mean"), "from": "copied from the source trace"},
@@ -299,9 +456,15 @@ def write_simulated_trace(res: ReplayResult, out: str | Path, source=None) -> Pa
 
         source = read_trace(res.workload.source["path"])
     sid = res.workload.source_ids()
-    graphs = {int(i): res.workload.graphs.get(int(s), {"directed": True, "multigraph": False, "graph": {},
-                                                        "nodes": [], "links": []})
-              for i, s in zip(res.workload.request_ids, sid)}
-    tables = {"requests": _requests_table(res, source), "steps": _steps_table(res),
-              "tokens": _tokens_table(res, source)}
+    graphs = {
+        int(i): res.workload.graphs.get(
+            int(s), {"directed": True, "multigraph": False, "graph": {}, "nodes": [], "links": []}
+        )
+        for i, s in zip(res.workload.request_ids, sid)
+    }
+    tables = {
+        "requests": _requests_table(res, source),
+        "steps": _steps_table(res),
+        "tokens": _tokens_table(res, source),
+    }
     return write_trace(out, simulated_meta(res), tables, graphs)

@@ -23,8 +23,9 @@ def check_slo(slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> None:
             raise UsageError(f"{name} must be > 0 ms, got {v!r}")
 
 
-def goodput(ttft_s, tpot_s, ok, duration_s: float, slo_ttft_ms: float | None = None,
-            slo_tpot_ms: float | None = None) -> dict:
+def goodput(
+    ttft_s, tpot_s, ok, duration_s: float, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
+) -> dict:
     """{"request_goodput": good req/s or None, "slo_attained_percent": share of all requests that were good}."""
     check_slo(slo_ttft_ms, slo_tpot_ms)
     if slo_ttft_ms is None and slo_tpot_ms is None:
@@ -36,6 +37,9 @@ def goodput(ttft_s, tpot_s, ok, duration_s: float, slo_ttft_ms: float | None = N
     if slo_tpot_ms is not None:
         good &= np.nan_to_num(np.asarray(tpot_s, float), nan=0.0) * 1e3 <= slo_tpot_ms  # one token: TPOT 0
     n = int(good.sum())
-    return {"request_goodput": n / duration_s if duration_s > 0 else None,
-            "slo_attained_percent": 100.0 * n / len(ok) if len(ok) else None,
-            "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms}
+    return {
+        "request_goodput": n / duration_s if duration_s > 0 else None,
+        "slo_attained_percent": 100.0 * n / len(ok) if len(ok) else None,
+        "slo_ttft_ms": slo_ttft_ms,
+        "slo_tpot_ms": slo_tpot_ms,
+    }

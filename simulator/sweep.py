@@ -42,18 +42,47 @@ from simulator.workload import Workload, load_workload
 
 RESULTS_JSONL = "results.jsonl"
 RESULTS_PARQUET = "sweep.parquet"
-SETTINGS = ("trace", "hardware", "model", "max_seqs", "rate", "concurrency", "max_batch_tokens", "num_requests",
-            "scheduler", "seed")
-OPTIONS = ("chunked_prefill", "reserve", "sjf_oracle", "slo_ttft_ms", "slo_tpot_ms")  # ReplayConfig fields passed as given
+SETTINGS = (
+    "trace",
+    "hardware",
+    "model",
+    "max_seqs",
+    "rate",
+    "concurrency",
+    "max_batch_tokens",
+    "num_requests",
+    "scheduler",
+    "seed",
+)
+OPTIONS = (
+    "chunked_prefill",
+    "reserve",
+    "sjf_oracle",
+    "slo_ttft_ms",
+    "slo_tpot_ms",
+)  # ReplayConfig fields passed as given
 # (column, +1 to maximise / -1 to minimise)
-OBJECTIVES: tuple[tuple[str, int], ...] = (("quality_mean", 1), ("mean_e2el_ms", -1), ("output_throughput", 1),
-                                           ("peak_kv_bytes", -1))
+OBJECTIVES: tuple[tuple[str, int], ...] = (
+    ("quality_mean", 1),
+    ("mean_e2el_ms", -1),
+    ("output_throughput", 1),
+    ("peak_kv_bytes", -1),
+)
 
 
-def grid(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] = ("",),
-         max_seqs: Sequence[int] = (256,), rates: Sequence[float | None] = (None,),
-         concurrency: Sequence[int | None] = (None,), max_batch_tokens: int = 8192, num_requests: int | None = None,
-         scheduler: str = "fcfs", seed: int = 0, options: dict | None = None) -> list[dict]:
+def grid(
+    traces: Sequence[str],
+    hardware: Sequence[str],
+    models: Sequence[str] = ("",),
+    max_seqs: Sequence[int] = (256,),
+    rates: Sequence[float | None] = (None,),
+    concurrency: Sequence[int | None] = (None,),
+    max_batch_tokens: int = 8192,
+    num_requests: int | None = None,
+    scheduler: str = "fcfs",
+    seed: int = 0,
+    options: dict | None = None,
+) -> list[dict]:
     """Every combination, as plain dicts (model "" = the trace's own). Bad names fail here, before any work."""
     for h in hardware:
         get_hardware(h)
@@ -65,26 +94,43 @@ def grid(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] =
     arrivals = arrivals or [(None, None)]
     configs = []
     for t, h, m, s, (r, c) in itertools.product(traces, hardware, models, max_seqs, arrivals):
-        cfg = {"trace": str(t), "hardware": h, "model": m, "max_seqs": int(s), "rate": r, "concurrency": c,
-               "max_batch_tokens": int(max_batch_tokens), "num_requests": num_requests, "scheduler": scheduler,
-               "seed": int(seed), **(options or {})}
+        cfg = {
+            "trace": str(t),
+            "hardware": h,
+            "model": m,
+            "max_seqs": int(s),
+            "rate": r,
+            "concurrency": c,
+            "max_batch_tokens": int(max_batch_tokens),
+            "num_requests": num_requests,
+            "scheduler": scheduler,
+            "seed": int(seed),
+            **(options or {}),
+        }
         _replay_config(cfg)  # ValueError for a bad setting, before any work
         configs.append(cfg)
     return configs
 
 
 def _replay_config(cfg: dict) -> ReplayConfig:
-    return ReplayConfig(max_seqs=cfg["max_seqs"], max_batch_tokens=cfg["max_batch_tokens"],
-                        rate=None if cfg["rate"] is None else float(cfg["rate"]), concurrency=cfg["concurrency"],
-                        num_requests=cfg["num_requests"], scheduler=cfg["scheduler"], seed=cfg["seed"],
-                        **{k: cfg[k] for k in OPTIONS if k in cfg})
+    return ReplayConfig(
+        max_seqs=cfg["max_seqs"],
+        max_batch_tokens=cfg["max_batch_tokens"],
+        rate=None if cfg["rate"] is None else float(cfg["rate"]),
+        concurrency=cfg["concurrency"],
+        num_requests=cfg["num_requests"],
+        scheduler=cfg["scheduler"],
+        seed=cfg["seed"],
+        **{k: cfg[k] for k in OPTIONS if k in cfg},
+    )
 
 
 def config_key(cfg: dict) -> str:
     """The identity of a configuration: its settings, the trace by its resolved path (a resumed
     sweep finds its rows however the trace's path is spelled: ./t, t/, a symlink)."""
-    return json.dumps({**{k: cfg[k] for k in SETTINGS + OPTIONS if k in cfg}, "trace": os.path.realpath(cfg["trace"])},
-                      sort_keys=True)
+    return json.dumps(
+        {**{k: cfg[k] for k in SETTINGS + OPTIONS if k in cfg}, "trace": os.path.realpath(cfg["trace"])}, sort_keys=True
+    )
 
 
 def run_one(cfg: dict, workloads: dict[str, Workload]) -> dict:
@@ -119,15 +165,18 @@ def pareto_mask(table: pd.DataFrame, objectives: Sequence[tuple[str, int]] = OBJ
     """True for rows no other ok row dominates (NaN counts as worst; errors are never optimal)."""
     ok = (table["status"] == "ok").to_numpy() if "status" in table else np.ones(len(table), bool)
     cols = [c for c, _ in objectives if c in table]
-    x = np.stack([table[c].astype(float).to_numpy() * s for c, s in objectives if c in table], axis=1) \
-        if cols else np.zeros((len(table), 0))
+    x = (
+        np.stack([table[c].astype(float).to_numpy() * s for c, s in objectives if c in table], axis=1)
+        if cols
+        else np.zeros((len(table), 0))
+    )
     out = np.zeros(len(table), bool)
     out[np.flatnonzero(ok)] = non_dominated(x[ok])
     return out
 
 
 def _chunks(items: list, n: int) -> list[list]:
-    return [items[i:i + n] for i in range(0, len(items), n)]
+    return [items[i : i + n] for i in range(0, len(items), n)]
 
 
 def _append(path: Path, rows: Iterable[dict]) -> None:
@@ -165,12 +214,24 @@ def _write_parquet(table: pd.DataFrame, out: Path) -> None:
         os.replace(tmp, out / RESULTS_PARQUET)
 
 
-def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] = ("",),
-          max_seqs: Sequence[int] = (256,), rates: Sequence[float | None] = (None,),
-          concurrency: Sequence[int | None] = (None,), max_batch_tokens: int = 8192,
-          num_requests: int | None = None, scheduler: str = "fcfs", seed: int = 0, backend: str = "local",
-          address: str | None = None, workers: int | None = None, out: str | Path | None = None,
-          progress: Callable[[int, int], None] | None = None, options: dict | None = None) -> pd.DataFrame:
+def sweep(
+    traces: Sequence[str],
+    hardware: Sequence[str],
+    models: Sequence[str] = ("",),
+    max_seqs: Sequence[int] = (256,),
+    rates: Sequence[float | None] = (None,),
+    concurrency: Sequence[int | None] = (None,),
+    max_batch_tokens: int = 8192,
+    num_requests: int | None = None,
+    scheduler: str = "fcfs",
+    seed: int = 0,
+    backend: str = "local",
+    address: str | None = None,
+    workers: int | None = None,
+    out: str | Path | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    options: dict | None = None,
+) -> pd.DataFrame:
     """Run the grid; return the table (and write it under `out`). See the module docstring."""
     if backend not in ("local", "ray"):
         raise UsageError(f"unknown backend {backend!r}; valid: local, ray")
@@ -178,8 +239,9 @@ def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] 
     workers = workers or max(1, cores)
     if workers < 1:
         raise UsageError(f"workers must be >= 1, got {workers}")
-    configs = grid(traces, hardware, models, max_seqs, rates, concurrency, max_batch_tokens, num_requests,
-                   scheduler, seed, options)
+    configs = grid(
+        traces, hardware, models, max_seqs, rates, concurrency, max_batch_tokens, num_requests, scheduler, seed, options
+    )
     if backend == "ray" and address:
         from simulator.ray_backend import probe
 
@@ -223,8 +285,9 @@ def sweep(traces: Sequence[str], hardware: Sequence[str], models: Sequence[str] 
     return table
 
 
-def _run_pool(chunks: list[list[dict]], workloads: dict[str, Workload], workers: int,
-              finished_chunk: Callable[[list[dict]], None]) -> None:
+def _run_pool(
+    chunks: list[list[dict]], workloads: dict[str, Workload], workers: int, finished_chunk: Callable[[list[dict]], None]
+) -> None:
     """Chunks on a process pool; on any exit (an error, Ctrl-C, SIGTERM turned into SystemExit by
     the command) the workers are stopped before this returns, none left behind."""
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(workloads,))
@@ -256,8 +319,13 @@ def _table(rows: list[dict], order: dict[str, int]) -> pd.DataFrame:
     return table
 
 
-def _run_ray(chunks: list[list[dict]], workloads: dict[str, Workload], address: str | None, workers: int,
-             finished_chunk: Callable[[list[dict]], None]) -> None:
+def _run_ray(
+    chunks: list[list[dict]],
+    workloads: dict[str, Workload],
+    address: str | None,
+    workers: int,
+    finished_chunk: Callable[[list[dict]], None],
+) -> None:
     from simulator.ray_backend import ray_session
 
     with ray_session(address, workers) as ray:

@@ -45,8 +45,16 @@ from simulator.workload import from_trace
 
 # Substrings of CUDA device names -> catalog parts, most specific first.
 _CUDA_NAMES: tuple[tuple[str, str], ...] = (
-    ("H100 PCIe", "h100-pcie"), ("H100", "h100-sxm"), ("H200", "h200"), ("B200", "b200"),
-    ("L40S", "l40s"), ("L4", "l4"), ("A100", "a100"), ("A10", "a10"), ("A40", "a40"), ("MI300X", "mi300x"),
+    ("H100 PCIe", "h100-pcie"),
+    ("H100", "h100-sxm"),
+    ("H200", "h200"),
+    ("B200", "b200"),
+    ("L40S", "l40s"),
+    ("L4", "l4"),
+    ("A100", "a100"),
+    ("A10", "a10"),
+    ("A40", "a40"),
+    ("MI300X", "mi300x"),
 )
 
 
@@ -58,16 +66,18 @@ def trace_hardware(meta: dict) -> HardwareSpec:
         if isinstance(device.get("cpu"), dict):
             return cpu_spec(device["cpu"], int(cores) if cores else None, origin="recorded at capture")
         spec = host_cpu_spec(int(cores) if cores else None)
-        return dataclasses.replace(spec, source=f"the trace records no CPU (captured before solm recorded one), so "
-                                                f"{spec.source.replace('this host', 'this machine now')}")
+        return dataclasses.replace(
+            spec,
+            source=f"the trace records no CPU (captured before solm recorded one), so "
+            f"{spec.source.replace('this host', 'this machine now')}",
+        )
     name = str(device.get("name", ""))
     for needle, part in _CUDA_NAMES:
         if needle.lower() in name.lower():
             if part == "a100":
                 part = "a100-80g" if int(device.get("memory_bytes") or 80 * 2**30) > 48 * 2**30 else "a100-40g"
             return get_hardware(part)
-    raise UnknownName(f"trace device {name!r} matches no catalog part ({', '.join(sorted(HARDWARE))}); "
-                   f"pass --hardware")
+    raise UnknownName(f"trace device {name!r} matches no catalog part ({', '.join(sorted(HARDWARE))}); pass --hardware")
 
 
 def pass_table(steps) -> np.ndarray:
@@ -83,8 +93,9 @@ def pass_table(steps) -> np.ndarray:
     if (b < 0).any() or len(np.unique(b)) == len(b):
         return np.column_stack([s[cols].to_numpy(float), np.ones(len(s))])
     g = s.groupby("batch_index", sort=True)
-    return np.column_stack([g["query_tokens"].sum(), g["kv_tokens_read"].sum(), g["duration_s"].max(),
-                            g["active_streams"].sum(), g.size()]).astype(float)
+    return np.column_stack(
+        [g["query_tokens"].sum(), g["kv_tokens_read"].sum(), g["duration_s"].max(), g["active_streams"].sum(), g.size()]
+    ).astype(float)
 
 
 def step_arrays(trace: Trace, request_ids=None) -> np.ndarray:
@@ -127,8 +138,10 @@ def validate(path: str | Path | Trace, hardware: HardwareSpec | str | None = Non
     req = trace.requests.sort_values("request_id").reset_index(drop=True)
     usable = req[(req["status"] != "error") & (req["steps"] > 0)]
     if len(usable) < 2:
-        raise UsageError(f"{trace.path}: validation needs at least 2 requests with forward passes "
-                         f"(one to calibrate on, one to check), found {len(usable)}")
+        raise UsageError(
+            f"{trace.path}: validation needs at least 2 requests with forward passes "
+            f"(one to calibrate on, one to check), found {len(usable)}"
+        )
     calib_ids = usable["request_id"].to_numpy()[0::2]
     check_ids = usable["request_id"].to_numpy()[1::2]
     calib = step_arrays(trace, calib_ids)
@@ -149,15 +162,24 @@ def validate(path: str | Path | Trace, hardware: HardwareSpec | str | None = Non
     measured = req.set_index("request_id").loc[check_ids]
     sim = res.requests
     return {
-        "trace": str(trace.path), "system": trace.system, "hardware": hw.name, "hardware_source": hw.source,
-        "model": model.name, "calibration_requests": int(len(calib_ids)), "check_requests": int(len(check_ids)),
-        "calibration_steps": int(len(calib)), "check_steps": int(len(check)),
+        "trace": str(trace.path),
+        "system": trace.system,
+        "hardware": hw.name,
+        "hardware_source": hw.source,
+        "model": model.name,
+        "calibration_requests": int(len(calib_ids)),
+        "check_requests": int(len(check_ids)),
+        "calibration_steps": int(len(calib)),
+        "check_steps": int(len(check)),
         "step_time_mape_percent": step_mape,
         "step_time_median_ape_percent": float(np.median(np.abs(predicted / check[:, 2] - 1)) * 100),
         "request_latency_mape_percent": _mape(sim["e2e_s"].to_numpy(), measured["e2e_s"].to_numpy()),
         "ttft_mape_percent": _mape(sim["ttft_s"].to_numpy(), measured["ttft_s"].to_numpy()),
-        "measured_e2e_s_mean": float(measured["e2e_s"].mean()), "simulated_e2e_s_mean": float(sim["e2e_s"].mean()),
-        "host_gap_s": gap_s, "step_overhead_s": float(params.step_overhead_s), "cost_params": params.source,
+        "measured_e2e_s_mean": float(measured["e2e_s"].mean()),
+        "simulated_e2e_s_mean": float(sim["e2e_s"].mean()),
+        "host_gap_s": gap_s,
+        "step_overhead_s": float(params.step_overhead_s),
+        "cost_params": params.source,
     }
 
 
@@ -182,9 +204,15 @@ def cross_check(path: str | Path, hardware: HardwareSpec | str | None = None) ->
     steps = step_arrays(trace, ids)
     predicted = np.asarray(cost.step_time_s(steps[:, 0], steps[:, 1], steps[:, 3]), float)
     return {
-        "trace": str(trace.path), "system": trace.system, "hardware": hw.name, "hardware_source": hw.source,
-        "model": model.name, "requests": len(ids), "cost_params": cost.params.source,
+        "trace": str(trace.path),
+        "system": trace.system,
+        "hardware": hw.name,
+        "hardware_source": hw.source,
+        "model": model.name,
+        "requests": len(ids),
+        "cost_params": cost.params.source,
         "step_time_mape_percent": _mape(predicted, steps[:, 2]),
         "request_latency_mape_percent": _mape(sim.loc[ids, "e2e_s"].to_numpy(), req.loc[ids, "e2e_s"].to_numpy()),
-        "measured_e2e_s_mean": float(req.loc[ids, "e2e_s"].mean()), "simulated_e2e_s_mean": float(sim.loc[ids, "e2e_s"].mean()),
+        "measured_e2e_s_mean": float(req.loc[ids, "e2e_s"].mean()),
+        "simulated_e2e_s_mean": float(sim.loc[ids, "e2e_s"].mean()),
     }

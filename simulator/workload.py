@@ -43,8 +43,17 @@ from profiler.schema import PHASES
 PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
 RECOMPUTE_NOTE = "recompute after preemption"  # steps.note of a pass that re-prefilled KV lost to a preemption
 CHUNK_NOTE = "prefill chunk"  # steps.note of a chunk of a prefill that is not its last
-_PASS_FIELDS = ("query_tokens", "kv_tokens_read", "query_groups", "logit_tokens", "live_kv_tokens", "alloc_kv_tokens",
-                "evicted_tokens", "phase", "emits")
+_PASS_FIELDS = (
+    "query_tokens",
+    "kv_tokens_read",
+    "query_groups",
+    "logit_tokens",
+    "live_kv_tokens",
+    "alloc_kv_tokens",
+    "evicted_tokens",
+    "phase",
+    "emits",
+)
 
 
 class PassDemand(NamedTuple):
@@ -99,12 +108,19 @@ class Workload:
     def passes(self, r: int) -> list[PassDemand]:
         """Request r's passes (by position, not id) as readable records."""
         lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
-        before = np.concatenate([[self.prompt_tokens[r]], self.live_kv_tokens[lo:hi - 1]]) if hi > lo else []
+        before = np.concatenate([[self.prompt_tokens[r]], self.live_kv_tokens[lo : hi - 1]]) if hi > lo else []
         return [
-            PassDemand(int(self.query_tokens[i]), int(self.kv_tokens_read[i]), int(self.query_groups[i]),
-                       int(self.live_kv_tokens[i]), int(self.live_kv_tokens[i] - before[i - lo]),
-                       int(self.alloc_kv_tokens[i]), int(self.evicted_tokens[i]), PHASES[self.phase[i]],
-                       int(self.emits[i]))
+            PassDemand(
+                int(self.query_tokens[i]),
+                int(self.kv_tokens_read[i]),
+                int(self.query_groups[i]),
+                int(self.live_kv_tokens[i]),
+                int(self.live_kv_tokens[i] - before[i - lo]),
+                int(self.alloc_kv_tokens[i]),
+                int(self.evicted_tokens[i]),
+                PHASES[self.phase[i]],
+                int(self.emits[i]),
+            )
             for i in range(lo, hi)
         ]
 
@@ -135,13 +151,21 @@ class Workload:
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         flat = np.repeat(self.offsets[:-1][pos] - offsets[:-1], lengths) + np.arange(offsets[-1])
         per_pass = {name: getattr(self, name)[flat] for name in _PASS_FIELDS}
-        per_req = {name: getattr(self, name)[pos] for name in ("prompt_tokens", "output_tokens", "quality_score",
-                                                               "arrival_s")}
+        per_req = {
+            name: getattr(self, name)[pos] for name in ("prompt_tokens", "output_tokens", "quality_score", "arrival_s")
+        }
         src = self.source_ids()[pos]
-        return Workload(request_ids=np.arange(len(pos), dtype=np.int64), offsets=offsets, **per_pass, **per_req,
-                        status=tuple(self.status[i] for i in pos),
-                        streams=None if self.streams is None else self.streams[flat], source=self.source,
-                        graphs=self.graphs, source_request_ids=src)
+        return Workload(
+            request_ids=np.arange(len(pos), dtype=np.int64),
+            offsets=offsets,
+            **per_pass,
+            **per_req,
+            status=tuple(self.status[i] for i in pos),
+            streams=None if self.streams is None else self.streams[flat],
+            source=self.source,
+            graphs=self.graphs,
+            source_request_ids=src,
+        )
 
     @property
     def quality_mean(self) -> float:
@@ -189,9 +213,12 @@ def own_passes(steps: pd.DataFrame, tokens: pd.DataFrame) -> tuple[pd.DataFrame,
     steps["step_index_old"] = steps["step_index"]
     steps["step_index"] = pass_id
     summed = steps.groupby(["request_id", "step_index"], sort=True)[
-        ["query_tokens", "kv_tokens_read", "emitted_tokens"]].transform("sum")
+        ["query_tokens", "kv_tokens_read", "emitted_tokens"]
+    ].transform("sum")
     steps[["query_tokens", "kv_tokens_read", "emitted_tokens"]] = summed
-    keep = ~chunk | (np.r_[rid[1:] != rid[:-1], True] if len(rid) else np.zeros(0, bool))  # a trailing chunk ends its pass
+    keep = ~chunk | (
+        np.r_[rid[1:] != rid[:-1], True] if len(rid) else np.zeros(0, bool)
+    )  # a trailing chunk ends its pass
     out = steps[keep].drop_duplicates(["request_id", "step_index"], keep="last")
     if len(tokens):
         remap = dict(zip(zip(steps["request_id"], steps["step_index_old"]), steps["step_index"]))
@@ -236,14 +263,32 @@ def from_trace(trace: Trace) -> Workload:
     arrival = arrival - np.nanmin(arrival) if len(arrival) and np.isfinite(arrival).any() else np.zeros(len(req))
     model, device = trace.meta.get("model") or {}, trace.meta.get("device") or {}
     return Workload(
-        request_ids=ids, offsets=offsets, query_tokens=q, kv_tokens_read=kv, query_groups=groups,
-        logit_tokens=logit, live_kv_tokens=live, alloc_kv_tokens=alloc, evicted_tokens=col("evicted_tokens"),
-        phase=phase, emits=emits, prompt_tokens=req["prompt_tokens"].to_numpy(np.int64),
-        output_tokens=req["output_tokens"].to_numpy(np.int64), quality_score=req["quality_score"].to_numpy(float),
-        arrival_s=np.nan_to_num(arrival), status=tuple(req["status"].astype(str)),
+        request_ids=ids,
+        offsets=offsets,
+        query_tokens=q,
+        kv_tokens_read=kv,
+        query_groups=groups,
+        logit_tokens=logit,
+        live_kv_tokens=live,
+        alloc_kv_tokens=alloc,
+        evicted_tokens=col("evicted_tokens"),
+        phase=phase,
+        emits=emits,
+        prompt_tokens=req["prompt_tokens"].to_numpy(np.int64),
+        output_tokens=req["output_tokens"].to_numpy(np.int64),
+        quality_score=req["quality_score"].to_numpy(float),
+        arrival_s=np.nan_to_num(arrival),
+        status=tuple(req["status"].astype(str)),
         streams=steps["streams"].to_numpy(object) if len(steps) else np.zeros(0, object),
-        source={"path": str(trace.path), "kind": trace.kind, "system": trace.system, "task": trace.meta.get("task"),
-                "knobs": trace.meta.get("knobs", {}), "model": model, "device": device},
+        source={
+            "path": str(trace.path),
+            "kind": trace.kind,
+            "system": trace.system,
+            "task": trace.meta.get("task"),
+            "knobs": trace.meta.get("knobs", {}),
+            "model": model,
+            "device": device,
+        },
         graphs=trace.graphs,
     )
 
@@ -290,20 +335,44 @@ def uniform(n_requests: int, prompt_tokens: int, output_tokens: int, page_size: 
     tile = lambda a: np.tile(a, n_requests)  # noqa: E731
     ones = np.ones(n * n_requests, np.int64)
     return Workload(
-        request_ids=np.arange(n_requests, dtype=np.int64), offsets=np.arange(n_requests + 1, dtype=np.int64) * n,
-        query_tokens=tile(q_one), kv_tokens_read=tile(kv_one), query_groups=ones, logit_tokens=ones,
-        live_kv_tokens=tile(live_one), alloc_kv_tokens=tile(alloc_one), evicted_tokens=0 * ones,
-        phase=tile(phase_one), emits=ones.copy(), prompt_tokens=np.full(n_requests, p, np.int64),
-        output_tokens=np.full(n_requests, n, np.int64), quality_score=np.full(n_requests, np.nan),
-        arrival_s=np.zeros(n_requests), status=("ok",) * n_requests, streams=None,
-        source={"path": "", "kind": "synthetic", "system": "sequential", "task": f"uniform {p}+{n}",
-                "knobs": {}, "model": {}, "device": {}},
+        request_ids=np.arange(n_requests, dtype=np.int64),
+        offsets=np.arange(n_requests + 1, dtype=np.int64) * n,
+        query_tokens=tile(q_one),
+        kv_tokens_read=tile(kv_one),
+        query_groups=ones,
+        logit_tokens=ones,
+        live_kv_tokens=tile(live_one),
+        alloc_kv_tokens=tile(alloc_one),
+        evicted_tokens=0 * ones,
+        phase=tile(phase_one),
+        emits=ones.copy(),
+        prompt_tokens=np.full(n_requests, p, np.int64),
+        output_tokens=np.full(n_requests, n, np.int64),
+        quality_score=np.full(n_requests, np.nan),
+        arrival_s=np.zeros(n_requests),
+        status=("ok",) * n_requests,
+        streams=None,
+        source={
+            "path": "",
+            "kind": "synthetic",
+            "system": "sequential",
+            "task": f"uniform {p}+{n}",
+            "knobs": {},
+            "model": {},
+            "device": {},
+        },
         graphs={int(r): _chain_graph(p, n) for r in range(n_requests)},
     )
 
 
 def _chain_graph(prompt_tokens: int, output_tokens: int) -> dict:
-    return {"directed": True, "multigraph": False, "graph": {},
-            "nodes": [{"id": "prompt", "kind": "prompt", "stream": -1, "tokens": prompt_tokens},
-                      {"id": "main:0", "kind": "main", "stream": 0, "tokens": output_tokens}],
-            "links": [{"source": "prompt", "target": "main:0"}]}
+    return {
+        "directed": True,
+        "multigraph": False,
+        "graph": {},
+        "nodes": [
+            {"id": "prompt", "kind": "prompt", "stream": -1, "tokens": prompt_tokens},
+            {"id": "main:0", "kind": "main", "stream": 0, "tokens": output_tokens},
+        ],
+        "links": [{"source": "prompt", "target": "main:0"}],
+    }

@@ -28,8 +28,9 @@ PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirect
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    parser = argparse.ArgumentParser(prog="solm", description="self-orchestrating language models: capture, inspect, "
-                                     "simulate and compare runs")
+    parser = argparse.ArgumentParser(
+        prog="solm", description="self-orchestrating language models: capture, inspect, simulate and compare runs"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}
     for name in COMMANDS:
@@ -63,8 +64,9 @@ def is_user_path_error(e: BaseException, args: argparse.Namespace) -> bool:
     if e.filename is None:
         return True
     failed = Path(os.path.abspath(os.fsdecode(e.filename)))
-    return any(failed == p or p in failed.parents or (failed in p.parents and not failed.exists())
-               for p in _user_paths(args))
+    return any(
+        failed == p or p in failed.parents or (failed in p.parents and not failed.exists()) for p in _user_paths(args)
+    )
 
 
 def _message(e: BaseException) -> str:
@@ -94,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("SOLM_DEBUG") == "1":
             traceback.print_exc()
         first = (str(e).splitlines() or [""])[0]
-        print(f"solm {args.command}: internal error (a bug): {type(e).__name__}: {first}; "
-              "rerun with SOLM_DEBUG=1 for the traceback", file=sys.stderr)
+        print(
+            f"solm {args.command}: internal error (a bug): {type(e).__name__}: {first}; "
+            "rerun with SOLM_DEBUG=1 for the traceback",
+            file=sys.stderr,
+        )
         return EXIT_BUG
 
 

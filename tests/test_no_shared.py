@@ -10,8 +10,20 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP_DIRS = {".git", ".venv", ".ci", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", "node_modules",
-             "out", "runs", "build", "dist"}
+SKIP_DIRS = {
+    ".git",
+    ".venv",
+    ".ci",
+    "__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".mypy_cache",
+    "node_modules",
+    "out",
+    "runs",
+    "build",
+    "dist",
+}
 BINARY = {".parquet", ".safetensors", ".pt", ".bin", ".png", ".jpg", ".gz", ".zip", ".npz", ".npy", ".gguf"}
 MAX_BYTES = 4 * 2**20
 SHARED = "shared"

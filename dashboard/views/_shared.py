@@ -58,16 +58,19 @@ def load() -> tuple[list[Trace], pd.DataFrame]:
 
 def need_traces(traces: list[Trace]) -> bool:
     if not traces:
-        st.info("No readable traces in the folders in the sidebar. Capture one with "
-                "`solm capture --system sequential --n 4 --out traces/seq`, then add its folder.")
+        st.info(
+            "No readable traces in the folders in the sidebar. Capture one with "
+            "`solm capture --system sequential --n 4 --out traces/seq`, then add its folder."
+        )
         return False
     return True
 
 
 def pick_trace(traces: list[Trace], label: str = "Trace", key: str = "trace", index: int = 0) -> Trace:
     labels = data.trace_labels(traces)
-    choice = st.selectbox(label, range(len(traces)), format_func=lambda i: labels[i], key=key,
-                          index=min(index, len(traces) - 1))
+    choice = st.selectbox(
+        label, range(len(traces)), format_func=lambda i: labels[i], key=key, index=min(index, len(traces) - 1)
+    )
     return traces[choice]
 
 

@@ -20,19 +20,32 @@ st.title("Load")
 traces, _ = _shared.load()
 points = load_data.load_points(traces)
 if points.empty:
-    st.info("No serving runs in the folders. Capture some with `solm capture --system S --rate R --out DIR` "
-            "(several rates), and a batch-1 trace of the same system for the simulated curve.")
+    st.info(
+        "No serving runs in the folders. Capture some with `solm capture --system S --rate R --out DIR` "
+        "(several rates), and a batch-1 trace of the same system for the simulated curve."
+    )
 else:
     c1, c2, c3 = st.columns([2, 2, 1])
-    y = c1.radio("Latency", ["e2e_ms_p50", "e2e_ms_p99", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50"],
-                 format_func=load_figures.LABELS.get, horizontal=True, key="load_y")
-    x = c2.radio("Throughput", ["request_throughput", "output_throughput"], format_func=load_figures.LABELS.get,
-                 horizontal=True, key="load_x")
+    y = c1.radio(
+        "Latency",
+        ["e2e_ms_p50", "e2e_ms_p99", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50"],
+        format_func=load_figures.LABELS.get,
+        horizontal=True,
+        key="load_y",
+    )
+    x = c2.radio(
+        "Throughput",
+        ["request_throughput", "output_throughput"],
+        format_func=load_figures.LABELS.get,
+        horizontal=True,
+        key="load_x",
+    )
     rate = c3.number_input("What-if rate (req/s, 0 = off)", 0.0, 1e6, 0.0, key="load_rate")
     frames = [points]
     for calib, serving in load_data.calibration_groups(traces):
-        sig = tuple(sorted(str(t.path) + str(t.meta.get("created_at")) for t in traces
-                           if str(t.path) in (calib, *serving)))
+        sig = tuple(
+            sorted(str(t.path) + str(t.meta.get("created_at")) for t in traces if str(t.path) in (calib, *serving))
+        )
         try:
             frames.append(load_data.predicted_points(predict(calib, tuple(serving), sig, None)))
             if rate:

@@ -16,11 +16,16 @@ c1.metric("measured", measured)
 c2.metric("simulated", simulated)
 c3.metric("unreadable", len(errors))
 if len(table):
-    st.dataframe(table, hide_index=True, width="stretch", column_config={
-        "quality": st.column_config.NumberColumn(format="%.3f"),
-        "e2e_ms_p50": st.column_config.NumberColumn("e2e p50 (ms)", format="%.1f"),
-        "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.1f"),
-    })
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "quality": st.column_config.NumberColumn(format="%.3f"),
+            "e2e_ms_p50": st.column_config.NumberColumn("e2e p50 (ms)", format="%.1f"),
+            "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.1f"),
+        },
+    )
 else:
     _shared.need_traces(traces)
 for e in errors.itertuples():

@@ -15,8 +15,13 @@ if _shared.need_traces(traces):
     sweeps = _shared.load_sweeps()
     if len(sweeps) and st.toggle(f"Include {len(sweeps)} sweep configurations", value=True, key="pareto_sweeps"):
         points = pd.concat([points, sweeps], ignore_index=True)
-    latency = st.radio("Latency", ["e2e_ms_mean", "e2e_ms_p50", "ttft_ms_p50"], horizontal=True,
-                       format_func=figures.AXIS.get, key="pareto_latency")
+    latency = st.radio(
+        "Latency",
+        ["e2e_ms_mean", "e2e_ms_p50", "ttft_ms_p50"],
+        horizontal=True,
+        format_func=figures.AXIS.get,
+        key="pareto_latency",
+    )
     left, right = st.columns(2)
     left.plotly_chart(figures.pareto_figure(points, latency, "quality"), key="pareto_latency_chart")
     right.plotly_chart(figures.pareto_figure(points, "peak_kv_bytes", "quality"), key="pareto_memory_chart")

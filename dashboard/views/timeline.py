@@ -27,7 +27,9 @@ if _shared.need_traces(traces):
         st.plotly_chart(figures.gantt_figure(gantt), key="timeline_gantt")
         st.plotly_chart(figures.kv_figure(data.kv_frame(trace, rid), x_range=span), key="timeline_kv")
         source = trace.meta.get("counters_source", "?")
-        st.plotly_chart(figures.counters_figure(data.counters_frame(trace, rid), title=f"counters ({source})"),
-                        key="timeline_counters")
+        st.plotly_chart(
+            figures.counters_figure(data.counters_frame(trace, rid), title=f"counters ({source})"),
+            key="timeline_counters",
+        )
         with st.expander("Output text"):
             st.code(str(row["output_text"]), language=None)

@@ -25,5 +25,16 @@ def systems() -> list[str]:
     return available(ENGINES)
 
 
-__all__ = ["ENGINES", "Completion", "Engine", "GenerationConfig", "Request", "SequentialEngine", "Step", "TokenRecord",
-           "drain", "get_engine", "systems"]
+__all__ = [
+    "ENGINES",
+    "Completion",
+    "Engine",
+    "GenerationConfig",
+    "Request",
+    "SequentialEngine",
+    "Step",
+    "TokenRecord",
+    "drain",
+    "get_engine",
+    "systems",
+]

@@ -138,7 +138,7 @@ class PassInputs:
     @property
     def kv_read(self) -> int:
         """Sum over the request's rows (replay rows excluded) of the slots each row sees."""
-        return int(self.vis[self.skip:].sum())
+        return int(self.vis[self.skip :].sum())
 
 
 def causal_inputs(ids: list[int], positions: list[int], slots: list[int], phase: str, start: int = 0) -> PassInputs:
@@ -160,8 +160,16 @@ def prepend(replay: PassInputs | None, inp: PassInputs) -> PassInputs:
     vis = np.zeros((R1 + R2, len(cols)), dtype=bool)
     vis[:R1, [where[int(c)] for c in replay.cols]] = replay.vis
     vis[R1:, : len(inp.cols)] = inp.vis
-    return PassInputs(replay.ids + inp.ids, replay.positions + inp.positions, replay.slots + inp.slots, cols, vis,
-                      inp.phase, inp.attention, R1)
+    return PassInputs(
+        replay.ids + inp.ids,
+        replay.positions + inp.positions,
+        replay.slots + inp.slots,
+        cols,
+        vis,
+        inp.phase,
+        inp.attention,
+        R1,
+    )
 
 
 class RequestState:
@@ -219,8 +227,11 @@ class RequestState:
             inp = self.prompt_chunk(k)
         else:
             inp = PassInputs(rp.ids[:k], rp.positions[:k], rp.slots[:k], rp.cols, rp.vis[:k], "prefill")
-            self._replay = PassInputs(rp.ids[k:], rp.positions[k:], rp.slots[k:], rp.cols, rp.vis[k:], "prefill") \
-                if k < rp.rows else None
+            self._replay = (
+                PassInputs(rp.ids[k:], rp.positions[k:], rp.slots[k:], rp.cols, rp.vis[k:], "prefill")
+                if k < rp.rows
+                else None
+            )
         inp.skip = inp.rows
         return inp
 
@@ -293,7 +304,7 @@ class RequestState:
 class Engine:
     """Base: holds the model, tokenizer and settings; subclasses implement `start` (a request's
     `RequestState`); `run` drives it alone over its own store, one forward pass at a time.
-"""
+    """
 
     name = "base"
     default_model = ""  # shipped checkpoint `solm capture` uses when --model is not given
@@ -314,8 +325,11 @@ class Engine:
         return [self.tok.bos_id, *self.tok.encode(request.prompt), self.tok.token_id("<sep>")]
 
     def is_stop(self, token_id: int) -> bool:
-        return (token_id == self.tok.eos_id or token_id in self.config.stop_tokens
-                or token_id in getattr(self.tok, "stop_ids", ()))  # a real model may have several
+        return (
+            token_id == self.tok.eos_id
+            or token_id in self.config.stop_tokens
+            or token_id in getattr(self.tok, "stop_ids", ())
+        )  # a real model may have several
 
     def start(self, request: Request, kv: RequestKV) -> RequestState:
         raise NotImplementedError
@@ -365,7 +379,7 @@ def pool_visibility(inputs: list[PassInputs], num_slots: int, device: torch.devi
     vis = np.zeros((sum(inp.rows for inp in inputs), num_slots), dtype=bool)
     r = 0
     for inp in inputs:
-        vis[r: r + inp.rows, inp.cols] = inp.vis
+        vis[r : r + inp.rows, inp.cols] = inp.vis
         r += inp.rows
     return torch.from_numpy(vis).to(device)
 

@@ -80,11 +80,18 @@ def token_roles(segs: list[Seg]) -> dict[str, torch.Tensor]:
             nxt = starts[i]
     lengths = torch.tensor([s.length for s in segs])
     spread = lambda xs: torch.tensor(xs, dtype=torch.long).repeat_interleave(lengths)  # noqa: E731
-    return {"is_span": spread(span) >= 0, "span": spread(span), "round": spread(rnd), "round_start": spread(rstart),
-            "reveal": spread(reveal)}
+    return {
+        "is_span": spread(span) >= 0,
+        "span": spread(span),
+        "round": spread(rnd),
+        "round_start": spread(rstart),
+        "reveal": spread(reveal),
+    }
 
 
-def hybrid_mask(segs: list[Seg], block_sparse: bool = True, rows: list[int] | torch.Tensor | None = None) -> torch.Tensor:
+def hybrid_mask(
+    segs: list[Seg], block_sparse: bool = True, rows: list[int] | torch.Tensor | None = None
+) -> torch.Tensor:
     """Bool (R, T): row r (token `rows[r]`, default every token) may attend to column k."""
     roles = token_roles(segs)
     T = roles["is_span"].shape[0]
@@ -121,8 +128,9 @@ class Layout:
         if not ids:
             return range(len(self.ids), len(self.ids))
         if len(self.ids) + len(ids) > self.max_positions:
-            raise ValueError(f"sequence of {len(self.ids) + len(ids)} tokens exceeds the model's "
-                             f"{self.max_positions} positions")
+            raise ValueError(
+                f"sequence of {len(self.ids) + len(ids)} tokens exceeds the model's {self.max_positions} positions"
+            )
         start = len(self.ids)
         if kind == "ar" and self.segs and self.segs[-1].kind == "ar":
             self.segs[-1] = Seg("ar", self.segs[-1].length + len(ids))
@@ -142,8 +150,14 @@ class Layout:
         if upto > len(self.slots):
             self.slots += self.kv.allocate(upto - len(self.slots))
         vis = hybrid_mask(self.segs, self.block_sparse, rows).numpy()[:, : len(self.slots)]  # (R, T)
-        return PassInputs([self.ids[r] for r in rows], list(rows), [self.slots[r] for r in rows],
-                          np.asarray(self.slots, dtype=np.int64), vis, phase)
+        return PassInputs(
+            [self.ids[r] for r in rows],
+            list(rows),
+            [self.slots[r] for r in rows],
+            np.asarray(self.slots, dtype=np.int64),
+            vis,
+            phase,
+        )
 
 
 def steps_for(longest: int, steps_ratio: float) -> int:
@@ -171,7 +185,9 @@ def order_scores(probs: torch.Tensor, chosen: torch.Tensor, order: str) -> torch
     raise ValueError(f"unmasking order must be one of {ORDERS}, got {order!r}")
 
 
-def unmask(logits: torch.Tensor, sampler: Sampler, order: str, k: int, threshold: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def unmask(
+    logits: torch.Tensor, sampler: Sampler, order: str, k: int, threshold: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One span's step. logits (R, V) at its masked positions -> (token ids (R,), commit (R,) bool)."""
     logits = logits.float().cpu()
     probs = logits.softmax(-1)
@@ -233,9 +249,18 @@ class Denoiser:
     recomputed once with its final id, then its K/V are kept while the rest of its span changes;
     each pass computes only masked rows and rows committed in the pass before."""
 
-    def __init__(self, lay: Layout, spans: list[SpanState], steps: int, sample: Sampler, order: str,
-                 threshold: float | None, refresh: list[int], recompute_all: bool = False,
-                 cache_committed: bool = False) -> None:
+    def __init__(
+        self,
+        lay: Layout,
+        spans: list[SpanState],
+        steps: int,
+        sample: Sampler,
+        order: str,
+        threshold: float | None,
+        refresh: list[int],
+        recompute_all: bool = False,
+        cache_committed: bool = False,
+    ) -> None:
         self.lay, self.spans, self.steps, self.sample = lay, spans, steps, sample
         self.order, self.threshold, self.refresh = order, threshold, refresh
         self.recompute_all, self.cache_committed = recompute_all, cache_committed
@@ -248,8 +273,11 @@ class Denoiser:
 
     def rows(self) -> list[int]:
         active = [s for s in self.spans if s.masked]
-        self._rows = list(range(len(self.lay))) if self.recompute_all else \
-            sorted({*self.refresh, *(r for s in active for r in s.rows_to_compute(self.cache_committed))})
+        self._rows = (
+            list(range(len(self.lay)))
+            if self.recompute_all
+            else sorted({*self.refresh, *(r for s in active for r in s.rows_to_compute(self.cache_committed))})
+        )
         return self._rows
 
     def after(self, logits: torch.Tensor, read: int) -> dict:
@@ -258,8 +286,13 @@ class Denoiser:
         refresh, emitted, unmasked = [], [], {}
         i, lay = self.i, self.lay
         for s in active:
-            ids, commit = unmask(logits[[at[p] for p in s.masked]], self.sample, self.order,
-                                 scheduled(len(s.masked), i, self.steps), self.threshold)
+            ids, commit = unmask(
+                logits[[at[p] for p in s.masked]],
+                self.sample,
+                self.order,
+                scheduled(len(s.masked), i, self.steps),
+                self.threshold,
+            )
             keep, s.fresh = [], []
             for p, t, c in zip(s.masked, ids.tolist(), commit.tolist()):
                 if c:
@@ -275,5 +308,12 @@ class Denoiser:
                 s.finished_at = i + 1
                 refresh += s.fresh if self.cache_committed else list(s.rows)
         self.refresh, self.i = refresh, i + 1
-        return {"i": i, "rows": len(self._rows), "kv_read": read, "streams": tuple(s.sid for s in active),
-                "emitted": tuple(emitted), "masks_left": {s.sid: len(s.masked) for s in active}, "unmasked": unmasked}
+        return {
+            "i": i,
+            "rows": len(self._rows),
+            "kv_read": read,
+            "streams": tuple(s.sid for s in active),
+            "emitted": tuple(emitted),
+            "masks_left": {s.sid: len(s.masked) for s in active},
+            "unmasked": unmasked,
+        }

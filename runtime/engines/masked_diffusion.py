@@ -42,9 +42,17 @@ class MaskedDiffusionEngine(Engine):
     default_model = "pd-tiny"
     default_task = "word_facts"
 
-    def __init__(self, model: TinyLM, tokenizer: Tokenizer, config: GenerationConfig = GenerationConfig(), *,
-                 length: int = 144, steps: int | None = None, order: str = "entropy",
-                 confidence_threshold: float | None = None) -> None:
+    def __init__(
+        self,
+        model: TinyLM,
+        tokenizer: Tokenizer,
+        config: GenerationConfig = GenerationConfig(),
+        *,
+        length: int = 144,
+        steps: int | None = None,
+        order: str = "entropy",
+        confidence_threshold: float | None = None,
+    ) -> None:
         super().__init__(model, tokenizer, config)
         check_knobs(1.0, order, confidence_threshold, 1.0)
         if int(length) < 1 or (steps is not None and int(steps) < 1):
@@ -69,8 +77,15 @@ class MaskedDiffusionState(RequestState):
         self.lay.append("ar", prompt)
         self.span = scaffold(self.lay, 1, eng.length, eng.tags, eng.mask_id)
         # the first pass also computes the prompt
-        self.den = Denoiser(self.lay, [self.span], eng.steps, Sampler(eng.config.sampling, request.request_id),
-                            eng.order, eng.threshold, list(range(self.n)))
+        self.den = Denoiser(
+            self.lay,
+            [self.span],
+            eng.steps,
+            Sampler(eng.config.sampling, request.request_id),
+            eng.order,
+            eng.threshold,
+            list(range(self.n)),
+        )
         self.step, self.peak = 0, [0, 0]
         self.inp: PassInputs | None = None
 
@@ -91,12 +106,22 @@ class MaskedDiffusionState(RequestState):
         return self.inp
 
     def after(self, logits: torch.Tensor, attention: torch.Tensor | None) -> Step:
-        d = self.den.after(logits[self.inp.skip:], self.inp.kv_read)
+        d = self.den.after(logits[self.inp.skip :], self.inp.kv_read)
         kv = self.kv
         self.peak = [max(self.peak[0], kv.live_tokens), max(self.peak[1], kv.bytes_allocated)]
         note = {"round": 0, "step": d["i"] + 1, "masks_left": d["masks_left"], "unmasked": d["unmasked"]}
-        step = Step(self.req.request_id, self.step, "denoise", d["streams"], d["rows"], d["kv_read"], kv.live_tokens,
-                    kv.bytes_allocated, emitted=d["emitted"], note=json.dumps(note))
+        step = Step(
+            self.req.request_id,
+            self.step,
+            "denoise",
+            d["streams"],
+            d["rows"],
+            d["kv_read"],
+            kv.live_tokens,
+            kv.bytes_allocated,
+            emitted=d["emitted"],
+            note=json.dumps(note),
+        )
         self.step += 1
         self.done = self.den.finished
         return step
@@ -120,8 +145,25 @@ class MaskedDiffusionState(RequestState):
         graph = linear_graph(self.n, len(tokens))
         graph["nodes"][1].update(kind="span", stream=1, length=eng.length, finished_at_step=span.finished_at)
         return Completion(
-            request_id=self.req.request_id, prompt_tokens=self.n, output_ids=[t.token_id for t in tokens], text=text,
-            tokens=tokens, graph=graph, critical_path_tokens=eng.length, steps=self.step,
-            peak_live_kv_tokens=self.peak[0], peak_kv_bytes=self.peak[1], status="ok", stop_reason="denoised",
-            events=[{"event": "mdm", "length": eng.length, "steps": eng.steps, "denoise_passes": self.step,
-                     "finished_at": span.finished_at}])
+            request_id=self.req.request_id,
+            prompt_tokens=self.n,
+            output_ids=[t.token_id for t in tokens],
+            text=text,
+            tokens=tokens,
+            graph=graph,
+            critical_path_tokens=eng.length,
+            steps=self.step,
+            peak_live_kv_tokens=self.peak[0],
+            peak_kv_bytes=self.peak[1],
+            status="ok",
+            stop_reason="denoised",
+            events=[
+                {
+                    "event": "mdm",
+                    "length": eng.length,
+                    "steps": eng.steps,
+                    "denoise_passes": self.step,
+                    "finished_at": span.finished_at,
+                }
+            ],
+        )

@@ -72,7 +72,7 @@ class Indices:
 
     def extend(self, items) -> None:
         self._room(len(items))
-        self.buf[self.n: self.n + len(items)] = items
+        self.buf[self.n : self.n + len(items)] = items
         self.n += len(items)
 
     def view(self) -> np.ndarray:
@@ -134,8 +134,14 @@ class StreamState:
 class Layout:
     """Streams, positions and visibility of one PASTA-LANG answer, driven token by token."""
 
-    def __init__(self, prompt_ids: list[int], tok: Tokenizer, max_threads: int = 8, max_chunk_tokens: int = 64,
-                 defer_threads: bool = False) -> None:
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        tok: Tokenizer,
+        max_threads: int = 8,
+        max_chunk_tokens: int = 64,
+        defer_threads: bool = False,
+    ) -> None:
         self.tok, self.parser = tok, PastaParser(tok)
         self.defer_threads = defer_threads  # skeleton baseline: threads wait for release_threads()
         self.async_id, self.end_id, self.sync_id = tok.token_id(ASYNC), tok.token_id(ASYNC_END), tok.token_id(SYNC)
@@ -148,7 +154,13 @@ class Layout:
         self.live: set[int] = set()  # threads forked and not done
         self.unmerged: list[int] = []  # threads forked since the last fed `<sync/>`
         self.events: list[dict] = []
-        self._handlers = {Fork: self._fork, Inline: self._inline, Finish: self._finish, Sync: self._sync, End: self._end}
+        self._handlers = {
+            Fork: self._fork,
+            Inline: self._inline,
+            Finish: self._finish,
+            Sync: self._sync,
+            End: self._end,
+        }
 
     def live_threads(self) -> int:
         return len(self.live)
@@ -162,7 +174,9 @@ class Layout:
         return all(s.done for s in self.streams.values())
 
     def event(self, kind: str, stream: int, **detail) -> None:
-        self.events.append({"event": kind, "stream": stream, "stream_token": len(self.streams[stream].outs) - 1, **detail})
+        self.events.append(
+            {"event": kind, "stream": stream, "stream_token": len(self.streams[stream].outs) - 1, **detail}
+        )
 
     # ------------------------------------------------------------------ sampled tokens
     def advance(self, sid: int, token: int, step: int = -1) -> Out:
@@ -313,8 +327,15 @@ class PastaEngine(Engine):
     default_model = "pasta-sft"
     default_task = "word_facts"
 
-    def __init__(self, model: TinyLM, tokenizer: Tokenizer, config: GenerationConfig = GenerationConfig(),
-                 max_threads: int = 8, max_chunk_tokens: int = 64, max_total_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        model: TinyLM,
+        tokenizer: Tokenizer,
+        config: GenerationConfig = GenerationConfig(),
+        max_threads: int = 8,
+        max_chunk_tokens: int = 64,
+        max_total_tokens: int = 0,
+    ) -> None:
         super().__init__(model, tokenizer, config)
         for name, v in (("max_threads", max_threads), ("max_chunk_tokens", max_chunk_tokens)):
             if not isinstance(v, int) or v < 1:
@@ -335,27 +356,56 @@ class PastaEngine(Engine):
         """Called before each pass is assembled; PASTA starts threads as soon as their promise is fed."""
 
     def phase(self, lay: Layout, batch: list[int]) -> str:
-        return "sync" if any(lay.fed[i].token_id == lay.sync_id and lay.fed[i].stream == MAIN for i in batch) else "decode"
+        return (
+            "sync" if any(lay.fed[i].token_id == lay.sync_id and lay.fed[i].stream == MAIN for i in batch) else "decode"
+        )
 
     def choose(self, lay: Layout, sids: list[int], logits: torch.Tensor, sample: Sampler) -> list[int]:
         """Next token of each stream in `sids` from its logits row (tests override this to script a stream)."""
         return sample(logits).tolist()
 
-    def _completion(self, request: Request, lay: Layout, slots: list[int], n: int, steps: int,
-                    peak_tokens: int, peak_bytes: int, stop_reason: str) -> Completion:
+    def _completion(
+        self,
+        request: Request,
+        lay: Layout,
+        slots: list[int],
+        n: int,
+        steps: int,
+        peak_tokens: int,
+        peak_bytes: int,
+        stop_reason: str,
+    ) -> Completion:
         order = lay.final_order()
-        tokens = [TokenRecord(o.token_id, o.stream, max(0, o.step), o.position, o.kind,
-                              slots[o.fed] if 0 <= o.fed < len(slots) else -1, o.visible_streams) for o in order]
+        tokens = [
+            TokenRecord(
+                o.token_id,
+                o.stream,
+                max(0, o.step),
+                o.position,
+                o.kind,
+                slots[o.fed] if 0 <= o.fed < len(slots) else -1,
+                o.visible_streams,
+            )
+            for o in order
+        ]
         graph = lay.graph(n)
         graph["graph"] = {"critical_path_tokens": steps, "events": len(lay.events)}
         return Completion(
-            request_id=request.request_id, prompt_tokens=n, output_ids=[o.token_id for o in order],
+            request_id=request.request_id,
+            prompt_tokens=n,
+            output_ids=[o.token_id for o in order],
             text=self.tok.decode([o.token_id for o in order if o.kind == "content"], skip_control=True),
-            tokens=tokens, graph=graph,
+            tokens=tokens,
+            graph=graph,
             # every pass advances every stream that can advance, so the number of passes is the
             # longest dependent chain of sampled tokens (prompt -> promise -> chunk -> sync -> ...)
-            critical_path_tokens=steps, steps=steps, peak_live_kv_tokens=peak_tokens, peak_kv_bytes=peak_bytes,
-            status="ok" if stop_reason == "stop_token" else "truncated", stop_reason=stop_reason, events=list(lay.events),
+            critical_path_tokens=steps,
+            steps=steps,
+            peak_live_kv_tokens=peak_tokens,
+            peak_kv_bytes=peak_bytes,
+            status="ok" if stop_reason == "stop_token" else "truncated",
+            stop_reason=stop_reason,
+            events=list(lay.events),
         )
 
 
@@ -412,12 +462,16 @@ class PastaState(RequestState):
 
     def after(self, logits: torch.Tensor, attention: torch.Tensor | None) -> Step:
         lay, eng, batch = self.lay, self.eng, self.batch
-        logits = logits[self.inp.skip:]
+        logits = logits[self.inp.skip :]
         # one sampled token per stream whose last row is in this pass
         at = {i: r for r, i in enumerate(batch)}
         sids = [sid for sid, s in lay.streams.items() if not s.done and s.last_row in at and not s.pending]
         rows = [at[lay.streams[sid].last_row] for sid in sids]
-        toks = eng.choose(lay, sids, logits if rows == list(range(len(batch))) else logits[rows], self.sample) if sids else []
+        toks = (
+            eng.choose(lay, sids, logits if rows == list(range(len(batch))) else logits[rows], self.sample)
+            if sids
+            else []
+        )
         for sid, t in zip(sids, toks):
             out = lay.advance(sid, int(t), self.step)
             self.total += 1
@@ -425,8 +479,17 @@ class PastaState(RequestState):
         live, held = self.kv.live_tokens, self.kv.bytes_allocated
         self.peak_tokens, self.peak_bytes = max(self.peak_tokens, live), max(self.peak_bytes, held)
         streams = tuple(sorted({max(MAIN, lay.fed[i].stream) for i in batch}))
-        step = Step(self.req.request_id, self.step, self.phase, streams, len(batch), self.inp.kv_read, live, held,
-                    emitted=tuple(int(t) for t in toks))
+        step = Step(
+            self.req.request_id,
+            self.step,
+            self.phase,
+            streams,
+            len(batch),
+            self.inp.kv_read,
+            live,
+            held,
+            emitted=tuple(int(t) for t in toks),
+        )
         self._next_batch()
         return step
 
@@ -457,5 +520,13 @@ class PastaState(RequestState):
         self.slots = Indices(new_slots)
 
     def completion(self) -> Completion:
-        return self.eng._completion(self.req, self.lay, self.slots.view().tolist(), self.n, self.step + 1,
-                                    self.peak_tokens, self.peak_bytes, self.stop_reason)
+        return self.eng._completion(
+            self.req,
+            self.lay,
+            self.slots.view().tolist(),
+            self.n,
+            self.step + 1,
+            self.peak_tokens,
+            self.peak_bytes,
+            self.stop_reason,
+        )

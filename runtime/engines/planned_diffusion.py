@@ -64,24 +64,44 @@ class PlannedDiffusionEngine(Engine):
     default_model = "pd-tiny"
     default_task = "word_facts"
 
-    def __init__(self, model: TinyLM, tokenizer: Tokenizer, config: GenerationConfig = GenerationConfig(), *,
-                 steps_ratio: float = _OP.get("steps_ratio", 1.0), order: str = "entropy",
-                 confidence_threshold: float | None = _OP.get("confidence_threshold"),
-                 length_scale: float = _OP.get("length_scale", UNIT), block_sparse: bool = _OP.get("block_sparse", True),
-                 max_plan_tokens: int = 96, max_rounds: int = 8, max_spans: int = 8, max_span_tokens: int = 64,
-                 cache_committed: bool = _OP.get("cache_committed", False), recompute_all: bool = False,
-                 forced_plan: str = "") -> None:
+    def __init__(
+        self,
+        model: TinyLM,
+        tokenizer: Tokenizer,
+        config: GenerationConfig = GenerationConfig(),
+        *,
+        steps_ratio: float = _OP.get("steps_ratio", 1.0),
+        order: str = "entropy",
+        confidence_threshold: float | None = _OP.get("confidence_threshold"),
+        length_scale: float = _OP.get("length_scale", UNIT),
+        block_sparse: bool = _OP.get("block_sparse", True),
+        max_plan_tokens: int = 96,
+        max_rounds: int = 8,
+        max_spans: int = 8,
+        max_span_tokens: int = 64,
+        cache_committed: bool = _OP.get("cache_committed", False),
+        recompute_all: bool = False,
+        forced_plan: str = "",
+    ) -> None:
         super().__init__(model, tokenizer, config)
         check_knobs(steps_ratio, order, confidence_threshold, length_scale)
-        for name, v in (("max_plan_tokens", max_plan_tokens), ("max_rounds", max_rounds), ("max_spans", max_spans),
-                        ("max_span_tokens", max_span_tokens)):
+        for name, v in (
+            ("max_plan_tokens", max_plan_tokens),
+            ("max_rounds", max_rounds),
+            ("max_spans", max_spans),
+            ("max_span_tokens", max_span_tokens),
+        ):
             if int(v) < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         self.steps_ratio, self.order, self.threshold = float(steps_ratio), order, confidence_threshold or None
         self.length_scale, self.block_sparse = float(length_scale), bool(block_sparse)
         self.max_plan_tokens, self.max_rounds = int(max_plan_tokens), int(max_rounds)
         self.max_spans, self.max_span_tokens = int(max_spans), int(max_span_tokens)
-        self.recompute_all, self.forced_plan, self.cache_committed = bool(recompute_all), forced_plan, bool(cache_committed)
+        self.recompute_all, self.forced_plan, self.cache_committed = (
+            bool(recompute_all),
+            forced_plan,
+            bool(cache_committed),
+        )
         t = tokenizer.token_id
         self.tags = (t(ASYNC), t(ASYNC_END))
         self.mask_id, self.pad_id_span, self.sync_id = t(MASK), t(PAD), t(SYNC)
@@ -89,9 +109,22 @@ class PlannedDiffusionEngine(Engine):
     def start(self, request: Request, kv: RequestKV) -> PlannedDiffusionState:
         return PlannedDiffusionState(self, request, kv)
 
-    def _complete(self, request: Request, n: int, lay: Layout, recs: dict[int, TokenRecord], tail: list[TokenRecord],
-                  spans: list[SpanState], span_round: dict[int, int], events: list[dict], steps: int, peak: list[int],
-                  stop_reason: str, ar_passes: int, dn_passes: int) -> Completion:
+    def _complete(
+        self,
+        request: Request,
+        n: int,
+        lay: Layout,
+        recs: dict[int, TokenRecord],
+        tail: list[TokenRecord],
+        spans: list[SpanState],
+        span_round: dict[int, int],
+        events: list[dict],
+        steps: int,
+        peak: list[int],
+        stop_reason: str,
+        ar_passes: int,
+        dn_passes: int,
+    ) -> Completion:
         for i, rec in recs.items():  # a token never fed (the run stopped first) has no slot
             rec.kv_slot = lay.slots[i] if i < len(lay.slots) else -1
         tokens = [recs[i] for i in sorted(recs)] + tail
@@ -102,13 +135,31 @@ class PlannedDiffusionEngine(Engine):
         for s in spans:
             per_round[span_round[s.sid]] = max(per_round.get(span_round[s.sid], 0), s.length)
         at_length = all(s.finished_at == s.length for s in spans) if spans else None
-        events.append({"event": "pd", "rounds": len(per_round), "spans": len(spans), "ar_passes": ar_passes,
-                       "denoise_passes": dn_passes, "spans_finish_at_length": at_length})
+        events.append(
+            {
+                "event": "pd",
+                "rounds": len(per_round),
+                "spans": len(spans),
+                "ar_passes": ar_passes,
+                "denoise_passes": dn_passes,
+                "spans_finish_at_length": at_length,
+            }
+        )
         return Completion(
-            request_id=request.request_id, prompt_tokens=n, output_ids=out, text=text, tokens=tokens,
-            graph=self._graph(n, tokens, spans, span_round), critical_path_tokens=ar_tokens + sum(per_round.values()),
-            steps=steps, peak_live_kv_tokens=peak[0], peak_kv_bytes=peak[1],
-            status="ok" if stop_reason == "stop_token" else "truncated", stop_reason=stop_reason, events=events)
+            request_id=request.request_id,
+            prompt_tokens=n,
+            output_ids=out,
+            text=text,
+            tokens=tokens,
+            graph=self._graph(n, tokens, spans, span_round),
+            critical_path_tokens=ar_tokens + sum(per_round.values()),
+            steps=steps,
+            peak_live_kv_tokens=peak[0],
+            peak_kv_bytes=peak[1],
+            status="ok" if stop_reason == "stop_token" else "truncated",
+            stop_reason=stop_reason,
+            events=events,
+        )
 
     @staticmethod
     def _graph(n: int, tokens: list[TokenRecord], spans: list[SpanState], span_round: dict[int, int]) -> dict:
@@ -129,8 +180,17 @@ class PlannedDiffusionEngine(Engine):
         links += [{"source": f"plan:{i}", "target": f"plan:{i + 1}"} for i in range(n_plan - 1)]
         for s in spans:
             rr = span_round[s.sid]
-            nodes.append({"id": f"span:{s.sid}", "kind": "span", "stream": s.sid, "tokens": len(s.rows), "round": rr,
-                          "length": s.length, "finished_at_step": s.finished_at})
+            nodes.append(
+                {
+                    "id": f"span:{s.sid}",
+                    "kind": "span",
+                    "stream": s.sid,
+                    "tokens": len(s.rows),
+                    "round": rr,
+                    "length": s.length,
+                    "finished_at_step": s.finished_at,
+                }
+            )
             links.append({"source": f"plan:{rr}", "target": f"span:{s.sid}"})
             if rr + 1 < n_plan:
                 links.append({"source": f"span:{s.sid}", "target": f"plan:{rr + 1}"})
@@ -201,7 +261,7 @@ class PlannedDiffusionState(RequestState):
         return self.inp
 
     def after(self, logits: torch.Tensor, attention: torch.Tensor | None) -> Step:
-        logits = logits[self.inp.skip:]
+        logits = logits[self.inp.skip :]
         self.peak = [max(self.peak[0], self.kv.live_tokens), max(self.peak[1], self.kv.bytes_allocated)]
         if self.mode == "denoise":
             return self._after_denoise(logits)
@@ -213,8 +273,18 @@ class PlannedDiffusionState(RequestState):
         tid = self.forced.pop(0) if self.forced else int(self.sample(last)[0])
         parsed = self.parser.feed(tid)
         self.events += [{"event": "plan", "round": self.rnd, "what": e} for e in parsed.events]
-        step = Step(self.req.request_id, self.step, self.phase, (0,), len(self.rows), self.inp.kv_read,
-                    self.kv.live_tokens, self.kv.bytes_allocated, emitted=(tid,), note=json.dumps({"round": self.rnd}))
+        step = Step(
+            self.req.request_id,
+            self.step,
+            self.phase,
+            (0,),
+            len(self.rows),
+            self.inp.kv_read,
+            self.kv.live_tokens,
+            self.kv.bytes_allocated,
+            emitted=(tid,),
+            note=json.dumps({"round": self.rnd}),
+        )
         pos_step, self.step, self.ar_generated = self.step, self.step + 1, self.ar_generated + 1
         if parsed.end is None:
             (i,) = self.lay.append("ar", [tid])
@@ -242,19 +312,38 @@ class PlannedDiffusionState(RequestState):
             s = scaffold(self.lay, len(self.spans) + 1, e.length, eng.tags, eng.mask_id)
             self.spans.append(s)
             self.span_round[s.sid] = self.rnd
-        group = self.spans[self.first:]
+        group = self.spans[self.first :]
         self.scheduled_steps = steps_for(max(s.length for s in group), eng.steps_ratio)
         self.step0, self.entries = self.step, entries
-        self.den = Denoiser(self.lay, group, self.scheduled_steps, self.sample, eng.order, eng.threshold, self.refresh,
-                            eng.recompute_all, eng.cache_committed)
+        self.den = Denoiser(
+            self.lay,
+            group,
+            self.scheduled_steps,
+            self.sample,
+            eng.order,
+            eng.threshold,
+            self.refresh,
+            eng.recompute_all,
+            eng.cache_committed,
+        )
         self.mode = "denoise"
 
     def _after_denoise(self, logits: torch.Tensor) -> Step:
         d = self.den.after(logits, self.inp.kv_read)
         self.dn_passes += 1
         note = {"round": self.rnd, "step": d["i"] + 1, "masks_left": d["masks_left"], "unmasked": d["unmasked"]}
-        step = Step(self.req.request_id, self.step, "denoise", d["streams"], d["rows"], d["kv_read"], self.kv.live_tokens,
-                    self.kv.bytes_allocated, emitted=d["emitted"], note=json.dumps(note))
+        step = Step(
+            self.req.request_id,
+            self.step,
+            "denoise",
+            d["streams"],
+            d["rows"],
+            d["kv_read"],
+            self.kv.live_tokens,
+            self.kv.bytes_allocated,
+            emitted=d["emitted"],
+            note=json.dumps(note),
+        )
         self.step += 1
         if self.den.finished:
             self.refresh, self.mode = self.den.refresh, "ar"
@@ -270,12 +359,28 @@ class PlannedDiffusionState(RequestState):
             vis = (-1, 0, *older, *sibs)
             for r in s.rows:
                 t = self.lay.ids[r]
-                kind = "tag" if t in eng.tags else "pad" if t == eng.pad_id_span else "mask" if t == eng.mask_id else "content"
+                kind = (
+                    "tag"
+                    if t in eng.tags
+                    else "pad"
+                    if t == eng.pad_id_span
+                    else "mask"
+                    if t == eng.mask_id
+                    else "content"
+                )
                 self.recs[r] = TokenRecord(t, s.sid, self.step0 + s.unmasked_at.get(r, 0), r, kind, -1, vis)
-        self.events.append({"event": "round", "round": self.rnd, "end": self.round_end[0].kind,
-                            "topics": [e.topic for e in self.entries], "span_lengths": [s.length for s in group],
-                            "denoise_steps": self.step - self.step0, "scheduled_steps": self.scheduled_steps,
-                            "finished_at": [s.finished_at for s in group]})
+        self.events.append(
+            {
+                "event": "round",
+                "round": self.rnd,
+                "end": self.round_end[0].kind,
+                "topics": [e.topic for e in self.entries],
+                "span_lengths": [s.length for s in group],
+                "denoise_steps": self.step - self.step0,
+                "scheduled_steps": self.scheduled_steps,
+                "finished_at": [s.finished_at for s in group],
+            }
+        )
         self.rnd += 1
 
     def _end_round(self) -> None:
@@ -308,5 +413,18 @@ class PlannedDiffusionState(RequestState):
         self.lay.slots = list(new_slots)
 
     def completion(self) -> Completion:
-        return self.eng._complete(self.req, self.n, self.lay, self.recs, self.tail, self.spans, self.span_round,
-                                  self.events, self.step, self.peak, self.stop_reason, self.ar_passes, self.dn_passes)
+        return self.eng._complete(
+            self.req,
+            self.n,
+            self.lay,
+            self.recs,
+            self.tail,
+            self.spans,
+            self.span_round,
+            self.events,
+            self.step,
+            self.peak,
+            self.stop_reason,
+            self.ar_passes,
+            self.dn_passes,
+        )

@@ -59,7 +59,7 @@ class SequentialState(RequestState):
     def prompt_chunk(self, k: int) -> PassInputs:
         p = len(self.slots)
         self.slots += self.kv.allocate(k)
-        return causal_inputs(self.prompt[p: p + k], list(range(p, p + k)), self.slots, "prefill", start=p)
+        return causal_inputs(self.prompt[p : p + k], list(range(p, p + k)), self.slots, "prefill", start=p)
 
     def restart_prefill(self) -> None:
         self.slots = []
@@ -73,18 +73,35 @@ class SequentialState(RequestState):
             (slot,) = self.kv.allocate(1)
             self.slots.append(slot)
             self.tokens[-1].kv_slot = slot
-            self.inp = causal_inputs([self.tokens[-1].token_id], [self.n + len(self.tokens) - 1], self.slots, "decode",
-                                     start=len(self.slots) - 1)
+            self.inp = causal_inputs(
+                [self.tokens[-1].token_id],
+                [self.n + len(self.tokens) - 1],
+                self.slots,
+                "decode",
+                start=len(self.slots) - 1,
+            )
         return self.inp
 
     def after(self, logits: torch.Tensor, attention: torch.Tensor | None) -> Step:
         self.peak_tokens = max(self.peak_tokens, self.kv.live_tokens)
         self.peak_bytes = max(self.peak_bytes, self.kv.bytes_allocated)
         tok = int(self.sample(logits[-1:])[0])
-        self.tokens.append(TokenRecord(tok, stream=0, step_index=self.step, position_id=self.n + len(self.tokens),
-                                       visible_streams=(-1, 0)))
-        step = Step(self.req.request_id, self.step, self.phase, (0,), self.inp.rows - self.inp.skip, self.inp.kv_read,
-                    self.kv.live_tokens, self.kv.bytes_allocated, emitted=(tok,))
+        self.tokens.append(
+            TokenRecord(
+                tok, stream=0, step_index=self.step, position_id=self.n + len(self.tokens), visible_streams=(-1, 0)
+            )
+        )
+        step = Step(
+            self.req.request_id,
+            self.step,
+            self.phase,
+            (0,),
+            self.inp.rows - self.inp.skip,
+            self.inp.kv_read,
+            self.kv.live_tokens,
+            self.kv.bytes_allocated,
+            emitted=(tok,),
+        )
         if self.eng.is_stop(tok):
             self.done, self.stop_reason = True, "stop_token"
         elif len(self.tokens) >= self.eng.config.max_tokens:
@@ -102,14 +119,22 @@ class SequentialState(RequestState):
 
     def remap(self, new_slots: list[int]) -> None:
         self.slots = list(new_slots)
-        for t, s in zip(self.tokens, new_slots[self.n:]):
+        for t, s in zip(self.tokens, new_slots[self.n :]):
             t.kv_slot = s
 
     def completion(self) -> Completion:
         out = [t.token_id for t in self.tokens]
         return Completion(
-            request_id=self.req.request_id, prompt_tokens=self.n, output_ids=out,
-            text=self.eng.tok.decode(out, skip_control=True), tokens=self.tokens,
-            graph=linear_graph(self.n, len(out)), critical_path_tokens=len(out), steps=self.step + 1,
-            peak_live_kv_tokens=self.peak_tokens, peak_kv_bytes=self.peak_bytes,
-            status="ok" if self.stop_reason == "stop_token" else "truncated", stop_reason=self.stop_reason)
+            request_id=self.req.request_id,
+            prompt_tokens=self.n,
+            output_ids=out,
+            text=self.eng.tok.decode(out, skip_control=True),
+            tokens=self.tokens,
+            graph=linear_graph(self.n, len(out)),
+            critical_path_tokens=len(out),
+            steps=self.step + 1,
+            peak_live_kv_tokens=self.peak_tokens,
+            peak_kv_bytes=self.peak_bytes,
+            status="ok" if self.stop_reason == "stop_token" else "truncated",
+            stop_reason=self.stop_reason,
+        )

@@ -43,9 +43,12 @@ SKELETON_PROMPT = (
     "You're an organizer responsible for only giving the skeleton (not the full content) for answering the "
     "question. Provide the skeleton in a list of points (numbered 1., 2., 3., etc.) to answer the question. "
     "Instead of writing a full sentence, each skeleton point should be very brief with only 3~5 words. "
-    "Generally, the skeleton should have 3~10 points.\n\nQuestion: {question}")
-POINT_PROMPT = ("Continue and only continue the writing of point {index}. Write it very shortly in 1~2 "
-                "sentences and do not continue with other points!")
+    "Generally, the skeleton should have 3~10 points.\n\nQuestion: {question}"
+)
+POINT_PROMPT = (
+    "Continue and only continue the writing of point {index}. Write it very shortly in 1~2 "
+    "sentences and do not continue with other points!"
+)
 _POINT = re.compile(r"(?:^|\s)(\d{1,2})[.)]\s+")
 
 
@@ -60,7 +63,7 @@ def parse_skeleton(text: str, complete: bool, max_points: int) -> list[tuple[int
                 break
             continue
         end = marks[k + 1].start() if k + 1 < len(marks) else len(text)
-        title = re.sub(r"[*_#`]+", "", text[m.end():end]).split("\n")[0].strip().rstrip(".:;,")
+        title = re.sub(r"[*_#`]+", "", text[m.end() : end]).split("\n")[0].strip().rstrip(".:;,")
         if not title:
             break
         points.append((len(points) + 1, title))
@@ -94,27 +97,47 @@ class SotEngine(Engine):
     default_model = "smollm2-135m"
     default_task = "open_questions"
 
-    def __init__(self, model, tokenizer, config: GenerationConfig | None = None, skeleton_max_tokens: int = 64,
-                 point_max_tokens: int = 48, max_points: int = 8) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        config: GenerationConfig | None = None,
+        skeleton_max_tokens: int = 64,
+        point_max_tokens: int = 48,
+        max_points: int = 8,
+    ) -> None:
         super().__init__(model, tokenizer, config or GenerationConfig())
-        for name, v in (("skeleton_max_tokens", skeleton_max_tokens), ("point_max_tokens", point_max_tokens),
-                        ("max_points", max_points)):
+        for name, v in (
+            ("skeleton_max_tokens", skeleton_max_tokens),
+            ("point_max_tokens", point_max_tokens),
+            ("max_points", max_points),
+        ):
             if not isinstance(v, int) or v < 1:
                 raise UsageError(f"{name} must be an integer >= 1, got {v!r}")
         if not hasattr(tokenizer, "followup_text"):
-            raise UsageError("sot prompts a chat model: it needs a real model with its own tokenizer "
-                             "(--model smollm2-135m or gguf:PATH), not the byte tokenizer of the tiny models")
-        self.skeleton_max_tokens, self.point_max_tokens, self.max_points = skeleton_max_tokens, point_max_tokens, max_points
-        self.newline_ids = frozenset(i for i in range(tokenizer.vocab_size) if "\n" in tokenizer.token_text(i)) \
-            if tokenizer.vocab_size <= 4096 else None  # large vocabularies: checked per token instead
+            raise UsageError(
+                "sot prompts a chat model: it needs a real model with its own tokenizer "
+                "(--model smollm2-135m or gguf:PATH), not the byte tokenizer of the tiny models"
+            )
+        self.skeleton_max_tokens, self.point_max_tokens, self.max_points = (
+            skeleton_max_tokens,
+            point_max_tokens,
+            max_points,
+        )
+        self.newline_ids = (
+            frozenset(i for i in range(tokenizer.vocab_size) if "\n" in tokenizer.token_text(i))
+            if tokenizer.vocab_size <= 4096
+            else None
+        )  # large vocabularies: checked per token instead
 
     # ------------------------------------------------------------------ one forward pass
     def _pass(self, kv, rows: list[Row], owner) -> tuple:
         """Feed `rows` (each sees `sees` + itself); returns (logits, new slots)."""
         slots = kv.allocate(len(rows), owner=owner)
         vis = visibility_rows([r.sees + [s] for r, s in zip(rows, slots)], kv.num_slots, self.device)
-        logits = self.model(self.tensor([r.token for r in rows]), self.tensor([r.position for r in rows]),
-                            self.tensor(slots), vis, kv)
+        logits = self.model(
+            self.tensor([r.token for r in rows]), self.tensor([r.position for r in rows]), self.tensor(slots), vis, kv
+        )
         return logits, slots
 
     def _is_newline(self, tok: int) -> bool:
@@ -142,8 +165,12 @@ class SotEngine(Engine):
             return st.completion(self, [skel, ans], None, ans.stop)
         st.events.append({"event": "sot_skeleton", "points": len(points)})
         streams = yield from self._expand(st, skel, tails)
-        return st.completion(self, [skel, *streams], points, "stop_token" if all(s.stop == "stop_token"
-                                                                                 for s in streams) else "max_tokens")
+        return st.completion(
+            self,
+            [skel, *streams],
+            points,
+            "stop_token" if all(s.stop == "stop_token" for s in streams) else "max_tokens",
+        )
 
     def _point_tails(self, user: str, text: str, points, skel: Stream) -> list[list[int]]:
         """Token ids each point's turn adds after the skeleton (the skeleton's last sampled token
@@ -155,8 +182,9 @@ class SotEngine(Engine):
             out.append(pending + self.tok.encode(follow + f"{i}. {title}"))
         return out
 
-    def _decode_alone(self, st: _State, prompt: list[int], sees: list[int], sid: int, limit: int,
-                      kind: str) -> Generator[Step, None, Stream]:
+    def _decode_alone(
+        self, st: _State, prompt: list[int], sees: list[int], sid: int, limit: int, kind: str
+    ) -> Generator[Step, None, Stream]:
         """Prefill `prompt` (seeing `sees` too) and decode one stream greedily to a stop or `limit`."""
         s = Stream(sid, position=0)
         max_pos = self.model.cfg.max_positions
@@ -215,20 +243,26 @@ class SotEngine(Engine):
         shared = base + slots[:n_common]
         vis_rows = [base + slots[: j + 1] for j in range(n_common)]
         for (start, n), s in zip(spans, streams):
-            own = slots[start:start + n]
+            own = slots[start : start + n]
             s.slots = list(own)
             s.position = pos0 + n_common + n
             vis_rows += [shared + own[: j + 1] for j in range(n)]
         vis = visibility_rows(vis_rows, st.kv.num_slots, self.device)
-        logits = self.model(self.tensor([r.token for r in all_rows]), self.tensor([r.position for r in all_rows]),
-                            self.tensor(slots), vis, st.kv)
+        logits = self.model(
+            self.tensor([r.token for r in all_rows]),
+            self.tensor([r.position for r in all_rows]),
+            self.tensor(slots),
+            vis,
+            st.kv,
+        )
         last = [start + n - 1 for start, n in spans]
         kv_read = sum(len(v) for v in vis_rows)
         yield from self._expand_loop(st, streams, shared, logits[last], len(all_rows), kv_read)
         return streams
 
-    def _expand_loop(self, st: _State, streams: list[Stream], shared: list[int], logits, query_rows: int,
-                     kv_read: int) -> Generator[Step, None, None]:
+    def _expand_loop(
+        self, st: _State, streams: list[Stream], shared: list[int], logits, query_rows: int, kv_read: int
+    ) -> Generator[Step, None, None]:
         phase, budget = "prefill", self.config.max_tokens
         live = list(streams)
         while True:
@@ -283,8 +317,9 @@ class _State:
     def record(self, s: Stream, tok: int, position: int, kind: str, visible: tuple[int, ...]) -> None:
         s.outs.append(tok)
         s.steps.append(self.step_index)
-        self.records.setdefault(s.sid, []).append(TokenRecord(tok, s.sid, self.step_index, position, kind,
-                                                              visible_streams=visible))
+        self.records.setdefault(s.sid, []).append(
+            TokenRecord(tok, s.sid, self.step_index, position, kind, visible_streams=visible)
+        )
 
     def slot_of_last(self, s: Stream, slot: int) -> None:
         """The token sampled before this pass was fed into `slot`."""
@@ -293,7 +328,9 @@ class _State:
     def step(self, phase: str, streams: tuple[int, ...], query: int, kv_read: int, emitted: tuple[int, ...]) -> Step:
         live, held = self.kv.live_tokens, self.kv.bytes_allocated
         self.peak_tokens, self.peak_bytes = max(self.peak_tokens, live), max(self.peak_bytes, held)
-        out = Step(self.request.request_id, self.step_index, phase, streams, query, kv_read, live, held, emitted=emitted)
+        out = Step(
+            self.request.request_id, self.step_index, phase, streams, query, kv_read, live, held, emitted=emitted
+        )
         self.step_index += 1
         return out
 
@@ -302,23 +339,36 @@ class _State:
         if points is None:  # fallback: the sequential answer is the text
             text = eng.tok.decode(streams[1].outs, skip_control=True)
         else:
-            text = "\n".join(f"{i}. {title}" + eng.tok.decode(s.outs, skip_control=True).rstrip()
-                             for (i, title), s in zip(points, streams[1:]))
+            text = "\n".join(
+                f"{i}. {title}" + eng.tok.decode(s.outs, skip_control=True).rstrip()
+                for (i, title), s in zip(points, streams[1:])
+            )
         graph = _graph(len(self.prompt_slots), streams, points is not None)
         graph["graph"] = {"critical_path_tokens": self.step_index, "events": len(self.events)}
         return Completion(
-            request_id=self.request.request_id, prompt_tokens=self.prompt_tokens,
-            output_ids=[t.token_id for t in tokens], text=text, tokens=tokens, graph=graph,
-            critical_path_tokens=self.step_index, steps=self.step_index, peak_live_kv_tokens=self.peak_tokens,
-            peak_kv_bytes=self.peak_bytes, status="ok" if stop_reason == "stop_token" else "truncated",
-            stop_reason=stop_reason, events=list(self.events))
+            request_id=self.request.request_id,
+            prompt_tokens=self.prompt_tokens,
+            output_ids=[t.token_id for t in tokens],
+            text=text,
+            tokens=tokens,
+            graph=graph,
+            critical_path_tokens=self.step_index,
+            steps=self.step_index,
+            peak_live_kv_tokens=self.peak_tokens,
+            peak_kv_bytes=self.peak_bytes,
+            status="ok" if stop_reason == "stop_token" else "truncated",
+            stop_reason=stop_reason,
+            events=list(self.events),
+        )
 
 
 def _graph(prompt_tokens: int, streams: list[Stream], parallel: bool) -> dict:
     """prompt -> skeleton -> every point (parallel), or prompt -> skeleton -> fallback answer."""
     skel, rest = streams[0], streams[1:]
-    nodes = [{"id": "prompt", "kind": "prompt", "stream": -1, "tokens": prompt_tokens},
-             {"id": "main:0", "kind": "main", "stream": 0, "tokens": len(skel.outs)}]
+    nodes = [
+        {"id": "prompt", "kind": "prompt", "stream": -1, "tokens": prompt_tokens},
+        {"id": "main:0", "kind": "main", "stream": 0, "tokens": len(skel.outs)},
+    ]
     links = [{"source": "prompt", "target": "main:0"}]
     for s in rest:
         nid = f"thread:{s.sid}" if parallel else "main:1"

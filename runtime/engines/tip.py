@@ -44,9 +44,18 @@ class TipEngine(Engine):
     default_model = "tip-tiny"
     default_task = "var_tracking"
 
-    def __init__(self, model: TinyLM, tokenizer: Tokenizer, config: GenerationConfig = GenerationConfig(),
-                 policy: str = "tip", budget_tokens: int | None = None, registers: int = DEFAULT_REGISTERS,
-                 free_pages: bool = True, sinks: int = 4, heavy_fraction: float = 0.5) -> None:
+    def __init__(
+        self,
+        model: TinyLM,
+        tokenizer: Tokenizer,
+        config: GenerationConfig = GenerationConfig(),
+        policy: str = "tip",
+        budget_tokens: int | None = None,
+        registers: int = DEFAULT_REGISTERS,
+        free_pages: bool = True,
+        sinks: int = 4,
+        heavy_fraction: float = 0.5,
+    ) -> None:
         super().__init__(model, tokenizer, config)
         self.policy_name = str(policy)
         self.policy_args = dict(budget_tokens=budget_tokens, sinks=int(sinks), heavy_fraction=float(heavy_fraction))
@@ -129,10 +138,10 @@ class TipStream(RequestState):
         for s in slots:
             self.live[s] = PROMPT_STREAM
         self.allocated.update(slots)
-        self._feed(self.prompt[p: p + k], list(range(p, p + k)), slots, [np.arange(i + 1) for i in range(p, p + k)])
+        self._feed(self.prompt[p : p + k], list(range(p, p + k)), slots, [np.arange(i + 1) for i in range(p, p + k)])
         self._peak()
         self.query_tokens, self.kv_read = k, (p + k) * (p + k + 1) // 2 - p * (p + 1) // 2
-        inp = causal_inputs(self.prompt[p: p + k], list(range(p, p + k)), self.fed_slot, "prefill", start=p)
+        inp = causal_inputs(self.prompt[p : p + k], list(range(p, p + k)), self.fed_slot, "prefill", start=p)
         inp.attention = self.policy.needs_attention
         return inp
 
@@ -152,10 +161,21 @@ class TipStream(RequestState):
         self._peak()
         cols = np.fromiter(self.live, dtype=np.int64, count=len(self.live))
         self.slot_fed[slot] = len(self.fed)  # the new token sees itself
-        self._feed([rec.token_id], [rec.position_id], [slot],
-                   [np.fromiter((self.slot_fed[s] for s in self.live), dtype=np.int64, count=len(self.live))])
-        return PassInputs([rec.token_id], [rec.position_id], [slot], cols, np.ones((1, len(cols)), dtype=bool),
-                          "decode", self.policy.needs_attention)
+        self._feed(
+            [rec.token_id],
+            [rec.position_id],
+            [slot],
+            [np.fromiter((self.slot_fed[s] for s in self.live), dtype=np.int64, count=len(self.live))],
+        )
+        return PassInputs(
+            [rec.token_id],
+            [rec.position_id],
+            [slot],
+            cols,
+            np.ones((1, len(cols)), dtype=bool),
+            "decode",
+            self.policy.needs_attention,
+        )
 
     def _peak(self) -> None:
         self.peak_tokens = max(self.peak_tokens, len(self.live))
@@ -210,9 +230,16 @@ class TipStream(RequestState):
             self.policy.observe(list(self.live), attention)
         tok = int(self.sample(logits)[0])
         effect = self.parser.feed(tok)
-        self.tokens.append(TokenRecord(tok, stream=effect.stream, step_index=self.step,
-                                       position_id=self.n + len(self.tokens), kind=effect.kind,
-                                       visible_streams=tuple(sorted(set(self.live.values())))))
+        self.tokens.append(
+            TokenRecord(
+                tok,
+                stream=effect.stream,
+                step_index=self.step,
+                position_id=self.n + len(self.tokens),
+                kind=effect.kind,
+                visible_streams=tuple(sorted(set(self.live.values()))),
+            )
+        )
         note = ""
         if effect.killed_stream >= 0:
             self.killed_at[effect.killed_stream] = self.step
@@ -222,9 +249,20 @@ class TipStream(RequestState):
             note = f"ignored <reg_{effect.event['register']}> (registers={self.parser.registers})"
         evicted, freed = self.evict(self.policy.select(list(self.live), self.dead))
         self._check_stop(tok)
-        return Step(self.req.request_id, self.step, self.phase, (effect.stream,), self.query_tokens, self.kv_read,
-                    len(self.live), self.kv.bytes_allocated, emitted=(tok,), evicted_tokens=evicted,
-                    freed_kv_bytes=freed, note=note)
+        return Step(
+            self.req.request_id,
+            self.step,
+            self.phase,
+            (effect.stream,),
+            self.query_tokens,
+            self.kv_read,
+            len(self.live),
+            self.kv.bytes_allocated,
+            emitted=(tok,),
+            evicted_tokens=evicted,
+            freed_kv_bytes=freed,
+            note=note,
+        )
 
     def evict(self, slots: list[int]) -> tuple[int, int]:
         """Make `slots` invisible (and free them): (tokens evicted, bytes released)."""
@@ -259,18 +297,40 @@ class TipStream(RequestState):
         links = []
         for s in sorted(counts):
             sid = f"step:{s}" if s > 0 else "main:0"
-            nodes.append({"id": sid, "kind": "step" if s > 0 else "main", "stream": s, "tokens": counts[s],
-                          "register": self.parser.stream_register.get(s, -1), "dead_at_step": self.killed_at.get(s, -1)})
+            nodes.append(
+                {
+                    "id": sid,
+                    "kind": "step" if s > 0 else "main",
+                    "stream": s,
+                    "tokens": counts[s],
+                    "register": self.parser.stream_register.get(s, -1),
+                    "dead_at_step": self.killed_at.get(s, -1),
+                }
+            )
             links.append({"source": "prompt", "target": sid})
             links += [{"source": f"step:{p}" if p > 0 else "main:0", "target": sid} for p in self.parents.get(s, [])]
-        return {"directed": True, "multigraph": False, "graph": {"registers": self.parser.registers}, "nodes": nodes,
-                "links": links}
+        return {
+            "directed": True,
+            "multigraph": False,
+            "graph": {"registers": self.parser.registers},
+            "nodes": nodes,
+            "links": links,
+        }
 
     def completion(self) -> Completion:
         out = [t.token_id for t in self.tokens]
         return Completion(
-            request_id=self.req.request_id, prompt_tokens=self.n, output_ids=out,
-            text=self.eng.tok.decode(out, skip_control=True), tokens=self.tokens, graph=self.graph(),
-            critical_path_tokens=len(out), steps=self.step + 1, peak_live_kv_tokens=self.peak_tokens,
-            peak_kv_bytes=self.peak_bytes, status="ok" if self.stop_reason == "stop_token" else "truncated",
-            stop_reason=self.stop_reason, events=list(self.events))
+            request_id=self.req.request_id,
+            prompt_tokens=self.n,
+            output_ids=out,
+            text=self.eng.tok.decode(out, skip_control=True),
+            tokens=self.tokens,
+            graph=self.graph(),
+            critical_path_tokens=len(out),
+            steps=self.step + 1,
+            peak_live_kv_tokens=self.peak_tokens,
+            peak_kv_bytes=self.peak_bytes,
+            status="ok" if self.stop_reason == "stop_token" else "truncated",
+            stop_reason=self.stop_reason,
+            events=list(self.events),
+        )

@@ -59,11 +59,17 @@ def annotate(meta: dict, tok: Tokenizer, style: str = "fine") -> str:
     parts, topics, closing = meta["parts"], meta["topics"], meta["closing"]
     if style == "none" or not parts:
         return "".join(parts) + closing
-    groups = [[i, i + 1][: len(parts) - i] for i in range(0, len(parts), 2)] if style == "coarse" else [[i] for i in range(len(parts))]
+    groups = (
+        [[i, i + 1][: len(parts) - i] for i in range(0, len(parts), 2)]
+        if style == "coarse"
+        else [[i] for i in range(len(parts))]
+    )
     out = []
     for g in groups:
         chunk = "".join(parts[i] for i in g)
-        out.append(PROMISE_OPEN + topics[g[0]] + promise_close(reserve_for(len(tok.encode(chunk)))) + ASYNC + chunk + ASYNC_END)
+        out.append(
+            PROMISE_OPEN + topics[g[0]] + promise_close(reserve_for(len(tok.encode(chunk)))) + ASYNC + chunk + ASYNC_END
+        )
     return "".join(out) + (closing + SYNC if style == "eager" else SYNC + closing)
 
 
@@ -145,8 +151,14 @@ class PastaParser:
         # fused openings (`<promise topic="c`): the topic's first byte comes with the tag
         self.open_topic = {tok.token_id(PROMISE_OPEN + c): c.encode() for c in PROMISE_TOPIC_CHARS}
         self.open_ids = frozenset({self.open_id, *self.open_topic})
-        self._text = {**{i: self._open for i in self.open_ids}, self.async_id: self._async, self.end_id: self._async_end,
-                      self.sync_id: self._sync, tok.eos_id: self._eos, **{c: self._stray_close for c in self.close_n}}
+        self._text = {
+            **{i: self._open for i in self.open_ids},
+            self.async_id: self._async,
+            self.end_id: self._async_end,
+            self.sync_id: self._sync,
+            tok.eos_id: self._eos,
+            **{c: self._stray_close for c in self.close_n},
+        }
 
     def new_stream(self, role: str) -> StreamSyntax:
         return StreamSyntax(role)

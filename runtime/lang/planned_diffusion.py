@@ -67,8 +67,9 @@ class Round:
     end: str
 
 
-def annotate(meta: dict, tok: Tokenizer, rng: random.Random | None = None, bump: float = 0.0,
-             unit: int = UNIT) -> list[Round]:
+def annotate(
+    meta: dict, tok: Tokenizer, rng: random.Random | None = None, bump: float = 0.0, unit: int = UNIT
+) -> list[Round]:
     """Rounds from a task example's dependence structure: one span per independent part, `<sync/>`,
     then the closing line as AR text. A prompt with no parts is one AR round (the model learns not
     to plan). With `rng`, each span's promise is one unit longer with probability `bump` (random
@@ -171,9 +172,12 @@ class PlanParser:
         if token_id in self.fused:  # one model token, parsed as its parts
             parts = [self.handlers.get((self.state, p), self.defaults[self.state])(p) for p in self.fused[token_id]]
             kinds = {x.kind for x in parts}
-            out = Parsed("plan" if "plan" in kinds else parts[-1].kind,
-                         entry=next((x.entry for x in parts if x.entry), None),
-                         end=next((x.end for x in parts if x.end), None), events=[e for x in parts for e in x.events])
+            out = Parsed(
+                "plan" if "plan" in kinds else parts[-1].kind,
+                entry=next((x.entry for x in parts if x.entry), None),
+                end=next((x.end for x in parts if x.end), None),
+                events=[e for x in parts for e in x.events],
+            )
         else:
             out = self.handlers.get((self.state, token_id), self.defaults[self.state])(token_id)
         if out.end is None and self.round_tokens >= self.max_plan_tokens:

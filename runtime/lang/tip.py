@@ -60,8 +60,9 @@ class Annotation:
     forced_evictions: int  # live steps Belady had to evict (0 when R is large enough)
 
 
-def annotate(steps: Sequence[str], deps: Sequence[Sequence[int]], registers: int = DEFAULT_REGISTERS,
-             final: str = "") -> Annotation:
+def annotate(
+    steps: Sequence[str], deps: Sequence[Sequence[int]], registers: int = DEFAULT_REGISTERS, final: str = ""
+) -> Annotation:
     """Greedy register assignment with Belady eviction over a step DAG (`deps[k]`: steps k reads).
 
     The final answer reads the last step, so the last step stays live to the end.
@@ -144,8 +145,13 @@ class RegisterParser:
 
     def _on_register(self, i: int) -> TokenEffect:
         if i >= self.registers:
-            ev = {"kind": "unknown_register", "register": i, "registers": self.registers, "token_index": self.n_tokens,
-                  "action": "ignored (kept as content of the current step)"}
+            ev = {
+                "kind": "unknown_register",
+                "register": i,
+                "registers": self.registers,
+                "token_index": self.n_tokens,
+                "action": "ignored (kept as content of the current step)",
+            }
             self.events.append(ev)
             return TokenEffect(self.current, "content", event=ev)
         killed = self.holder.get(i, -1)
@@ -157,8 +163,9 @@ class RegisterParser:
         return TokenEffect(self.current, "tag", killed_stream=killed)
 
 
-def tip_visibility(ids: Sequence[int], n_prompt: int, tok: Tokenizer,
-                   registers: int = DEFAULT_REGISTERS) -> tuple[torch.Tensor, list[int]]:
+def tip_visibility(
+    ids: Sequence[int], n_prompt: int, tok: Tokenizer, registers: int = DEFAULT_REGISTERS
+) -> tuple[torch.Tensor, list[int]]:
     """Training mask (T, T) bool and each token's stream for `prompt + output` ids.
 
     Row t sees column s iff s <= t and s's stream was not dead when t was fed (a tag that kills
@@ -195,7 +202,7 @@ def split_steps(text: str, registers: int = DEFAULT_REGISTERS) -> tuple[list[tup
         if not valid:
             events.append({"kind": "unknown_register", "tag": m.group(0), "offset": m.start()})
             continue
-        buf.append(text[pos:m.start()])
+        buf.append(text[pos : m.start()])
         if reg >= 0 or "".join(buf):
             out.append((reg, "".join(buf)))
         reg, buf, pos = int(raw), [], m.end()

@@ -81,8 +81,10 @@ class OpenQuestions(Task):
     description = "open-ended questions (short lists, explanations) for a real pretrained model"
     scored = False
     default_max_tokens = 128  # no written answers to size it from (runtime/answer_length.py)
-    quality_note = ("not applicable: open-ended questions have no exact scorer (task open_questions); "
-                    "bench/real_model.py compares answers with the sequential answer of the same model instead")
+    quality_note = (
+        "not applicable: open-ended questions have no exact scorer (task open_questions); "
+        "bench/real_model.py compares answers with the sequential answer of the same model instead"
+    )
 
     def sample(self, rng: random.Random) -> Example:
         return Example(prompt=rng.choice(QUESTIONS), answer="")

@@ -34,8 +34,9 @@ def line_score(reference: str, output: str) -> float:
 
 def structured(prompt: str, parts: list[str], topics: list[str], closing: str) -> Example:
     parts = [p + "\n" for p in parts]
-    return Example(prompt=prompt, answer="".join(parts) + closing,
-                   meta={"parts": parts, "topics": topics, "closing": closing})
+    return Example(
+        prompt=prompt, answer="".join(parts) + closing, meta={"parts": parts, "topics": topics, "closing": closing}
+    )
 
 
 class LineTask(Task):
@@ -95,8 +96,10 @@ class CopyLine(LineTask):
     description = "copy a line of words (no parallel structure)"
 
     def sample(self, rng: random.Random) -> Example:
-        words = ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 5)))
-                 for _ in range(rng.randint(4, 6))]
+        words = [
+            "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 5)))
+            for _ in range(rng.randint(4, 6))
+        ]
         text = " ".join(words)
         return Example(prompt="copy: " + text, answer=text, meta={"parts": [], "topics": [], "closing": text})
 

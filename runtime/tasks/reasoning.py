@@ -149,5 +149,6 @@ class TreeReduce(ReasoningTask):
         while stack:
             node = combine(stack.pop(), node)
         answer = str(node[2])
-        return Example(f"x{x} {rop}{d} {op}{LETTERS[n - 1]}", answer,
-                       meta={"steps": steps, "deps": deps, "final": f"#{answer}"})
+        return Example(
+            f"x{x} {rop}{d} {op}{LETTERS[n - 1]}", answer, meta={"steps": steps, "deps": deps, "final": f"#{answer}"}
+        )

@@ -85,9 +85,13 @@ def to_seq(tok: Tokenizer, prompt: list[int], answer: list[int], weight: float =
     cols = np.concatenate([np.asarray(f.sees) for f in lay.fed])
     mask = torch.zeros((T, T), dtype=torch.bool)
     mask[torch.from_numpy(rows), torch.from_numpy(cols)] = True
-    return TrainSeq(ids=[f.token_id for f in lay.fed], positions=[f.position for f in lay.fed],
-                    targets=[targets.get(i, IGNORE) for i in range(T)], mask=mask,
-                    weights=[weight] * T if weight != 1.0 else None)
+    return TrainSeq(
+        ids=[f.token_id for f in lay.fed],
+        positions=[f.position for f in lay.fed],
+        targets=[targets.get(i, IGNORE) for i in range(T)],
+        mask=mask,
+        weights=[weight] * T if weight != 1.0 else None,
+    )
 
 
 def pack(seqs: list[TrainSeq]) -> list[TrainSeq]:
@@ -104,10 +108,18 @@ def pack(seqs: list[TrainSeq]) -> list[TrainSeq]:
         mask, off = torch.zeros((T, T), dtype=torch.bool), 0
         for x in r:
             n = len(x.ids)
-            mask[off:off + n, off:off + n] = x.mask if x.mask is not None else torch.ones((n, n), dtype=torch.bool).tril()
+            mask[off : off + n, off : off + n] = (
+                x.mask if x.mask is not None else torch.ones((n, n), dtype=torch.bool).tril()
+            )
             off += n
-        out.append(TrainSeq([i for x in r for i in x.ids], [p for x in r for p in x.positions],
-                            [t for x in r for t in x.targets], mask))
+        out.append(
+            TrainSeq(
+                [i for x in r for i in x.ids],
+                [p for x in r for p in x.positions],
+                [t for x in r for t in x.targets],
+                mask,
+            )
+        )
     return out
 
 
@@ -144,8 +156,11 @@ class PastaRecipe(Recipe):
 
     def pools(self, seed: int) -> list[tuple[str, Example]]:
         total = sum(TASK_WEIGHTS[t] for t in self.tasks)
-        return [(t, ex) for t in self.tasks
-                for ex in get_task(t).examples("train", int(self.train_examples * TASK_WEIGHTS[t] / total), seed)]
+        return [
+            (t, ex)
+            for t in self.tasks
+            for ex in get_task(t).examples("train", int(self.train_examples * TASK_WEIGHTS[t] / total), seed)
+        ]
 
     def sampler(self, tok: Tokenizer, seed: int) -> Callable[[random.Random, int], list[TrainSeq]]:
         flat = self.pools(seed)
@@ -154,7 +169,11 @@ class PastaRecipe(Recipe):
             out = []
             for _ in range(n):
                 t, ex = rng.choice(flat)
-                out.append(_plain(tok, ex, t) if self.stage == "sequential" else annotated_seq(tok, ex, sample_style(rng, ex.meta, self.styles)))
+                out.append(
+                    _plain(tok, ex, t)
+                    if self.stage == "sequential"
+                    else annotated_seq(tok, ex, sample_style(rng, ex.meta, self.styles))
+                )
             return pack(out)
 
         return sample
@@ -176,12 +195,17 @@ class PastaRecipe(Recipe):
         return sample, dpo_loss(ref, self.dpo_beta)
 
 
-STAGES = {"sft": {"stage": "sft"},
-          # 128 tokens: a word_facts answer (about 110 content tokens) fits, so its prompts take part;
-          # lr 5e-5: at 1e-4 both lambdas' models were 3-4 points less accurate (docs/pasta.md)
-          "preference": {"stage": "preference", "max_tokens": 128,
-                         "train": TrainConfig(steps=60, batch_size=16, lr=5e-5, warmup_steps=5)},
-          "sequential": {"stage": "sequential", "extra": {"eval_system": "sequential"}}}
+STAGES = {
+    "sft": {"stage": "sft"},
+    # 128 tokens: a word_facts answer (about 110 content tokens) fits, so its prompts take part;
+    # lr 5e-5: at 1e-4 both lambdas' models were 3-4 points less accurate (docs/pasta.md)
+    "preference": {
+        "stage": "preference",
+        "max_tokens": 128,
+        "train": TrainConfig(steps=60, batch_size=16, lr=5e-5, warmup_steps=5),
+    },
+    "sequential": {"stage": "sequential", "extra": {"eval_system": "sequential"}},
+}
 
 
 def seq_logp(model: TinyLM, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,17 +323,28 @@ def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, p
         for k in range(1 + r.structure_samples + r.samples_per_prompt):
             if k <= r.structure_samples:  # k = 0: the greedy answer
                 cfg = GenerationConfig(max_tokens=r.max_tokens)
-                engine = (PastaEngine(model, tok, cfg) if k == 0 else
-                          StructureSampler(model, tok, cfg, r.structure_temperature, seed * 7919 + 1000 * i + k))
+                engine = (
+                    PastaEngine(model, tok, cfg)
+                    if k == 0
+                    else StructureSampler(model, tok, cfg, r.structure_temperature, seed * 7919 + 1000 * i + k)
+                )
             else:
-                cfg = GenerationConfig(max_tokens=r.max_tokens, sampling=SamplingConfig(r.pref_temperature, 1.0, seed * 7919 + k))
+                cfg = GenerationConfig(
+                    max_tokens=r.max_tokens, sampling=SamplingConfig(r.pref_temperature, 1.0, seed * 7919 + k)
+                )
                 engine = PastaEngine(model, tok, cfg)
             c = engine.generate(Request(i, ex.prompt))
             if c.status != "ok" or any(e["event"] in ("max_threads", "chunk_cut") for e in c.events):
                 continue
             q = reward_quality(task.score(ex, c.text), ex.answer, c.text)
-            cands.append({"structure": structure_of(c, len(ex.meta["parts"]), sync_id), "q": q,
-                          "speedup": c.theoretical_speedup, "ids": c.output_ids})
+            cands.append(
+                {
+                    "structure": structure_of(c, len(ex.meta["parts"]), sync_id),
+                    "q": q,
+                    "speedup": c.theoretical_speedup,
+                    "ids": c.output_ids,
+                }
+            )
         per_prompt.append((t, ex, cands))
         if progress and i % 32 == 0:
             print(f"preference sampling {i}/{len(prompts)} ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -323,14 +358,25 @@ def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, p
             scores.append((best["q"], worst["q"], best["structure"]))
     if not pairs:
         raise RuntimeError("preference stage: no prompt gave two differently scored samples")
-    stats = {"pairs": len(pairs), "prompts": len(prompts), "sampling_s": round(time.perf_counter() - t0, 1),
-             "chosen_quality": round(float(np.mean([a for a, _, _ in scores])), 4),
-             "rejected_quality": round(float(np.mean([b for _, b, _ in scores])), 4),
-             "chosen_structures": dict(sorted(Counter(st for _, _, st in scores).items())),
-             "expected_quality": {f"{t}/{st}": [round(expected[(t, st)], 4), counts[(t, st)]]
-                                  for t, st in sorted(expected)}}
+    stats = {
+        "pairs": len(pairs),
+        "prompts": len(prompts),
+        "sampling_s": round(time.perf_counter() - t0, 1),
+        "chosen_quality": round(float(np.mean([a for a, _, _ in scores])), 4),
+        "rejected_quality": round(float(np.mean([b for _, b, _ in scores])), 4),
+        "chosen_structures": dict(sorted(Counter(st for _, _, st in scores).items())),
+        "expected_quality": {f"{t}/{st}": [round(expected[(t, st)], 4), counts[(t, st)]] for t, st in sorted(expected)},
+    }
     return pairs, stats
 
 
-RECIPE = PastaRecipe("pasta", ALL_TASKS, "tiny-4l", TrainConfig(steps=2000, batch_size=32, lr=3e-3), _fine,
-                     train_examples=20000, eval_examples=24, max_tokens=96)
+RECIPE = PastaRecipe(
+    "pasta",
+    ALL_TASKS,
+    "tiny-4l",
+    TrainConfig(steps=2000, batch_size=32, lr=3e-3),
+    _fine,
+    train_examples=20000,
+    eval_examples=24,
+    max_tokens=96,
+)

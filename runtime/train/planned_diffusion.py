@@ -74,7 +74,9 @@ def lay_out(tok, prompt: str, rounds: list[Round], unit: int = UNIT) -> tuple[li
     return ids, segs
 
 
-def hybrid_seq(tok, ids: list[int], segs: list[Seg], n_prefix: int, rng: random.Random, block_sparse: bool = True) -> TrainSeq:
+def hybrid_seq(
+    tok, ids: list[int], segs: list[Seg], n_prefix: int, rng: random.Random, block_sparse: bool = True
+) -> TrainSeq:
     """Noised inputs, targets, weights and mask of one laid-out sequence (see module doc)."""
     T = len(ids)
     kinds = [s.kind for s in segs for _ in range(s.length)]
@@ -91,8 +93,9 @@ def hybrid_seq(tok, ids: list[int], segs: list[Seg], n_prefix: int, rng: random.
             weights[i] = 1.0  # counts in the denominator even when not masked
             if rng.random() < t:
                 inputs[i], targets[i], weights[i] = mask_id, ids[i], 1.0 / t
-    return TrainSeq(ids=inputs, positions=list(range(T)), targets=targets,
-                    mask=hybrid_mask(segs, block_sparse), weights=weights)
+    return TrainSeq(
+        ids=inputs, positions=list(range(T)), targets=targets, mask=hybrid_mask(segs, block_sparse), weights=weights
+    )
 
 
 def hybrid_loss(model: TinyLM, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -149,14 +152,30 @@ class PDRecipe(Recipe):
         if stage in ("", "pd"):
             return self
         if stage == "ar":
-            return Recipe("planned_diffusion", self.tasks, self.preset, AR_TRAIN, _plain, train_examples=self.train_examples,
-                          eval_examples=self.eval_examples, max_tokens=self.max_tokens, extra={"eval_system": "sequential"})
+            return Recipe(
+                "planned_diffusion",
+                self.tasks,
+                self.preset,
+                AR_TRAIN,
+                _plain,
+                train_examples=self.train_examples,
+                eval_examples=self.eval_examples,
+                max_tokens=self.max_tokens,
+                extra={"eval_system": "sequential"},
+            )
         raise ValueError(f"planned_diffusion stages: pd (default), ar; got {stage!r}")
 
 
 AR_TRAIN = TrainConfig(steps=1000, batch_size=16, lr=3e-3)
-RECIPE = PDRecipe("planned_diffusion", TASKS, "tiny-4l", TrainConfig(steps=800, batch_size=16, lr=3e-3),
-                  train_examples=20000, eval_examples=16, max_tokens=256,
-                  extra={"dense": 0.15, "mdm": 0.1, "bump": 0.15, "mdm_max_len": 150})
+RECIPE = PDRecipe(
+    "planned_diffusion",
+    TASKS,
+    "tiny-4l",
+    TrainConfig(steps=800, batch_size=16, lr=3e-3),
+    train_examples=20000,
+    eval_examples=16,
+    max_tokens=256,
+    extra={"dense": 0.15, "mdm": 0.1, "bump": 0.15, "mdm_max_len": 150},
+)
 
 __all__ = ["RECIPE", "PDRecipe", "hybrid_loss", "hybrid_seq", "lay_out", "prefix_ids"]

@@ -54,8 +54,9 @@ def _plain(tok: Tokenizer, ex: Example, task: str) -> TrainSeq:
     return causal_seq(tok, ex.prompt, tok.encode(ex.answer))
 
 
-SEQUENTIAL = Recipe("sequential", ("reverse_words",), "tiny-4l", TrainConfig(steps=1200, batch_size=64, lr=3e-3),
-                    _plain)
+SEQUENTIAL = Recipe(
+    "sequential", ("reverse_words",), "tiny-4l", TrainConfig(steps=1200, batch_size=64, lr=3e-3), _plain
+)
 
 # system -> "module:Recipe object"; each system adds one line
 RECIPES: dict[str, str] = {

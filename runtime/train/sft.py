@@ -88,8 +88,11 @@ def train(
     rng = random.Random(cfg.seed)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
     model.train()
     losses: list[float] = []
     t0 = time.perf_counter()
@@ -112,8 +115,12 @@ def train(
             if step % 50 == 0:
                 bar.set_postfix(loss=f"{sum(losses[-50:]) / len(losses[-50:]):.3f}")
             if bar.disable and (step + 1) % max(1, cfg.steps // 10) == 0:  # not a terminal (a log file): 10 lines
-                print(f"train step {step + 1}/{cfg.steps} loss {sum(losses[-50:]) / len(losses[-50:]):.4f} "
-                      f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+                print(
+                    f"train step {step + 1}/{cfg.steps} loss {sum(losses[-50:]) / len(losses[-50:]):.4f} "
+                    f"{time.perf_counter() - t0:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     if bar:
         bar.close()
     model.eval()

@@ -66,7 +66,14 @@ class TipRecipe(Recipe):
 
 # var_tracking has 2,000 distinct prompts and tree_reduce 2,160 (about 1,800 and 1,940 in the train
 # splits), so 1,500 per task.
-RECIPE = TipRecipe("tip", ("var_tracking", "nested_arith", "tree_reduce"), "tiny-4l",
-                   TrainConfig(steps=1500, batch_size=32, lr=3e-3, warmup_steps=50), _build,
-                   train_examples=4500, eval_examples=64, max_tokens=256,
-                   extra={"registers": DEFAULT_REGISTERS, "dense_fraction": 0.25})
+RECIPE = TipRecipe(
+    "tip",
+    ("var_tracking", "nested_arith", "tree_reduce"),
+    "tiny-4l",
+    TrainConfig(steps=1500, batch_size=32, lr=3e-3, warmup_steps=50),
+    _build,
+    train_examples=4500,
+    eval_examples=64,
+    max_tokens=256,
+    extra={"registers": DEFAULT_REGISTERS, "dense_fraction": 0.25},
+)

@@ -18,43 +18,76 @@ from runtime.tasks.base import MAX_EXAMPLES
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("capture", help="run a system on a task and record a trace")
     p.add_argument("--system", default="sequential", help=f"one of: {', '.join(systems())}")
-    p.add_argument("--model", default="", help="checkpoint dir, shipped model name or preset (default: the system's shipped model)")
+    p.add_argument(
+        "--model", default="", help="checkpoint dir, shipped model name or preset (default: the system's shipped model)"
+    )
     p.add_argument("--task", default="", help="task name (default: the system's default task)")
     p.add_argument("--n", type=int, default=8, help="number of held-out prompts")
-    p.add_argument("--split", default="test", choices=["train", "dev", "test"],
-                   help="prompt split: test (reported figures), dev (where settings are chosen) or train")
+    p.add_argument(
+        "--split",
+        default="test",
+        choices=["train", "dev", "test"],
+        help="prompt split: test (reported figures), dev (where settings are chosen) or train",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="bound on generated tokens (default: 1.25 x the task's longest answer, runtime/answer_length.py)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="bound on generated tokens (default: 1.25 x the task's longest answer, runtime/answer_length.py)",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--page-size", type=int, default=16, help="KV page size in slots")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny models run best on 1)")
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up requests before recording (default 1)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="run every request this many times in interleaved rounds and record one run of each "
-                        "(--keep; the spread of the runs goes to meta.json; default 1)")
-    p.add_argument("--keep", default="min", choices=list(KEEP),
-                   help="with --repeats: record each request's fastest run (a shared machine only ever slows "
-                        "down, so the fastest is the least disturbed; default) or its median run")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run every request this many times in interleaved rounds and record one run of each "
+        "(--keep; the spread of the runs goes to meta.json; default 1)",
+    )
+    p.add_argument(
+        "--keep",
+        default="min",
+        choices=list(KEEP),
+        help="with --repeats: record each request's fastest run (a shared machine only ever slows "
+        "down, so the fastest is the least disturbed; default) or its median run",
+    )
     p.add_argument("--counters-hz", type=float, default=20.0, help="counter sampling rate")
-    p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
-                   help="engine setting, repeatable (values parsed as JSON when they can be, e.g. --knob max_threads=4)")
-    p.add_argument("--structure-from", default="", metavar="TRACE",
-                   help="replay the structure (forks, chunk lengths, register reuse, evictions, plans) recorded in "
-                        "TRACE, a trace of the same system, with this model's real forward passes; quality is then "
-                        "not applicable (NaN)")
+    p.add_argument(
+        "--knob",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine setting, repeatable (values parsed as JSON when they can be, e.g. --knob max_threads=4)",
+    )
+    p.add_argument(
+        "--structure-from",
+        default="",
+        metavar="TRACE",
+        help="replay the structure (forks, chunk lengths, register reuse, evictions, plans) recorded in "
+        "TRACE, a trace of the same system, with this model's real forward passes; quality is then "
+        "not applicable (NaN)",
+    )
     load = p.add_argument_group("serving under load (runtime/serve_capture.py): continuous batching over one KV pool")
     load.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (or --concurrency)")
     load.add_argument("--concurrency", type=int, default=None, help="closed loop of this many clients (or --rate)")
     load.add_argument("--max-seqs", type=int, default=64, help="most requests in one pass (default 64)")
     load.add_argument("--max-batch-tokens", type=int, default=4096, help="most query rows in one pass (default 4096)")
-    load.add_argument("--kv-budget-mib", type=float, default=8.0, help="KV pool size in MiB, fractions allowed (default 8)")
+    load.add_argument(
+        "--kv-budget-mib", type=float, default=8.0, help="KV pool size in MiB, fractions allowed (default 8)"
+    )
     load.add_argument("--scheduler", default="fcfs", help="admission policy: fcfs or sjf (default fcfs)")
     load.add_argument("--chunked-prefill", action="store_true", help="split long prefills over passes (vLLM's default)")
-    load.add_argument("--attention", default="mask", choices=["mask", "gather"],
-                      help="attention over the whole pool with a mask, or over each request's gathered slots")
+    load.add_argument(
+        "--attention",
+        default="mask",
+        choices=["mask", "gather"],
+        help="attention over the whole pool with a mask, or over each request's gathered slots",
+    )
     p.add_argument("--out", required=True, help="trace directory to write")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -79,8 +112,12 @@ def _no_constant(name: str) -> float:
 
 DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 LIMITS = {  # flag: (attribute, lowest, highest) for the integer flags
-    "--n": ("n", 1, MAX_EXAMPLES), "--threads": ("threads", 1, 1024), "--max-tokens": ("max_tokens", 1, 1 << 20),
-    "--page-size": ("page_size", 1, 1 << 16), "--warmup": ("warmup", 0, 1000), "--repeats": ("repeats", 1, 1000),
+    "--n": ("n", 1, MAX_EXAMPLES),
+    "--threads": ("threads", 1, 1024),
+    "--max-tokens": ("max_tokens", 1, 1 << 20),
+    "--page-size": ("page_size", 1, 1 << 16),
+    "--warmup": ("warmup", 0, 1000),
+    "--repeats": ("repeats", 1, 1000),
     "--seed": ("seed", 0, 2**31 - 1),
 }
 
@@ -109,20 +146,40 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    cfg = CaptureConfig(system=args.system, model=args.model, task=args.task, n=args.n, split=args.split,
-                        device=args.device, seed=args.seed, max_tokens=args.max_tokens, temperature=args.temperature,
-                        top_p=args.top_p, page_size=args.page_size, counters_interval_s=1.0 / args.counters_hz,
-                        knobs=parse_knobs(args.knob), warmup=args.warmup, repeats=args.repeats, keep=args.keep,
-                        structure_from=args.structure_from)
+    cfg = CaptureConfig(
+        system=args.system,
+        model=args.model,
+        task=args.task,
+        n=args.n,
+        split=args.split,
+        device=args.device,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        page_size=args.page_size,
+        counters_interval_s=1.0 / args.counters_hz,
+        knobs=parse_knobs(args.knob),
+        warmup=args.warmup,
+        repeats=args.repeats,
+        keep=args.keep,
+        structure_from=args.structure_from,
+    )
     inputs = [args.structure_from, args.model if args.model and Path(args.model).exists() else ""]
     with claim_out_dir(args.out, inputs, args.force):  # held while capturing: one writer per --out
         if args.rate is not None or args.concurrency is not None:
             from runtime.serve_capture import LoadConfig, capture_load
 
-            load = LoadConfig(rate=args.rate, concurrency=args.concurrency, max_seqs=args.max_seqs,
-                              max_batch_tokens=args.max_batch_tokens, kv_budget_mib=args.kv_budget_mib,
-                              scheduler=args.scheduler, chunked_prefill=args.chunked_prefill,
-                              attention=args.attention)
+            load = LoadConfig(
+                rate=args.rate,
+                concurrency=args.concurrency,
+                max_seqs=args.max_seqs,
+                max_batch_tokens=args.max_batch_tokens,
+                kv_budget_mib=args.kv_budget_mib,
+                scheduler=args.scheduler,
+                chunked_prefill=args.chunked_prefill,
+                attention=args.attention,
+            )
             out = capture_load(cfg, load, args.out, overwrite=args.force)
         else:
             out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
@@ -131,6 +188,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"captured {s['requests']} requests of {s['task']} with {s['system']} on {s['device']} -> {out}")
         q = "n/a" if s["quality_mean"] is None else f"{s['quality_mean']:.3f}"
         if s.get("tokens_per_s") is not None and s.get("e2e_s_p50") is not None:
-            print(f"  quality {q}  {s['tokens_per_s']:.1f} tokens/s  e2e p50 {s['e2e_s_p50']*1000:.1f} ms")
+            print(f"  quality {q}  {s['tokens_per_s']:.1f} tokens/s  e2e p50 {s['e2e_s_p50'] * 1000:.1f} ms")
     print(json.dumps(s))
     return 0

@@ -64,33 +64,53 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="predicted per-layer time of each op of a forward pass",
         description=__doc__.split("\n\n")[0],
     )
-    parser.add_argument("--model", default=None,
-                        help=f"catalog model: {', '.join(sorted(MODELS))} (required without --comm)")
-    parser.add_argument("--hardware", required=True,
-                        help=f"catalog part: {', '.join(sorted(HARDWARE))}")
-    parser.add_argument("--tokens", default="1,512,4096",
-                        help="comma-separated query token counts of one pass (default 1,512,4096)")
-    parser.add_argument("--kv-tokens", type=str, default=None,
-                        help="KV slots each query row sees (default: causal prefill from empty)")
-    parser.add_argument("--groups", type=str, default="1",
-                        help="independent query streams in the pass (default 1)")
+    parser.add_argument(
+        "--model", default=None, help=f"catalog model: {', '.join(sorted(MODELS))} (required without --comm)"
+    )
+    parser.add_argument("--hardware", required=True, help=f"catalog part: {', '.join(sorted(HARDWARE))}")
+    parser.add_argument(
+        "--tokens", default="1,512,4096", help="comma-separated query token counts of one pass (default 1,512,4096)"
+    )
+    parser.add_argument(
+        "--kv-tokens", type=str, default=None, help="KV slots each query row sees (default: causal prefill from empty)"
+    )
+    parser.add_argument("--groups", type=str, default="1", help="independent query streams in the pass (default 1)")
     parser.add_argument("--tp", type=str, default="1", help="tensor-parallel degree (default 1)")
-    parser.add_argument("--set", action="append", metavar="FIELD=VALUE",
-                        help="override a field of the part, e.g. num_sms=160 (the tensor peak "
-                             "scales with the SMs) or hbm_bytes_per_s=6e12 (repeatable)")
-    parser.add_argument("--calibrate-from", default=None, metavar="TRACE",
-                        help="fit the efficiencies and per-pass overhead to a measured trace's passes "
-                             "(captured on --hardware) instead of the shipped A100 calibration")
-    parser.add_argument("--explain", action="store_true",
-                        help="per GEMM and token count: the chosen tile, split-K, tiles, waves "
-                             "and whether it is compute-, memory-, wave- or launch-bound")
-    parser.add_argument("--comm", default=None, metavar="COLLECTIVES",
-                        help="time collectives instead: comma-separated all_reduce, all_gather, send_recv")
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="override a field of the part, e.g. num_sms=160 (the tensor peak "
+        "scales with the SMs) or hbm_bytes_per_s=6e12 (repeatable)",
+    )
+    parser.add_argument(
+        "--calibrate-from",
+        default=None,
+        metavar="TRACE",
+        help="fit the efficiencies and per-pass overhead to a measured trace's passes "
+        "(captured on --hardware) instead of the shipped A100 calibration",
+    )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="per GEMM and token count: the chosen tile, split-K, tiles, waves "
+        "and whether it is compute-, memory-, wave- or launch-bound",
+    )
+    parser.add_argument(
+        "--comm",
+        default=None,
+        metavar="COLLECTIVES",
+        help="time collectives instead: comma-separated all_reduce, all_gather, send_recv",
+    )
     parser.add_argument("--workers", default="2,4,8", help="with --comm: GPUs per call (default 2,4,8)")
-    parser.add_argument("--bytes", default="4096,1048576,67108864",
-                        help="with --comm: buffer bytes per GPU (default 4096,1048576,67108864)")
-    parser.add_argument("--topology", default=None,
-                        help="node topology instead of the part's: nvswitch, nvlink_pairs, pcie, mesh")
+    parser.add_argument(
+        "--bytes",
+        default="4096,1048576,67108864",
+        help="with --comm: buffer bytes per GPU (default 4096,1048576,67108864)",
+    )
+    parser.add_argument(
+        "--topology", default=None, help="node topology instead of the part's: nvswitch, nvlink_pairs, pcie, mesh"
+    )
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     parser.set_defaults(func=run)
     return parser
@@ -113,8 +133,7 @@ def _parse_tokens(text: str) -> list[int]:
     try:
         return [_int(part, "--tokens", 1) for part in parts]
     except UsageError:
-        raise UsageError(f"--tokens must be comma-separated positive integers, got {text!r}") \
-            from None
+        raise UsageError(f"--tokens must be comma-separated positive integers, got {text!r}") from None
 
 
 def _lookup(kind: str, name: str) -> Any:
@@ -181,20 +200,30 @@ def predict_comm(args: argparse.Namespace) -> dict[str, Any]:
     sizes = _int_list(args.bytes, "--bytes", 0)
     too_many = [n for n in workers if n > hardware.gpus_per_node]
     if too_many:
-        raise UsageError(f"--workers {too_many[0]} exceeds {hardware.name}'s {hardware.gpus_per_node} GPUs per node "
-                         f"(--comm times calls within one node)")
+        raise UsageError(
+            f"--workers {too_many[0]} exceeds {hardware.name}'s {hardware.gpus_per_node} GPUs per node "
+            f"(--comm times calls within one node)"
+        )
     rows = []
     for collective in collectives:
         for n in workers:
             for size in sizes:
-                rows.append({"collective": collective, "workers": n, "bytes": size,
-                             "time_ms": float(collective_time_s(collective, size, n, hardware)) * 1e3})
+                rows.append(
+                    {
+                        "collective": collective,
+                        "workers": n,
+                        "bytes": size,
+                        "time_ms": float(collective_time_s(collective, size, n, hardware)) * 1e3,
+                    }
+                )
     return {"hardware": hardware.name, "topology": hardware.topology, "comm": rows}
 
 
 def _comm_table(result: dict[str, Any]) -> str:
-    lines = [f"collectives on {result['hardware']} ({result['topology']}, within one node; simulator.comm)",
-             f"{'collective':12s}{'workers':>8s}{'bytes':>12s}{'time ms':>12s}{'GB/s (bus)':>12s}"]
+    lines = [
+        f"collectives on {result['hardware']} ({result['topology']}, within one node; simulator.comm)",
+        f"{'collective':12s}{'workers':>8s}{'bytes':>12s}{'time ms':>12s}{'GB/s (bus)':>12s}",
+    ]
     for row in result["comm"]:
         from simulator.comm import traffic_bytes
 
@@ -224,16 +253,25 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
         kv = n * (n + 1) // 2 if kv_per_row is None else n * kv_per_row
         query_groups = min(groups, n)
         for op, time_s in cost.op_times_s(n, kv, query_groups).items():
-            ops.append({"num_tokens": n, "kv_tokens_read": kv, "op": op,
-                        "time_ms": float(time_s) * 1e3})
-        steps.append({
-            "num_tokens": n, "kv_tokens_read": kv, "query_groups": query_groups,
-            "step_time_ms": float(cost.step_time_s(n, kv, query_groups)) * 1e3,
-            "bound": cost.bound(n, kv, query_groups),
-        })
-    result = {"model": model.name, "hardware": hardware.name, "tensor_parallel": tp,
-              "n_layers": model.n_layers, "calibration": cost.params.source,
-              "ops": ops, "steps": steps}
+            ops.append({"num_tokens": n, "kv_tokens_read": kv, "op": op, "time_ms": float(time_s) * 1e3})
+        steps.append(
+            {
+                "num_tokens": n,
+                "kv_tokens_read": kv,
+                "query_groups": query_groups,
+                "step_time_ms": float(cost.step_time_s(n, kv, query_groups)) * 1e3,
+                "bound": cost.bound(n, kv, query_groups),
+            }
+        )
+    result = {
+        "model": model.name,
+        "hardware": hardware.name,
+        "tensor_parallel": tp,
+        "n_layers": model.n_layers,
+        "calibration": cost.params.source,
+        "ops": ops,
+        "steps": steps,
+    }
     if getattr(args, "explain", False):
         result["explain"] = explain(cost, tokens)
     return result
@@ -252,9 +290,14 @@ def explain(cost: CostModel, tokens: list[int]) -> list[dict[str, Any]]:
             row: dict[str, Any] = {"num_tokens": n, "op": op, "k": int(k), "n": int(width)}
             if cost.uses_tiles:
                 kernel = cost.gemm_kernel(op, n)
-                row.update(tile=kernel.tile[0], split=int(kernel.split),
-                           tiles=int(kernel.tiles), waves=int(kernel.waves),
-                           kernel_ms=kernel.time_s * 1e3, bound=bound(kernel))
+                row.update(
+                    tile=kernel.tile[0],
+                    split=int(kernel.split),
+                    tiles=int(kernel.tiles),
+                    waves=int(kernel.waves),
+                    kernel_ms=kernel.time_s * 1e3,
+                    bound=bound(kernel),
+                )
             else:
                 row.update(tile=None, bound="roofline (no tile model for this part)")
             rows.append(row)
@@ -262,18 +305,21 @@ def explain(cost: CostModel, tokens: list[int]) -> list[dict[str, Any]]:
 
 
 def _explain_table(result: dict[str, Any]) -> str:
-    lines = [f"why (GEMM kernels on {result['hardware']}, {result['model']} shard of tp "
-             f"{result['tensor_parallel']}):",
-             f"{'tokens':>7s} {'op':15s} {'K x N':>13s} {'tile':>15s} {'split':>5s} "
-             f"{'tiles':>6s} {'waves':>5s} {'ms':>9s}  bound"]
+    lines = [
+        f"why (GEMM kernels on {result['hardware']}, {result['model']} shard of tp {result['tensor_parallel']}):",
+        f"{'tokens':>7s} {'op':15s} {'K x N':>13s} {'tile':>15s} {'split':>5s} "
+        f"{'tiles':>6s} {'waves':>5s} {'ms':>9s}  bound",
+    ]
     for row in result["explain"]:
         shape = f"{row['k']}x{row['n']}"
         if row["tile"] is None:
             lines.append(f"{row['num_tokens']:7d} {row['op']:15s} {shape:>13s}  {row['bound']}")
             continue
-        lines.append(f"{row['num_tokens']:7d} {row['op']:15s} {shape:>13s} {row['tile']:>15s} "
-                     f"{row['split']:5d} {row['tiles']:6d} {row['waves']:5d} "
-                     f"{row['kernel_ms']:9.4f}  {row['bound']}")
+        lines.append(
+            f"{row['num_tokens']:7d} {row['op']:15s} {shape:>13s} {row['tile']:>15s} "
+            f"{row['split']:5d} {row['tiles']:6d} {row['waves']:5d} "
+            f"{row['kernel_ms']:9.4f}  {row['bound']}"
+        )
     return "\n".join(lines)
 
 
@@ -294,12 +340,14 @@ def _table(result: dict[str, Any]) -> str:
     lines.append("-" * len(header))
     layer_ms = {n: sum(time_ms[op, n] for op in ops) for n in tokens}
     lines.append(f"{'layer total':26s}" + "".join(f"{layer_ms[n]:{width + 2}.4f}" for n in tokens))
-    lines.append(f"{'pass total (+ emb, lm_head)':26s}"
-                 + "".join(f"{step['step_time_ms']:{width + 2}.3f}" for step in result["steps"]))
-    lines.append(f"{'kv_tokens_read':26s}"
-                 + "".join(f"{step['kv_tokens_read']:{width + 2}d}" for step in result["steps"]))
-    lines.append(f"{'bound':26s}"
-                 + "".join(f"{step['bound']:>{width + 2}s}" for step in result["steps"]))
+    lines.append(
+        f"{'pass total (+ emb, lm_head)':26s}"
+        + "".join(f"{step['step_time_ms']:{width + 2}.3f}" for step in result["steps"])
+    )
+    lines.append(
+        f"{'kv_tokens_read':26s}" + "".join(f"{step['kv_tokens_read']:{width + 2}d}" for step in result["steps"])
+    )
+    lines.append(f"{'bound':26s}" + "".join(f"{step['bound']:>{width + 2}s}" for step in result["steps"]))
     return "\n".join(lines)
 
 

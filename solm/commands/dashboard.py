@@ -26,23 +26,52 @@ APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("dashboard", help="open the Streamlit dashboard on trace directories",
-                       description=__doc__.split("\n\n")[0])
-    p.add_argument("dirs", nargs="*", metavar="DIR", default=[], help="trace directories or folders of traces "
-                   "(default: the current directory)")
+    p = sub.add_parser(
+        "dashboard", help="open the Streamlit dashboard on trace directories", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "dirs",
+        nargs="*",
+        metavar="DIR",
+        default=[],
+        help="trace directories or folders of traces (default: the current directory)",
+    )
     p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
-    p.add_argument("--address", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine "
-                   "only; any other address serves the traces to whoever can reach it, with a warning)")
-    p.add_argument("--allow-any-path", action="store_true", help="let the sidebar open any folder on this machine "
-                   "(default: only the folders given here, and below)")
+    p.add_argument(
+        "--address",
+        default="127.0.0.1",
+        help="address to serve on (default 127.0.0.1: this machine "
+        "only; any other address serves the traces to whoever can reach it, with a warning)",
+    )
+    p.add_argument(
+        "--allow-any-path",
+        action="store_true",
+        help="let the sidebar open any folder on this machine (default: only the folders given here, and below)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the streamlit command line and exit")
 
 
 def command(dirs: list[str], port: int, address: str = "127.0.0.1", allow_any_path: bool = False) -> list[str]:
-    return [sys.executable, "-m", "streamlit", "run", str(APP),
-            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
-            "--server.address", address, "--server.port", str(port), "--", *dirs,
-            *(["--allow-any-path"] if allow_any_path else [])]
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "viewer",
+        "--server.address",
+        address,
+        "--server.port",
+        str(port),
+        "--",
+        *dirs,
+        *(["--allow-any-path"] if allow_any_path else []),
+    ]
 
 
 def exposure_warning(address: str, allow_any_path: bool) -> str | None:
@@ -50,8 +79,10 @@ def exposure_warning(address: str, allow_any_path: bool) -> str | None:
     if is_loopback(address):
         return None
     what = "any folder on this machine (--allow-any-path)" if allow_any_path else "the traces in these folders"
-    return (f"solm dashboard: warning: serving on {address}, not loopback: whoever can reach this machine on "
-            f"that address can read {what}, with no login")
+    return (
+        f"solm dashboard: warning: serving on {address}, not loopback: whoever can reach this machine on "
+        f"that address can read {what}, with no login"
+    )
 
 
 def serve(cmd: list[str], env: dict[str, str]) -> int:
@@ -87,11 +118,21 @@ def run(args: argparse.Namespace) -> int:
     warning = exposure_warning(args.address, args.allow_any_path)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    print(json.dumps({"url": url, "dirs": dirs, "command": cmd}) if args.dry_run else f"serving {len(dirs)} "
-          f"folder(s) at {url} (Ctrl-C stops)", flush=True)
+    print(
+        json.dumps({"url": url, "dirs": dirs, "command": cmd})
+        if args.dry_run
+        else f"serving {len(dirs)} folder(s) at {url} (Ctrl-C stops)",
+        flush=True,
+    )
     if args.dry_run:
         return 0
     # the folders also go in the environment, which the app reads first (a stale SOLM_TRACE_DIRS
     # or SOLM_ALLOW_ANY_PATH in the user's shell must not win over what is given here)
-    return serve(cmd, {**os.environ, "SOLM_TRACE_DIRS": os.pathsep.join(dirs),
-                       "SOLM_ALLOW_ANY_PATH": "1" if args.allow_any_path else "0"})
+    return serve(
+        cmd,
+        {
+            **os.environ,
+            "SOLM_TRACE_DIRS": os.pathsep.join(dirs),
+            "SOLM_ALLOW_ANY_PATH": "1" if args.allow_any_path else "0",
+        },
+    )

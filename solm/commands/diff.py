@@ -20,13 +20,24 @@ from pathlib import Path
 
 from profiler.outdir import check_out_file, write_file_atomic
 
-SHOWN = ("e2e_s", "ttft_s", "steps", "attained_parallelism", "theoretical_speedup", "mean_live_kv_tokens",
-         "peak_kv_bytes", "quality_score")
+SHOWN = (
+    "e2e_s",
+    "ttft_s",
+    "steps",
+    "attained_parallelism",
+    "theoretical_speedup",
+    "mean_live_kv_tokens",
+    "peak_kv_bytes",
+    "quality_score",
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("diff", help="compare two traces (latency, parallelism, KV, quality, text, graphs)",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser(
+        "diff",
+        help="compare two traces (latency, parallelism, KV, quality, text, graphs)",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("a", help="trace directory A (the baseline)")
     p.add_argument("b", help="trace directory B (compared against A)")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -48,14 +59,18 @@ def print_human(s: dict) -> None:
     print(f"matched {s['matched']} requests by {s['matched_by']}{extra}")
     if s["identical"]:
         print("identical: zero deltas, same outputs, same dependence graphs")
-    print(f"speedup A/B  {_f(o['speedup'], '.3f')}x total latency, {_f(o['speedup_geomean'], '.3f')}x geomean per "
-          f"request; throughput {_f(o['tokens_per_s_a'], '.1f')} -> {_f(o['tokens_per_s_b'], '.1f')} tokens/s")
+    print(
+        f"speedup A/B  {_f(o['speedup'], '.3f')}x total latency, {_f(o['speedup_geomean'], '.3f')}x geomean per "
+        f"request; throughput {_f(o['tokens_per_s_a'], '.1f')} -> {_f(o['tokens_per_s_b'], '.1f')} tokens/s"
+    )
     print(f"  {'metric (mean)':24s} {'A':>12s} {'B':>12s} {'delta':>12s} {'ratio':>8s}")
     for m in SHOWN:
         v = o["metrics"][m]
         print(f"  {m:24s} {_f(v['a']):>12s} {_f(v['b']):>12s} {_f(v['delta']):>12s} {_f(v['ratio'], '.3f'):>8s}")
-    print(f"outputs      {o['text_identical_requests']}/{s['matched']} identical, mean token similarity "
-          f"{o['text_similarity_mean']:.3f}")
+    print(
+        f"outputs      {o['text_identical_requests']}/{s['matched']} identical, mean token similarity "
+        f"{o['text_similarity_mean']:.3f}"
+    )
     changed = [r for r in s["requests"] if not r["graph"]["identical"]]
     print(f"graphs       {o['graph_identical_requests']}/{s['matched']} identical")
     for r in changed[:5]:
@@ -81,8 +96,10 @@ def print_human(s: dict) -> None:
     print("per request (e2e ms A -> B, speedup)")
     for r in s["requests"][:10]:
         ea, eb = r["e2e_s"]["a"], r["e2e_s"]["b"]
-        print(f"  {r['a_id']:>4d}->{r['b_id']:<4d} {_f(ea and ea * 1e3, '.1f'):>9s} -> {_f(eb and eb * 1e3, '.1f'):>9s}"
-              f"  {_f(r['speedup'], '.2f')}x  text similarity {r['text']['similarity']:.2f}")
+        print(
+            f"  {r['a_id']:>4d}->{r['b_id']:<4d} {_f(ea and ea * 1e3, '.1f'):>9s} -> {_f(eb and eb * 1e3, '.1f'):>9s}"
+            f"  {_f(r['speedup'], '.2f')}x  text similarity {r['text']['similarity']:.2f}"
+        )
     if len(s["requests"]) > 10:
         print(f"  ... {len(s['requests']) - 10} more")
 

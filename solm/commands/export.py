@@ -20,8 +20,9 @@ from profiler.outdir import check_out_file
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="export traces as Perfetto / chrome://tracing JSON",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser(
+        "export", help="export traces as Perfetto / chrome://tracing JSON", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace directories (measured or simulated)")
     p.add_argument("--perfetto", required=True, metavar="OUT", help="output JSON file")
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
@@ -34,9 +35,11 @@ def run(args: argparse.Namespace) -> int:
     check_out_file(args.perfetto, args.traces, args.force, "--perfetto")
     s = export_perfetto(args.traces, args.perfetto)
     if not args.json:
-        print(f"wrote {s['out']}: {s['events']} events ({s['complete_events']} complete, "
-              f"{s['counter_events']} counter samples) for {s['requests']} requests of {len(s['traces'])} trace(s), "
-              f"{s['bytes'] / 1024:.1f} KiB")
+        print(
+            f"wrote {s['out']}: {s['events']} events ({s['complete_events']} complete, "
+            f"{s['counter_events']} counter samples) for {s['requests']} requests of {len(s['traces'])} trace(s), "
+            f"{s['bytes'] / 1024:.1f} KiB"
+        )
         print("  open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing")
     print(json.dumps(s))
     return 0

@@ -28,15 +28,25 @@ def run(args: argparse.Namespace) -> int:
     s["valid"] = not issues if args.validate else None
     if not args.json:
         state = "complete" if s["complete"] else "INCOMPLETE (run cut short; finished requests only)"
-        print(f"{s['trace']}: {s['kind']} trace of {s['system']} on {s['task']}, model {s['model']}, device {s['device']} [{state}]")
-        print(f"  requests        {s['requests']} ({s['errors']} errors), {s['output_tokens']} output tokens, {s['steps']} forward passes")
+        print(
+            f"{s['trace']}: {s['kind']} trace of {s['system']} on {s['task']}, model {s['model']}, device {s['device']} [{state}]"
+        )
+        print(
+            f"  requests        {s['requests']} ({s['errors']} errors), {s['output_tokens']} output tokens, {s['steps']} forward passes"
+        )
         print(f"  quality mean    {_fmt(s['quality_mean'], '.3f')}")
         print(f"  throughput      {_fmt(s['tokens_per_s'], '.1f')} tokens/s")
         print(f"  ttft p50        {_fmt(s['ttft_s_p50'], '.2f', 1000)} ms")
-        print(f"  e2e mean/p50/p99 {_fmt(s['e2e_s_mean'], '.1f', 1000)} / {_fmt(s['e2e_s_p50'], '.1f', 1000)} / {_fmt(s['e2e_s_p99'], '.1f', 1000)} ms")
+        print(
+            f"  e2e mean/p50/p99 {_fmt(s['e2e_s_mean'], '.1f', 1000)} / {_fmt(s['e2e_s_p50'], '.1f', 1000)} / {_fmt(s['e2e_s_p99'], '.1f', 1000)} ms"
+        )
         print(f"  theoretical speedup (geomean) {_fmt(s['theoretical_speedup_geomean'], '.2f')}x")
-        print(f"  peak KV         {s['peak_kv_tokens']} tokens, {s['peak_kv_bytes']} bytes; mean live {_fmt(s['mean_live_kv_tokens'], '.1f')} tokens")
-        print(f"  counters        {'NVML' if s['nvml'] else 'host (no NVML: ' + str(trace.meta.get('nvml_reason', '')) + ')'}")
+        print(
+            f"  peak KV         {s['peak_kv_tokens']} tokens, {s['peak_kv_bytes']} bytes; mean live {_fmt(s['mean_live_kv_tokens'], '.1f')} tokens"
+        )
+        print(
+            f"  counters        {'NVML' if s['nvml'] else 'host (no NVML: ' + str(trace.meta.get('nvml_reason', '')) + ')'}"
+        )
         for line in issues:
             print(f"  problem: {line}")
     print(json.dumps(s))

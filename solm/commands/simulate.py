@@ -24,27 +24,51 @@ from profiler.outdir import claim_out_dir
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-tokens", type=int, default=8192, help="cap on query tokens in one pass (default 8192)")
-    p.add_argument("--num-requests", type=int, default=None,
-                   help="replay this many requests, cycling through the trace's (default: the trace's count)")
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="replay this many requests, cycling through the trace's (default: the trace's count)",
+    )
     add_scheduling_args(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (default 0)")
-    p.add_argument("--slo-ttft-ms", type=float, default=None,
-                   help="goodput objective: time to first token, ms (default: none; goodput needs an SLO)")
-    p.add_argument("--slo-tpot-ms", type=float, default=None,
-                   help="goodput objective: time per output token after the first, ms (default: none)")
+    p.add_argument(
+        "--slo-ttft-ms",
+        type=float,
+        default=None,
+        help="goodput objective: time to first token, ms (default: none; goodput needs an SLO)",
+    )
+    p.add_argument(
+        "--slo-tpot-ms",
+        type=float,
+        default=None,
+        help="goodput objective: time per output token after the first, ms (default: none)",
+    )
 
 
 def add_scheduling_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
     """The shared scheduler's settings (docs/serving.md); `defaults=False`: None = the trace's own."""
     p.add_argument("--scheduler", default="fcfs" if defaults else None, help="batching policy: fcfs (default), sjf")
-    p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=True if defaults else None,
-                   help="split prompt prefills to fill --max-batch-tokens (vLLM's default: on)")
-    p.add_argument("--reserve", choices=("current", "peak"), default="current" if defaults else None,
-                   help="admit by the KV the next pass needs (current, vLLM; default) or reserve each request's "
-                        "peak KV from the trace (peak: never preempts)")
-    p.add_argument("--sjf-oracle", action="store_true", default=False if defaults else None,
-                   help="SJF ranks by the passes each request has left (the future; a what-if) instead of "
-                        "max_tokens and prompt length")
+    p.add_argument(
+        "--chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=True if defaults else None,
+        help="split prompt prefills to fill --max-batch-tokens (vLLM's default: on)",
+    )
+    p.add_argument(
+        "--reserve",
+        choices=("current", "peak"),
+        default="current" if defaults else None,
+        help="admit by the KV the next pass needs (current, vLLM; default) or reserve each request's "
+        "peak KV from the trace (peak: never preempts)",
+    )
+    p.add_argument(
+        "--sjf-oracle",
+        action="store_true",
+        default=False if defaults else None,
+        help="SJF ranks by the passes each request has left (the future; a what-if) instead of "
+        "max_tokens and prompt length",
+    )
 
 
 def scheduling_kwargs(args: argparse.Namespace) -> dict:
@@ -69,19 +93,28 @@ def parse_set(items: list[str] | None) -> dict:
             fields[key.strip()] = value
             continue
         if not (number == 0 or 1 / MAX_SET_VALUE <= abs(number) <= MAX_SET_VALUE):  # inf, NaN, 1e400, 1e-300
-            raise UsageError(f"--set {key.strip()} must be 0 or a finite number of magnitude "
-                             f"{1 / MAX_SET_VALUE:.0e}..{MAX_SET_VALUE:.0e}, got {value.strip()}")
+            raise UsageError(
+                f"--set {key.strip()} must be 0 or a finite number of magnitude "
+                f"{1 / MAX_SET_VALUE:.0e}..{MAX_SET_VALUE:.0e}, got {value.strip()}"
+            )
         fields[key.strip()] = number
     return fields
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("simulate", help="replay a trace on hypothetical hardware, model and batch settings",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser(
+        "simulate",
+        help="replay a trace on hypothetical hardware, model and batch settings",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("trace", help="trace directory (measured or simulated)")
     p.add_argument("--hardware", required=True, help="catalog part (solm cost --help lists them)")
-    p.add_argument("--set", action="append", metavar="FIELD=VALUE",
-                   help="override a field of the part, e.g. hbm_bytes_per_s=6e12 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="override a field of the part, e.g. hbm_bytes_per_s=6e12 (repeatable)",
+    )
     p.add_argument("--model", default="", help="catalog model (default: the trace's own)")
     p.add_argument("--max-seqs", type=int, default=256, help="cap on sequences in one pass (default 256)")
     arrival = p.add_mutually_exclusive_group()
@@ -89,8 +122,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     arrival.add_argument("--concurrency", type=int, default=None, help="closed loop of C clients")
     add_batch_args(p)
     p.add_argument("--block-size", type=int, default=16, help="KV page size in tokens (default 16)")
-    p.add_argument("--memory-utilization", type=float, default=0.9,
-                   help="share of device memory for weights + KV (default 0.9, as vLLM)")
+    p.add_argument(
+        "--memory-utilization",
+        type=float,
+        default=0.9,
+        help="share of device memory for weights + KV (default 0.9, as vLLM)",
+    )
     p.add_argument("--out", default=None, help="write the simulated trace here")
     p.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -106,20 +143,39 @@ def simulate(args: argparse.Namespace) -> tuple[dict, object]:
 
     fields = parse_set(args.set)
     hardware = override(args.hardware, **fields) if fields else get_hardware(args.hardware)
-    config = ReplayConfig(max_seqs=args.max_seqs, max_batch_tokens=args.max_batch_tokens, block_size=args.block_size,
-                          memory_utilization=args.memory_utilization, rate=args.rate, concurrency=args.concurrency,
-                          num_requests=args.num_requests, seed=args.seed, **scheduling_kwargs(args))
+    config = ReplayConfig(
+        max_seqs=args.max_seqs,
+        max_batch_tokens=args.max_batch_tokens,
+        block_size=args.block_size,
+        memory_utilization=args.memory_utilization,
+        rate=args.rate,
+        concurrency=args.concurrency,
+        num_requests=args.num_requests,
+        seed=args.seed,
+        **scheduling_kwargs(args),
+    )
     out = Path(args.out) if args.out else None
     lock = claim_out_dir(out, [args.trace], args.force) if out is not None else contextlib.nullcontext()
     with lock:  # held from the check to the last file written: one writer per --out
         trace = read_trace(args.trace)
         model = get_model(args.model) if args.model else ModelSpec.from_trace_meta(trace.meta)
         result = replay(from_trace(trace), hardware, model, config)
-        figures = {"trace": str(trace.path), "system": trace.system, "hardware": hardware.name, "model": model.name,
-                   "arrival": config.arrival, "rate": args.rate, "concurrency": args.concurrency,
-                   "max_seqs": config.max_seqs, "max_batch_tokens": config.max_batch_tokens,
-                   "scheduler": config.scheduler, "chunked_prefill": config.chunked_prefill,
-                   "reserve": config.reserve, "sjf_oracle": config.sjf_oracle, **result.metrics}
+        figures = {
+            "trace": str(trace.path),
+            "system": trace.system,
+            "hardware": hardware.name,
+            "model": model.name,
+            "arrival": config.arrival,
+            "rate": args.rate,
+            "concurrency": args.concurrency,
+            "max_seqs": config.max_seqs,
+            "max_batch_tokens": config.max_batch_tokens,
+            "scheduler": config.scheduler,
+            "chunked_prefill": config.chunked_prefill,
+            "reserve": config.reserve,
+            "sjf_oracle": config.sjf_oracle,
+            **result.metrics,
+        }
         if out is not None:
             figures["out"] = str(write_simulated_trace(result, out, source=trace))
     return figures, result
@@ -133,24 +189,36 @@ def run(args: argparse.Namespace) -> int:
     figures, result = simulate(args)
     if not args.json:
         f = figures
-        print(f"{f['trace']}: {f['system']} replayed on {f['hardware']} with {f['model']} "
-              f"({f['arrival']} arrivals, max-seqs {f['max_seqs']}, max-batch-tokens {f['max_batch_tokens']}, "
-              f"{f['scheduler']}{' (oracle)' if f['sjf_oracle'] else ''}, chunked prefill "
-              f"{'on' if f['chunked_prefill'] else 'off'}, reserve {f['reserve']})")
-        print(f"  requests        {f['completed']} completed, {f['failed']} failed; {f['passes']} passes, "
-              f"{f['preemptions']} preemptions ({f['recomputed_tokens']} tokens recomputed), "
-              f"{f['prefill_chunks']} prefill chunks; duration {f['duration_s']:.3f} s")
+        print(
+            f"{f['trace']}: {f['system']} replayed on {f['hardware']} with {f['model']} "
+            f"({f['arrival']} arrivals, max-seqs {f['max_seqs']}, max-batch-tokens {f['max_batch_tokens']}, "
+            f"{f['scheduler']}{' (oracle)' if f['sjf_oracle'] else ''}, chunked prefill "
+            f"{'on' if f['chunked_prefill'] else 'off'}, reserve {f['reserve']})"
+        )
+        print(
+            f"  requests        {f['completed']} completed, {f['failed']} failed; {f['passes']} passes, "
+            f"{f['preemptions']} preemptions ({f['recomputed_tokens']} tokens recomputed), "
+            f"{f['prefill_chunks']} prefill chunks; duration {f['duration_s']:.3f} s"
+        )
         for row in result.requests[result.requests["status"] == "error"].head(3).itertuples():
             print(f"  error           request {row.request_id}: {row.error}")
         print(f"  throughput      {_ms(f['request_throughput'])} req/s, {_ms(f['output_throughput'])} output tokens/s")
         for name in ("ttft", "tpot", "itl", "e2el"):
-            print(f"  {name + ' ms':15s} mean {_ms(f[f'mean_{name}_ms'])}  median {_ms(f[f'median_{name}_ms'])}  "
-                  f"p99 {_ms(f[f'p99_{name}_ms'])}")
+            print(
+                f"  {name + ' ms':15s} mean {_ms(f[f'mean_{name}_ms'])}  median {_ms(f[f'median_{name}_ms'])}  "
+                f"p99 {_ms(f[f'p99_{name}_ms'])}"
+            )
         if f["request_goodput"] is not None:
-            slo = " and ".join(f"{k} <= {f[f'slo_{k}_ms']:g} ms" for k in ("ttft", "tpot") if f[f"slo_{k}_ms"] is not None)
-            print(f"  goodput         {_ms(f['request_goodput'])} req/s meet {slo} "
-                  f"({_ms(f['slo_attained_percent'])}% of requests)")
-        print(f"  peak KV         {f['peak_kv_bytes'] / 2**20:.2f} MiB of {f['kv_capacity_bytes'] / 2**30:.2f} GiB pool")
+            slo = " and ".join(
+                f"{k} <= {f[f'slo_{k}_ms']:g} ms" for k in ("ttft", "tpot") if f[f"slo_{k}_ms"] is not None
+            )
+            print(
+                f"  goodput         {_ms(f['request_goodput'])} req/s meet {slo} "
+                f"({_ms(f['slo_attained_percent'])}% of requests)"
+            )
+        print(
+            f"  peak KV         {f['peak_kv_bytes'] / 2**20:.2f} MiB of {f['kv_capacity_bytes'] / 2**30:.2f} GiB pool"
+        )
         print(f"  quality mean    {_ms(f['quality_mean'])} (from the source trace)")
         if "out" in f:
             print(f"  simulated trace {f['out']}")

@@ -36,8 +36,9 @@ def _list(text: str, flag: str, kind=str) -> list:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sweep", help="simulate every combination of settings; Pareto front",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser(
+        "sweep", help="simulate every combination of settings; Pareto front", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("traces", nargs="+", help="trace directories")
     p.add_argument("--hardware", required=True, help="comma-separated catalog parts")
     p.add_argument("--model", default="", help="comma-separated catalog models (default: each trace's own)")
@@ -74,25 +75,57 @@ def run(args: argparse.Namespace) -> int:
     lock = claim_out_dir(args.out, args.traces, None, resume="sweep") if args.out else contextlib.nullcontext()
     try:
         with lock, terminate_on_signal():  # SIGTERM/SIGHUP: the pool stops, finished rows stay; exit 143/129
-            table = sweep(args.traces, _list(args.hardware, "--hardware"), models,
-                          _list(args.max_seqs, "--max-seqs", int), rates or [None], conc or [None],
-                          args.max_batch_tokens, args.num_requests, args.scheduler, args.seed, args.backend,
-                          args.address, args.workers, args.out, None if args.json else progress,
-                          options={k: v for k, v in scheduling_kwargs(args).items() if k != "scheduler"})
+            table = sweep(
+                args.traces,
+                _list(args.hardware, "--hardware"),
+                models,
+                _list(args.max_seqs, "--max-seqs", int),
+                rates or [None],
+                conc or [None],
+                args.max_batch_tokens,
+                args.num_requests,
+                args.scheduler,
+                args.seed,
+                args.backend,
+                args.address,
+                args.workers,
+                args.out,
+                None if args.json else progress,
+                options={k: v for k, v in scheduling_kwargs(args).items() if k != "scheduler"},
+            )
     finally:
         if bar is not None:
             bar.close()
     wall = time.perf_counter() - t0
     ok = table[table["status"] == "ok"] if len(table) else table
     front = table[table["pareto"]] if len(table) else table
-    figures = {"configs": int(len(table)), "ok": int(len(ok)), "errors": int(len(table) - len(ok)),
-               "pareto": int(len(front)), "wall_s": wall, "backend": args.backend,
-               "out": f"{args.out}/sweep.parquet" if args.out else None}
+    figures = {
+        "configs": int(len(table)),
+        "ok": int(len(ok)),
+        "errors": int(len(table) - len(ok)),
+        "pareto": int(len(front)),
+        "wall_s": wall,
+        "backend": args.backend,
+        "out": f"{args.out}/sweep.parquet" if args.out else None,
+    }
     if not args.json:
-        print(f"sweep: {figures['configs']} configurations ({figures['errors']} errors) in {wall:.1f} s on "
-              f"{args.backend}; {figures['pareto']} Pareto-optimal")
-        cols = ["trace", "hardware", "model", "max_seqs", "rate", "concurrency", "mean_e2el_ms", "output_throughput",
-                "peak_kv_bytes", "quality_mean", "request_goodput"]
+        print(
+            f"sweep: {figures['configs']} configurations ({figures['errors']} errors) in {wall:.1f} s on "
+            f"{args.backend}; {figures['pareto']} Pareto-optimal"
+        )
+        cols = [
+            "trace",
+            "hardware",
+            "model",
+            "max_seqs",
+            "rate",
+            "concurrency",
+            "mean_e2el_ms",
+            "output_throughput",
+            "peak_kv_bytes",
+            "quality_mean",
+            "request_goodput",
+        ]
         if len(front):
             print(front[[c for c in cols if c in front]].to_string(index=False, max_rows=20))
         for err in table.loc[table["status"] == "error", "error"].drop_duplicates().head(3) if len(table) else []:

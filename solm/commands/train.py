@@ -23,8 +23,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--stage", default="", help="a stage of the system's recipe (pasta: sft, preference, sequential)")
     p.add_argument("--init", default="", help="start from this checkpoint (default: a fresh model)")
-    p.add_argument("--lambda", dest="lam", type=float, default=None,
-                   help="preference stage: weight of quality against speedup in the reward")
+    p.add_argument(
+        "--lambda",
+        dest="lam",
+        type=float,
+        default=None,
+        help="preference stage: weight of quality against speedup in the reward",
+    )
     p.add_argument("--out", required=True, help="checkpoint directory to write")
     p.add_argument("--force", action="store_true", help="replace --out if it holds a checkpoint")
     p.add_argument("--json", action="store_true")
@@ -53,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
         if not hasattr(recipe, "for_stage"):
             raise UsageError(f"--stage: the {args.system} recipe has no stages")
         recipe = recipe.for_stage(args.stage, lam=args.lam)
-    overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr)) if v is not None}
+    overrides = {
+        k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr)) if v is not None
+    }
     if not all(0 < v < float("inf") for v in overrides.values()):  # also refuses NaN
         raise UsageError("--steps, --batch-size and --lr must be finite numbers > 0")
     if args.lam is not None and not abs(args.lam) < float("inf"):
@@ -66,25 +73,51 @@ def run(args: argparse.Namespace) -> int:
         model = TinyLM(ModelConfig.from_name(recipe.preset), seed=args.seed)
     t0 = time.perf_counter()
     prepare = getattr(recipe, "prepare", None)  # recipes that build their data from the model (preference stages)
-    sample, loss_fn = prepare(model, tok, args.seed, not args.json) if prepare else (recipe.sampler(tok, args.seed), loss_of)
+    sample, loss_fn = (
+        prepare(model, tok, args.seed, not args.json) if prepare else (recipe.sampler(tok, args.seed), loss_of)
+    )
     log = train(model, sample, cfg, tok.pad_id, progress=not args.json, loss_fn=loss_fn)
     save_checkpoint(model, args.out, {"system": args.system, "trained": True, "note": "saved before evaluation"})
     eval_system = recipe.extra.get("eval_system", args.system)
     quality = evaluate(model, tok, eval_system, recipe.tasks, recipe.eval_examples, recipe.max_tokens)
-    extra = "".join(f" {flag} {v}" for flag, v in (("--stage", args.stage), ("--init", args.init), ("--lambda", args.lam),
-                                                   ("--threads", args.threads)) if v)
+    extra = "".join(
+        f" {flag} {v}"
+        for flag, v in (
+            ("--stage", args.stage),
+            ("--init", args.init),
+            ("--lambda", args.lam),
+            ("--threads", args.threads),
+        )
+        if v
+    )
     info = {
-        "system": args.system, "trained": True, "tasks": list(recipe.tasks), "preset": recipe.preset,
-        "train": dataclasses.asdict(cfg), "final_loss": round(log["final_loss"], 4),
-        "train_s": round(time.perf_counter() - t0, 1), "heldout_quality": {k: round(v, 4) for k, v in quality.items()},
+        "system": args.system,
+        "trained": True,
+        "tasks": list(recipe.tasks),
+        "preset": recipe.preset,
+        "train": dataclasses.asdict(cfg),
+        "final_loss": round(log["final_loss"], 4),
+        "train_s": round(time.perf_counter() - t0, 1),
+        "heldout_quality": {k: round(v, 4) for k, v in quality.items()},
         "command": f"solm train --system {args.system}{extra} --steps {cfg.steps} --batch-size {cfg.batch_size} --lr {cfg.lr} "
-                   f"--seed {args.seed} --out {args.out}",
-        "eval_system": eval_system, **({"stage": args.stage} if args.stage else {}),
+        f"--seed {args.seed} --out {args.out}",
+        "eval_system": eval_system,
+        **({"stage": args.stage} if args.stage else {}),
         **({"preference": recipe.extra["pairs"]} if "pairs" in getattr(recipe, "extra", {}) else {}),
     }
     save_checkpoint(model, args.out, info)
     if not args.json:
-        print(f"trained {args.system} ({recipe.preset}, {model.num_parameters()} parameters) for {cfg.steps} steps "
-              f"in {info['train_s']} s; final loss {info['final_loss']}; held-out quality {info['heldout_quality']} -> {args.out}")
-    print(json.dumps({"system": args.system, "out": args.out, **{k: info[k] for k in ("final_loss", "train_s", "heldout_quality")}}))
+        print(
+            f"trained {args.system} ({recipe.preset}, {model.num_parameters()} parameters) for {cfg.steps} steps "
+            f"in {info['train_s']} s; final loss {info['final_loss']}; held-out quality {info['heldout_quality']} -> {args.out}"
+        )
+    print(
+        json.dumps(
+            {
+                "system": args.system,
+                "out": args.out,
+                **{k: info[k] for k in ("final_loss", "train_s", "heldout_quality")},
+            }
+        )
+    )
     return 0

@@ -26,20 +26,33 @@ from profiler.errors import UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("validate", help="error of the simulator against a measured trace",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser(
+        "validate", help="error of the simulator against a measured trace", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("trace", nargs="+", help="measured trace directory (several serving traces with --calibrate-from)")
-    p.add_argument("--calibrate-from", default=None, metavar="BATCH1_TRACE",
-                   help="calibrate only on this batch-1 trace and predict the serving traces under load")
+    p.add_argument(
+        "--calibrate-from",
+        default=None,
+        metavar="BATCH1_TRACE",
+        help="calibrate only on this batch-1 trace and predict the serving traces under load",
+    )
     from solm.commands.simulate import add_scheduling_args
 
     add_scheduling_args(p, defaults=False)
     p.add_argument("--hardware", default=None, help="catalog part (default: the device the trace names)")
-    p.add_argument("--uncalibrated", action="store_true",
-                   help="predict from the catalog part's default cost model, fitting nothing to the trace")
-    p.add_argument("--run", type=int, default=None, metavar="K",
-                   help="a --repeats capture: validate the trace as its run K alone saw it (0: the first round, what "
-                        "a --repeats 1 capture would have recorded; from runs.parquet)")
+    p.add_argument(
+        "--uncalibrated",
+        action="store_true",
+        help="predict from the catalog part's default cost model, fitting nothing to the trace",
+    )
+    p.add_argument(
+        "--run",
+        type=int,
+        default=None,
+        metavar="K",
+        help="a --repeats capture: validate the trace as its run K alone saw it (0: the first round, what "
+        "a --repeats 1 capture would have recorded; from runs.parquet)",
+    )
     p.add_argument("--json", action="store_true", help="print only the JSON line")
 
 
@@ -53,21 +66,30 @@ def run_load(args: argparse.Namespace) -> int:
 
     v = validate_load(args.trace, args.calibrate_from, args.hardware, **scheduling_kwargs(args))
     if not args.json:
-        print(f"{v['system']} with {v['model']} on {v['hardware']}: calibrated on {v['calibrate_from']} only "
-              f"({v['calibration_passes']} batch-1 passes; host {v['host_per_pass_s'] * 1e3:.2f} ms/pass + "
-              f"{v['host_per_stream_s'] * 1e3:.2f} ms/stream)")
-        print(f"  {'load':>12s} {'reqs':>5s} {'batch m/s':>10s} {'preempt m/s':>11s}   "
-              f"APE %: {'TTFT50':>6s} {'TPOT50':>6s} {'E2E50':>6s} {'E2E99':>6s} {'tput':>6s}   MAPE %: TTFT  E2E")
+        print(
+            f"{v['system']} with {v['model']} on {v['hardware']}: calibrated on {v['calibrate_from']} only "
+            f"({v['calibration_passes']} batch-1 passes; host {v['host_per_pass_s'] * 1e3:.2f} ms/pass + "
+            f"{v['host_per_stream_s'] * 1e3:.2f} ms/stream)"
+        )
+        print(
+            f"  {'load':>12s} {'reqs':>5s} {'batch m/s':>10s} {'preempt m/s':>11s}   "
+            f"APE %: {'TTFT50':>6s} {'TPOT50':>6s} {'E2E50':>6s} {'E2E99':>6s} {'tput':>6s}   MAPE %: TTFT  E2E"
+        )
         for lv in v["levels"]:
             e = lv["errors"]
-            load = f"rate {lv['rate']:g}" if lv["rate"] is not None else (
-                f"conc {lv['concurrency']}" if lv["concurrency"] is not None else "trace")
-            print(f"  {load:>12s} {lv['requests']:5d} {lv['mean_batch_measured'] or 0:4.1f}/{lv['mean_batch_simulated'] or 0:<4.1f}"
-                  f" {lv['preemptions_measured']:5d}/{lv['preemptions_simulated']:<5d}          "
-                  f"{_pct(e.get('ttft_p50_ape_percent'))}  {_pct(e.get('tpot_p50_ape_percent'))}  "
-                  f"{_pct(e.get('e2e_p50_ape_percent'))}  {_pct(e.get('e2e_p99_ape_percent'))}  "
-                  f"{_pct(e.get('throughput_ape_percent'))}          {_pct(e.get('ttft_mape_percent'))} "
-                  f"{_pct(e.get('e2e_mape_percent'))}")
+            load = (
+                f"rate {lv['rate']:g}"
+                if lv["rate"] is not None
+                else (f"conc {lv['concurrency']}" if lv["concurrency"] is not None else "trace")
+            )
+            print(
+                f"  {load:>12s} {lv['requests']:5d} {lv['mean_batch_measured'] or 0:4.1f}/{lv['mean_batch_simulated'] or 0:<4.1f}"
+                f" {lv['preemptions_measured']:5d}/{lv['preemptions_simulated']:<5d}          "
+                f"{_pct(e.get('ttft_p50_ape_percent'))}  {_pct(e.get('tpot_p50_ape_percent'))}  "
+                f"{_pct(e.get('e2e_p50_ape_percent'))}  {_pct(e.get('e2e_p99_ape_percent'))}  "
+                f"{_pct(e.get('throughput_ape_percent'))}          {_pct(e.get('ttft_mape_percent'))} "
+                f"{_pct(e.get('e2e_mape_percent'))}"
+            )
     print(json.dumps(v))
     return 0
 
@@ -85,12 +107,16 @@ def run(args: argparse.Namespace) -> int:
     if args.uncalibrated:
         v = cross_check(args.trace, args.hardware)
         if not args.json:
-            print(f"{v['trace']}: {v['system']} on {v['hardware']} with {v['model']}, uncalibrated "
-                  f"({v['cost_params']}), {v['requests']} requests")
+            print(
+                f"{v['trace']}: {v['system']} on {v['hardware']} with {v['model']}, uncalibrated "
+                f"({v['cost_params']}), {v['requests']} requests"
+            )
             print(f"  hardware        {v['hardware_source']}")
-            print(f"  step time MAPE {v['step_time_mape_percent']:.1f}%, request latency MAPE "
-                  f"{v['request_latency_mape_percent']:.1f}%; mean e2e measured {v['measured_e2e_s_mean'] * 1e3:.1f} ms, "
-                  f"simulated {v['simulated_e2e_s_mean'] * 1e3:.1f} ms")
+            print(
+                f"  step time MAPE {v['step_time_mape_percent']:.1f}%, request latency MAPE "
+                f"{v['request_latency_mape_percent']:.1f}%; mean e2e measured {v['measured_e2e_s_mean'] * 1e3:.1f} ms, "
+                f"simulated {v['simulated_e2e_s_mean'] * 1e3:.1f} ms"
+            )
         print(json.dumps(v))
         return 0
     source, note = args.trace, ""
@@ -104,13 +130,19 @@ def run(args: argparse.Namespace) -> int:
     if args.run is not None:
         v["run"] = args.run
     if not args.json:
-        print(f"{v['trace']}: {v['system']} on {v['hardware']} with {v['model']}; calibrated on "
-              f"{v['calibration_requests']} requests ({v['calibration_steps']} passes), checked on "
-              f"{v['check_requests']} ({v['check_steps']} passes){note}")
+        print(
+            f"{v['trace']}: {v['system']} on {v['hardware']} with {v['model']}; calibrated on "
+            f"{v['calibration_requests']} requests ({v['calibration_steps']} passes), checked on "
+            f"{v['check_requests']} ({v['check_steps']} passes){note}"
+        )
         print(f"  hardware        {v['hardware_source']}")
-        print(f"  step time       MAPE {v['step_time_mape_percent']:.1f}%  (median APE "
-              f"{v['step_time_median_ape_percent']:.1f}%)")
-        print(f"  request latency MAPE {v['request_latency_mape_percent']:.1f}%  (TTFT {v['ttft_mape_percent']:.1f}%); "
-              f"mean e2e measured {v['measured_e2e_s_mean'] * 1e3:.1f} ms, simulated {v['simulated_e2e_s_mean'] * 1e3:.1f} ms")
+        print(
+            f"  step time       MAPE {v['step_time_mape_percent']:.1f}%  (median APE "
+            f"{v['step_time_median_ape_percent']:.1f}%)"
+        )
+        print(
+            f"  request latency MAPE {v['request_latency_mape_percent']:.1f}%  (TTFT {v['ttft_mape_percent']:.1f}%); "
+            f"mean e2e measured {v['measured_e2e_s_mean'] * 1e3:.1f} ms, simulated {v['simulated_e2e_s_mean'] * 1e3:.1f} ms"
+        )
     print(json.dumps(v))
     return 0

@@ -29,18 +29,21 @@ def one_line_error(argv: list[str], capsys, needle: str) -> None:
     assert err.startswith(f"solm {argv[0]}: error: ") and needle in err and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("flags,needle", [
-    (["--device", "bogus"], "--device must be cpu or cuda"),  # was RuntimeError from torch
-    (["--n", "1000000000"], "--n must be in 1..100000"),  # was: built the example list for ever
-    (["--temperature", "nan"], "--temperature must be a finite"),  # was: a traceback mid-run
-    (["--temperature", "inf"], "--temperature must be a finite"),
-    (["--threads", "-1"], "--threads must be in"),
-    (["--counters-hz", "nan"], "--counters-hz"),  # was: the sampler spun
-    (["--counters-hz", "1e9"], "--counters-hz"),
-    (["--top-p", "nan"], "--top-p"),
-    (["--seed", "-5"], "--seed"),
-    (["--system", "pasta", "--knob", "max_threads=NaN"], "finite"),
-])
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--device", "bogus"], "--device must be cpu or cuda"),  # was RuntimeError from torch
+        (["--n", "1000000000"], "--n must be in 1..100000"),  # was: built the example list for ever
+        (["--temperature", "nan"], "--temperature must be a finite"),  # was: a traceback mid-run
+        (["--temperature", "inf"], "--temperature must be a finite"),
+        (["--threads", "-1"], "--threads must be in"),
+        (["--counters-hz", "nan"], "--counters-hz"),  # was: the sampler spun
+        (["--counters-hz", "1e9"], "--counters-hz"),
+        (["--top-p", "nan"], "--top-p"),
+        (["--seed", "-5"], "--seed"),
+        (["--system", "pasta", "--knob", "max_threads=NaN"], "finite"),
+    ],
+)
 def test_capture_flags_checked_up_front(flags, needle, tmp_path, capsys):
     one_line_error(["capture", *flags, "--out", str(tmp_path / "c")], capsys, needle)
     assert not (tmp_path / "c").exists()
@@ -54,25 +57,45 @@ def test_a_task_that_cannot_draw_n_prompts_says_so():
         get_task("var_tracking").examples("test", 5000)
 
 
-@pytest.mark.parametrize("flags,needle", [
-    (["--set", "hbm_capacity_bytes=1e400"], "finite number"),  # was OverflowError
-    (["--set", "launch_overhead_s=inf"], "finite number"),  # was: throughput 0 reported as success
-    (["--set", "peak_flops_per_s=nan"], "finite number"),
-    (["--set", "hbm_capacity_bytes=0"], "must be > 0"),
-    (["--rate", "1e-300"], "at least 1e-05"),  # was: every latency 0.0 ms
-    (["--rate", "nan"], "rate must be"),
-    (["--num-requests", "1000000000"], "num-requests must be in"),
-    (["--memory-utilization", "nan"], "memory utilization"),
-    (["--max-batch-tokens", "2"], "exceeds max-batch-tokens 2"),  # was RuntimeError: No scheduled events left
-])
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--set", "hbm_capacity_bytes=1e400"], "finite number"),  # was OverflowError
+        (["--set", "launch_overhead_s=inf"], "finite number"),  # was: throughput 0 reported as success
+        (["--set", "peak_flops_per_s=nan"], "finite number"),
+        (["--set", "hbm_capacity_bytes=0"], "must be > 0"),
+        (["--rate", "1e-300"], "at least 1e-05"),  # was: every latency 0.0 ms
+        (["--rate", "nan"], "rate must be"),
+        (["--num-requests", "1000000000"], "num-requests must be in"),
+        (["--memory-utilization", "nan"], "memory utilization"),
+        (["--max-batch-tokens", "2"], "exceeds max-batch-tokens 2"),  # was RuntimeError: No scheduled events left
+    ],
+)
 def test_simulate_settings_checked(flags, needle, capsys):
     one_line_error(["simulate", str(PD), "--hardware", "h100-sxm", *flags], capsys, needle)
 
 
 def test_sweep_keeps_going_with_an_error_row(t, capsys):
     """Was: one configuration whose passes exceed --max-batch-tokens crashed the whole sweep."""
-    assert main(["sweep", str(t), str(PD), "--hardware", "h100-sxm", "--max-batch-tokens", "40", "--workers", "1",
-                 "--num-requests", "4", "--json"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(t),
+                str(PD),
+                "--hardware",
+                "h100-sxm",
+                "--max-batch-tokens",
+                "40",
+                "--workers",
+                "1",
+                "--num-requests",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
     f = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert f["configs"] == 2 and f["ok"] == 1 and f["errors"] == 1
 
@@ -92,8 +115,12 @@ def test_a_trailing_request_that_cannot_run_does_not_stall_the_replay(t):
     if cap is None:
         pytest.skip("the shipped trace's prompts all have the same length")
     pos = [i for i in range(w.n_requests) if i != last] + [last]  # the too-wide one arrives last
-    res = replay(w.take(pos), get_hardware("h100-sxm"), ModelSpec.from_trace_meta(w.source["model"]),
-                 ReplayConfig(max_batch_tokens=cap, chunked_prefill=False))
+    res = replay(
+        w.take(pos),
+        get_hardware("h100-sxm"),
+        ModelSpec.from_trace_meta(w.source["model"]),
+        ReplayConfig(max_batch_tokens=cap, chunked_prefill=False),
+    )
     assert res.metrics["failed"] >= 1 and res.metrics["completed"] == w.n_requests - res.metrics["failed"]
 
 
@@ -108,20 +135,28 @@ def test_model_meta_of_the_wrong_shape_is_a_trace_error(t, capsys):
         one_line_error(argv, capsys, "trace meta 'model'")
 
 
-@pytest.mark.parametrize("damage,needle", [
-    (lambda t: _edit_meta(t, model="llama"), "field 'model' must be a JSON object"),  # was TypeError
-    (lambda t: _edit_meta(t, device=[1]), "field 'device' must be a JSON object"),
-    (lambda t: _edit_meta(t, kind=7), "field 'kind' must be a JSON string"),
-    (lambda t: (t / "meta.json").write_text("[" * 100000 + "]" * 100000), "nested"),  # was RecursionError
-    (lambda t: (t / "meta.json").write_text('{"a":' * 100 + "1" + "}" * 100), "nested"),
-    (lambda t: ((t / "meta.json").unlink(), os.mkfifo(t / "meta.json")), "not a regular file"),  # was: diff hung
-    (lambda t: ((t / "meta.json").unlink(), (t / "meta.json").symlink_to("/dev/zero")), "not a regular file"),
-])
+@pytest.mark.parametrize(
+    "damage,needle",
+    [
+        (lambda t: _edit_meta(t, model="llama"), "field 'model' must be a JSON object"),  # was TypeError
+        (lambda t: _edit_meta(t, device=[1]), "field 'device' must be a JSON object"),
+        (lambda t: _edit_meta(t, kind=7), "field 'kind' must be a JSON string"),
+        (lambda t: (t / "meta.json").write_text("[" * 100000 + "]" * 100000), "nested"),  # was RecursionError
+        (lambda t: (t / "meta.json").write_text('{"a":' * 100 + "1" + "}" * 100), "nested"),
+        (lambda t: ((t / "meta.json").unlink(), os.mkfifo(t / "meta.json")), "not a regular file"),  # was: diff hung
+        (lambda t: ((t / "meta.json").unlink(), (t / "meta.json").symlink_to("/dev/zero")), "not a regular file"),
+    ],
+)
 def test_broken_meta_is_one_trace_error_in_every_command(damage, needle, t, tmp_path, capsys):
     damage(t)
-    for argv in (["inspect", str(t)], ["diff", str(SHIPPED), str(t)], ["diff", str(t), str(SHIPPED)],
-                 ["export", str(t), "--perfetto", str(tmp_path / "x.json")],
-                 ["simulate", str(t), "--hardware", "h100-sxm"], ["validate", str(t)]):
+    for argv in (
+        ["inspect", str(t)],
+        ["diff", str(SHIPPED), str(t)],
+        ["diff", str(t), str(SHIPPED)],
+        ["export", str(t), "--perfetto", str(tmp_path / "x.json")],
+        ["simulate", str(t), "--hardware", "h100-sxm"],
+        ["validate", str(t)],
+    ):
         one_line_error(argv, capsys, needle if argv[0] in ("inspect", "export", "simulate") else "")
 
 
@@ -139,17 +174,26 @@ def _edit_requests(t: Path, col: str, value) -> None:
     df.to_parquet(t / "requests.parquet", index=False)
 
 
-@pytest.mark.parametrize("damage,needle", [
-    (lambda t: _edit_graph(t, lambda g: g["links"].append({"source": g["nodes"][-1]["id"],
-                                                            "target": g["nodes"][0]["id"]})), "cycle"),
-    (lambda t: _edit_graph(t, lambda g: g["links"].append({"source": "ghost", "target": g["nodes"][0]["id"]})),
-     "missing node"),
-    (lambda t: _edit_requests(t, "e2e_s", float("inf")), "e2e_s infinite"),
-    (lambda t: _edit_requests(t, "ttft_s", -1.0), "ttft_s infinite, negative"),
-    (lambda t: _edit_requests(t, "arrival_s", -3.0), "arrival_s"),
-    (lambda t: _edit_requests(t, "quality_score", 1.5), "outside 0..1"),
-    (lambda t: _edit_requests(t, "quality_score", float("inf")), "outside 0..1"),
-])
+@pytest.mark.parametrize(
+    "damage,needle",
+    [
+        (
+            lambda t: _edit_graph(
+                t, lambda g: g["links"].append({"source": g["nodes"][-1]["id"], "target": g["nodes"][0]["id"]})
+            ),
+            "cycle",
+        ),
+        (
+            lambda t: _edit_graph(t, lambda g: g["links"].append({"source": "ghost", "target": g["nodes"][0]["id"]})),
+            "missing node",
+        ),
+        (lambda t: _edit_requests(t, "e2e_s", float("inf")), "e2e_s infinite"),
+        (lambda t: _edit_requests(t, "ttft_s", -1.0), "ttft_s infinite, negative"),
+        (lambda t: _edit_requests(t, "arrival_s", -3.0), "arrival_s"),
+        (lambda t: _edit_requests(t, "quality_score", 1.5), "outside 0..1"),
+        (lambda t: _edit_requests(t, "quality_score", float("inf")), "outside 0..1"),
+    ],
+)
 def test_validate_rejects_what_it_used_to_pass(damage, needle, t, tmp_path, capsys):
     assert validate(t) == []
     damage(t)

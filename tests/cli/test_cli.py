@@ -9,8 +9,19 @@ import pytest
 
 from tests.cli import solm
 
-REQUIRED = {"requests", "output_tokens", "quality_mean", "tokens_per_s", "ttft_s_p50", "e2e_s_mean", "e2e_s_p50",
-            "e2e_s_p99", "peak_kv_tokens", "peak_kv_bytes", "nvml"}
+REQUIRED = {
+    "requests",
+    "output_tokens",
+    "quality_mean",
+    "tokens_per_s",
+    "ttft_s_p50",
+    "e2e_s_mean",
+    "e2e_s_p50",
+    "e2e_s_p99",
+    "peak_kv_tokens",
+    "peak_kv_bytes",
+    "nvml",
+}
 
 
 def test_inspect_json_fields(small_trace):
@@ -72,15 +83,18 @@ def test_inspect_missing_column(small_trace, tmp_path):
     _assert_one_line_error(solm("inspect", str(bad)), "missing columns kv_slot")
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--system", "nope"], "unknown system"),
-    (["--model", "no-such-model"], "neither a checkpoint"),
-    (["--task", "nope", "--model", "tiny-2l"], "unknown task"),
-    (["--n", "0", "--model", "tiny-2l"], "--n must be"),
-    (["--repeats", "0", "--model", "tiny-2l"], "--repeats must be"),
-    (["--keep", "max", "--model", "tiny-2l"], "invalid choice"),
-    (["--device", "cuda", "--model", "tiny-2l"], "CUDA"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--system", "nope"], "unknown system"),
+        (["--model", "no-such-model"], "neither a checkpoint"),
+        (["--task", "nope", "--model", "tiny-2l"], "unknown task"),
+        (["--n", "0", "--model", "tiny-2l"], "--n must be"),
+        (["--repeats", "0", "--model", "tiny-2l"], "--repeats must be"),
+        (["--keep", "max", "--model", "tiny-2l"], "invalid choice"),
+        (["--device", "cuda", "--model", "tiny-2l"], "CUDA"),
+    ],
+)
 def test_capture_bad_input(tmp_path, args, needle):
     r = solm("capture", *args, "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
@@ -103,8 +117,22 @@ def test_capture_repeats_records_one_run_per_request(tmp_path):
     from profiler.validate import validate as trace_problems
 
     out = tmp_path / "rep"
-    r = solm("capture", "--system", "sequential", "--model", "tiny-2l", "--n", "3", "--max-tokens", "10",
-             "--repeats", "3", "--out", str(out), "--json")
+    r = solm(
+        "capture",
+        "--system",
+        "sequential",
+        "--model",
+        "tiny-2l",
+        "--n",
+        "3",
+        "--max-tokens",
+        "10",
+        "--repeats",
+        "3",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     t = read_trace(out)
     assert sorted(t.requests["request_id"]) == [0, 1, 2]
@@ -115,5 +143,8 @@ def test_capture_repeats_records_one_run_per_request(tmp_path):
     assert 0 <= rep["e2e_spread_percent_median"] <= rep["e2e_spread_percent_max"]
     for _, req in t.requests.iterrows():  # a request's steps lie inside its own recorded run
         s = t.steps[t.steps["request_id"] == req["request_id"]]
-        assert s["start_s"].min() >= req["arrival_s"] and (s["start_s"] + s["duration_s"]).max() <= req["arrival_s"] + req["e2e_s"] + 1e-9
+        assert (
+            s["start_s"].min() >= req["arrival_s"]
+            and (s["start_s"] + s["duration_s"]).max() <= req["arrival_s"] + req["e2e_s"] + 1e-9
+        )
     assert not trace_problems(out)

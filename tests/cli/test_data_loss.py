@@ -20,8 +20,11 @@ SHIPPED = REPO / "traces" / "sequential-reverse_words"
 
 def digest(root: Path) -> dict[str, str]:
     """Every file under `root` (lock files aside) and its hash: what must survive."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != LOCK_NAME}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != LOCK_NAME
+    }
 
 
 @pytest.fixture
@@ -45,8 +48,11 @@ def test_capture_out_dot_force_keeps_the_working_directory(work, capsys):
     before = digest(work)
     refused(["capture", "--model", "tiny-2l", "--n", "1", "--out", ".", "--force"], capsys, "working directory")
     refused(["simulate", "t", "--hardware", "h100-sxm", "--out", ".", "--force"], capsys, "working directory")
-    refused(["capture", "--model", "tiny-2l", "--n", "1", "--out", str(work.parent), "--force"], capsys,
-            "contains the working directory")
+    refused(
+        ["capture", "--model", "tiny-2l", "--n", "1", "--out", str(work.parent), "--force"],
+        capsys,
+        "contains the working directory",
+    )
     assert digest(work) == before
 
 
@@ -60,10 +66,12 @@ def test_force_on_a_folder_of_traces_or_user_files_is_refused(work, tmp_path, ca
     (mine / "thesis.tex").write_text("\\section{}")
     snap = {p: digest(p) for p in (parent, mine)}
     for out in (parent, mine):
-        refused(["simulate", "t", "--hardware", "h100-sxm", "--out", str(out), "--force"], capsys,
-                "--force replaces only")
-        refused(["capture", "--model", "tiny-2l", "--n", "1", "--out", str(out), "--force"], capsys,
-                "--force replaces only")
+        refused(
+            ["simulate", "t", "--hardware", "h100-sxm", "--out", str(out), "--force"], capsys, "--force replaces only"
+        )
+        refused(
+            ["capture", "--model", "tiny-2l", "--n", "1", "--out", str(out), "--force"], capsys, "--force replaces only"
+        )
     assert {p: digest(p) for p in snap} == snap
 
 
@@ -72,11 +80,13 @@ def test_out_is_or_contains_or_lies_inside_the_input(work, capsys):
     their own input."""
     before = digest(work)
     refused(["simulate", "t", "--hardware", "h100-sxm", "--out", "t", "--force"], capsys, "is the input t")
-    refused(["simulate", "./t/", "--hardware", "h100-sxm", "--out", str(work / "t"), "--force"], capsys,
-            "is the input")
+    refused(["simulate", "./t/", "--hardware", "h100-sxm", "--out", str(work / "t"), "--force"], capsys, "is the input")
     refused(["simulate", "t", "--hardware", "h100-sxm", "--out", "t/sim", "--force"], capsys, "lies inside the input")
-    refused(["capture", "--model", "tiny-2l", "--structure-from", "t", "--n", "1", "--out", "t", "--force"], capsys,
-            "is the input t")
+    refused(
+        ["capture", "--model", "tiny-2l", "--structure-from", "t", "--n", "1", "--out", "t", "--force"],
+        capsys,
+        "is the input t",
+    )
     (work / "link").symlink_to(work / "t")
     refused(["simulate", "t", "--hardware", "h100-sxm", "--out", "link", "--force"], capsys, "is the input")
     assert digest(work) == before
@@ -123,12 +133,19 @@ def test_a_second_writer_is_refused_while_the_first_holds_out(work, capsys):
     """Was: two captures into one --out at once left a mixed trace that validated."""
     out = work / "busy"
     with claim_out_dir(out):  # the first writer, mid-run
-        refused(["simulate", "t", "--hardware", "h100-sxm", "--out", str(out), "--force"], capsys,
-                "being written by another solm process")
-        refused(["capture", "--model", "tiny-2l", "--n", "1", "--out", str(out), "--force"], capsys,
-                "being written by another solm process")
-        refused(["sweep", "t", "--hardware", "h100-sxm", "--out", str(out)], capsys,
-                "being written by another solm process")
+        refused(
+            ["simulate", "t", "--hardware", "h100-sxm", "--out", str(out), "--force"],
+            capsys,
+            "being written by another solm process",
+        )
+        refused(
+            ["capture", "--model", "tiny-2l", "--n", "1", "--out", str(out), "--force"],
+            capsys,
+            "being written by another solm process",
+        )
+        refused(
+            ["sweep", "t", "--hardware", "h100-sxm", "--out", str(out)], capsys, "being written by another solm process"
+        )
     with claim_out_dir(out):  # released when the first writer finished
         pass
 
@@ -142,8 +159,19 @@ def test_claim_leaves_no_empty_folder_behind(tmp_path):
 
 def test_sweep_resume_does_not_depend_on_spelling(work, capsys):
     """Was: resume keyed rows by the trace path as typed, so `./t/` redid everything `t` had done."""
-    args = ["--hardware", "h100-sxm", "--max-seqs", "1,2", "--num-requests", "4", "--workers", "1", "--out", "sw",
-            "--json"]
+    args = [
+        "--hardware",
+        "h100-sxm",
+        "--max-seqs",
+        "1,2",
+        "--num-requests",
+        "4",
+        "--workers",
+        "1",
+        "--out",
+        "sw",
+        "--json",
+    ]
     assert main(["sweep", "t", *args]) == 0
     lines = (work / "sw" / "results.jsonl").read_text().splitlines()
     assert len(lines) == 2

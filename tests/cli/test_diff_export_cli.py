@@ -22,8 +22,10 @@ def _one_error_line(r: subprocess.CompletedProcess, command: str, needle: str) -
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     d = tmp_path_factory.mktemp("cli")
-    return (make_trace(d / "seq", e2e_s=[1.0, 3.0], passes=8),
-            make_trace(d / "par", e2e_s=[0.5, 1.5], threads=[1, 1], system="pasta", passes=4))
+    return (
+        make_trace(d / "seq", e2e_s=[1.0, 3.0], passes=8),
+        make_trace(d / "par", e2e_s=[0.5, 1.5], threads=[1, 1], system="pasta", passes=4),
+    )
 
 
 def test_diff_with_itself_json(pair):
@@ -61,8 +63,9 @@ def test_export_perfetto(pair, tmp_path):
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout.strip().splitlines()[-1])
     assert s["events"] == len(json.loads(out.read_text())["traceEvents"]) and s["counter_events"] > 0
-    _one_error_line(solm("export", str(pair[0]), "--perfetto", str(tmp_path / "no" / "x.json")), "export",
-                    "no such directory")
+    _one_error_line(
+        solm("export", str(pair[0]), "--perfetto", str(tmp_path / "no" / "x.json")), "export", "no such directory"
+    )
 
 
 def test_dashboard_dry_run(pair, tmp_path):

@@ -18,8 +18,15 @@ def _fail_with(monkeypatch, exc: BaseException) -> None:
     monkeypatch.setattr(inspect_cmd, "run", run)
 
 
-@pytest.mark.parametrize("exc", [UsageError("--n must be >= 1"), TraceError("t: no meta.json"),
-                                 UnknownName("unknown hardware 'z9'"), KVPoolFull("pool of 0 bytes")])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        UsageError("--n must be >= 1"),
+        TraceError("t: no meta.json"),
+        UnknownName("unknown hardware 'z9'"),
+        KVPoolFull("pool of 0 bytes"),
+    ],
+)
 def test_own_errors_are_one_line_exit_2(exc, monkeypatch, capsys):
     _fail_with(monkeypatch, exc)
     assert main(["inspect", "x"]) == 2
@@ -27,8 +34,16 @@ def test_own_errors_are_one_line_exit_2(exc, monkeypatch, capsys):
     assert err == f"solm inspect: error: {exc}\n" and not str(exc).startswith("'")
 
 
-@pytest.mark.parametrize("exc", [KeyError("slot 3 is not allocated"), ValueError("bad shape"), MemoryError(),
-                                 RuntimeError("No scheduled events left"), TypeError("x")])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        KeyError("slot 3 is not allocated"),
+        ValueError("bad shape"),
+        MemoryError(),
+        RuntimeError("No scheduled events left"),
+        TypeError("x"),
+    ],
+)
 def test_other_exceptions_are_bugs_exit_1(exc, monkeypatch, capsys):
     monkeypatch.delenv("SOLM_DEBUG", raising=False)
     _fail_with(monkeypatch, exc)

@@ -31,8 +31,22 @@ def _load():
 
 def test_gpu_capture_tiny_arch_on_cpu(tmp_path, capsys):
     out = tmp_path / "cap"
-    rc = _load().main(["--device", "cpu", "--arch", "tiny-llama", "--n", "1", "--max-tokens", "6",
-                       "--page-size", "4", "--out", str(out)])
+    rc = _load().main(
+        [
+            "--device",
+            "cpu",
+            "--arch",
+            "tiny-llama",
+            "--n",
+            "1",
+            "--max-tokens",
+            "6",
+            "--page-size",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and last["bench"] == "gpu_capture" and last["failed"] == []
     meta = json.loads((out / "meta.json").read_text())
@@ -59,8 +73,24 @@ def test_gpu_capture_tiny_arch_on_cpu(tmp_path, capsys):
 
 def test_gpu_capture_own_structure(tmp_path, capsys):
     out = tmp_path / "own"
-    rc = _load().main(["--device", "cpu", "--arch", "tiny-qwen2", "--n", "1", "--max-tokens", "4",
-                       "--systems", "sequential,nope", "--structure-from", "none", "--out", str(out)])
+    rc = _load().main(
+        [
+            "--device",
+            "cpu",
+            "--arch",
+            "tiny-qwen2",
+            "--n",
+            "1",
+            "--max-tokens",
+            "4",
+            "--systems",
+            "sequential,nope",
+            "--structure-from",
+            "none",
+            "--out",
+            str(out),
+        ]
+    )
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     meta = json.loads((out / "meta.json").read_text())
     assert rc == 0 and last["ok"] == ["sequential"] and meta["systems"]["nope"]["status"] == "skipped"
@@ -68,6 +98,11 @@ def test_gpu_capture_own_structure(tmp_path, capsys):
 
 
 def test_gpu_capture_bad_input_is_one_line(tmp_path):
-    r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--arch", "nope-1b", "--out",
-                        str(tmp_path / "x")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--arch", "nope-1b", "--out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert r.returncode == 2 and "unknown architecture" in r.stderr and "Traceback" not in r.stderr

@@ -28,9 +28,36 @@ def test_capture_pasta_defaults_then_inspect(tmp_path):
 
 
 def test_capture_pasta_knobs_and_bad_knob(tmp_path):
-    r = solm("capture", "--system", "pasta", "--model", "tiny-2l", "--n", "1", "--max-tokens", "8",
-             "--knob", "max_threads=2", "--knob", "max_chunk_tokens=16", "--out", str(tmp_path / "a"), "--json")
+    r = solm(
+        "capture",
+        "--system",
+        "pasta",
+        "--model",
+        "tiny-2l",
+        "--n",
+        "1",
+        "--max-tokens",
+        "8",
+        "--knob",
+        "max_threads=2",
+        "--knob",
+        "max_chunk_tokens=16",
+        "--out",
+        str(tmp_path / "a"),
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
-    r = solm("capture", "--system", "pasta", "--model", "tiny-2l", "--n", "1", "--knob", "max_threads=0",
-             "--out", str(tmp_path / "b"))
+    r = solm(
+        "capture",
+        "--system",
+        "pasta",
+        "--model",
+        "tiny-2l",
+        "--n",
+        "1",
+        "--knob",
+        "max_threads=0",
+        "--out",
+        str(tmp_path / "b"),
+    )
     assert r.returncode == 2 and "max_threads" in r.stderr and "Traceback" not in r.stderr

@@ -11,9 +11,28 @@ PLAN = "<promise>-<topic>a 1</topic><promise>-<topic>b 2</topic><sync/>ok<eos>"
 
 def test_capture_planned_diffusion_then_inspect(tmp_path):
     out = tmp_path / "pd"
-    r = solm("capture", "--system", "planned_diffusion", "--model", "tiny-2l", "--task", "reverse_words", "--n", "2",
-             "--max-tokens", "48", "--knob", f"forced_plan={PLAN}", "--knob", "length_scale=4",
-             "--knob", "confidence_threshold=null", "--out", str(out), "--json")
+    r = solm(
+        "capture",
+        "--system",
+        "planned_diffusion",
+        "--model",
+        "tiny-2l",
+        "--task",
+        "reverse_words",
+        "--n",
+        "2",
+        "--max-tokens",
+        "48",
+        "--knob",
+        f"forced_plan={PLAN}",
+        "--knob",
+        "length_scale=4",
+        "--knob",
+        "confidence_threshold=null",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     r = solm("inspect", str(out), "--json", "--validate")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -35,10 +54,35 @@ def test_capture_planned_diffusion_then_inspect(tmp_path):
 
 
 def test_capture_masked_diffusion_and_bad_knob(tmp_path):
-    r = solm("capture", "--system", "masked_diffusion", "--model", "tiny-2l", "--task", "reverse_words", "--n", "1",
-             "--knob", "length=8", "--knob", "steps=4", "--out", str(tmp_path / "m"), "--json")
+    r = solm(
+        "capture",
+        "--system",
+        "masked_diffusion",
+        "--model",
+        "tiny-2l",
+        "--task",
+        "reverse_words",
+        "--n",
+        "1",
+        "--knob",
+        "length=8",
+        "--knob",
+        "steps=4",
+        "--out",
+        str(tmp_path / "m"),
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 4
-    r = solm("capture", "--system", "planned_diffusion", "--model", "tiny-2l", "--knob", "order=sideways",
-             "--out", str(tmp_path / "bad"))
+    r = solm(
+        "capture",
+        "--system",
+        "planned_diffusion",
+        "--model",
+        "tiny-2l",
+        "--knob",
+        "order=sideways",
+        "--out",
+        str(tmp_path / "bad"),
+    )
     assert r.returncode == 2 and "order" in r.stderr and "Traceback" not in r.stderr

@@ -11,14 +11,17 @@ from profiler.reader import read_trace
 from tests.cli import solm
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--rate", "-1"], "--rate must be a positive"),
-    (["--concurrency", "0"], "--concurrency must be >= 1"),
-    (["--rate", "2", "--concurrency", "2"], "exactly one of --rate and --concurrency"),
-    (["--rate", "5", "--kv-budget-mib", "0.000001"], "smaller than one page"),
-    (["--rate", "5", "--kv-budget-mib", "0"], "--kv-budget-mib must be > 0"),
-    (["--concurrency", "2", "--scheduler", "lifo"], "lifo"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--rate", "-1"], "--rate must be a positive"),
+        (["--concurrency", "0"], "--concurrency must be >= 1"),
+        (["--rate", "2", "--concurrency", "2"], "exactly one of --rate and --concurrency"),
+        (["--rate", "5", "--kv-budget-mib", "0.000001"], "smaller than one page"),
+        (["--rate", "5", "--kv-budget-mib", "0"], "--kv-budget-mib must be > 0"),
+        (["--concurrency", "2", "--scheduler", "lifo"], "lifo"),
+    ],
+)
 def test_bad_load_settings_are_one_line_exit_2(tmp_path, flags, message):
     r = solm("capture", "--system", "sequential", "--n", "2", "--max-tokens", "4", *flags, "--out", str(tmp_path / "t"))
     assert r.returncode == 2, r.stderr
@@ -29,8 +32,26 @@ def test_bad_load_settings_are_one_line_exit_2(tmp_path, flags, message):
 
 def test_closed_loop_capture_writes_a_serving_trace(tmp_path):
     out = tmp_path / "t"
-    r = solm("capture", "--system", "sequential", "--n", "4", "--max-tokens", "8", "--concurrency", "3",
-             "--page-size", "4", "--kv-budget-mib", "0.5", "--warmup", "0", "--out", str(out), "--json")
+    r = solm(
+        "capture",
+        "--system",
+        "sequential",
+        "--n",
+        "4",
+        "--max-tokens",
+        "8",
+        "--concurrency",
+        "3",
+        "--page-size",
+        "4",
+        "--kv-budget-mib",
+        "0.5",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     json.loads(r.stdout.strip().splitlines()[-1])
     tr = read_trace(out)
@@ -39,7 +60,11 @@ def test_closed_loop_capture_writes_a_serving_trace(tmp_path):
     reqs = tr.requests.to_pandas() if hasattr(tr.requests, "to_pandas") else tr.requests
     assert len(reqs) == 4 and (reqs["status"] != "error").all()
     assert steps["batch_requests"].max() >= 2  # passes carried several requests
-    per_pass = steps.groupby("batch_index").agg(n=("request_id", "size"), b=("batch_requests", "first"),
-                                                 q=("query_tokens", "sum"), bq=("batch_query_tokens", "first"))
+    per_pass = steps.groupby("batch_index").agg(
+        n=("request_id", "size"),
+        b=("batch_requests", "first"),
+        q=("query_tokens", "sum"),
+        bq=("batch_query_tokens", "first"),
+    )
     assert (per_pass["n"] == per_pass["b"]).all() and (per_pass["q"] == per_pass["bq"]).all()
     assert (reqs["queue_s"] >= 0).all() and (reqs["ttft_s"] >= reqs["queue_s"]).all()

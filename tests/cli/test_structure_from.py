@@ -20,8 +20,19 @@ TRACES = Path(__file__).resolve().parents[2] / "traces"
 @pytest.mark.parametrize("system,trace", [("pasta", "pasta-word_facts"), ("tip", "tip-var_tracking")])
 def test_capture_replays_structure(tmp_path, system, trace):
     out = tmp_path / system
-    r = solm("capture", "--system", system, "--model", "tiny-2l", "--n", "2", "--structure-from",
-             str(TRACES / trace), "--out", str(out))
+    r = solm(
+        "capture",
+        "--system",
+        system,
+        "--model",
+        "tiny-2l",
+        "--n",
+        "2",
+        "--structure-from",
+        str(TRACES / trace),
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     assert "quality n/a" in r.stdout
     s = json.loads(r.stdout.strip().splitlines()[-1])
@@ -38,11 +49,14 @@ def test_capture_replays_structure(tmp_path, system, trace):
         assert sa["live_kv_tokens"].tolist() == sb["live_kv_tokens"].tolist()
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--system", "tip", "--structure-from", str(TRACES / "pasta-word_facts")], "holds a 'pasta' trace"),
-    (["--system", "pasta", "--structure-from", "/nonexistent/trace"], "/nonexistent/trace"),
-    (["--system", "skeleton", "--structure-from", str(TRACES / "pasta-word_facts")], "supports"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--system", "tip", "--structure-from", str(TRACES / "pasta-word_facts")], "holds a 'pasta' trace"),
+        (["--system", "pasta", "--structure-from", "/nonexistent/trace"], "/nonexistent/trace"),
+        (["--system", "skeleton", "--structure-from", str(TRACES / "pasta-word_facts")], "supports"),
+    ],
+)
 def test_structure_from_bad_input(tmp_path, args, needle):
     r = solm("capture", *args, "--model", "tiny-2l", "--n", "1", "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -27,8 +27,22 @@ def test_capture_tip_defaults_then_inspect(tmp_path):
 
 def test_capture_tip_baseline_knobs(tmp_path):
     out = tmp_path / "h2o"
-    r = solm("capture", "--system", "tip", "--n", "1", "--max-tokens", "24", "--knob", "policy=h2o",
-             "--knob", "budget_tokens=16", "--out", str(out), "--json")
+    r = solm(
+        "capture",
+        "--system",
+        "tip",
+        "--n",
+        "1",
+        "--max-tokens",
+        "24",
+        "--knob",
+        "policy=h2o",
+        "--knob",
+        "budget_tokens=16",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["peak_kv_tokens"] <= 16
     r = solm("capture", "--system", "tip", "--n", "1", "--knob", "policy=h2o", "--out", str(tmp_path / "bad"))

@@ -37,8 +37,13 @@ def test_overview_shows_traces_and_one_error_row(app):
 
 
 def test_every_page_runs(app):
-    titles = {"pareto": "Pareto: quality vs latency and memory", "timeline": "Timeline",
-              "graph": "Dependence graph", "whatif": "What-if", "diff": "Diff"}
+    titles = {
+        "pareto": "Pareto: quality vs latency and memory",
+        "timeline": "Timeline",
+        "graph": "Dependence graph",
+        "whatif": "What-if",
+        "diff": "Diff",
+    }
     charts = {"pareto": 2, "timeline": 3, "graph": 1, "whatif": 3, "diff": 2}
     for page in PAGES:
         app.switch_page(f"views/{page}.py").run()

@@ -17,8 +17,16 @@ import urllib.request
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 CHART_X = """() => {
     const g = document.querySelector('.st-key-whatif_pareto .js-plotly-plot');
     return g && g.data ? JSON.stringify(g.data.map(t => t.x)) : null;
@@ -39,8 +47,12 @@ def _free_port() -> int:
 def server(trace_folder, tmp_path):
     port = _free_port()
     log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "solm", "dashboard", str(trace_folder), "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "solm", "dashboard", str(trace_folder), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -74,16 +86,18 @@ def test_whatif_control_redraws_pareto(server, tmp_path):
             assert json.loads(before), "the Pareto chart has no points"
             page.locator(".st-key-whatif_hardware").click()
             page.get_by_role("option", name="l4", exact=True).click()
-            page.wait_for_function(f"() => ({CHART_X})() !== null && ({CHART_X})() !== {json.dumps(before)}",
-                                   timeout=60_000)
+            page.wait_for_function(
+                f"() => ({CHART_X})() !== null && ({CHART_X})() !== {json.dumps(before)}", timeout=60_000
+            )
             after = page.evaluate(CHART_X)
             assert after != before
             page.wait_for_timeout(500)
             shot = tmp_path / "whatif.png"
             page.screenshot(path=str(shot), full_page=True)
             assert shot.stat().st_size > 10_000
-            title = page.evaluate("() => document.querySelector('.st-key-whatif_pareto .js-plotly-plot')"
-                                  ".layout.title.text")
+            title = page.evaluate(
+                "() => document.querySelector('.st-key-whatif_pareto .js-plotly-plot').layout.title.text"
+            )
             assert "measured and on l4" in title, title
         finally:
             browser.close()

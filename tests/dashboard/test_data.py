@@ -68,6 +68,8 @@ def test_sweep_tables_become_points(trace_folder):
     assert [f.parent.name for f in files] == ["sweep1"]
     p = data.sweep_points(files)
     assert p["kind"].tolist() == ["sweep", "sweep"]  # the error row is left out
-    assert p["label"].tolist() == ["sequential on a100-80g (tiny-2l) seqs=8 rate=None",
-                                   "sequential on h100-sxm (tiny-2l) seqs=8 rate=None"]
+    assert p["label"].tolist() == [
+        "sequential on a100-80g (tiny-2l) seqs=8 rate=None",
+        "sequential on h100-sxm (tiny-2l) seqs=8 rate=None",
+    ]
     assert p["e2e_ms_mean"].tolist() == [12.0, 9.0]

@@ -29,7 +29,7 @@ def test_points_and_calibration_groups(load_folder):
     points = load_data.load_points(traces)
     assert sorted(points["load"]) == ["rate 20/s", "rate 400/s"] and (points["kind"] == "measured").all()
     assert (points["e2e_ms_p50"] > 0).all() and (points["request_throughput"] > 0).all()
-    (calib, serving), = load_data.calibration_groups(traces)
+    ((calib, serving),) = load_data.calibration_groups(traces)
     assert calib.endswith("b1") and [s.split("/")[-1] for s in serving] == ["seq-r20", "seq-r400"]
     fig = load_figures.load_curve_figure(points)
     assert [t.name for t in fig.data] == ["seq measured"] and len(fig.data[0].x) == 2

@@ -36,8 +36,14 @@ def _free_port() -> int:
 
 
 def _solm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "solm", "dashboard", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=ENV, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "solm", "dashboard", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=ENV,
+        timeout=120,
+    )
 
 
 def test_address_beyond_loopback_warns(tmp_path):
@@ -103,8 +109,14 @@ def server(tmp_path):
     make_trace(tmp_path / "t", e2e_s=[0.1, 0.2], passes=2)
     port = _free_port()
     log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "solm", "dashboard", str(tmp_path), "--port", str(port)], cwd=ROOT,
-                            env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "solm", "dashboard", str(tmp_path), "--port", str(port)],
+        cwd=ROOT,
+        env=ENV,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
     def healthy() -> bool:
         if proc.poll() is not None:

@@ -31,8 +31,9 @@ def test_self_diff_of_a_capture_is_zero(small_trace):
 
 def test_sequential_vs_parallel_reports_the_implied_speedup(tmp_path):
     seq = make_trace(tmp_path / "seq", e2e_s=[1.0, 2.0, 3.0], passes=12, counters="nvml")
-    par = make_trace(tmp_path / "par", e2e_s=[0.5, 0.5, 1.0], threads=[2, 2, 1], system="pasta", passes=4,
-                     counters="nvml")
+    par = make_trace(
+        tmp_path / "par", e2e_s=[0.5, 0.5, 1.0], threads=[2, 2, 1], system="pasta", passes=4, counters="nvml"
+    )
     d = diff_paths(seq, par)
     o = d.summary()["overall"]
     assert o["speedup"] == pytest.approx(6.0 / 2.0)
@@ -84,9 +85,12 @@ def test_text_and_graph_diff_units():
     assert t["equal_tokens"] == 3 and t["replaced_tokens"] == 1 and not t["identical"]
     assert ("replace", "c", "X") in t["ops"] and math.isclose(t["similarity"], 0.75)
     ga = {"nodes": [{"id": "p", "tokens": 3}, {"id": "m", "tokens": 5}], "links": [{"source": "p", "target": "m"}]}
-    gb = {"nodes": [{"id": "p", "tokens": 3}, {"id": "m", "tokens": 5}, {"id": "t", "tokens": 2}],
-          "links": [{"source": "t", "target": "m"}]}
+    gb = {
+        "nodes": [{"id": "p", "tokens": 3}, {"id": "m", "tokens": 5}, {"id": "t", "tokens": 2}],
+        "links": [{"source": "t", "target": "m"}],
+    }
     g = graph_diff(ga, gb)
-    assert g["added"] == ["t"] and g["changed_dependence"] == [{"chunk": "m", "a_depends_on": ["p"],
-                                                                  "b_depends_on": ["t"]}]
+    assert g["added"] == ["t"] and g["changed_dependence"] == [
+        {"chunk": "m", "a_depends_on": ["p"], "b_depends_on": ["t"]}
+    ]
     assert g["edges_added"] == 1 and g["edges_removed"] == 1

@@ -17,24 +17,83 @@ from profiler.writer import TraceWriter
 
 def _rows(rid: int, n_steps: int = 2) -> tuple[dict, list[dict], list[dict], dict]:
     req = {f.name: None for f in BASE_TABLES["requests"]}  # a v1.0 row: the reader fills the minor columns
-    req.update(request_id=rid, prompt=f"p{rid}", reference="r", prompt_tokens=3, output_tokens=n_steps,
-               output_text="ab", quality_score=0.5, arrival_s=0.0, start_s=0.0, ttft_s=0.1, e2e_s=0.2,
-               steps=n_steps, critical_path_tokens=n_steps, theoretical_speedup=1.0, peak_live_kv_tokens=4,
-               peak_kv_bytes=64, status="ok", stop_reason="stop_token", error="", events="[]")
-    steps = [dict(request_id=rid, step_index=i, batch_index=i, phase="prefill" if i == 0 else "decode", start_s=0.1 * i,
-                  duration_s=0.1, streams="0", active_streams=1, query_tokens=3 if i == 0 else 1, kv_tokens_read=6,
-                  live_kv_tokens=3 + i, kv_bytes_allocated=64, emitted_tokens=1, evicted_tokens=0, freed_kv_bytes=0,
-                  device_memory_bytes=-1, note="") for i in range(n_steps)]
-    toks = [dict(request_id=rid, token_index=i, token_id=97 + i, token_text="ab"[i % 2], stream=0, step_index=i,
-                 position_id=3 + i, kv_slot=3 + i, kind="content", visible_streams=[-1, 0], evicted_at_step=-1)
-            for i in range(n_steps)]
-    graph = {"directed": True, "multigraph": False, "graph": {}, "nodes": [{"id": "prompt"}, {"id": "main:0"}],
-             "links": [{"source": "prompt", "target": "main:0"}]}
+    req.update(
+        request_id=rid,
+        prompt=f"p{rid}",
+        reference="r",
+        prompt_tokens=3,
+        output_tokens=n_steps,
+        output_text="ab",
+        quality_score=0.5,
+        arrival_s=0.0,
+        start_s=0.0,
+        ttft_s=0.1,
+        e2e_s=0.2,
+        steps=n_steps,
+        critical_path_tokens=n_steps,
+        theoretical_speedup=1.0,
+        peak_live_kv_tokens=4,
+        peak_kv_bytes=64,
+        status="ok",
+        stop_reason="stop_token",
+        error="",
+        events="[]",
+    )
+    steps = [
+        dict(
+            request_id=rid,
+            step_index=i,
+            batch_index=i,
+            phase="prefill" if i == 0 else "decode",
+            start_s=0.1 * i,
+            duration_s=0.1,
+            streams="0",
+            active_streams=1,
+            query_tokens=3 if i == 0 else 1,
+            kv_tokens_read=6,
+            live_kv_tokens=3 + i,
+            kv_bytes_allocated=64,
+            emitted_tokens=1,
+            evicted_tokens=0,
+            freed_kv_bytes=0,
+            device_memory_bytes=-1,
+            note="",
+        )
+        for i in range(n_steps)
+    ]
+    toks = [
+        dict(
+            request_id=rid,
+            token_index=i,
+            token_id=97 + i,
+            token_text="ab"[i % 2],
+            stream=0,
+            step_index=i,
+            position_id=3 + i,
+            kv_slot=3 + i,
+            kind="content",
+            visible_streams=[-1, 0],
+            evicted_at_step=-1,
+        )
+        for i in range(n_steps)
+    ]
+    graph = {
+        "directed": True,
+        "multigraph": False,
+        "graph": {},
+        "nodes": [{"id": "prompt"}, {"id": "main:0"}],
+        "links": [{"source": "prompt", "target": "main:0"}],
+    }
     return req, steps, toks, graph
 
 
-META = {"kind": "measured", "system": "sequential", "model": {"name": "m"}, "device": {"name": "cpu"},
-        "created_at": "2026-01-01T00:00:00+00:00"}
+META = {
+    "kind": "measured",
+    "system": "sequential",
+    "model": {"name": "m"},
+    "device": {"name": "cpu"},
+    "created_at": "2026-01-01T00:00:00+00:00",
+}
 
 
 def test_roundtrip_equals_what_was_written(tmp_path):
@@ -42,9 +101,22 @@ def test_roundtrip_equals_what_was_written(tmp_path):
     written = [_rows(i) for i in range(3)]
     for r in written:
         w.add_request(*r)
-    w.set_counters([{"t_s": 0.0, "source": "host", "gpu_memory_used_bytes": float("nan"), "gpu_utilization_percent": float("nan"),
-                     "power_w": float("nan"), "energy_mj": float("nan"), "sm_clock_mhz": float("nan"), "temperature_c": float("nan"),
-                     "cpu_percent": 50.0, "rss_bytes": 1e6}])
+    w.set_counters(
+        [
+            {
+                "t_s": 0.0,
+                "source": "host",
+                "gpu_memory_used_bytes": float("nan"),
+                "gpu_utilization_percent": float("nan"),
+                "power_w": float("nan"),
+                "energy_mj": float("nan"),
+                "sm_clock_mhz": float("nan"),
+                "temperature_c": float("nan"),
+                "cpu_percent": 50.0,
+                "rss_bytes": 1e6,
+            }
+        ]
+    )
     w.close()
     t = read_trace(tmp_path / "t")
     assert t.complete and t.meta["schema_version"] == SCHEMA_VERSION and not (tmp_path / "t" / "parts").exists()
@@ -81,15 +153,21 @@ def _complete(tmp_path):
     return w.close()
 
 
-@pytest.mark.parametrize("damage,match", [
-    (lambda p: shutil.rmtree(p), "no such directory"),
-    (lambda p: (p / "meta.json").unlink(), "no meta.json"),
-    (lambda p: (p / "meta.json").write_text("{not json"), "not valid JSON"),
-    (lambda p: (p / "meta.json").write_text(json.dumps({**META, "schema_version": 99})), "schema version 99"),
-    (lambda p: (p / "steps.parquet").write_bytes((p / "steps.parquet").read_bytes()[:100]), "unreadable Parquet"),
-    (lambda p: pq.write_table(pq.read_table(p / "requests.parquet").drop(["e2e_s"]), p / "requests.parquet"), "missing columns e2e_s"),
-    (lambda p: (p / "tokens.parquet").unlink(), "missing tokens.parquet"),
-])
+@pytest.mark.parametrize(
+    "damage,match",
+    [
+        (lambda p: shutil.rmtree(p), "no such directory"),
+        (lambda p: (p / "meta.json").unlink(), "no meta.json"),
+        (lambda p: (p / "meta.json").write_text("{not json"), "not valid JSON"),
+        (lambda p: (p / "meta.json").write_text(json.dumps({**META, "schema_version": 99})), "schema version 99"),
+        (lambda p: (p / "steps.parquet").write_bytes((p / "steps.parquet").read_bytes()[:100]), "unreadable Parquet"),
+        (
+            lambda p: pq.write_table(pq.read_table(p / "requests.parquet").drop(["e2e_s"]), p / "requests.parquet"),
+            "missing columns e2e_s",
+        ),
+        (lambda p: (p / "tokens.parquet").unlink(), "missing tokens.parquet"),
+    ],
+)
 def test_corrupt_traces_raise_one_clear_error(tmp_path, damage, match):
     p = _complete(tmp_path)
     damage(p)

@@ -49,7 +49,9 @@ def test_repeats_lay_recorded_runs_on_one_timeline_and_keep_every_run(tmp_path):
     first = runs[runs["run"] == 0].groupby("request_id")["e2e_s"].first()
     assert info == {"run": 0, "requests": 3, "left_out": 0}
     assert np.allclose(view.requests.set_index("request_id").sort_index()["e2e_s"], first.sort_index())
-    assert (view.requests["e2e_s"] >= req["e2e_s"].to_numpy() - 1e-12).all()  # the first run is never faster than the fastest
+    assert (
+        view.requests["e2e_s"] >= req["e2e_s"].to_numpy() - 1e-12
+    ).all()  # the first run is never faster than the fastest
     assert len(view.steps) == len(t.steps)
     from simulator.validation import (
         validate,  # the view validates as a trace (bench/simulator.py's first-run figure)
@@ -75,7 +77,12 @@ def test_capture_cut_short_after_round_one_keeps_every_request(tmp_path, monkeyp
     assert not t.complete and sorted(t.requests["request_id"]) == [0, 1, 2]
     _assert_one_timeline(t)
     runs = read_runs(out)  # round 0 whole and request 0 of round 1
-    assert sorted(map(tuple, runs[["request_id", "run"]].drop_duplicates().to_numpy())) == [(0, 0), (0, 1), (1, 0), (2, 0)]
+    assert sorted(map(tuple, runs[["request_id", "run"]].drop_duplicates().to_numpy())) == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (2, 0),
+    ]
 
 
 def test_repeats_one_is_the_measured_timeline(tmp_path):

@@ -29,7 +29,9 @@ def test_default_max_tokens_fit_every_held_out_answer(task):
 def test_reasoning_answers_are_counted_as_worked_solutions():
     """tree_reduce's answer is one digit, its worked solution (what TIP writes) hundreds of tokens:
     128, the old default for every task, cut every one of them short."""
-    assert longest_answer_tokens("tree_reduce") > 128 and default_max_tokens("tree_reduce") >= longest_answer_tokens("tree_reduce")
+    assert longest_answer_tokens("tree_reduce") > 128 and default_max_tokens("tree_reduce") >= longest_answer_tokens(
+        "tree_reduce"
+    )
 
 
 def test_capture_without_max_tokens_uses_the_tasks_default(tmp_path):
@@ -55,7 +57,9 @@ def test_planned_diffusion_defaults_are_the_operating_point_chosen_on_dev():
     assert entry["dev_quality"] >= entry["ar_dev_quality"] - 0.03 and entry["dev_speedup_geomean"] > 1
     defaults = engine_defaults("planned_diffusion")
     assert entry["knobs"] and {k: defaults[k] for k in entry["knobs"]} == entry["knobs"]
-    assert defaults["steps_ratio"] == entry["knobs"]["steps_ratio"]  # not the paper's plain 1.0 / no threshold by accident
+    assert (
+        defaults["steps_ratio"] == entry["knobs"]["steps_ratio"]
+    )  # not the paper's plain 1.0 / no threshold by accident
     assert defaults["confidence_threshold"] == entry["knobs"].get("confidence_threshold")
 
 
@@ -63,8 +67,13 @@ def test_a_capture_records_the_settings_its_engine_ran_with(tmp_path):
     from runtime.capture import CaptureConfig, capture
     from runtime.engines.operating_points import operating_knobs
 
-    out = capture(CaptureConfig(system="planned_diffusion", model="tiny-2l", task="word_facts", n=1, max_tokens=8,
-                                knobs={"order": "margin"}), tmp_path / "pd", progress=False)
+    out = capture(
+        CaptureConfig(
+            system="planned_diffusion", model="tiny-2l", task="word_facts", n=1, max_tokens=8, knobs={"order": "margin"}
+        ),
+        tmp_path / "pd",
+        progress=False,
+    )
     meta = json.loads((out / "meta.json").read_text())
     assert meta["knobs"]["order"] == "margin" and "steps_ratio" not in meta["knobs"]
     settings = meta["engine_settings"]

@@ -134,8 +134,9 @@ def test_structure_replay_on_adapter_reproduces_reference_structure(tok, tmp_pat
     # span when the model is confident: a replay's denoise passes are then the new model's own. The
     # structure (plan, spans, rounds, denoise passes) is the reference's with a fixed step count.
     knobs = {"confidence_threshold": None} if system == "planned_diffusion" else {}
-    ref = capture(CaptureConfig(system=system, n=1, max_tokens=24, page_size=4, knobs=knobs), tmp_path / system,
-                  progress=False)
+    ref = capture(
+        CaptureConfig(system=system, n=1, max_tokens=24, page_size=4, knobs=knobs), tmp_path / system, progress=False
+    )
     model, _ = load_model("arch:tiny-llama", seed=0)
     (script,) = read_scripts(ref)
     rp = Replayer(system, model, tok, GenerationConfig(max_tokens=24, page_size=4), **knobs)
@@ -171,4 +172,6 @@ def test_model_vocab_smaller_than_the_tokenizer_is_one_clear_error(tok):
 
     with pytest.raises(ValueError, match="smaller than the tokenizer's"):
         hf_adapter.build_arch("tiny-llama", "cpu", seed=0, logits_vocab=10_000)
-    assert hf_adapter.build_arch("tiny-llama", "cpu", seed=0, logits_vocab=tok.vocab_size).logits_vocab == tok.vocab_size
+    assert (
+        hf_adapter.build_arch("tiny-llama", "cpu", seed=0, logits_vocab=tok.vocab_size).logits_vocab == tok.vocab_size
+    )

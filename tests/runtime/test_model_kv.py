@@ -24,11 +24,26 @@ def test_cached_decode_matches_full_recompute(tiny_model, tok):
     kv = m.new_kv_store(page_size=3)
     # prefill the first 5 tokens, then decode one token at a time
     slots = kv.allocate(5)
-    out = [m(torch.tensor(ids[:5]), torch.arange(5), torch.tensor(slots), visibility_rows(causal_rows(slots), kv.num_slots, "cpu"), kv)]
+    out = [
+        m(
+            torch.tensor(ids[:5]),
+            torch.arange(5),
+            torch.tensor(slots),
+            visibility_rows(causal_rows(slots), kv.num_slots, "cpu"),
+            kv,
+        )
+    ]
     for t in range(5, T):
         slots += kv.allocate(1)
-        out.append(m(torch.tensor([ids[t]]), torch.tensor([t]), torch.tensor([slots[-1]]),
-                     visibility_rows([slots], kv.num_slots, "cpu"), kv))
+        out.append(
+            m(
+                torch.tensor([ids[t]]),
+                torch.tensor([t]),
+                torch.tensor([slots[-1]]),
+                visibility_rows([slots], kv.num_slots, "cpu"),
+                kv,
+            )
+        )
     cached = torch.cat(out)
     assert torch.allclose(cached, full, atol=1e-4)
     assert torch.equal(cached.argmax(-1), full.argmax(-1))
@@ -40,12 +55,22 @@ def test_visibility_is_real(tiny_model, tok):
     T = len(ids)
     kv = m.new_kv_store(page_size=4)
     slots = kv.allocate(T)
-    m(torch.tensor(ids), torch.arange(T), torch.tensor(slots), visibility_rows(causal_rows(slots), kv.num_slots, "cpu"), kv)
+    m(
+        torch.tensor(ids),
+        torch.arange(T),
+        torch.tensor(slots),
+        visibility_rows(causal_rows(slots), kv.num_slots, "cpu"),
+        kv,
+    )
     # a query at position T that sees every slot except slots[2]
     (q,) = kv.allocate(1)
     seen = [s for s in slots if s != slots[2]] + [q]
+
     def query():
-        return m(torch.tensor([65]), torch.tensor([T]), torch.tensor([q]), visibility_rows([seen], kv.num_slots, "cpu"), kv)
+        return m(
+            torch.tensor([65]), torch.tensor([T]), torch.tensor([q]), visibility_rows([seen], kv.num_slots, "cpu"), kv
+        )
+
     before = query()
     kv.perturb(slots[2])
     assert torch.allclose(query(), before, atol=1e-6), "a hidden slot changed the output"
@@ -89,7 +114,13 @@ def test_pool_grows_keeps_values_and_free_slots_are_never_visible(tiny_model, to
     ids = tok.encode("abcdefghijklmnopqrstuvwx")  # 24 tokens: 6 pages, past the initial 4
     T = len(ids)
     slots = kv.allocate(T)
-    out = m(torch.tensor(ids), torch.arange(T), torch.tensor(slots), visibility_rows(causal_rows(slots), kv.num_slots, "cpu"), kv)
+    out = m(
+        torch.tensor(ids),
+        torch.arange(T),
+        torch.tensor(slots),
+        visibility_rows(causal_rows(slots), kv.num_slots, "cpu"),
+        kv,
+    )
     assert kv.bytes_reserved > reserved and kv.bytes_allocated == 6 * kv.page_bytes
     full = m.forward_dense(torch.tensor([ids]), torch.arange(T)[None], causal_mask(T)[None])[0]
     assert torch.allclose(out, full, atol=1e-4)
@@ -99,9 +130,21 @@ def test_pool_grows_keeps_values_and_free_slots_are_never_visible(tiny_model, to
     assert q in slots[:4]  # the lowest free page id is reused...
     assert kv.free([q]) == kv.page_bytes  # ...and released again once empty
     with pytest.raises(KeyError, match="not allocated"):
-        m(torch.tensor([1]), torch.tensor([T]), torch.tensor([slots[-1]]), visibility_rows([slots], kv.num_slots, "cpu"), kv)
+        m(
+            torch.tensor([1]),
+            torch.tensor([T]),
+            torch.tensor([slots[-1]]),
+            visibility_rows([slots], kv.num_slots, "cpu"),
+            kv,
+        )
     with pytest.raises(KeyError, match="not allocated"):
-        m(torch.tensor([1]), torch.tensor([T]), torch.tensor([slots[0]]), visibility_rows([slots[4:]], kv.num_slots, "cpu"), kv)
+        m(
+            torch.tensor([1]),
+            torch.tensor([T]),
+            torch.tensor([slots[0]]),
+            visibility_rows([slots[4:]], kv.num_slots, "cpu"),
+            kv,
+        )
     fixed = m.new_kv_store(page_size=4, max_pages=3)
     fixed.allocate(12)
     assert fixed.bytes_reserved == 3 * fixed.page_bytes
@@ -111,7 +154,13 @@ def test_every_query_must_see_something(tiny_model):
     kv = tiny_model.new_kv_store()
     (s,) = kv.allocate(1)
     with pytest.raises(ValueError):
-        tiny_model(torch.tensor([1]), torch.tensor([0]), torch.tensor([s]), torch.zeros((1, kv.num_slots), dtype=torch.bool), kv)
+        tiny_model(
+            torch.tensor([1]),
+            torch.tensor([0]),
+            torch.tensor([s]),
+            torch.zeros((1, kv.num_slots), dtype=torch.bool),
+            kv,
+        )
 
 
 def test_deterministic_init_and_checkpoint_roundtrip(tmp_path):
@@ -137,10 +186,21 @@ def test_attention_weights_exposed(tiny_model, tok):
     m = tiny_model
     kv = m.new_kv_store(page_size=4)
     slots = kv.allocate(6)
-    logits, per_slot = m(torch.tensor(tok.encode("abcdef")), torch.arange(6), torch.tensor(slots),
-                         visibility_rows(causal_rows(slots), kv.num_slots, "cpu"), kv, return_attention=True)
-    plain = m(torch.tensor(tok.encode("abcdef")), torch.arange(6), torch.tensor(slots),
-              visibility_rows(causal_rows(slots), kv.num_slots, "cpu"), kv)
+    logits, per_slot = m(
+        torch.tensor(tok.encode("abcdef")),
+        torch.arange(6),
+        torch.tensor(slots),
+        visibility_rows(causal_rows(slots), kv.num_slots, "cpu"),
+        kv,
+        return_attention=True,
+    )
+    plain = m(
+        torch.tensor(tok.encode("abcdef")),
+        torch.arange(6),
+        torch.tensor(slots),
+        visibility_rows(causal_rows(slots), kv.num_slots, "cpu"),
+        kv,
+    )
     assert torch.allclose(logits, plain, atol=1e-5)
     # each of 6 rows distributes weight 1 per head per layer
     cfg = m.cfg

@@ -69,7 +69,13 @@ def test_forks_run_in_one_pass_per_step(tiny_model, tok):
     threads = sorted({t.stream for t in c.tokens} - {MAIN})
     assert threads == [1, 2, 3]
     for tid in threads:  # a live thread has a query row in every pass from its fork to its end
-        ks = sorted({t.step_index for t in c.tokens if t.stream == tid and t.kind != "tag" or t.token_id == tok.token_id(ASYNC_END) and t.stream == tid})
+        ks = sorted(
+            {
+                t.step_index
+                for t in c.tokens
+                if t.stream == tid and t.kind != "tag" or t.token_id == tok.token_id(ASYNC_END) and t.stream == tid
+            }
+        )
         assert all(tid in steps[k].streams for k in range(ks[0], ks[-1] + 1))
     assert max(len(s.streams) for s in steps) == 4  # main and three threads together
     assert c.theoretical_speedup > 1.3
@@ -169,7 +175,7 @@ def test_eager_closing_sees_no_chunk_and_shortens_the_critical_path(tiny_model, 
             n_closing = len(tok.encode(ex.meta["closing"]))
             main = [f for f in lay.fed if f.stream == MAIN]
             # rows fed by main that produce the closing part's tokens: eager, before <sync/>; fine, after
-            rows = main[-n_closing - 2:-2] if style == "eager" else main[-n_closing:]
+            rows = main[-n_closing - 2 : -2] if style == "eager" else main[-n_closing:]
             assert any(lay.fed[j].stream > MAIN for f in rows for j in f.sees) == (style == "fine"), style
             steps[style] = c.steps
         assert steps["eager"] < steps["fine"], steps
@@ -186,8 +192,15 @@ def test_skeleton_expands_all_points_in_one_batch(tiny_model, tok):
 
 
 def test_guards_cut_long_chunks_and_inline_over_max_threads(tiny_model, tok):
-    eng = Scripted(tiny_model, tok, GenerationConfig(max_tokens=64), script=main_script(tok), chunk=50,
-                   max_chunk_tokens=12, max_threads=2)
+    eng = Scripted(
+        tiny_model,
+        tok,
+        GenerationConfig(max_tokens=64),
+        script=main_script(tok),
+        chunk=50,
+        max_chunk_tokens=12,
+        max_threads=2,
+    )
     _, c = run_steps(eng)
     kinds = [e["event"] for e in c.events]
     assert "max_threads" in kinds and "chunk_cut" in kinds and "chunk_overrun" in kinds

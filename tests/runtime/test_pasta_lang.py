@@ -31,11 +31,24 @@ from runtime.tokenizer import Tokenizer
 
 TOK = Tokenizer()
 PIECES = [
-    [TOK.token_id(PROMISE_OPEN)], [TOK.token_id(PROMISE_OPEN + "a")], [TOK.token_id(PROMISE_OPEN + "7")],
-    [TOK.token_id(promise_close(10))], [TOK.token_id(promise_close(40))],
-    [TOK.token_id(promise_close(100))], [TOK.token_id(ASYNC)], [TOK.token_id(ASYNC_END)], [TOK.token_id(SYNC)],
-    [TOK.eos_id], [TOK.token_id("<reg_3>")], list(b"a"), list(b"xy"), list(b'"'), list(b'" tokens="15"/>'),
-    list(b'" tokens="0"/>'), list(b'" tokens="zz"/>'), list(b"\n"),
+    [TOK.token_id(PROMISE_OPEN)],
+    [TOK.token_id(PROMISE_OPEN + "a")],
+    [TOK.token_id(PROMISE_OPEN + "7")],
+    [TOK.token_id(promise_close(10))],
+    [TOK.token_id(promise_close(40))],
+    [TOK.token_id(promise_close(100))],
+    [TOK.token_id(ASYNC)],
+    [TOK.token_id(ASYNC_END)],
+    [TOK.token_id(SYNC)],
+    [TOK.eos_id],
+    [TOK.token_id("<reg_3>")],
+    list(b"a"),
+    list(b"xy"),
+    list(b'"'),
+    list(b'" tokens="15"/>'),
+    list(b'" tokens="0"/>'),
+    list(b'" tokens="zz"/>'),
+    list(b"\n"),
 ]
 token_lists = st.lists(st.sampled_from(PIECES), max_size=40).map(lambda ps: [t for p in ps for t in p])
 
@@ -107,7 +120,10 @@ def test_parser_well_formed_and_fallbacks():
     assert interrupted[-1].event == "unclosed_promise" and interrupted[-1].action == Sync()
     long = feed_all(p, p.new_stream("main"), [TOK.token_id(PROMISE_OPEN)] + [97] * 40)
     assert "unclosed_promise" in {r.event for r in long} and long[-1].kind == "content"
-    assert feed_all(p, p.new_stream("main"), TOK.encode('<promise topic="a" tokens="10"/>'), can_fork=False)[-1].event == "max_threads"
+    assert (
+        feed_all(p, p.new_stream("main"), TOK.encode('<promise topic="a" tokens="10"/>'), can_fork=False)[-1].event
+        == "max_threads"
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -128,7 +144,9 @@ class FromList(PastaEngine):
         self.ids = list(ids)
 
     def choose(self, lay, sids, logits, sample):
-        return [self.ids.pop(0) if self.ids else (TOK.eos_id if sid == MAIN else TOK.token_id(ASYNC_END)) for sid in sids]
+        return [
+            self.ids.pop(0) if self.ids else (TOK.eos_id if sid == MAIN else TOK.token_id(ASYNC_END)) for sid in sids
+        ]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

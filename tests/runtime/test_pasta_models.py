@@ -19,7 +19,12 @@ from runtime.engines import GenerationConfig, Request, get_engine
 from runtime.tasks import get_task
 from runtime.tasks.parallel import ALL_TASKS, PARALLEL_TASKS
 
-SHIPPED = [("pasta-sft", "pasta"), ("pasta-fast", "pasta"), ("pasta-quality", "pasta"), ("pasta-sequential", "sequential")]
+SHIPPED = [
+    ("pasta-sft", "pasta"),
+    ("pasta-fast", "pasta"),
+    ("pasta-quality", "pasta"),
+    ("pasta-sequential", "sequential"),
+]
 QUALITY_FLOOR = {"pasta-sft": 0.6, "pasta-fast": 0.6, "pasta-quality": 0.6, "pasta-sequential": 0.6}
 SIMILARITY_FLOOR = 0.8
 SPEEDUP_FLOOR = 1.5

@@ -41,8 +41,10 @@ def test_structure_sampler_samples_only_between_structures(tiny_model, tok):
         return x
 
     logits = torch.stack([row(97, 98), row(fused_a, fused_b), row(97, fused_a), row(sync, 97)])
-    picks = [StructureSampler(tiny_model, tok, GenerationConfig(), 2.0, seed).choose(None, [], logits, None)
-             for seed in range(40)]
+    picks = [
+        StructureSampler(tiny_model, tok, GenerationConfig(), 2.0, seed).choose(None, [], logits, None)
+        for seed in range(40)
+    ]
     # two bytes, or two topics of a promise: greedy; a promise or <sync/> against text: sampled
     assert {p[0] for p in picks} == {97} and {p[1] for p in picks} == {fused_a}
     assert {p[2] for p in picks} == {97, fused_a} and {p[3] for p in picks} == {sync, 97}
@@ -54,10 +56,12 @@ def test_reward_lets_a_high_lambda_drop_a_structure_that_is_right_by_luck():
     def cand(structure, q, speedup):
         return {"structure": structure, "q": q, "speedup": speedup}
 
-    per_prompt = [("map", None, [cand("all", 1.0, 2.5), cand("all+eager", 1.0, 2.9), cand("none", 1.0, 1.0)]),
-                  ("map", None, [cand("all", 1.0, 2.5), cand("all+eager", 0.85, 2.9), cand("none", 1.0, 1.0)]),
-                  ("map", None, [cand("all", 1.0, 2.5), cand("all+eager", 0.85, 2.9)]),
-                  ("stats", None, [cand("all", 1.0, 2.5), cand("all+eager", 1.0, 2.9)])]
+    per_prompt = [
+        ("map", None, [cand("all", 1.0, 2.5), cand("all+eager", 1.0, 2.9), cand("none", 1.0, 1.0)]),
+        ("map", None, [cand("all", 1.0, 2.5), cand("all+eager", 0.85, 2.9), cand("none", 1.0, 1.0)]),
+        ("map", None, [cand("all", 1.0, 2.5), cand("all+eager", 0.85, 2.9)]),
+        ("stats", None, [cand("all", 1.0, 2.5), cand("all+eager", 1.0, 2.9)]),
+    ]
     fast, expected, counts = rank_candidates(per_prompt, lam=0.5, structure_weight=0.5)
     assert expected[("map", "all+eager")] == (1.0 + 0.85 + 0.85) / 3 and counts[("map", "all")] == 3
     assert [per_prompt[i][2][b]["structure"] for i, (b, _) in enumerate(fast)] == ["all+eager"] * 4

@@ -64,8 +64,13 @@ def test_threshold_and_ratio_cut_steps(tok, tiny_model):
 def test_guards_bound_a_random_model(tok, tiny_model):
     c = pd(tok, tiny_model, max_tokens=30).generate(Request(0, "hello"))
     assert c.status == "truncated" and sum(t.stream == 0 for t in c.tokens) <= 30
-    c = pd(tok, tiny_model, forced_plan=entry_text("a", 1) + "<sync/>" + entry_text("b", 1) + "<sync/>",
-           length_scale=2, max_rounds=1).generate(Request(0, "x"))
+    c = pd(
+        tok,
+        tiny_model,
+        forced_plan=entry_text("a", 1) + "<sync/>" + entry_text("b", 1) + "<sync/>",
+        length_scale=2,
+        max_rounds=1,
+    ).generate(Request(0, "x"))
     assert c.stop_reason == "max_rounds" and len([e for e in c.events if e["event"] == "round"]) == 1
     with pytest.raises(ValueError, match="order"):
         pd(tok, tiny_model, order="random")
@@ -104,8 +109,11 @@ def test_hybrid_training_sequence(tok):
 def test_recipe_mixture_builds(tok):
     from runtime.tasks import Example
 
-    ex = Example("facts: ab,cd", "ab up AB rev ba len 2\ncd up CD rev dc len 2\nini AC",
-                 {"parts": ["ab up AB rev ba len 2\n", "cd up CD rev dc len 2\n"], "topics": ["a", "c"], "closing": "ini AC"})
+    ex = Example(
+        "facts: ab,cd",
+        "ab up AB rev ba len 2\ncd up CD rev dc len 2\nini AC",
+        {"parts": ["ab up AB rev ba len 2\n", "cd up CD rev dc len 2\n"], "topics": ["a", "c"], "closing": "ini AC"},
+    )
     rng = random.Random(0)
     pd_seq = RECIPE.make_seq(tok, ex, rng, "pd")
     mdm_seq = RECIPE.make_seq(tok, ex, rng, "mdm")

@@ -55,8 +55,13 @@ digits = st.sampled_from(TOK.encode("0123456789 "))
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(token_ids, plan_tags, digits, digits), max_size=300),
-       st.floats(min_value=0.1, max_value=1000.0), st.integers(1, 8), st.integers(1, 128), st.integers(2, 120))
+@given(
+    st.lists(st.one_of(token_ids, plan_tags, digits, digits), max_size=300),
+    st.floats(min_value=0.1, max_value=1000.0),
+    st.integers(1, 8),
+    st.integers(1, 128),
+    st.integers(2, 120),
+)
 def test_parser_never_raises_and_stays_bounded(ids, scale, max_spans, max_span, max_plan):
     p = PlanParser(TOK, length_scale=scale, max_plan_tokens=max_plan, max_spans=max_spans, max_span_tokens=max_span)
     since_end = 0
@@ -81,9 +86,13 @@ def test_fused_entry_tokens_parse_like_their_parts():
     spelled = []
     for t in fused:  # expand every fused token into the tokens it spells
         piece = TOK.decode([t])
-        spelled += ([TOK.token_id("<promise>"), TOK.token_id("-<topic>")] if piece == "<promise>-<topic>" else
-                    [*piece[:-len("</topic>")].encode(), TOK.token_id("</topic>")] if piece.endswith("</topic>") and len(piece) > 8
-                    else [t])
+        spelled += (
+            [TOK.token_id("<promise>"), TOK.token_id("-<topic>")]
+            if piece == "<promise>-<topic>"
+            else [*piece[: -len("</topic>")].encode(), TOK.token_id("</topic>")]
+            if piece.endswith("</topic>") and len(piece) > 8
+            else [t]
+        )
     assert len(spelled) > len(fused)
 
     def entries(ids):

@@ -17,21 +17,23 @@ SEGS = [Seg("ar", 4), Seg("span", 3), Seg("span", 3), Seg("sync", 1), Seg("ar", 
 
 def test_rules_block_sparse():
     m = hybrid_mask(SEGS, block_sparse=True).int()
-    expected = torch.tensor([
-        [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],  # prompt/plan: causal
-        [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-        [1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-        [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0],  # span A: itself + before its round
-        [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0],
-        [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0],
-        [1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0],  # span B: blind to its sibling
-        [1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0],
-        [1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0],
-        [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0],  # <sync/> sees both spans
-        [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0],
-        [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
-    ])
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],  # prompt/plan: causal
+            [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0],  # span A: itself + before its round
+            [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0],  # span B: blind to its sibling
+            [1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0],  # <sync/> sees both spans
+            [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+        ]
+    )
     assert torch.equal(m, expected)
 
 
@@ -65,8 +67,9 @@ PLAN = entry_text("a", 1) + entry_text("b", 2) + "<sync/>xy<eos>"
 @pytest.mark.parametrize("block_sparse", [True, False])
 def test_engine_visibility_equals_training_mask(tok, tiny_model, block_sparse):
     spy = Spy(tiny_model)
-    eng = PlannedDiffusionEngine(spy, tok, GenerationConfig(max_tokens=64), forced_plan=PLAN, length_scale=3,
-                                 block_sparse=block_sparse)
+    eng = PlannedDiffusionEngine(
+        spy, tok, GenerationConfig(max_tokens=64), forced_plan=PLAN, length_scale=3, block_sparse=block_sparse
+    )
     eng.generate(Request(0, "hi"))
     rounds = [Round((), (Span("a", 1, ()), Span("b", 2, ())), "sync"), Round(tuple(tok.encode("xy")), (), "eos")]
     ids, segs = lay_out(tok, "hi", rounds, unit=3)
@@ -88,11 +91,21 @@ def test_engine_visibility_equals_training_mask(tok, tiny_model, block_sparse):
 # finished span is exact. Under the dense mask (PD) a finished span's K/V would change with its
 # still-active siblings; the engine caches them anyway, as the official code does.
 @pytest.mark.parametrize("block_sparse", [True])
-@pytest.mark.parametrize("kw", [{}, {"steps_ratio": 0.5, "order": "margin"}, {"confidence_threshold": 0.002, "order": "max_prob"}])
+@pytest.mark.parametrize(
+    "kw", [{}, {"steps_ratio": 0.5, "order": "margin"}, {"confidence_threshold": 0.002, "order": "max_prob"}]
+)
 def test_cache_equals_recompute(tok, tiny_model, block_sparse, kw):
     runs = []
     for recompute in (False, True):
-        eng = PlannedDiffusionEngine(tiny_model, tok, GenerationConfig(max_tokens=64), forced_plan=PLAN, length_scale=4,
-                                     block_sparse=block_sparse, recompute_all=recompute, **kw)
+        eng = PlannedDiffusionEngine(
+            tiny_model,
+            tok,
+            GenerationConfig(max_tokens=64),
+            forced_plan=PLAN,
+            length_scale=4,
+            block_sparse=block_sparse,
+            recompute_all=recompute,
+            **kw,
+        )
         runs.append(eng.generate(Request(0, "hello")))
     assert runs[0].output_ids == runs[1].output_ids

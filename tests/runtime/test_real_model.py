@@ -37,8 +37,9 @@ def test_greedy_parity_with_transformers_generate(real):
     for i, prompt in enumerate(PROMPTS):
         ours = eng.generate(Request(i, prompt))
         ids = torch.tensor([eng.prompt_ids(Request(i, prompt))])
-        ref = model.hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
-                                pad_token_id=tok.pad_id)[0, ids.shape[1]:].tolist()
+        ref = model.hf.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False, pad_token_id=tok.pad_id
+        )[0, ids.shape[1] :].tolist()
         assert ours.output_ids == ref, (prompt, tok.decode(ours.output_ids), tok.decode(ref))
         assert len(ours.output_ids) == 32 or ours.stop_reason == "stop_token"
 

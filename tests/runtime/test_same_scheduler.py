@@ -36,13 +36,18 @@ def test_same_batches_in_simulator_and_runtime(tiny_model, tok, tmp_path):
         def start(self, request, kv):
             return engines[n_out[request.request_id]].start(request, kv)
 
-    server = Server(PerRequest(tiny_model, tok, GenerationConfig(max_tokens=5, page_size=16)), max_pages=64,
-                    scheduler=get_scheduler("fcfs")(max_seqs=3, max_batch_tokens=12), clock=FakeClock(1.0, 0.25))
+    server = Server(
+        PerRequest(tiny_model, tok, GenerationConfig(max_tokens=5, page_size=16)),
+        max_pages=64,
+        scheduler=get_scheduler("fcfs")(max_seqs=3, max_batch_tokens=12),
+        clock=FakeClock(1.0, 0.25),
+    )
     out = server.serve(list(zip(arrivals, prompts)))
     runtime_batches = [sorted(e.request_id for e in p.entries) for p in out["passes"]]
 
-    w = load_workload(write_toy_trace(tmp_path / "t", [seq(p, n) for p, n in zip(lengths, n_out)], lengths,
-                                      arrivals=arrivals))
+    w = load_workload(
+        write_toy_trace(tmp_path / "t", [seq(p, n) for p, n in zip(lengths, n_out)], lengths, arrivals=arrivals)
+    )
     res = replay(w, toy_part(), MODEL, ReplayConfig(max_seqs=3, max_batch_tokens=12), cost=LinearCost())
     rows = res.rows
     sim: dict[int, list[int]] = {}
@@ -51,4 +56,6 @@ def test_same_batches_in_simulator_and_runtime(tiny_model, tok, tmp_path):
     sim_batches = [sorted(sim[b]) for b in sorted(sim)]
     assert len(runtime_batches) > 5 and max(map(len, runtime_batches)) == 3  # the max_seqs cap binds
     assert runtime_batches == sim_batches
-    assert [round(p.end_s, 6) for p in out["passes"]][-1] == round(max(res.requests["arrival_s"] + res.requests["e2e_s"]), 6)
+    assert [round(p.end_s, 6) for p in out["passes"]][-1] == round(
+        max(res.requests["arrival_s"] + res.requests["e2e_s"]), 6
+    )

@@ -32,8 +32,16 @@ def test_seeded_sampling_reproducible_through_engine(tiny_model, tok):
     b = SequentialEngine(tiny_model, tok, cfg).generate(Request(3, "xyz")).output_ids
     assert a == b
     # and the seed is used: other seeds draw other tokens (an ignored seed gives one output for all)
-    others = {tuple(SequentialEngine(tiny_model, tok, dataclasses.replace(cfg, sampling=dataclasses.replace(
-        cfg.sampling, seed=seed))).generate(Request(3, "xyz")).output_ids) for seed in (12, 13, 14)}
+    others = {
+        tuple(
+            SequentialEngine(
+                tiny_model, tok, dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, seed=seed))
+            )
+            .generate(Request(3, "xyz"))
+            .output_ids
+        )
+        for seed in (12, 13, 14)
+    }
     assert len(others | {tuple(a)}) == 4
 
 

@@ -42,8 +42,9 @@ def served(eng, ps: list[str], arrivals=None, **kw) -> dict:
     return server.serve(list(zip(arrivals or [0.0] * len(ps), ps)))
 
 
-@pytest.mark.parametrize("system,attention", [(s, "mask") for s in SYSTEMS] +
-                         [(s, "gather") for s in ("pasta", "tip", "planned_diffusion")])
+@pytest.mark.parametrize(
+    "system,attention", [(s, "mask") for s in SYSTEMS] + [(s, "gather") for s in ("pasta", "tip", "planned_diffusion")]
+)
 def test_batched_equals_alone(system, attention):
     eng, ps = engine(system), prompts(system, 3)
     alone = [eng.generate(Request(i, p)) for i, p in enumerate(ps)]

@@ -15,14 +15,17 @@ from runtime.tasks import get_task
 from runtime.tasks.open_questions import QUESTIONS, split_questions
 
 
-@pytest.mark.parametrize("text,complete,want", [
-    ("1. Sun\n2. **Moon** phases\n3. Stars.", True, ["Sun", "Moon phases", "Stars"]),
-    ("1. Use an app. 2. Join a club. 3. Read a book", True, ["Use an app", "Join a club", "Read a book"]),
-    ("1. Sun\n2. Moon\n3. Sta", False, ["Sun", "Moon"]),  # cut off: the last point is dropped
-    ("Intro text 1. a\n2. b\n4. d", True, ["a", "b"]),  # numbering must run 1, 2, 3...
-    ("The sky is blue because of scattering.", True, []),
-    ("1) x\n2) y", True, ["x", "y"]),
-])
+@pytest.mark.parametrize(
+    "text,complete,want",
+    [
+        ("1. Sun\n2. **Moon** phases\n3. Stars.", True, ["Sun", "Moon phases", "Stars"]),
+        ("1. Use an app. 2. Join a club. 3. Read a book", True, ["Use an app", "Join a club", "Read a book"]),
+        ("1. Sun\n2. Moon\n3. Sta", False, ["Sun", "Moon"]),  # cut off: the last point is dropped
+        ("Intro text 1. a\n2. b\n4. d", True, ["a", "b"]),  # numbering must run 1, 2, 3...
+        ("The sky is blue because of scattering.", True, []),
+        ("1) x\n2) y", True, ["x", "y"]),
+    ],
+)
 def test_parse_skeleton(text, complete, want):
     assert [t for _, t in parse_skeleton(text, complete, max_points=8)] == want
 
@@ -124,15 +127,19 @@ def test_points_batched_equal_each_point_alone(tiny_llama):
     assert [e["event"] for e in c.events] == ["sot_skeleton"] and c.events[0]["points"] == 3
     n_skel = len(skeleton) + 1
     assert [s.phase for s in steps[:2]] == ["prefill", "plan"] and steps[n_skel].phase == "prefill"
-    assert all(s.phase == "decode" and len(s.streams) <= 3 for s in steps[n_skel + 1:])
+    assert all(s.phase == "decode" and len(s.streams) <= 3 for s in steps[n_skel + 1 :])
     assert steps[n_skel].streams == (1, 2, 3)
     prompt = tok.chat_ids(SKELETON_PROMPT.format(question="q?")) + tok.encode(skeleton)
     for i, title in ((1, "ab"), (2, "cd"), (3, "ef")):
         ids = prompt + tok.encode(tok.followup_text("", "", POINT_PROMPT.format(index=i)) + f"{i}. {title}")
         outs = [t.token_id for t in c.tokens if t.stream == i]
-        ref = tiny_llama.hf.generate(torch.tensor([ids]), max_new_tokens=len(outs), do_sample=False,
-                                     attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                     pad_token_id=tok.pad_id)[0, len(ids):].tolist()
+        ref = tiny_llama.hf.generate(
+            torch.tensor([ids]),
+            max_new_tokens=len(outs),
+            do_sample=False,
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            pad_token_id=tok.pad_id,
+        )[0, len(ids) :].tolist()
         assert outs == ref and 1 <= len(outs) <= 5
     assert c.text.startswith("1. ab") and "\n2. cd" in c.text and "\n3. ef" in c.text
     assert c.steps == len(steps) and c.critical_path_tokens == len(steps)

@@ -94,7 +94,7 @@ def test_engine_visibility_is_the_training_mask(tiny_model, tok, task):
     assert not mask.all(), "the script should kill some steps"
     dense = tiny_model.forward_dense(torch.tensor([ids]), torch.arange(len(ids))[None], mask[None])[0]
     engine_logits = torch.stack(model.own_logits)  # pass i predicts token n + i
-    assert torch.allclose(engine_logits, dense[n - 1:], atol=1e-4)
+    assert torch.allclose(engine_logits, dense[n - 1 :], atol=1e-4)
     assert [t.stream for t in c.tokens[:-1]] == streams[n:]
 
 

@@ -85,9 +85,30 @@ def test_parser_never_crashes_and_records_unknown_registers(ids, registers):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.one_of(st.sampled_from(["<reg_", ">", "<reg_1>", "<reg_99>", "<reg_-1>", "<reg_x>", "<reg_03>",
-                                           "<reg_>", "<<reg_2>>", "A:1+2=3", "#", "\n"]), st.text(max_size=5)),
-                max_size=30))
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(
+                [
+                    "<reg_",
+                    ">",
+                    "<reg_1>",
+                    "<reg_99>",
+                    "<reg_-1>",
+                    "<reg_x>",
+                    "<reg_03>",
+                    "<reg_>",
+                    "<<reg_2>>",
+                    "A:1+2=3",
+                    "#",
+                    "\n",
+                ]
+            ),
+            st.text(max_size=5),
+        ),
+        max_size=30,
+    )
+)
 def test_text_split_never_crashes(pieces):
     text = "".join(pieces)
     steps, events = split_steps(text, registers=4)

@@ -12,8 +12,16 @@ def test_tags_are_single_tokens(tok):
     text = 'a<promise topic="x" tokens="10"/><async>b</async><sync/><reg_3>'
     ids = tok.encode(text)
     # a one-character topic in [a-z0-9] is fused with the promise's opening
-    assert ids == [97, tok.token_id('<promise topic="x'), tok.token_id('" tokens="10"/>'), tok.token_id("<async>"), 98,
-                   tok.token_id("</async>"), tok.token_id("<sync/>"), tok.token_id("<reg_3>")]
+    assert ids == [
+        97,
+        tok.token_id('<promise topic="x'),
+        tok.token_id('" tokens="10"/>'),
+        tok.token_id("<async>"),
+        98,
+        tok.token_id("</async>"),
+        tok.token_id("<sync/>"),
+        tok.token_id("<reg_3>"),
+    ]
     assert tok.decode(ids) == text
     # any other topic is spelled after the plain opening
     other = '<promise topic="Xy" tokens="10"/>'

@@ -15,8 +15,10 @@ from tests.simulator.toy_traces import MODEL_META, one_second_cost, toy_part
 
 
 def test_scheduling_imports_neither_runtime_nor_simulator_nor_torch():
-    code = ("import sys, scheduling, scheduling.base, scheduling.fcfs, scheduling.sjf, scheduling.protocol; "
-            "print(sorted(m for m in ('runtime', 'simulator', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, scheduling, scheduling.base, scheduling.fcfs, scheduling.sjf, scheduling.protocol; "
+        "print(sorted(m for m in ('runtime', 'simulator', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -37,16 +37,18 @@ class OneSecond:
 @pytest.fixture(scope="module")
 def batch1(tmp_path_factory):
     out = tmp_path_factory.mktemp("clocks") / "seq"
-    capture(CaptureConfig(system="sequential", n=len(ARRIVALS), max_tokens=MAX_TOKENS, page_size=PAGE), out,
-            progress=False)
+    capture(
+        CaptureConfig(system="sequential", n=len(ARRIVALS), max_tokens=MAX_TOKENS, page_size=PAGE), out, progress=False
+    )
     return read_trace(out)
 
 
 def runtime_batches(trace, pages: int, **sched) -> tuple[list[tuple[float, list[int]]], int]:
     cls = get_engine("sequential")
     eng = cls(load_model(cls.default_model)[0], Tokenizer(), GenerationConfig(max_tokens=MAX_TOKENS, page_size=PAGE))
-    server = server_mod.Server(eng, max_pages=pages, scheduler=get_scheduler("fcfs")(**sched),
-                               clock=server_mod.FakeClock(pass_s=1.0))
+    server = server_mod.Server(
+        eng, max_pages=pages, scheduler=get_scheduler("fcfs")(**sched), clock=server_mod.FakeClock(pass_s=1.0)
+    )
     prompts = trace.requests.sort_values("request_id")["prompt"].tolist()
     out = server.serve(list(zip(ARRIVALS, prompts)))
     return [(p.start_s, sorted(e.request_id for e in p.entries)) for p in out["passes"]], out["preemptions"]
@@ -64,10 +66,13 @@ def simulated_batches(trace, pages: int, **sched) -> tuple[list[tuple[float, lis
     return out, res.metrics["preemptions"]
 
 
-@pytest.mark.parametrize("pages, sched, preempts", [
-    (10**4, {"max_seqs": 3, "max_batch_tokens": 40}, False),  # two prompts at t=0 exceed 40 tokens: a chunk
-    (20, {"max_seqs": 4, "max_batch_tokens": 4096}, True),  # 20 pages of 4 tokens: growing requests preempt
-])
+@pytest.mark.parametrize(
+    "pages, sched, preempts",
+    [
+        (10**4, {"max_seqs": 3, "max_batch_tokens": 40}, False),  # two prompts at t=0 exceed 40 tokens: a chunk
+        (20, {"max_seqs": 4, "max_batch_tokens": 4096}, True),  # 20 pages of 4 tokens: growing requests preempt
+    ],
+)
 def test_same_batches_in_the_simulator_and_the_runtime(batch1, pages, sched, preempts):
     (rt, rt_pre), (sim, sim_pre) = runtime_batches(batch1, pages, **sched), simulated_batches(batch1, pages, **sched)
     assert [b for _, b in rt] == [b for _, b in sim] and rt_pre == sim_pre and (rt_pre > 0) == preempts

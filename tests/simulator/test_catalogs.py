@@ -10,10 +10,31 @@ import pytest
 from simulator.hardware import HARDWARE, HardwareSpec, get_hardware, host_cpu_spec, override
 from simulator.models import MODELS, ModelSpec, get_model
 
-PARTS = ("a100-40g", "a100-80g", "a10", "a40", "l4", "l40s", "h100-sxm", "h100-pcie", "h200",
-         "b200", "mi300x", "host-cpu")
-MODEL_NAMES = ("llama-2-7b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "gemma-7b", "qwen3-4b",
-               "qwen2.5-7b", "dream-7b", "phi-2")
+PARTS = (
+    "a100-40g",
+    "a100-80g",
+    "a10",
+    "a40",
+    "l4",
+    "l40s",
+    "h100-sxm",
+    "h100-pcie",
+    "h200",
+    "b200",
+    "mi300x",
+    "host-cpu",
+)
+MODEL_NAMES = (
+    "llama-2-7b",
+    "llama-2-70b",
+    "llama-3-8b",
+    "llama-3-70b",
+    "gemma-7b",
+    "qwen3-4b",
+    "qwen2.5-7b",
+    "dream-7b",
+    "phi-2",
+)
 
 
 @pytest.mark.parametrize("name", PARTS)
@@ -54,11 +75,18 @@ def test_override_makes_a_named_hypothetical_part() -> None:
     assert base.hbm_bytes_per_s == 3.35e12  # the catalog entry is untouched
 
 
-@pytest.mark.parametrize("field,value", [
-    ("hbm_bytes_per_s", 0), ("hbm_bytes_per_s", -1e12), ("peak_flops_per_s", 0),
-    ("hbm_capacity_bytes", 0), ("interconnect_bytes_per_s", -5.0), ("memory_efficiency", 1.5),
-    ("launch_overhead_s", -1e-6),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("hbm_bytes_per_s", 0),
+        ("hbm_bytes_per_s", -1e12),
+        ("peak_flops_per_s", 0),
+        ("hbm_capacity_bytes", 0),
+        ("interconnect_bytes_per_s", -5.0),
+        ("memory_efficiency", 1.5),
+        ("launch_overhead_s", -1e-6),
+    ],
+)
 def test_override_rejects_impossible_values(field: str, value: float) -> None:
     with pytest.raises(ValueError) as info:
         override("a100-80g", **{field: value})
@@ -101,11 +129,20 @@ def test_kv_bytes_per_token() -> None:
     assert get_model("qwen3-4b").head_dim == 128  # explicit, not 2560 / 32
 
 
-@pytest.mark.parametrize("name,billions", [
-    # parameter counts from the model cards / papers
-    ("llama-2-7b", 6.74), ("llama-2-70b", 68.98), ("llama-3-8b", 8.03), ("llama-3-70b", 70.55),
-    ("gemma-7b", 8.54), ("qwen3-4b", 4.02), ("qwen2.5-7b", 7.61), ("phi-2", 2.78),
-])
+@pytest.mark.parametrize(
+    "name,billions",
+    [
+        # parameter counts from the model cards / papers
+        ("llama-2-7b", 6.74),
+        ("llama-2-70b", 68.98),
+        ("llama-3-8b", 8.03),
+        ("llama-3-70b", 70.55),
+        ("gemma-7b", 8.54),
+        ("qwen3-4b", 4.02),
+        ("qwen2.5-7b", 7.61),
+        ("phi-2", 2.78),
+    ],
+)
 def test_parameter_counts_match_the_model_cards(name: str, billions: float) -> None:
     assert get_model(name).params / 1e9 == pytest.approx(billions, rel=0.01)
 
@@ -121,9 +158,21 @@ def test_dream_is_qwen25_shaped() -> None:
 
 
 def test_from_trace_meta() -> None:
-    meta = {"schema_version": 1, "model": {
-        "name": "tiny-2l", "n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 2,
-        "d_ff": 192, "vocab_size": 294, "dtype_bytes": 4, "params": 136256, "trained": False}}
+    meta = {
+        "schema_version": 1,
+        "model": {
+            "name": "tiny-2l",
+            "n_layers": 2,
+            "d_model": 64,
+            "n_heads": 4,
+            "n_kv_heads": 2,
+            "d_ff": 192,
+            "vocab_size": 294,
+            "dtype_bytes": 4,
+            "params": 136256,
+            "trained": False,
+        },
+    }
     spec = ModelSpec.from_trace_meta(meta)
     assert (spec.name, spec.n_layers, spec.head_dim, spec.dtype_bytes) == ("tiny-2l", 2, 16, 4)
     assert spec.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
@@ -134,8 +183,9 @@ def test_from_trace_meta() -> None:
 
 def test_from_trace_meta_names_missing_keys() -> None:
     with pytest.raises(ValueError, match="d_ff, vocab_size"):
-        ModelSpec.from_trace_meta({"model": {"name": "x", "n_layers": 2, "d_model": 64,
-                                             "n_heads": 4, "n_kv_heads": 2, "dtype_bytes": 2}})
+        ModelSpec.from_trace_meta(
+            {"model": {"name": "x", "n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 2, "dtype_bytes": 2}}
+        )
 
 
 def test_model_validation() -> None:

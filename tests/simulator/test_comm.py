@@ -57,8 +57,23 @@ def test_topology_picks_the_slowest_link() -> None:
 
 
 def test_solm_cost_comm_json(capsys) -> None:
-    assert main(["cost", "--hardware", "h100-sxm", "--comm", "all_reduce,send_recv", "--workers", "2,4,8",
-                 "--bytes", "4096,1048576,67108864", "--json"]) == 0
+    assert (
+        main(
+            [
+                "cost",
+                "--hardware",
+                "h100-sxm",
+                "--comm",
+                "all_reduce,send_recv",
+                "--workers",
+                "2,4,8",
+                "--bytes",
+                "4096,1048576,67108864",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1
     rows = json.loads(out[0])["comm"]

@@ -92,8 +92,9 @@ def test_faster_parts_are_faster() -> None:
     model = get_model("llama-3-8b")
     cases = [(1, 2048), (4096, causal_kv(4096))]
     for n, kv in cases:
-        a100, h100, b200 = (CostModel(get_hardware(name), model).step_time_s(n, kv)
-                            for name in ("a100-80g", "h100-sxm", "b200"))
+        a100, h100, b200 = (
+            CostModel(get_hardware(name), model).step_time_s(n, kv) for name in ("a100-80g", "h100-sxm", "b200")
+        )
         assert b200 < h100 < a100
     # more bandwidth helps decode a lot and prefill little
     base = CostModel(get_hardware("h100-sxm"), model)
@@ -142,8 +143,7 @@ def test_default_params_carry_the_a100_fit_to_other_parts() -> None:
     mi300x = default_params(get_hardware("mi300x"))
     a100 = load_a100_params()
     ratio = HARDWARE["mi300x"].matmul_efficiency / HARDWARE["a100-80g"].matmul_efficiency
-    assert mi300x.families["up_proj"].compute_eff_max == pytest.approx(
-        a100.families["up_proj"].compute_eff_max * ratio)
+    assert mi300x.families["up_proj"].compute_eff_max == pytest.approx(a100.families["up_proj"].compute_eff_max * ratio)
     assert default_params(get_hardware("host-cpu")).source == "prior(host-cpu)"
 
 
@@ -153,8 +153,7 @@ def test_a100_calibration_heldout_error() -> None:
 
     for split in ("interleaved", "model"):
         errors = a100_op_errors(VIDUR_DIR, split=split)
-        print(f"A100 held-out median APE % ({split}):",
-              {family: round(error, 1) for family, error in errors.items()})
+        print(f"A100 held-out median APE % ({split}):", {family: round(error, 1) for family, error in errors.items()})
         # measured: matmul families 4.4-5.9 %, elementwise families 4.6-12.1 %
         for family in ("qkv_proj", "o_proj", "up_proj", "down_proj"):
             assert errors[family] < 10.0, family
@@ -169,8 +168,9 @@ def test_shipped_calibration_is_what_the_code_fits() -> None:
     fitted = fit_a100(load_vidur(VIDUR_DIR))
     shipped = load_a100_params()
     for family, eff in fitted.families.items():
-        np.testing.assert_allclose(dataclasses.astuple(shipped.families[family]),
-                                   dataclasses.astuple(eff), rtol=1e-3, err_msg=family)
+        np.testing.assert_allclose(
+            dataclasses.astuple(shipped.families[family]), dataclasses.astuple(eff), rtol=1e-3, err_msg=family
+        )
 
 
 def test_fit_steps_recovers_a_line() -> None:
@@ -194,10 +194,10 @@ def test_fit_cost_params_to_steps_recovers_a_slower_part() -> None:
     from simulator.calibrate import fit_cost_params_to_steps
 
     hardware, model = get_hardware("host-cpu"), get_model("qwen3-4b")
-    truth_hw = override("host-cpu", peak_flops_per_s=hardware.peak_flops_per_s / 2,
-                        hbm_bytes_per_s=hardware.hbm_bytes_per_s / 1.5)
-    truth = CostModel(truth_hw, model, dataclasses.replace(CostParams.prior(hardware),
-                                                           step_overhead_s=3e-3))
+    truth_hw = override(
+        "host-cpu", peak_flops_per_s=hardware.peak_flops_per_s / 2, hbm_bytes_per_s=hardware.hbm_bytes_per_s / 1.5
+    )
+    truth = CostModel(truth_hw, model, dataclasses.replace(CostParams.prior(hardware), step_overhead_s=3e-3))
     q = np.array([1, 1, 1, 4, 4, 16, 64, 128, 256, 512] * 3)
     kv = causal_kv(q, 300)
     groups = np.where(q <= 4, q, 1)
@@ -220,8 +220,7 @@ def test_calibrate_on_a_real_cpu_trace(request: pytest.FixtureRequest) -> None:
     trace = request.getfixturevalue("small_trace")
     model = ModelSpec.from_trace_meta(json.loads((trace / "meta.json").read_text()))
     steps = pd.read_parquet(trace / "steps.parquet")
-    q, kv, groups = (steps[c].to_numpy(float)
-                     for c in ("query_tokens", "kv_tokens_read", "active_streams"))
+    q, kv, groups = (steps[c].to_numpy(float) for c in ("query_tokens", "kv_tokens_read", "active_streams"))
     duration = steps["duration_s"].to_numpy(float)
     line = fit_steps(np.stack([q, kv, duration], axis=1))
     hardware = host_cpu_spec()
@@ -232,8 +231,10 @@ def test_calibrate_on_a_real_cpu_trace(request: pytest.FixtureRequest) -> None:
 
     prior_ape = median_ape(CostModel(hardware, model))
     fitted_ape = median_ape(CostModel(hardware, model, params))
-    print(f"CPU trace ({len(q)} steps): line held-out APE {line.heldout_median_ape_percent:.1f}%,"
-          f" cost model APE prior {prior_ape:.1f}% -> fitted {fitted_ape:.1f}%")
+    print(
+        f"CPU trace ({len(q)} steps): line held-out APE {line.heldout_median_ape_percent:.1f}%,"
+        f" cost model APE prior {prior_ape:.1f}% -> fitted {fitted_ape:.1f}%"
+    )
     assert np.isfinite(line.heldout_median_ape_percent) and line.overhead_s >= 0
     assert fitted_ape <= prior_ape + 5.0
 
@@ -255,8 +256,7 @@ def _run(argv: list[str]) -> int:
 
 
 def test_solm_cost_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code = _run(["--model", "llama-3-8b", "--hardware", "a100-80g", "--tokens", "1,512,4096",
-                 "--json"])
+    code = _run(["--model", "llama-3-8b", "--hardware", "a100-80g", "--tokens", "1,512,4096", "--json"])
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 0 and len(out) == 1
     result = json.loads(out[-1])
@@ -271,8 +271,22 @@ def test_solm_cost_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_solm_cost_table_then_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code = _run(["--model", "llama-3-70b", "--hardware", "h100-sxm", "--tp", "4", "--tokens",
-                 "32", "--kv-tokens", "4096", "--groups", "32"])
+    code = _run(
+        [
+            "--model",
+            "llama-3-70b",
+            "--hardware",
+            "h100-sxm",
+            "--tp",
+            "4",
+            "--tokens",
+            "32",
+            "--kv-tokens",
+            "4096",
+            "--groups",
+            "32",
+        ]
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     assert code == 0 and len(lines) > 5
     assert any(line.startswith("mlp_up_proj") for line in lines)
@@ -282,15 +296,17 @@ def test_solm_cost_table_then_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert "all_reduce" in {row["op"] for row in result["ops"]}
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--model", "llama-9", "--hardware", "a100-80g"], "unknown model"),
-    (["--model", "llama-3-8b", "--hardware", "tpu-v9"], "unknown hardware"),
-    (["--model", "llama-3-8b", "--hardware", "h200", "--tokens", "1,2.5"], "--tokens"),
-    (["--model", "llama-3-8b", "--hardware", "h200", "--tokens", "0"], "--tokens"),
-    (["--model", "llama-3-8b", "--hardware", "h200", "--kv-tokens", "-5"], "--kv-tokens"),
-])
-def test_solm_cost_bad_input(argv: list[str], needle: str,
-                             capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--model", "llama-9", "--hardware", "a100-80g"], "unknown model"),
+        (["--model", "llama-3-8b", "--hardware", "tpu-v9"], "unknown hardware"),
+        (["--model", "llama-3-8b", "--hardware", "h200", "--tokens", "1,2.5"], "--tokens"),
+        (["--model", "llama-3-8b", "--hardware", "h200", "--tokens", "0"], "--tokens"),
+        (["--model", "llama-3-8b", "--hardware", "h200", "--kv-tokens", "-5"], "--kv-tokens"),
+    ],
+)
+def test_solm_cost_bad_input(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -309,12 +325,28 @@ def test_solm_cost_calibrated_from_a_trace(tmp_path, capsys: pytest.CaptureFixtu
     from tests.simulator.toy_traces import MODEL_META, seq, write_toy_trace
 
     hw = get_hardware("host-cpu")
-    truth = CostModel(hw, ModelSpec.from_trace_meta(MODEL_META), dc.replace(CostParams.prior(hw), step_overhead_s=0.005))
+    truth = CostModel(
+        hw, ModelSpec.from_trace_meta(MODEL_META), dc.replace(CostParams.prior(hw), step_overhead_s=0.005)
+    )
     trace = write_toy_trace(tmp_path / "t", [seq(6, 8), seq(9, 10)], [6, 9], timed_by=truth)
     assert _run(["--model", "llama-3-8b", "--hardware", "host-cpu", "--tokens", "1", "--json"]) == 0
     plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert _run(["--model", "llama-3-8b", "--hardware", "host-cpu", "--tokens", "1",
-                 "--calibrate-from", str(trace), "--json"]) == 0
+    assert (
+        _run(
+            [
+                "--model",
+                "llama-3-8b",
+                "--hardware",
+                "host-cpu",
+                "--tokens",
+                "1",
+                "--calibrate-from",
+                str(trace),
+                "--json",
+            ]
+        )
+        == 0
+    )
     fitted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert "fitted to" in fitted["calibration"] and str(trace) in fitted["calibration"]
     assert fitted["steps"][0]["step_time_ms"] >= 4.5  # the fitted per-pass overhead is in every pass

@@ -34,8 +34,7 @@ SHAPES = [(4096, 6144), (4096, 28672), (14336, 4096), (1024, 4096), (8192, 12825
 # ---- waves -----------------------------------------------------------------------------------
 def _four_sm_part():
     """4 SMs, memory and launches free: a GEMM's time is its waves' compute alone."""
-    return override("a100-80g", name="four-sm", num_sms=4, hbm_bytes_per_s=1e30,
-                    launch_overhead_s=0.0)
+    return override("a100-80g", name="four-sm", num_sms=4, hbm_bytes_per_s=1e30, launch_overhead_s=0.0)
 
 
 def test_five_tiles_take_two_waves_four_tiles_one() -> None:
@@ -44,12 +43,13 @@ def test_five_tiles_take_two_waves_four_tiles_one() -> None:
     tile = (Tile(128, 128, 32, ctas_per_sm=1),)
 
     def time_s(n_tiles: int) -> float:  # one row of 128 tokens, n_tiles columns of 128
-        return gemm_kernel(128, 4096, 128 * n_tiles, part, params, tiles=tile,
-                           splits=(1,)).time_s
+        return gemm_kernel(128, 4096, 128 * n_tiles, part, params, tiles=tile, splits=(1,)).time_s
 
     k_iters = 4096 / 32
-    iter_s = max(2 * 128 * 128 * 32 / (part.sm_peak_flops_per_s * params.tensor_eff),
-                 256 * 32 * 2 / (params.feed_bytes_per_clock * part.sustained_clock_hz))
+    iter_s = max(
+        2 * 128 * 128 * 32 / (part.sm_peak_flops_per_s * params.tensor_eff),
+        256 * 32 * 2 / (params.feed_bytes_per_clock * part.sustained_clock_hz),
+    )
     one_wave_s = k_iters * iter_s
     assert time_s(4) == pytest.approx(one_wave_s, rel=1e-12)
     assert time_s(5) == pytest.approx(2 * one_wave_s, rel=1e-12)
@@ -82,10 +82,14 @@ def test_more_tokens_never_faster(name: str) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(part=st.sampled_from(GPUS), m=st.integers(1, 40000), k=st.integers(64, 65536),
-       n=st.integers(64, 160000), more=st.floats(1.0, 4.0))
-def test_more_sms_or_bandwidth_never_slower(part: str, m: int, k: int, n: int,
-                                            more: float) -> None:
+@given(
+    part=st.sampled_from(GPUS),
+    m=st.integers(1, 40000),
+    k=st.integers(64, 65536),
+    n=st.integers(64, 160000),
+    more=st.floats(1.0, 4.0),
+)
+def test_more_sms_or_bandwidth_never_slower(part: str, m: int, k: int, n: int, more: float) -> None:
     hw = get_hardware(part)
     params = default_params(hw).gemm
     base = gemm_time_s(float(m), k, n, hw, params)
@@ -99,8 +103,9 @@ def test_sm_count_grid_never_slower() -> None:
     params = load_a100_params().gemm
     for k, n in SHAPES:
         m = np.array([1, 77, 300, 1500, 4096], dtype=float)
-        times = np.stack([gemm_time_s(m, k, n, override("a100-80g", num_sms=s), params)
-                          for s in range(8, 257, 8)])  # (SM counts, M)
+        times = np.stack(
+            [gemm_time_s(m, k, n, override("a100-80g", num_sms=s), params) for s in range(8, 257, 8)]
+        )  # (SM counts, M)
         for i in range(len(m)):
             assert np.all(np.diff(times[:, i]) <= 1e-15), (k, n, m[i])
 
@@ -172,14 +177,15 @@ def test_fit_recovers_synthetic_parameters() -> None:
 
     from simulator.gemm_fit import FIT_FIELDS, fit_gemm, predict_tiles
 
-    truth = GemmParams(tensor_eff=0.8, fill_iters=3.0, memory_eff=0.85, launch_overheads=1.0,
-                       overlap_p=3.0, choice_q=10.0)
+    truth = GemmParams(
+        tensor_eff=0.8, fill_iters=3.0, memory_eff=0.85, launch_overheads=1.0, overlap_p=3.0, choice_q=10.0
+    )
     m = np.array([1, 64, 200, 1000, 4096], dtype=float)
-    rows = pd.DataFrame([{"model": "x", "tp": 1, "op": f"{k}x{n}", "num_tokens": v, "K": k,
-                          "N": n} for k, n in SHAPES[:3] for v in m])
+    rows = pd.DataFrame(
+        [{"model": "x", "tp": 1, "op": f"{k}x{n}", "num_tokens": v, "K": k, "N": n} for k, n in SHAPES[:3] for v in m]
+    )
     rows["time_s"] = predict_tiles(rows, truth)
-    fixed = {"feed_bytes_per_clock": truth.feed_bytes_per_clock, "choice_q": 10.0,
-             "overlap_p": 3.0}
+    fixed = {"feed_bytes_per_clock": truth.feed_bytes_per_clock, "choice_q": 10.0, "overlap_p": 3.0}
     fitted = fit_gemm(rows, fixed=fixed)
     for name in ("tensor_eff", "memory_eff"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.03), name
@@ -219,12 +225,16 @@ def _run(argv: list[str]) -> int:
     return cost.run(parser.parse_args(["cost", *argv]))
 
 
-@pytest.mark.parametrize("setting,needle", [
-    ("num_cores=200", "unknown hardware field"), ("num_sms", "FIELD=VALUE"),
-    ("num_sms=0", "num_sms"), ("num_sms=12.5", "whole number"),
-])
-def test_solm_cost_bad_set_is_one_line(setting: str, needle: str,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "setting,needle",
+    [
+        ("num_cores=200", "unknown hardware field"),
+        ("num_sms", "FIELD=VALUE"),
+        ("num_sms=0", "num_sms"),
+        ("num_sms=12.5", "whole number"),
+    ],
+)
+def test_solm_cost_bad_set_is_one_line(setting: str, needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(["--model", "llama-3-8b", "--hardware", "h100-sxm", "--set", setting]) == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
@@ -243,8 +253,7 @@ def test_solm_cost_set_more_sms_is_faster(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_solm_cost_explain(capsys: pytest.CaptureFixture[str]) -> None:
-    assert _run(["--model", "llama-3-8b", "--hardware", "a100-80g", "--tokens", "1,4096",
-                 "--explain"]) == 0
+    assert _run(["--model", "llama-3-8b", "--hardware", "a100-80g", "--tokens", "1,4096", "--explain"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert any(line.startswith("why (GEMM kernels") for line in lines)
     explain = json.loads(lines[-1])["explain"]
@@ -253,5 +262,4 @@ def test_solm_cost_explain(capsys: pytest.CaptureFixture[str]) -> None:
     last = {row["op"]: row for row in explain if row["num_tokens"] == 4096}
     assert first["mlp_up_proj"]["bound"] == "memory"
     assert last["mlp_up_proj"]["bound"] in ("compute", "wave")
-    assert last["mlp_up_proj"]["waves"] > 1 and re.fullmatch(r"\d+x\d+x\d+",
-                                                            last["mlp_up_proj"]["tile"])
+    assert last["mlp_up_proj"]["waves"] > 1 and re.fullmatch(r"\d+x\d+x\d+", last["mlp_up_proj"]["tile"])

@@ -31,30 +31,72 @@ def test_replay_goodput_exact(tmp_path):
     # max-seqs 1, 1 s per pass: A ttft 1 s, e2e 3 s (tpot 1 s); B waits: ttft 3.5 s, e2e 5.5 s (tpot 1 s)
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), seq(4, 3)], [4, 4], arrivals=[0.0, 0.5]))
     model, hw = ModelSpec.from_trace_meta(MODEL_META), toy_part()
-    res = replay(w, hw, model, ReplayConfig(max_seqs=1, slo_ttft_ms=2000, slo_tpot_ms=1000),
-                 cost=one_second_cost(hw, model))
+    res = replay(
+        w, hw, model, ReplayConfig(max_seqs=1, slo_ttft_ms=2000, slo_tpot_ms=1000), cost=one_second_cost(hw, model)
+    )
     m = res.metrics
     assert m["duration_s"] == 6.0 and m["request_goodput"] == 1 / 6 and m["slo_attained_percent"] == 50.0
 
 
 def test_simulate_and_sweep_print_goodput(tmp_path, capsys):
     trace = write_toy_trace(tmp_path / "t", [seq(4, 3)] * 4, [4] * 4)
-    assert main(["simulate", str(trace), "--hardware", "h100-sxm", "--model", "llama-3-8b", "--rate", "2",
-                 "--slo-ttft-ms", "100", "--slo-tpot-ms", "50", "--no-chunked-prefill", "--reserve", "peak"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                str(trace),
+                "--hardware",
+                "h100-sxm",
+                "--model",
+                "llama-3-8b",
+                "--rate",
+                "2",
+                "--slo-ttft-ms",
+                "100",
+                "--slo-tpot-ms",
+                "50",
+                "--no-chunked-prefill",
+                "--reserve",
+                "peak",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     figures = json.loads(out.strip().splitlines()[-1])
     assert "goodput" in out and figures["request_goodput"] == figures["request_throughput"]
     assert figures["chunked_prefill"] is False and figures["reserve"] == "peak"
-    assert main(["sweep", str(trace), "--hardware", "h100-sxm", "--model", "llama-3-8b", "--rate", "1,2",
-                 "--slo-ttft-ms", "100", "--workers", "1", "--out", str(tmp_path / "sw"), "--json"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(trace),
+                "--hardware",
+                "h100-sxm",
+                "--model",
+                "llama-3-8b",
+                "--rate",
+                "1,2",
+                "--slo-ttft-ms",
+                "100",
+                "--workers",
+                "1",
+                "--out",
+                str(tmp_path / "sw"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     import pandas as pd
 
     table = pd.read_parquet(tmp_path / "sw" / "sweep.parquet")
     assert (table["request_goodput"] > 0).all() and (table["slo_ttft_ms"] == 100).all()
 
 
-@pytest.mark.parametrize("flags, needle", [(["--slo-ttft-ms", "-5"], "slo-ttft-ms must be > 0"),
-                                           (["--scheduler", "lottery"], "fcfs, sjf")])
+@pytest.mark.parametrize(
+    "flags, needle", [(["--slo-ttft-ms", "-5"], "slo-ttft-ms must be > 0"), (["--scheduler", "lottery"], "fcfs, sjf")]
+)
 def test_bad_slo_or_scheduler_is_one_line_exit_2(tmp_path, capsys, flags, needle):
     trace = write_toy_trace(tmp_path / "t", [seq(4, 3)], [4])
     assert main(["simulate", str(trace), "--hardware", "h100-sxm", *flags]) == 2

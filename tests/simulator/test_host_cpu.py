@@ -23,8 +23,14 @@ def test_capture_records_its_cpu(small_trace):
 
 
 def test_validation_uses_the_recorded_cpu_not_this_machine():
-    recorded = {"model": "Some CPU", "logical_cores": 64, "usable_cores": 64, "clock_mhz": 1234.0,
-                "flops_per_cycle": 8, "ram_bytes": 2**30}
+    recorded = {
+        "model": "Some CPU",
+        "logical_cores": 64,
+        "usable_cores": 64,
+        "clock_mhz": 1234.0,
+        "flops_per_cycle": 8,
+        "ram_bytes": 2**30,
+    }
     hw = trace_hardware({"device": {"type": "cpu", "threads": 2, "cpu": recorded}})
     assert hw.name == "host-cpu-2c" and hw.peak_flops_per_s == pytest.approx(2 * 1234e6 * 8)
     assert hw.hbm_capacity_bytes == 2**30 and "recorded at capture: Some CPU" in hw.source
@@ -38,8 +44,9 @@ def test_old_trace_falls_back_on_this_machine_and_says_so():
     assert "records no CPU" in hw.source and "this machine now" in hw.source
 
 
-@pytest.mark.parametrize("bad", [{"clock_mhz": "fast"}, {"clock_mhz": -5}, {"flops_per_cycle": [1]},
-                                 {"clock_mhz": float("inf")}])
+@pytest.mark.parametrize(
+    "bad", [{"clock_mhz": "fast"}, {"clock_mhz": -5}, {"flops_per_cycle": [1]}, {"clock_mhz": float("inf")}]
+)
 def test_a_broken_cpu_record_is_one_clear_error(bad):
     with pytest.raises(TraceError, match="CPU record"):
         cpu_spec({**read_host_cpu(), **bad}, 2)

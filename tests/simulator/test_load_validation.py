@@ -35,15 +35,25 @@ def serving_trace(path, system: str, rate: float, pool_blocks: int | None = None
     reqs, prompts = _requests(n, system)
     w = load_workload(write_toy_trace(path.parent / f"{path.name}-src", reqs, prompts, system=system))
     w = dataclasses.replace(w, logit_tokens=w.query_tokens.copy())
-    config = ReplayConfig(rate=rate, max_seqs=8, memory_utilization=1.0,
-                          kv_capacity_bytes=(pool_blocks or 10**6) * BLOCK_BYTES, **batch)
+    config = ReplayConfig(
+        rate=rate, max_seqs=8, memory_utilization=1.0, kv_capacity_bytes=(pool_blocks or 10**6) * BLOCK_BYTES, **batch
+    )
     out = write_simulated_trace(replay(w, HW, MODEL, config, cost=TRUTH), path)
     meta_path = out / "meta.json"
     meta = json.loads(meta_path.read_text())
-    meta.update(kind="measured", device={"name": "toy", "type": "cpu", "threads": 2},
-                knobs={"rate": rate, "max_seqs": 8, "max_batch_tokens": config.max_batch_tokens,
-                       "chunked_prefill": config.chunked_prefill, "page_size": 16,
-                       "pool_bytes": config.kv_capacity_bytes, "scheduler": "fcfs"})
+    meta.update(
+        kind="measured",
+        device={"name": "toy", "type": "cpu", "threads": 2},
+        knobs={
+            "rate": rate,
+            "max_seqs": 8,
+            "max_batch_tokens": config.max_batch_tokens,
+            "chunked_prefill": config.chunked_prefill,
+            "page_size": 16,
+            "pool_bytes": config.kv_capacity_bytes,
+            "scheduler": "fcfs",
+        },
+    )
     meta["model"] = {**meta["model"], "name": MODEL_META["name"]}
     meta_path.write_text(json.dumps(meta))
     return out
@@ -59,7 +69,10 @@ def test_a_serving_run_is_predicted_from_batch_one_alone(tmp_path, system):
     assert [lv["rate"] for lv in v["levels"]] == [20.0, 400.0]
     for lv in v["levels"]:
         e = lv["errors"]
-        assert lv["passes_simulated"] == lv["passes_measured"] and lv["preemptions_simulated"] == lv["preemptions_measured"]
+        assert (
+            lv["passes_simulated"] == lv["passes_measured"]
+            and lv["preemptions_simulated"] == lv["preemptions_measured"]
+        )
         for key in ("ttft_p50_ape_percent", "e2e_p50_ape_percent", "throughput_ape_percent", "e2e_mape_percent"):
             assert e[key] < 2.0, (key, e[key])
     assert v["levels"][1]["preemptions_measured"] > 0 and v["levels"][1]["mean_batch_measured"] > 1.5
@@ -87,8 +100,20 @@ def test_host_line_from_gaps_over_streams(tmp_path):
 
 
 def test_serving_config_reads_the_trace_settings():
-    c = serving_config({"knobs": {"max_seqs": 4, "max_batch_tokens": 64, "kv_budget_mib": 0.5, "page_size": 8,
-                                  "chunked_prefill": False, "scheduler": "sjf"}}, MODEL, scheduler="fcfs")
+    c = serving_config(
+        {
+            "knobs": {
+                "max_seqs": 4,
+                "max_batch_tokens": 64,
+                "kv_budget_mib": 0.5,
+                "page_size": 8,
+                "chunked_prefill": False,
+                "scheduler": "sjf",
+            }
+        },
+        MODEL,
+        scheduler="fcfs",
+    )
     assert (c.max_seqs, c.max_batch_tokens, c.kv_capacity_bytes, c.block_size) == (4, 64, 2**19, 8)
     assert c.chunked_prefill is False and c.scheduler == "fcfs"  # a flag given overrides the trace
 

@@ -57,9 +57,26 @@ def test_probe_refused_is_a_usage_error():
 
 def test_cli_wrong_address_one_line_exit_2(trace):
     """The issue's hang (over 90 s at Ray's retry loop): now the connect timeout and one line."""
-    r = subprocess.run([sys.executable, "-m", "solm", "sweep", trace, "--hardware", "a100-80g", "--backend", "ray",
-                        "--address", f"127.0.0.1:{_closed_port()}"], capture_output=True, text=True, cwd=ROOT,
-                       timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "solm",
+            "sweep",
+            trace,
+            "--hardware",
+            "a100-80g",
+            "--backend",
+            "ray",
+            "--address",
+            f"127.0.0.1:{_closed_port()}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("solm sweep: error: cannot reach a Ray cluster"), r.stderr
@@ -95,10 +112,31 @@ def test_local_ray_listens_on_loopback_only_and_leaves_no_session(trace, capfd):
 def test_signal_to_ray_sweep_leaves_no_process(trace, tmp_path, sig):
     """SIGTERM: the sweep shuts Ray down itself. SIGKILL: Ray's fate sharing ends gcs_server, raylet
     and workers, and the backend's watchdog the agents that outlive them, and the session folder."""
-    cmd = [sys.executable, "-m", "solm", "sweep", trace, "--hardware", "a100-80g,h100-sxm,l4", "--max-seqs",
-           ",".join(str(i) for i in range(1, 200)), "--backend", "ray", "--workers", "2", "--out", str(tmp_path / "o")]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "solm",
+        "sweep",
+        trace,
+        "--hardware",
+        "a100-80g,h100-sxm,l4",
+        "--max-seqs",
+        ",".join(str(i) for i in range(1, 200)),
+        "--backend",
+        "ray",
+        "--workers",
+        "2",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: (tmp_path / "o" / "results.jsonl").exists() or proc.poll() is not None, 120, "first rows")
         assert proc.poll() is None, proc.stderr.read().decode()

@@ -42,8 +42,15 @@ def test_exact_timeline_continuous_batching(tmp_path):
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), seq(4, 2)], [4, 4], arrivals=[0.0, 0.5]))
     res = run(w, ReplayConfig(max_seqs=2))
     assert res.timeline() == [
-        (0, "arrive", 0.0), (0, "admit", 0.0), (1, "arrive", 0.5), (0, "first_token", 1.0), (1, "admit", 1.0),
-        (1, "first_token", 2.0), (0, "finish", 3.0), (1, "finish", 3.0)]
+        (0, "arrive", 0.0),
+        (0, "admit", 0.0),
+        (1, "arrive", 0.5),
+        (0, "first_token", 1.0),
+        (1, "admit", 1.0),
+        (1, "first_token", 2.0),
+        (0, "finish", 3.0),
+        (1, "finish", 3.0),
+    ]
     m = res.metrics
     assert (m["passes"], m["duration_s"], m["mean_ttft_ms"], m["mean_e2el_ms"]) == (3, 3.0, 1250.0, 2750.0)
     assert m["mean_itl_ms"] == 1000.0 and m["mean_tpot_ms"] == 1000.0
@@ -54,8 +61,15 @@ def test_exact_timeline_one_sequence_at_a_time(tmp_path):
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), seq(4, 2)], [4, 4], arrivals=[0.0, 0.5]))
     res = run(w, ReplayConfig(max_seqs=1))
     assert res.timeline() == [
-        (0, "arrive", 0.0), (0, "admit", 0.0), (1, "arrive", 0.5), (0, "first_token", 1.0), (0, "finish", 3.0),
-        (1, "admit", 3.0), (1, "first_token", 4.0), (1, "finish", 5.0)]
+        (0, "arrive", 0.0),
+        (0, "admit", 0.0),
+        (1, "arrive", 0.5),
+        (0, "first_token", 1.0),
+        (0, "finish", 3.0),
+        (1, "admit", 3.0),
+        (1, "first_token", 4.0),
+        (1, "finish", 5.0),
+    ]
     assert res.requests["e2e_s"].tolist() == [3.0, 4.5]
 
 
@@ -65,7 +79,11 @@ def test_token_dependent_cost_timeline(tmp_path):
     res = run(w, ReplayConfig(max_seqs=2), cost=LinearCost())
     # pass 1: prefills 4 + 8 = 12 tokens -> 4 s; pass 2: two decodes -> 1.5 s
     assert [e for e in res.timeline() if e[1] in ("first_token", "finish")] == [
-        (0, "first_token", 4.0), (1, "first_token", 4.0), (0, "finish", 5.5), (1, "finish", 5.5)]
+        (0, "first_token", 4.0),
+        (1, "first_token", 4.0),
+        (0, "finish", 5.5),
+        (1, "finish", 5.5),
+    ]
 
 
 def test_token_cap_splits_batches(tmp_path):
@@ -78,8 +96,15 @@ def test_chunked_prefill_fills_the_token_budget(tmp_path):
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(6, 2), seq(6, 2)], [6, 6]))
     res = run(w, ReplayConfig(max_batch_tokens=8))  # vLLM's default: B's prefill runs as chunks of 2, then 4
     assert res.timeline() == [
-        (0, "arrive", 0.0), (1, "arrive", 0.0), (0, "admit", 0.0), (1, "admit", 0.0), (0, "first_token", 1.0),
-        (1, "first_token", 2.0), (0, "finish", 2.0), (1, "finish", 3.0)]
+        (0, "arrive", 0.0),
+        (1, "arrive", 0.0),
+        (0, "admit", 0.0),
+        (1, "admit", 0.0),
+        (0, "first_token", 1.0),
+        (1, "first_token", 2.0),
+        (0, "finish", 2.0),
+        (1, "finish", 3.0),
+    ]
     assert res.metrics["prefill_chunks"] == 1 and res.requests["steps"].tolist() == [2, 3]
     steps = read_trace(write_simulated_trace(res, tmp_path / "sim")).steps
     b = steps[steps["request_id"] == 1].sort_values("step_index")
@@ -93,8 +118,17 @@ def test_small_pool_preempts_and_recomputes(tmp_path):
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(14, 6), seq(14, 6)], [14, 14]))
     res = run(w, ReplayConfig(kv_capacity_bytes=3 * BLOCK_BYTES))
     assert res.timeline() == [
-        (0, "arrive", 0.0), (1, "arrive", 0.0), (0, "admit", 0.0), (1, "admit", 0.0), (0, "first_token", 1.0),
-        (1, "first_token", 1.0), (1, "preempt", 3.0), (0, "finish", 6.0), (1, "admit", 6.0), (1, "finish", 9.0)]
+        (0, "arrive", 0.0),
+        (1, "arrive", 0.0),
+        (0, "admit", 0.0),
+        (1, "admit", 0.0),
+        (0, "first_token", 1.0),
+        (1, "first_token", 1.0),
+        (1, "preempt", 3.0),
+        (0, "finish", 6.0),
+        (1, "admit", 6.0),
+        (1, "finish", 9.0),
+    ]
     assert res.metrics["preemptions"] == 1 and res.metrics["completed"] == 2
     assert res.metrics["peak_kv_bytes"] == 2 * BLOCK_BYTES
     assert res.requests["steps"].tolist() == [6, 6]  # the re-prefill rides B's next pass (vLLM RECOMPUTE)
@@ -111,8 +145,11 @@ def test_small_pool_preempts_and_recomputes(tmp_path):
 def test_small_pool_queues_without_dropping(tmp_path):
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(14, 2)] * 3, [14] * 3))
     res = run(w, ReplayConfig(kv_capacity_bytes=1 * BLOCK_BYTES))
-    assert [e for e in res.timeline() if e[1] == "finish"] == [(0, "finish", 2.0), (1, "finish", 4.0),
-                                                               (2, "finish", 6.0)]
+    assert [e for e in res.timeline() if e[1] == "finish"] == [
+        (0, "finish", 2.0),
+        (1, "finish", 4.0),
+        (2, "finish", 6.0),
+    ]
     assert res.metrics["completed"] == 3 and res.metrics["preemptions"] == 0
 
 
@@ -168,8 +205,12 @@ def test_simulated_trace_is_valid_and_says_what_it_is(small_trace, tmp_path):
     from simulator.models import get_model
 
     trace = read_trace(small_trace)
-    res = replay(load_workload(small_trace), get_hardware("h100-sxm"), get_model("llama-3-8b"),
-                 ReplayConfig(rate=4.0, num_requests=7))
+    res = replay(
+        load_workload(small_trace),
+        get_hardware("h100-sxm"),
+        get_model("llama-3-8b"),
+        ReplayConfig(rate=4.0, num_requests=7),
+    )
     out = read_trace(write_simulated_trace(res, tmp_path / "sim"))
     assert problems(out) == []
     meta = out.meta
@@ -201,8 +242,12 @@ def test_stretches_equal_pass_by_pass(monkeypatch, case):
     w, llama = uniform(*shape), get_model("llama-3-8b")
 
     def go():
-        return replay(w, get_hardware("l4"), llama, ReplayConfig(
-            rate=6.0, max_seqs=8, kv_capacity_bytes=20 * 16 * llama.kv_bytes_per_token, **extra))
+        return replay(
+            w,
+            get_hardware("l4"),
+            llama,
+            ReplayConfig(rate=6.0, max_seqs=8, kv_capacity_bytes=20 * 16 * llama.kv_bytes_per_token, **extra),
+        )
 
     fast = go()
     monkeypatch.setattr(replay_mod, "MAX_STRETCH_PASSES", 1)
@@ -228,8 +273,10 @@ def test_arrival_modes(tmp_path):
     assert closed.requests["e2e_s"].tolist() == [2.0] * 4
     burst = run(w, ReplayConfig(rate=math.inf))
     assert burst.requests["arrival_s"].tolist() == [0.0] * 4 and burst.metrics["passes"] == 2
-    cycled = run(load_workload(write_toy_trace(tmp_path / "c", [seq(4, 2)] * 3, [4] * 3, arrivals=[0.0, 1.0, 2.0])),
-                 ReplayConfig(num_requests=7))
+    cycled = run(
+        load_workload(write_toy_trace(tmp_path / "c", [seq(4, 2)] * 3, [4] * 3, arrivals=[0.0, 1.0, 2.0])),
+        ReplayConfig(num_requests=7),
+    )
     assert cycled.requests["arrival_s"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]  # the pattern, repeated
     p1, p2 = run(w, ReplayConfig(rate=0.5, seed=3)), run(w, ReplayConfig(rate=0.5, seed=3))
     assert p1.requests["arrival_s"].tolist() == p2.requests["arrival_s"].tolist()
@@ -237,8 +284,9 @@ def test_arrival_modes(tmp_path):
 
 
 def test_sjf_oracle_lets_the_short_job_pass(tmp_path):
-    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 2), seq(4, 20), seq(4, 2)], [4] * 3,
-                                      arrivals=[0.0, 0.5, 0.5]))
+    w = load_workload(
+        write_toy_trace(tmp_path / "t", [seq(4, 2), seq(4, 20), seq(4, 2)], [4] * 3, arrivals=[0.0, 0.5, 0.5])
+    )
     fcfs = run(w, ReplayConfig(max_seqs=1))
     sjf = run(w, ReplayConfig(max_seqs=1, scheduler="sjf", sjf_oracle=True))
     assert fcfs.requests["e2e_s"].tolist() == [2.0, 21.5, 23.5]
@@ -248,8 +296,9 @@ def test_sjf_oracle_lets_the_short_job_pass(tmp_path):
 def test_sjf_ranks_by_what_a_server_knows(tmp_path):
     # B (prompt 8, 2 tokens) and C (prompt 4, 20 tokens) wait behind A; every request has max_tokens 32.
     # Without the oracle a server only sees equal max_tokens and prompts 8 vs 4: it runs C first.
-    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 2), seq(8, 2), seq(4, 20)], [4, 8, 4],
-                                      arrivals=[0.0, 0.5, 0.5]))
+    w = load_workload(
+        write_toy_trace(tmp_path / "t", [seq(4, 2), seq(8, 2), seq(4, 20)], [4, 8, 4], arrivals=[0.0, 0.5, 0.5])
+    )
     w = dataclasses.replace(w, source={**w.source, "knobs": {"max_tokens": 32}})
     known = run(w, ReplayConfig(max_seqs=1, scheduler="sjf"))
     oracle = run(w, ReplayConfig(max_seqs=1, scheduler="sjf", sjf_oracle=True))
@@ -257,12 +306,19 @@ def test_sjf_ranks_by_what_a_server_knows(tmp_path):
     assert oracle.requests["e2e_s"].tolist() == [2.0, 3.5, 23.5]
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    ({"rate": -1.0}, "rate must be > 0"), ({"rate": float("nan")}, "rate must be > 0"),
-    ({"concurrency": 0}, "concurrency"), ({"max_seqs": 0}, "max-seqs"), ({"max_batch_tokens": -5}, "max-batch-tokens"),
-    ({"kv_capacity_bytes": 0}, "KV capacity"), ({"memory_utilization": 0.0}, "memory utilization"),
-    ({"rate": 1.0, "concurrency": 2}, "not both"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"rate": -1.0}, "rate must be > 0"),
+        ({"rate": float("nan")}, "rate must be > 0"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"max_seqs": 0}, "max-seqs"),
+        ({"max_batch_tokens": -5}, "max-batch-tokens"),
+        ({"kv_capacity_bytes": 0}, "KV capacity"),
+        ({"memory_utilization": 0.0}, "memory utilization"),
+        ({"rate": 1.0, "concurrency": 2}, "not both"),
+    ],
+)
 def test_bad_settings(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         ReplayConfig(**kwargs)

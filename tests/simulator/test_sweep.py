@@ -12,8 +12,13 @@ import pytest
 from simulator.sweep import RESULTS_JSONL, RESULTS_PARQUET, grid, pareto_mask, sweep
 from tests.simulator.toy_traces import pasta, seq, write_toy_trace
 
-GRID = dict(hardware=["a100-80g", "h100-sxm"], models=["", "llama-3-8b"], max_seqs=[1, 4], rates=[2.0, float("inf")],
-            num_requests=12)
+GRID = dict(
+    hardware=["a100-80g", "h100-sxm"],
+    models=["", "llama-3-8b"],
+    max_seqs=[1, 4],
+    rates=[2.0, float("inf")],
+    num_requests=12,
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +42,15 @@ def test_grid_and_bad_names(traces):
 
 
 def test_pareto_mask():
-    t = pd.DataFrame({"status": ["ok", "ok", "ok", "error"], "quality_mean": [0.5, 0.5, 0.9, 1.0],
-                      "mean_e2el_ms": [10.0, 20.0, 30.0, 1.0], "output_throughput": [100.0, 100.0, 50.0, 1e9],
-                      "peak_kv_bytes": [1, 1, 1, 0]})
+    t = pd.DataFrame(
+        {
+            "status": ["ok", "ok", "ok", "error"],
+            "quality_mean": [0.5, 0.5, 0.9, 1.0],
+            "mean_e2el_ms": [10.0, 20.0, 30.0, 1.0],
+            "output_throughput": [100.0, 100.0, 50.0, 1e9],
+            "peak_kv_bytes": [1, 1, 1, 0],
+        }
+    )
     assert pareto_mask(t).tolist() == [True, False, True, False]
 
 
@@ -53,8 +64,12 @@ def test_local_pool_table(traces, tmp_path):
     serial = sweep(traces, workers=1, **GRID)
     pd.testing.assert_frame_equal(table, serial)
     # the PASTA trace serves the same tokens in fewer passes: lower latency on the same settings
-    one = table[(table["hardware"] == "h100-sxm") & (table["max_seqs"] == 1) & (table["rate"] == 2.0)
-                & (table["model"] == "llama-3-8b")].set_index("system")
+    one = table[
+        (table["hardware"] == "h100-sxm")
+        & (table["max_seqs"] == 1)
+        & (table["rate"] == 2.0)
+        & (table["model"] == "llama-3-8b")
+    ].set_index("system")
     assert one.loc["pasta", "mean_e2el_ms"] < one.loc["sequential", "mean_e2el_ms"]
 
 
@@ -86,8 +101,7 @@ def test_interrupted_sweep_keeps_finished_and_resumes(traces, tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install ray)")
 def test_ray_backend_matches_process_pool(traces, monkeypatch):
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    small = dict(hardware=["a100-80g", "h100-sxm"], models=["llama-3-8b"], max_seqs=[1, 4], rates=[2.0],
-                 num_requests=6)
+    small = dict(hardware=["a100-80g", "h100-sxm"], models=["llama-3-8b"], max_seqs=[1, 4], rates=[2.0], num_requests=6)
     local = sweep(traces, workers=2, **small)
     ray_table = sweep(traces, workers=2, backend="ray", **small)
     pd.testing.assert_frame_equal(local, ray_table)

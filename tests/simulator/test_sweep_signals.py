@@ -27,10 +27,29 @@ def trace(tmp_path_factory):
 
 def _start(trace: str, out: Path) -> subprocess.Popen:
     # 3 x 400 configurations: minutes of work on 2 workers, so the pool is busy when the signal comes
-    cmd = [sys.executable, "-m", "solm", "sweep", trace, "--hardware", "a100-80g,h100-sxm,l4", "--max-seqs",
-           ",".join(str(i) for i in range(1, 401)), "--workers", "2", "--out", str(out)]
-    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "solm",
+        "sweep",
+        trace,
+        "--hardware",
+        "a100-80g,h100-sxm,l4",
+        "--max-seqs",
+        ",".join(str(i) for i in range(1, 401)),
+        "--workers",
+        "2",
+        "--out",
+        str(out),
+    ]
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def _running(proc: subprocess.Popen, out: Path) -> set[int]:

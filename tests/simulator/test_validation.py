@@ -42,8 +42,15 @@ def _retime(src, dst, cost: CostModel, noise: float, gap_s: float = 1e-4, seed: 
     reqs = pq.read_table(dst / "requests.parquet")
     s = steps.to_pandas().sort_values(["request_id", "step_index"])
     rng = np.random.default_rng(seed)
-    dur = np.asarray(cost.step_time_s(s["query_tokens"].to_numpy(float), s["kv_tokens_read"].to_numpy(float),
-                                      s["active_streams"].to_numpy(float), s["query_tokens"].to_numpy(float)), float)
+    dur = np.asarray(
+        cost.step_time_s(
+            s["query_tokens"].to_numpy(float),
+            s["kv_tokens_read"].to_numpy(float),
+            s["active_streams"].to_numpy(float),
+            s["query_tokens"].to_numpy(float),
+        ),
+        float,
+    )
     dur = dur * np.exp(rng.normal(0.0, noise, len(dur)))
     start, clock = np.zeros(len(s)), 0.0
     times = {}
@@ -56,13 +63,17 @@ def _retime(src, dst, cost: CostModel, noise: float, gap_s: float = 1e-4, seed: 
         clock += gap_s
     s = s.assign(start_s=start, duration_s=dur).sort_index()
     steps = steps.set_column(steps.schema.get_field_index("start_s"), "start_s", pa.array(s["start_s"].to_numpy()))
-    steps = steps.set_column(steps.schema.get_field_index("duration_s"), "duration_s",
-                             pa.array(s["duration_s"].to_numpy()))
+    steps = steps.set_column(
+        steps.schema.get_field_index("duration_s"), "duration_s", pa.array(s["duration_s"].to_numpy())
+    )
     r = reqs.to_pandas()
     ends = s.assign(end=s["start_s"] + s["duration_s"]).groupby("request_id")["end"].max()
-    cols = {"arrival_s": [times[i][0] for i in r["request_id"]], "start_s": [times[i][0] for i in r["request_id"]],
-            "ttft_s": [times[i][1] - times[i][0] for i in r["request_id"]],
-            "e2e_s": [ends[i] - times[i][0] for i in r["request_id"]]}
+    cols = {
+        "arrival_s": [times[i][0] for i in r["request_id"]],
+        "start_s": [times[i][0] for i in r["request_id"]],
+        "ttft_s": [times[i][1] - times[i][0] for i in r["request_id"]],
+        "e2e_s": [ends[i] - times[i][0] for i in r["request_id"]],
+    }
     for name, values in cols.items():
         reqs = reqs.set_column(reqs.schema.get_field_index(name), name, pa.array(np.asarray(values, float)))
     pq.write_table(steps, dst / "steps.parquet")
@@ -122,8 +133,10 @@ def test_trace_hardware():
     assert trace_hardware({"device": {"type": "cpu", "threads": 2}}).name == "host-cpu-2c"
     assert trace_hardware({"device": {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}}).name == "h100-sxm"
     assert trace_hardware({"device": {"type": "cuda", "name": "NVIDIA H100 PCIe"}}).name == "h100-pcie"
-    assert trace_hardware({"device": {"type": "cuda", "name": "NVIDIA A100-SXM4-40GB",
-                                      "memory_bytes": 40 * 2**30}}).name == "a100-40g"
+    assert (
+        trace_hardware({"device": {"type": "cuda", "name": "NVIDIA A100-SXM4-40GB", "memory_bytes": 40 * 2**30}}).name
+        == "a100-40g"
+    )
     assert trace_hardware({"device": {"type": "cuda", "name": "NVIDIA L40S"}}).name == "l40s"
     with pytest.raises(KeyError, match="matches no catalog part"):
         trace_hardware({"device": {"type": "cuda", "name": "Tesla K80"}})

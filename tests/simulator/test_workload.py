@@ -34,7 +34,7 @@ def test_measured_capture(small_trace):
 def test_pasta_has_fewer_wider_passes_than_its_sequential_twin(tmp_path):
     k, length = 4, 10
     w = load_workload(write_toy_trace(tmp_path / "t", [pasta(8, k, length), seq(8, 2 + k * length)], [8, 8]))
-    assert w.emits[w.offsets[0]:w.offsets[1]].sum() == w.emits[w.offsets[1]:].sum() == 2 + k * length
+    assert w.emits[w.offsets[0] : w.offsets[1]].sum() == w.emits[w.offsets[1] :].sum() == 2 + k * length
     assert w.n_passes.tolist() == [2 + length, 2 + k * length]
     assert w.query_groups[w.offsets[0] + 1] == k
 
@@ -88,8 +88,12 @@ def test_serving_trace_reads_back_as_its_own_passes(tmp_path, shape, extra):
 
     llama = get_model("llama-3-8b")
     w = uniform(*shape)
-    res = replay(w, get_hardware("l4"), llama, ReplayConfig(rate=6.0, max_seqs=8, **extra,
-                                                             kv_capacity_bytes=20 * 16 * llama.kv_bytes_per_token))
+    res = replay(
+        w,
+        get_hardware("l4"),
+        llama,
+        ReplayConfig(rate=6.0, max_seqs=8, **extra, kv_capacity_bytes=20 * 16 * llama.kv_bytes_per_token),
+    )
     assert res.metrics["preemptions"] > 0 and res.metrics["recomputed_tokens"] > 0
     back = load_workload(write_simulated_trace(res, tmp_path / "sim"))
     for name in ("offsets", "query_tokens", "kv_tokens_read", "emits", "live_kv_tokens", "phase"):

@@ -19,8 +19,19 @@ from simulator.cost import CostModel, CostParams
 from simulator.hardware import override
 
 PAGE = 16
-MODEL_META = {"name": "toy-2l", "n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 2, "d_ff": 128,
-              "vocab_size": 100, "dtype": "float32", "dtype_bytes": 4, "params": 0, "kv_bytes_per_token": 512}
+MODEL_META = {
+    "name": "toy-2l",
+    "n_layers": 2,
+    "d_model": 64,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "d_ff": 128,
+    "vocab_size": 100,
+    "dtype": "float32",
+    "dtype_bytes": 4,
+    "params": 0,
+    "kv_bytes_per_token": 512,
+}
 KV_BYTES_PER_TOKEN = 512
 BLOCK_BYTES = PAGE * KV_BYTES_PER_TOKEN  # 8192
 
@@ -38,7 +49,8 @@ class P:
 
 def seq(prompt: int, n: int) -> list[P]:
     return [P("prefill", prompt, prompt * (prompt + 1) // 2, prompt, 1)] + [
-        P("decode", 1, prompt + i, prompt + i, 1) for i in range(1, n)]
+        P("decode", 1, prompt + i, prompt + i, 1) for i in range(1, n)
+    ]
 
 
 def pasta(prompt: int, k: int, length: int) -> list[P]:
@@ -70,14 +82,29 @@ def planned_diffusion(prompt: int, plan: int, spans: list[int]) -> list[P]:
     prefix = prompt + plan
     for j in range(max(spans)):
         active = [s for s in spans if s > j]
-        out.append(P("denoise", sum(active), sum(s * (prefix + s) for s in active), prefix + sum(spans),
-                     len(active), streams=len(active)))
+        out.append(
+            P(
+                "denoise",
+                sum(active),
+                sum(s * (prefix + s) for s in active),
+                prefix + sum(spans),
+                len(active),
+                streams=len(active),
+            )
+        )
     return out
 
 
-def write_toy_trace(path: Path, requests: list[list[P]], prompts: list[int], arrivals: list[float] | None = None,
-                    quality: list[float] | None = None, system: str = "toy", timed_by=None,
-                    device: dict | None = None) -> Path:
+def write_toy_trace(
+    path: Path,
+    requests: list[list[P]],
+    prompts: list[int],
+    arrivals: list[float] | None = None,
+    quality: list[float] | None = None,
+    system: str = "toy",
+    timed_by=None,
+    device: dict | None = None,
+) -> Path:
     """`timed_by`: a cost model; the passes then run one request after another (as `solm capture`
     does) and each takes exactly what that model predicts (logits of every row, as the runtime)."""
     arrivals = arrivals or [0.0] * len(requests)
@@ -95,42 +122,105 @@ def write_toy_trace(path: Path, requests: list[list[P]], prompts: list[int], arr
             start, clock = clock, clock + duration
             if first_token_s is None and p.emits:
                 first_token_s = clock
-            step_rows.append({
-                "request_id": rid, "step_index": i, "batch_index": -1, "phase": p.phase, "start_s": start,
-                "duration_s": duration, "streams": ",".join(str(s) for s in range(p.streams)), "active_streams": p.streams,
-                "query_tokens": p.q, "kv_tokens_read": p.kv, "live_kv_tokens": p.live,
-                "kv_bytes_allocated": pages * BLOCK_BYTES, "emitted_tokens": p.emits, "evicted_tokens": p.evicted,
-                "freed_kv_bytes": 0, "device_memory_bytes": -1, "note": ""})
+            step_rows.append(
+                {
+                    "request_id": rid,
+                    "step_index": i,
+                    "batch_index": -1,
+                    "phase": p.phase,
+                    "start_s": start,
+                    "duration_s": duration,
+                    "streams": ",".join(str(s) for s in range(p.streams)),
+                    "active_streams": p.streams,
+                    "query_tokens": p.q,
+                    "kv_tokens_read": p.kv,
+                    "live_kv_tokens": p.live,
+                    "kv_bytes_allocated": pages * BLOCK_BYTES,
+                    "emitted_tokens": p.emits,
+                    "evicted_tokens": p.evicted,
+                    "freed_kv_bytes": 0,
+                    "device_memory_bytes": -1,
+                    "note": "",
+                }
+            )
             for s in range(p.emits):
                 n_tok += 1
-                tok_rows.append({
-                    "request_id": rid, "token_index": n_tok - 1,
-                    "token_id": 1, "token_text": "x", "stream": s, "step_index": i, "position_id": 0, "kv_slot": 0,
-                    "kind": "content", "visible_streams": [-1], "evicted_at_step": -1})
-        req_rows.append({
-            "request_id": rid, "prompt": "p", "reference": "", "prompt_tokens": prompts[rid],
-            "output_tokens": out_tokens, "output_text": "", "quality_score": (quality or [float("nan")] * len(requests))[rid],
-            "arrival_s": arrivals[rid], "start_s": arrivals[rid], "ttft_s": (first_token_s or clock) - arrivals[rid],
-            "e2e_s": clock - arrivals[rid] if timed_by is not None else 0.0, "steps": len(passes),
-            "critical_path_tokens": len(passes), "theoretical_speedup": out_tokens / len(passes),
-            "peak_live_kv_tokens": max(p.live for p in passes), "peak_kv_bytes": 0, "status": "ok",
-            "stop_reason": "eos", "error": "", "events": "[]"})
-        graphs[rid] = {"directed": True, "multigraph": False, "graph": {}, "links": [],
-                       "nodes": [{"id": "prompt", "kind": "prompt", "stream": -1, "tokens": prompts[rid]}]}
-    tables: dict[str, pa.Table] = {"requests": table_from_rows("requests", req_rows),
-                                   "steps": table_from_rows("steps", step_rows),
-                                   "tokens": table_from_rows("tokens", tok_rows)}
-    meta = {"kind": "measured", "system": system, "model": MODEL_META,
-            "device": device or {"name": "toy", "type": "cpu", "threads": 2},
-            "created_at": "2026-01-01T00:00:00+00:00", "task": "toy", "knobs": {}}
+                tok_rows.append(
+                    {
+                        "request_id": rid,
+                        "token_index": n_tok - 1,
+                        "token_id": 1,
+                        "token_text": "x",
+                        "stream": s,
+                        "step_index": i,
+                        "position_id": 0,
+                        "kv_slot": 0,
+                        "kind": "content",
+                        "visible_streams": [-1],
+                        "evicted_at_step": -1,
+                    }
+                )
+        req_rows.append(
+            {
+                "request_id": rid,
+                "prompt": "p",
+                "reference": "",
+                "prompt_tokens": prompts[rid],
+                "output_tokens": out_tokens,
+                "output_text": "",
+                "quality_score": (quality or [float("nan")] * len(requests))[rid],
+                "arrival_s": arrivals[rid],
+                "start_s": arrivals[rid],
+                "ttft_s": (first_token_s or clock) - arrivals[rid],
+                "e2e_s": clock - arrivals[rid] if timed_by is not None else 0.0,
+                "steps": len(passes),
+                "critical_path_tokens": len(passes),
+                "theoretical_speedup": out_tokens / len(passes),
+                "peak_live_kv_tokens": max(p.live for p in passes),
+                "peak_kv_bytes": 0,
+                "status": "ok",
+                "stop_reason": "eos",
+                "error": "",
+                "events": "[]",
+            }
+        )
+        graphs[rid] = {
+            "directed": True,
+            "multigraph": False,
+            "graph": {},
+            "links": [],
+            "nodes": [{"id": "prompt", "kind": "prompt", "stream": -1, "tokens": prompts[rid]}],
+        }
+    tables: dict[str, pa.Table] = {
+        "requests": table_from_rows("requests", req_rows),
+        "steps": table_from_rows("steps", step_rows),
+        "tokens": table_from_rows("tokens", tok_rows),
+    }
+    meta = {
+        "kind": "measured",
+        "system": system,
+        "model": MODEL_META,
+        "device": device or {"name": "toy", "type": "cpu", "threads": 2},
+        "created_at": "2026-01-01T00:00:00+00:00",
+        "task": "toy",
+        "knobs": {},
+    }
     return write_trace(path, meta, tables, graphs)
 
 
 def toy_part(capacity_bytes: int = 2**30, **fields):
     """A made-up part on which every forward pass takes exactly 1 s (all rooflines ~0, 1 s overhead)."""
     # no chip layout (num_sms=None): GEMMs use the plain roofline, ~0 here, not the tile model
-    return override("h100-sxm", name="toy-part", peak_flops_per_s=1e30, hbm_bytes_per_s=1e30, launch_overhead_s=0.0,
-                    hbm_capacity_bytes=capacity_bytes, num_sms=None, **fields)
+    return override(
+        "h100-sxm",
+        name="toy-part",
+        peak_flops_per_s=1e30,
+        hbm_bytes_per_s=1e30,
+        launch_overhead_s=0.0,
+        hbm_capacity_bytes=capacity_bytes,
+        num_sms=None,
+        **fields,
+    )
 
 
 def one_second_cost(hardware, model) -> CostModel:

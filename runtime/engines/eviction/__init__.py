@@ -1,10 +1,10 @@
 """KV eviction policies for the `tip` engine: a two-hook base (`base.py`) and one short file each.
 
-    tip        learned: a step dies when the model reuses its thought register (no budget)
-    full       dense: nothing is evicted (no budget)
-    window     the most recent `budget_tokens` tokens
-    streaming  StreamingLLM: attention sinks + recent window
-    h2o        H2O: heavy hitters by accumulated attention + recent tokens
+tip        learned: a step dies when the model reuses its thought register (no budget)
+full       dense: nothing is evicted (no budget)
+window     the most recent `budget_tokens` tokens
+streaming  StreamingLLM: attention sinks + recent window
+h2o        H2O: heavy hitters by accumulated attention + recent tokens
 """
 
 from __future__ import annotations

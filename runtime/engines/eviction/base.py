@@ -24,10 +24,14 @@ class EvictionPolicy:
 
     def __init__(self, budget_tokens: int | None = None, sinks: int = 4, heavy_fraction: float = 0.5) -> None:
         if self.needs_budget and budget_tokens is None:
-            raise ValueError(f"policy {self.name!r} needs a KV budget: pass budget_tokens=N (e.g. --knob budget_tokens=48)")
+            raise ValueError(
+                f"policy {self.name!r} needs a KV budget: pass budget_tokens=N (e.g. --knob budget_tokens=48)"
+            )
         if not self.needs_budget and budget_tokens is not None:
-            raise ValueError(f"policy {self.name!r} takes no budget (got budget_tokens={budget_tokens}); "
-                             f"use window, streaming or h2o for a fixed budget")
+            raise ValueError(
+                f"policy {self.name!r} takes no budget (got budget_tokens={budget_tokens}); "
+                f"use window, streaming or h2o for a fixed budget"
+            )
         if budget_tokens is not None and int(budget_tokens) < 2:
             raise ValueError(f"budget_tokens must be >= 2, got {budget_tokens}")
         if sinks < 0 or not 0.0 <= heavy_fraction < 1.0:

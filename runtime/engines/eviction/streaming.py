@@ -15,4 +15,4 @@ class StreamingLLM(EvictionPolicy):
             raise ValueError(f"streaming needs budget_tokens > sinks + 1 ({self.sinks + 1}), got {self.budget}")
 
     def select(self, live: list[int], dead: set[int]) -> list[int]:
-        return live[self.sinks: self.sinks + self.excess(live)]
+        return live[self.sinks : self.sinks + self.excess(live)]
