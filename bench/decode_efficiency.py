@@ -72,7 +72,10 @@ def run_engine_path(model, prompt: list[int], n: int, warmup: int, timer: Timer)
     slots = kv.allocate(len(prompt))
     dev = model.device
     vis = visibility_rows([slots[: i + 1] for i in range(len(prompt))], kv.num_slots, dev)
-    t = lambda xs: torch.tensor(xs, device=dev)
+
+    def t(xs):
+        return torch.tensor(xs, device=dev)
+
     logits = model(t(prompt), t(list(range(len(prompt)))), t(slots), vis, kv)
     tok, times, out = int(logits[-1].argmax()), [], []
     for i in range(warmup + n):

@@ -126,7 +126,7 @@ def _spec_of(row: pd.Series) -> ModelSpec:
 def _work_arrays(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(flops, bytes, launches, tokens) per row, as the cost model counts one op instance."""
     flops, bytes_, launches = (np.empty(len(rows)) for _ in range(3))
-    for (model, tp, op), group in rows.groupby(["model", "tp", "op"], sort=False):
+    for (_model, tp, op), group in rows.groupby(["model", "tp", "op"], sort=False):
         spec = _spec_of(group.iloc[0])
         n = group["num_tokens"].to_numpy(float)
         if op == "emb":

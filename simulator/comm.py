@@ -37,13 +37,12 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 
 from simulator.hardware import TOPOLOGIES, HardwareSpec, get_hardware
 
-Number = Union[float, np.ndarray]
+Number = float | np.ndarray
 
 COLLECTIVES = ("all_reduce", "all_gather", "send_recv")
 PATHS = ("nvswitch", "nvlink", "pcie", "network")

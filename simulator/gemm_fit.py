@@ -55,7 +55,7 @@ def gemm_rows(table: pd.DataFrame) -> pd.DataFrame:
 
     rows = table[table["op"].isin(VIDUR_GEMM_OPS)].copy()
     k_col, n_col = np.empty(len(rows)), np.empty(len(rows))
-    for (model, tp), group in rows.groupby(["model", "tp"], sort=False):
+    for (_model, tp), group in rows.groupby(["model", "tp"], sort=False):
         shapes = gemm_shapes(_spec_of(group.iloc[0]), int(tp))
         idx = rows.index.get_indexer(group.index)
         k_col[idx] = [shapes[op][0] for op in group["op"]]

@@ -42,7 +42,9 @@ class ScriptedSkeleton(Scripted, SkeletonEngine):
 
 
 def main_script(tok, tail=b"ok"):
-    promise = lambda t: [tok.token_id(PROMISE_OPEN), *t, tok.token_id(promise_close(10))]
+    def promise(t):
+        return [tok.token_id(PROMISE_OPEN), *t, tok.token_id(promise_close(10))]
+
     return [*promise(b"a"), *promise(b"b"), *promise(b"c"), tok.token_id(SYNC), *tail]
 
 
