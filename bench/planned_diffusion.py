@@ -175,9 +175,10 @@ def print_table(title: str, rows: list[dict]) -> None:
         f"{'lat_ms':>7} {'passes':>6} {'dn%':>4} {'at_len':>6} pareto"
     )
     for r in rows:
-        f = lambda v, w, p="": (
-            f"{'-':>{w}}" if v is None else f"{str(v)[0]:>{w}}" if isinstance(v, bool) else f"{v:>{w}{p}}"
-        )  # noqa: E731
+
+        def f(v, w, p=""):
+            return f"{'-':>{w}}" if v is None else f"{str(v)[0]:>{w}}" if isinstance(v, bool) else f"{v:>{w}{p}}"  # noqa: E731
+
         print(
             f"{r['method']:18} {f(r['steps_ratio'], 5, '.2f')} {f(r['confidence_threshold'], 4, '.1f')} "
             f"{f(r['length_scale'], 5, '.0f')} {f(r['block_sparse'], 6)} {f(r['cache_committed'], 5)} {r['quality']:7.3f} {r['speedup_geomean']:7.2f} "

@@ -247,7 +247,7 @@ def sweep_points(files: list[Path]) -> pd.DataFrame:
         t = t.loc[t["status"] == "ok"]
 
         def col(name: str, default=np.nan) -> pd.Series:
-            return t[name] if name in t else pd.Series(default, index=t.index)
+            return t[name] if name in t else pd.Series(default, index=t.index)  # noqa: B023 (called in this iteration)
 
         label = (
             col("system", "?").map(str)

@@ -47,7 +47,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +55,7 @@ from simulator.gemm import GemmParams, KernelTimes, gemm_kernel
 from simulator.hardware import HARDWARE, HardwareSpec
 from simulator.models import ModelSpec
 
-Number = Union[float, np.ndarray]
+Number = float | np.ndarray
 
 LAYER_OPS: tuple[str, ...] = (
     "input_layernorm",

@@ -32,13 +32,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
 from simulator.hardware import HardwareSpec
 
-Number = Union[float, np.ndarray]
+Number = float | np.ndarray
 
 
 @dataclass(frozen=True)

@@ -292,9 +292,31 @@ def _steps_table(res: ReplayResult) -> pa.Table:
             "freed_kv_bytes": np.where(evicted > 0, np.maximum(prev_blocks - blocks, 0) * bpb, 0),
             "device_memory_bytes": np.full(len(flat), -1, np.int64),
             "note": note,
+            **_serving_step_columns(r),
         },
         schema=TABLES["steps"],
     )
+
+
+def _pass_totals(batch: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per row: the sum of `values` over the rows of its pass (same `batch_index`)."""
+    if not len(batch):
+        return np.zeros(0, np.int64)
+    _, inv = np.unique(batch, return_inverse=True)
+    return np.bincount(inv, weights=values).astype(np.int64)[inv]
+
+
+def _serving_step_columns(r: dict) -> dict[str, np.ndarray]:
+    """The schema_minor step columns (profiler.schema.MINOR_COLUMNS) of the replayed passes."""
+    batch, n = r["batch_index"], len(r["flat"])
+    return {
+        "batch_requests": _pass_totals(batch, np.ones(n)),
+        "batch_query_tokens": _pass_totals(batch, r["query"]),
+        "recompute_tokens": r["rebuild"],
+        "preempted_requests": np.zeros(n, np.int64),
+        "attention_kv_tokens": r["kv_read"],
+        "chunk": ~r["final"],
+    }
 
 
 def _tokens_table(res: ReplayResult, source) -> pa.Table:
@@ -325,12 +347,12 @@ def _tokens_table(res: ReplayResult, source) -> pa.Table:
             "request_id": w.request_ids[owner],
             "token_index": index,
             "token_id": np.full(k, -1, np.int64),
-            "token_text": _strings(np.zeros(k, np.int8), [""]),
+            "token_text": np.full(k, "", object),
             "stream": np.zeros(k, np.int64),
             "step_index": np.repeat(r["step_index"], em),
             "position_id": np.full(k, -1, np.int64),
             "kv_slot": np.full(k, -1, np.int64),
-            "kind": _strings(np.zeros(k, np.int8), ["content"]),
+            "kind": np.full(k, "content", object),
             "visible_streams": pa.ListArray.from_arrays(np.zeros(k + 1, np.int32), pa.array([], pa.int64())),
             "evicted_at_step": np.full(k, -1, np.int64),
         },
@@ -377,6 +399,11 @@ def _requests_table(res: ReplayResult, source) -> pa.Table:
             "stop_reason": text("stop_reason"),
             "error": rq["error"],
             "events": [json.dumps(preempts.get(r, [])) for r in range(n)],
+            "queue_s": rq["start_s"] - rq["arrival_s"],
+            "preemptions": rq["preemptions"],
+            "recompute_tokens": np.bincount(res.rows["request"], weights=res.rows["rebuild"], minlength=n).astype(
+                np.int64
+            ),
         },
         schema=TABLES["requests"],
     )

@@ -234,7 +234,7 @@ class SotEngine(Engine):
         streams = [Stream(i + 1) for i in range(len(tails))]
         rows: list[Row] = []
         spans = []
-        for s, tail in zip(streams, tails):
+        for _s, tail in zip(streams, tails):
             own = tail[n_common:]
             spans.append((len(common_rows) + len(rows), len(own)))
             rows += [Row(t, pos0 + n_common + j, []) for j, t in enumerate(own)]

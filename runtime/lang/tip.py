@@ -89,7 +89,7 @@ def annotate(
         # key: (next use, prefer a dead step over an empty register, lowest index)
         def key(r: int) -> tuple[float, int, int]:
             j = holder[r]
-            return (next_use(j, k) if j >= 0 else math.inf, 1 if j >= 0 else 0, -r)
+            return (next_use(j, k) if j >= 0 else math.inf, 1 if j >= 0 else 0, -r)  # noqa: B023 (used in this iteration)
 
         r = max(range(R), key=key)
         if holder[r] >= 0 and next_use(holder[r], k) < math.inf:
@@ -131,7 +131,8 @@ class RegisterParser:
     def __post_init__(self) -> None:
         check_registers(self.registers)
         self._handlers: dict[int, Callable[[int], TokenEffect]] = {
-            self.tok.token_id(reg_tag(i)): (lambda i: lambda t: self._on_register(i))(i) for i in range(MAX_REGISTERS)
+            self.tok.token_id(reg_tag(i)): (lambda i: lambda t: self._on_register(i))(i)  # noqa: B023 (i bound by the outer lambda)
+            for i in range(MAX_REGISTERS)
         }
 
     def feed(self, token_id: int) -> TokenEffect:

@@ -350,7 +350,7 @@ def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, p
             print(f"preference sampling {i}/{len(prompts)} ({time.perf_counter() - t0:.0f} s)", flush=True)
     best_worst, expected, counts = rank_candidates(per_prompt, r.lam, r.structure_weight)
     pairs, scores = [], []
-    for (t, ex, cands), bw in zip(per_prompt, best_worst):
+    for (_t, ex, cands), bw in zip(per_prompt, best_worst):
         if bw is not None:
             best, worst = cands[bw[0]], cands[bw[1]]
             p = prompt_ids(tok, ex.prompt)

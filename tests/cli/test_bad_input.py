@@ -119,7 +119,7 @@ def test_a_trailing_request_that_cannot_run_does_not_stall_the_replay(t):
         w.take(pos),
         get_hardware("h100-sxm"),
         ModelSpec.from_trace_meta(w.source["model"]),
-        ReplayConfig(max_batch_tokens=cap),
+        ReplayConfig(max_batch_tokens=cap, chunked_prefill=False),
     )
     assert res.metrics["failed"] >= 1 and res.metrics["completed"] == w.n_requests - res.metrics["failed"]
 

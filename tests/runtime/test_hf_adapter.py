@@ -130,10 +130,16 @@ def test_structure_replay_on_adapter_reproduces_reference_structure(tok, tmp_pat
 
     if not (CHECKPOINTS_DIR / get_engine(system).default_model).is_dir():
         pytest.skip(f"shipped checkpoint for {system} not present")
-    ref = capture(CaptureConfig(system=system, n=1, max_tokens=24, page_size=4), tmp_path / system, progress=False)
+    # Planned Diffusion with a confidence threshold (its shipped operating point) stops denoising a
+    # span when the model is confident: a replay's denoise passes are then the new model's own. The
+    # structure (plan, spans, rounds, denoise passes) is the reference's with a fixed step count.
+    knobs = {"confidence_threshold": None} if system == "planned_diffusion" else {}
+    ref = capture(
+        CaptureConfig(system=system, n=1, max_tokens=24, page_size=4, knobs=knobs), tmp_path / system, progress=False
+    )
     model, _ = load_model("arch:tiny-llama", seed=0)
     (script,) = read_scripts(ref)
-    rp = Replayer(system, model, tok, GenerationConfig(max_tokens=24, page_size=4))
+    rp = Replayer(system, model, tok, GenerationConfig(max_tokens=24, page_size=4), **knobs)
     steps, c = drain(rp.run(Request(0, script.prompt), script))
     toks = pd.read_parquet(ref / "tokens.parquet").sort_values("token_index")
     ref_steps = pd.read_parquet(ref / "steps.parquet")

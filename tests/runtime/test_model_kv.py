@@ -8,7 +8,6 @@ import torch
 
 from profiler.errors import KVPoolFull
 from runtime.engines.base import visibility_rows
-from runtime.kv import KVPoolFull
 from runtime.model import ModelConfig, TinyLM, causal_mask
 
 

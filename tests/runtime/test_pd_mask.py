@@ -79,7 +79,7 @@ def test_engine_visibility_equals_training_mask(tok, tiny_model, block_sparse):
         pos_of.update(zip(slots, positions))
     assert sorted(pos_of.values()) == list(range(len(ids) - 1))  # every token but the final <eos> was computed
     rows_checked = 0
-    for positions, slots, vis in spy.calls:
+    for positions, _slots, vis in spy.calls:
         for r, p in enumerate(positions):
             seen = sorted(pos_of[s] for s in vis[r].nonzero().flatten().tolist())
             assert seen == train[p].nonzero().flatten().tolist(), f"row at position {p}"

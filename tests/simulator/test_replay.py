@@ -32,7 +32,8 @@ from tests.simulator.toy_traces import (
 MODEL = ModelSpec.from_trace_meta(MODEL_META)
 
 
-def run(w, config=ReplayConfig(), hardware=None, cost=None):
+def run(w, config=None, hardware=None, cost=None):
+    config = config or ReplayConfig()
     hw = hardware or toy_part()
     return replay(w, hw, MODEL, config, cost=cost or one_second_cost(hw, MODEL))
 
