@@ -15,6 +15,7 @@ as it is; this module only adds the load loop and reuses its row builders.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +26,11 @@ import numpy as np
 from profiler.counters import CounterSampler
 from profiler.errors import UsageError
 from profiler.writer import TraceWriter
+from runtime.answer_length import default_max_tokens
 from runtime.capture import CaptureConfig, model_meta, provenance_meta, quality_applicable, request_row, token_rows
 from runtime.checkpoint import load_model
 from runtime.engines import GenerationConfig, Request, get_engine
+from runtime.hf_tokenizer import tokenizer_for
 from runtime.sampling import SamplingConfig
 from runtime.server import ATTENTION_MODES, PassRecord, Server, WallClock
 from runtime.tokenizer import Tokenizer
@@ -137,8 +140,10 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
     from runtime.tasks import get_task
 
     task = get_task(cfg.task)
+    if cfg.max_tokens is None:  # as one-at-a-time capture: room for the task's longest answer
+        cfg = dataclasses.replace(cfg, max_tokens=default_max_tokens(cfg.task))
     model, info = load_model(cfg.model, cfg.device, seed=cfg.seed)
-    tok = Tokenizer()
+    tok = tokenizer_for(model)  # a real model: its own tokenizer
     gen_cfg = GenerationConfig(
         max_tokens=cfg.max_tokens,
         page_size=cfg.page_size,

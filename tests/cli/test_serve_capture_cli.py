@@ -68,3 +68,29 @@ def test_closed_loop_capture_writes_a_serving_trace(tmp_path):
     )
     assert (per_pass["n"] == per_pass["b"]).all() and (per_pass["q"] == per_pass["bq"]).all()
     assert (reqs["queue_s"] >= 0).all() and (reqs["ttft_s"] >= reqs["queue_s"]).all()
+
+
+def test_chunked_load_capture_with_the_task_default_max_tokens(tmp_path):
+    """No --max-tokens (the task's default, as one-at-a-time capture) and prefill chunks of 8 tokens:
+    the run completes, its chunk rows are recorded, and every request's answer is whole."""
+    out = tmp_path / "t"
+    r = solm(
+        "capture",
+        "--system",
+        "sequential",
+        "--n",
+        "3",
+        "--concurrency",
+        "2",
+        "--chunked-prefill",
+        "--max-batch-tokens",
+        "8",
+        "--out",
+        str(out),
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr
+    t = read_trace(out)
+    assert len(t.requests) == 3 and (t.requests["status"] == "ok").all()
+    assert t.steps["chunk"].any() and (t.steps.loc[t.steps["chunk"], "query_tokens"] <= 8).all()
+    assert json.loads(r.stdout.strip().splitlines()[-1])["quality_mean"] == 1.0
