@@ -48,8 +48,19 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
     return True
 
 
+_RECEIVED: list[int] = []  # signals `terminate_on_signal` turned into an exit, in order
+
+
 def _raise_exit(signum: int, frame) -> None:
+    _RECEIVED.append(signum)
     raise SystemExit(128 + signum)
+
+
+def received_signal() -> int | None:
+    """The first SIGTERM/SIGHUP a `terminate_on_signal` block received in this process, if any: a
+    library that catches the SystemExit and raises its own error (Ray inside `ray.wait`) still
+    ends the command as stopped by that signal, not as a bug."""
+    return _RECEIVED[0] if _RECEIVED else None
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 
 from profiler.errors import SolmError
+from profiler.services import received_signal
 from solm.commands import COMMANDS
 
 EXIT_USAGE = 2  # bad input: the user can fix it
@@ -86,10 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"solm {args.command}: interrupted", file=sys.stderr)
         return 130
+    except SystemExit:
+        sig = received_signal()  # a library's own sys.exit while a signal was stopping the command
+        if sig is not None:
+            return 128 + sig
+        raise
     except BrokenPipeError:  # `solm ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as e:  # noqa: BLE001 - the one place every failure is classified
+        sig = received_signal()
+        if sig is not None:  # a signal's SystemExit turned into another error on its way out
+            print(f"solm {args.command}: stopped by signal {sig}", file=sys.stderr)
+            return 128 + sig
         if isinstance(e, SolmError) or is_user_path_error(e, args):
             print(f"solm {args.command}: error: {_message(e)}", file=sys.stderr)
             return EXIT_USAGE

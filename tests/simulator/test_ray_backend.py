@@ -145,7 +145,8 @@ def test_signal_to_ray_sweep_leaves_no_process(trace, tmp_path, sig):
         temp = _temp_dirs(kids)
         assert temp, "no solm-ray-* session folder among the Ray command lines"
         proc.send_signal(sig)  # to the sweep alone, not its process group
-        assert proc.wait(timeout=60) == (128 + sig if sig == signal.SIGTERM else -sig)
+        code = proc.wait(timeout=60)
+        assert code == (128 + sig if sig == signal.SIGTERM else -sig), proc.stderr.read().decode()[-2000:]
         assert wait_gone(kids, 30) == set()
         wait_for(lambda: not [t for t in temp if t.exists()], 30, f"{temp} removed")
     finally:
