@@ -27,7 +27,13 @@ from profiler.counters import CounterSampler
 from profiler.errors import UsageError
 from profiler.writer import TraceWriter
 from runtime.answer_length import default_max_tokens
-from runtime.capture import CaptureConfig, model_meta, provenance_meta, quality_applicable, request_row, token_rows
+from runtime.capture import (
+    CaptureConfig,
+    capture_meta,
+    quality_applicable,
+    request_row,
+    token_rows,
+)
 from runtime.checkpoint import load_model
 from runtime.engines import GenerationConfig, Request, get_engine
 from runtime.hf_tokenizer import tokenizer_for
@@ -163,22 +169,7 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
     clock = WallClock()
     server = Server(engine, scheduler=make_scheduler(load), clock=clock, **server_args)
     meta = {
-        "kind": "measured",
-        "system": cfg.system,
-        "knobs": {
-            **cfg.knobs,
-            "max_tokens": cfg.max_tokens,
-            "temperature": cfg.temperature,
-            "top_p": cfg.top_p,
-            "page_size": cfg.page_size,
-        },
-        "task": cfg.task,
-        "split": cfg.split,
-        "model": model_meta(model, cfg.model, info),
-        **provenance_meta(cfg.device, sampler, "perf_counter", cfg.seed),
-        "quality_applicable": scored,
-        "warmup_requests": cfg.warmup,
-        "runs_per_request": 1,
+        **capture_meta(cfg, model, info, sampler, "perf_counter", scored),
         "serving": {
             "rate_per_s": load.rate,
             "concurrency": load.concurrency,
