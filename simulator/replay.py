@@ -465,15 +465,20 @@ class Replay:
             self._finish(r, now)
 
     def run(self) -> Replay:
-        env = self.env
-        if self.config.arrival == "closed":
-            queue = deque(range(self.w.n_requests))
-            for _ in range(min(self.config.concurrency, self.w.n_requests)):
-                env.process(closed_loop_client(env, self, queue))
-        else:
-            env.process(arrivals(env, self))
-        env.run(until=env.process(self.engine()))
+        start_arrivals(self.env, self)
+        self.env.run(until=self.env.process(self.engine()))
         return self
+
+
+def start_arrivals(env: simpy.Environment, sim) -> None:
+    """Start `sim`'s arrival stream: C closed-loop clients, or the open loop of precomputed times.
+    `sim` is a Replay or anything with its arrival members (simulator.cluster's replicas)."""
+    if sim.config.arrival == "closed":
+        queue = deque(range(sim.w.n_requests))
+        for _ in range(min(sim.config.concurrency, sim.w.n_requests)):
+            env.process(closed_loop_client(env, sim, queue))
+    else:
+        env.process(arrivals(env, sim))
 
 
 def replay(workload: Workload, hardware: HardwareSpec, model: ModelSpec, config: ReplayConfig | None = None, cost=None):

@@ -28,7 +28,7 @@ import numpy as np
 import simpy
 
 from simulator.cluster.routers import get_router
-from simulator.replay import Device, Replay, ReplayConfig, arrivals, closed_loop_client
+from simulator.replay import Device, Replay, ReplayConfig, start_arrivals
 from simulator.workload import Workload
 
 
@@ -148,7 +148,7 @@ class Cluster:
         self.router = get_router(router)()
         self.owner = np.full(n, -1, np.int64)
 
-    # ---- the arrival stream (the interface `arrivals` and `closed_loop_client` drive) ---------
+    # ---- the arrival stream (the interface `simulator.replay.start_arrivals` drives) ---------
     def pull_arrivals(self, upto: float) -> None:
         while self._next_arrival < len(self.arrival_sorted_s) and self.arrival_sorted_s[self._next_arrival] <= upto:
             i = self._next_arrival
@@ -173,16 +173,8 @@ class Cluster:
 
     def start(self) -> list:
         """Start the arrival stream and the replicas' engines; return the engine processes."""
-        env = self.env
-        if self.config.arrival == "closed":
-            from collections import deque
-
-            queue = deque(range(self.w.n_requests))
-            for _ in range(min(self.config.concurrency, self.w.n_requests)):
-                env.process(closed_loop_client(env, self, queue))
-        else:
-            env.process(arrivals(env, self))
-        return [env.process(replica.engine()) for replica in self.replicas]
+        start_arrivals(self.env, self)
+        return [self.env.process(replica.engine()) for replica in self.replicas]
 
     def run(self) -> Cluster:
         self.env.run(until=self.env.all_of(self.start()))
