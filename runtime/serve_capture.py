@@ -57,8 +57,8 @@ class LoadConfig:
         """Bad settings: ValueError with one clear line (the CLI prints it, exit 2)."""
         if (self.rate is None) == (self.concurrency is None):
             raise UsageError("give exactly one of --rate and --concurrency")
-        if self.rate is not None and not (self.rate > 0 and math.isfinite(self.rate)):
-            raise UsageError(f"--rate must be a positive number of requests/s, got {self.rate}")
+        if self.rate is not None and not self.rate > 0:  # inf: every request arrives at once (a burst)
+            raise UsageError(f"--rate must be a positive number of requests/s (or inf), got {self.rate}")
         if self.concurrency is not None and self.concurrency < 1:
             raise UsageError(f"--concurrency must be >= 1, got {self.concurrency}")
         if self.max_seqs < 1 or self.max_batch_tokens < 1:
@@ -86,8 +86,16 @@ def make_scheduler(load: LoadConfig):
         raise UsageError("--chunked-prefill: this build's scheduler has no chunked prefill") from None
 
 
+def _arrivals_kind(rate: float | None) -> str:
+    if rate is None:
+        return "closed loop"
+    return "poisson" if math.isfinite(rate) else "all at once (--rate inf)"
+
+
 def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
-    """n arrival times (s) of a Poisson process of `rate`/s, the first at 0."""
+    """n arrival times (s) of a Poisson process of `rate`/s, the first at 0; all 0 when rate is inf."""
+    if math.isinf(rate):
+        return [0.0] * n
     gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
     gaps[0] = 0.0
     return np.cumsum(gaps).tolist()
@@ -171,7 +179,7 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
     meta = {
         **capture_meta(cfg, model, info, sampler, "perf_counter", scored),
         "serving": {
-            "rate_per_s": load.rate,
+            "rate_per_s": load.rate if load.rate is None or math.isfinite(load.rate) else None,
             "concurrency": load.concurrency,
             "max_seqs": load.max_seqs,
             "max_batch_tokens": load.max_batch_tokens,
@@ -181,7 +189,7 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
             "scheduler": load.scheduler,
             "chunked_prefill": load.chunked_prefill,
             "attention": load.attention,
-            "arrivals": "poisson" if load.rate else "closed loop",
+            "arrivals": _arrivals_kind(load.rate),
         },
     }
     writer = TraceWriter(out, meta, overwrite=overwrite)

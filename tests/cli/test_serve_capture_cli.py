@@ -15,6 +15,7 @@ from tests.cli import solm
     "flags,message",
     [
         (["--rate", "-1"], "--rate must be a positive"),
+        (["--rate", "nan"], "--rate must be a positive"),
         (["--concurrency", "0"], "--concurrency must be >= 1"),
         (["--rate", "2", "--concurrency", "2"], "exactly one of --rate and --concurrency"),
         (["--rate", "5", "--kv-budget-mib", "0.000001"], "smaller than one page"),
@@ -68,6 +69,22 @@ def test_closed_loop_capture_writes_a_serving_trace(tmp_path):
     )
     assert (per_pass["n"] == per_pass["b"]).all() and (per_pass["q"] == per_pass["bq"]).all()
     assert (reqs["queue_s"] >= 0).all() and (reqs["ttft_s"] >= reqs["queue_s"]).all()
+
+
+def test_rate_inf_is_a_burst(tmp_path):
+    """`--rate inf` (as vLLM's benchmark): every request arrives at 0, the meta says so, and the
+    JSON meta stays standard (no Infinity)."""
+    out = tmp_path / "t"
+    r = solm(
+        "capture", "--system", "sequential", "--n", "3", "--max-tokens", "4", "--rate", "inf",
+        "--warmup", "0", "--out", str(out), "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    tr = read_trace(out)
+    reqs = tr.requests.to_pandas() if hasattr(tr.requests, "to_pandas") else tr.requests
+    assert len(reqs) == 3 and (reqs["arrival_s"] == reqs["arrival_s"].min()).all()
+    raw = (out / "meta.json").read_text()
+    assert "Infinity" not in raw and json.loads(raw)["serving"]["arrivals"].startswith("all at once")
 
 
 def test_chunked_load_capture_with_the_task_default_max_tokens(tmp_path):
