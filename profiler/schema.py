@@ -21,7 +21,7 @@ SCHEMA_VERSION = 1
 # Minor revisions add columns only (`MINOR_COLUMNS`); meta.json's `schema_minor` (absent: 0) says
 # which a trace was written with, and readers fill a column an older trace lacks with its default.
 #   1: serving under load (runtime.serve_capture)
-SCHEMA_MINOR = 1
+SCHEMA_MINOR = 2
 KINDS = ("measured", "simulated")
 
 REQUESTS = pa.schema(
@@ -120,6 +120,9 @@ MINOR_COLUMNS: dict[str, list[tuple[pa.Field, object]]] = {
         (pa.field("preempted_requests", pa.int64()), 0),  # requests preempted when the pass was scheduled
         (pa.field("attention_kv_tokens", pa.int64()), ("copy", "kv_tokens_read")),  # keys scored for its rows
         (pa.field("chunk", pa.bool_()), False),  # a (re-)prefill chunk: nothing sampled, step_index -1
+        # minor 2: the engine's own host work for this request in the pass (building its rows, sampling,
+        # bookkeeping), inside duration_s or, in a batched pass, between passes; NaN: not recorded
+        (pa.field("host_s", pa.float64()), float("nan")),
     ],
 }
 

@@ -123,6 +123,7 @@ def step_rows(rec: PassRecord, origin_s: float = 0.0) -> dict[int, list[dict]]:
                 "evicted_tokens": 0,
                 "freed_kv_bytes": 0,
                 "note": "prefill chunk",
+                "host_s": float("nan"),
             }
         row.update(
             batch_index=rec.index,

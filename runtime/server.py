@@ -84,6 +84,7 @@ class Entry:
     chunk: bool = False  # a chunk of a prefill or re-prefill: computed, nothing sampled
     step: Step | None = None
     attention_kv_tokens: int = 0  # keys the attention scored for its rows
+    host_s: float = 0.0  # building its rows; its `after` is added to the step's `host_s`
 
 
 @dataclass
@@ -305,7 +306,9 @@ class Server:
             replay = st.replay_rows()
             full = replay + st.next_rows()
             chunk = q < full
+            t0 = time.perf_counter()
             inp = st.chunk_inputs(q) if chunk else st.inputs()
+            built = time.perf_counter() - t0
             inputs.append(inp)
             entries.append(
                 Entry(
@@ -314,19 +317,24 @@ class Server:
                     0 if chunk else inp.kv_read,
                     recompute_tokens=min(q, replay) if replay else 0,
                     chunk=chunk,
+                    host_s=built,
                 )
             )
         logits, attn, scored = self.forward(inputs)
         for e, k in zip(entries, scored):
             e.attention_kv_tokens = k
         scored = sum(scored)
+        if logits.device.type == "cuda":
+            torch.cuda.synchronize()  # the pass ends when the device is done, not when it was queued
         self.clock.passed(sum(inp.rows for inp in inputs))
         end = self.clock.now()
         r = 0
         for e, inp in zip(entries, inputs):
             t = self.tracked[e.request_id]
             if not e.chunk:
+                t0 = time.perf_counter()
                 e.step = t.state.after(logits[r : r + inp.rows], attn)
+                e.step.host_s = e.host_s + time.perf_counter() - t0
                 t.state.passes_done += 1
                 if e.step.emitted and math.isnan(t.first_token_s):
                     t.first_token_s = end

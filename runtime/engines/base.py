@@ -11,6 +11,7 @@ them (a token's slot is known when it is fed back, its eviction later still).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 
@@ -60,6 +61,7 @@ class Step:
     evicted_tokens: int = 0
     freed_kv_bytes: int = 0
     note: str = ""
+    host_s: float = float("nan")  # the engine's own work in the pass (`inputs()` + `after()`), not the forward
 
     def as_row(self) -> dict:
         return {
@@ -76,6 +78,7 @@ class Step:
             "evicted_tokens": self.evicted_tokens,
             "freed_kv_bytes": self.freed_kv_bytes,
             "note": self.note,
+            "host_s": self.host_s,
         }
 
 
@@ -337,9 +340,16 @@ class Engine:
     def run(self, request: Request) -> Generator[Step, None, Completion]:
         st = self.start(request, RequestKV(self.new_store(), request.request_id))
         while True:
+            t0 = time.perf_counter()
             inp = st.inputs()
+            t1 = time.perf_counter()
             logits, attn = self.forward([inp], st.kv.store)
-            yield st.after(logits, attn)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()  # `after` reads the logits: without it, it would wait for the forward
+            t2 = time.perf_counter()
+            step = st.after(logits, attn)
+            step.host_s = (t1 - t0) + (time.perf_counter() - t2)
+            yield step
             if st.done:
                 return st.completion()
 

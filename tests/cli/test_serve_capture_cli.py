@@ -8,6 +8,7 @@ import json
 import pytest
 
 from profiler.reader import read_trace
+from profiler.schema import SCHEMA_MINOR
 from tests.cli import solm
 
 
@@ -56,7 +57,7 @@ def test_closed_loop_capture_writes_a_serving_trace(tmp_path):
     assert r.returncode == 0, r.stderr
     json.loads(r.stdout.strip().splitlines()[-1])
     tr = read_trace(out)
-    assert tr.meta["schema_minor"] == 1 and tr.meta["serving"]["concurrency"] == 3
+    assert tr.meta["schema_minor"] == SCHEMA_MINOR and tr.meta["serving"]["concurrency"] == 3
     steps = tr.steps.to_pandas() if hasattr(tr.steps, "to_pandas") else tr.steps
     reqs = tr.requests.to_pandas() if hasattr(tr.requests, "to_pandas") else tr.requests
     assert len(reqs) == 4 and (reqs["status"] != "error").all()
@@ -69,6 +70,7 @@ def test_closed_loop_capture_writes_a_serving_trace(tmp_path):
     )
     assert (per_pass["n"] == per_pass["b"]).all() and (per_pass["q"] == per_pass["bq"]).all()
     assert (reqs["queue_s"] >= 0).all() and (reqs["ttft_s"] >= reqs["queue_s"]).all()
+    assert (steps.loc[~steps["chunk"], "host_s"] > 0).all()  # each request's own host work in the pass
 
 
 def test_rate_inf_is_a_burst(tmp_path):

@@ -58,6 +58,13 @@ def test_batched_equals_alone(system, attention):
         assert [x.stream for x in c.tokens] == [x.stream for x in a.tokens]
     for p in out["passes"]:  # a request's kv reads are its own rows over its own slots
         assert all(e.step.kv_tokens_read == e.kv_read for e in p.entries if e.step)
+        assert all(e.step.host_s > 0 for e in p.entries if e.step)  # its own rows and `after`, timed
+
+
+def test_alone_steps_record_their_host_work():
+    eng = engine("pasta")
+    steps = list(eng.run(Request(0, prompts("pasta", 1)[0])))
+    assert steps and all(0 < s.host_s < 1 for s in steps) and all("host_s" in s.as_row() for s in steps)
 
 
 @pytest.mark.parametrize("system", ["sequential", "pasta", "tip", "planned_diffusion"])
