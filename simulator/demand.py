@@ -104,8 +104,9 @@ def next_demand(sim, rs, limit=None) -> Demand:
     return Demand(
         query=run,
         kv_read=kv,
-        groups=np.where(final, w.query_groups[idx], 1),
-        logits=np.where(final, w.logit_tokens[idx], 1),
+        # a re-prefill whose own pass has no rows left (all of it was re-prefill) still runs one group, one logit
+        groups=np.where(final, np.maximum(w.query_groups[idx], 1), 1),
+        logits=np.where(final, np.maximum(w.logit_tokens[idx], 1), 1),
         blocks=blocks,
         live=live,
         emits=np.where(final, w.emits[idx], 0),

@@ -8,11 +8,15 @@ fitted to the serving traces. From the batch-1 trace only:
 1. the forward cost (`fit_cost_params_to_steps`: compute and memory efficiency, per-pass
    overhead) fitted on its passes, whose sizes differ: sequential prefills of 10-40 rows next to
    1-row decodes, PASTA passes of 1-5 thread rows, Planned Diffusion denoise passes of up to ~160
-   rows. That is how a pass's time grows with its rows (and its KV reads, streams);
-2. the host work between passes, fitted as a line over the streams of the pass before the gap
-   (`host_line`): the runtime's per-request work (building its rows, sampling, bookkeeping) is per
-   stream. With one stream per pass (sequential, TIP) the line has one point: all of the gap is
-   taken as per-request work (the server loops over requests in Python), none as per-pass.
+   rows. That is how a pass's time grows with its rows (and its KV reads, streams). Each pass
+   size counts once (`size_medians`), so the few large passes are not outvoted by the many small
+   ones; where the trace records each pass's host work (`steps.host_s`), the forward is fitted
+   on the pass without it;
+2. the host work: per request and pass, a line of `host_s` over the pass's streams (the
+   engine's own `inputs()` and `after()`), which a batched pass pays once per request in it
+   (`HostCost.per_request_s`, `per_stream_s`); between passes, a line over the streams of the
+   pass before each gap (`host_line`). With one stream per pass (sequential, TIP) a line has
+   one point: all of it is taken as per-stream work.
 
 Each serving trace is then replayed with its own arrivals and its own batch settings (max
 sequences, batched tokens, KV pool, scheduler, chunked prefill: read from its meta, see
@@ -72,23 +76,41 @@ def host_line(trace: Trace) -> tuple[float, float]:
     start, rid = s["start_s"].to_numpy(), s["request_id"].to_numpy()
     streams = np.maximum(s["active_streams"].to_numpy(float), 1)
     same = rid[1:] == rid[:-1]
-    gaps, x = np.maximum(start[1:] - end[:-1], 0)[same], streams[:-1][same]
-    if not len(gaps):
+    return _line(streams[:-1][same], np.maximum(start[1:] - end[:-1], 0)[same])
+
+
+def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(intercept, slope) of y over x, both >= 0; one x value (or a negative fit): all of y is slope."""
+    if not len(y):
         return 0.0, 0.0
     if np.ptp(x) > 0:
-        slope, icept = np.polyfit(x, gaps, 1)
+        slope, icept = np.polyfit(x, y, 1)
         if slope >= 0 and icept >= 0:
             return float(icept), float(slope)
-    return 0.0, float(np.median(gaps) / np.median(x))
+    return 0.0, float(np.median(y) / np.median(x))
+
+
+def pass_host_s(trace: Trace) -> np.ndarray | None:
+    """Per forward pass (the rows of `pass_arrays`), the engine's own host work (`steps.host_s`: building
+    rows, sampling, bookkeeping), or None where the trace does not record it (schema_minor < 2)."""
+    s = trace.steps[trace.steps["query_tokens"] > 0]
+    if "host_s" not in s or not len(s) or not np.isfinite(s["host_s"].to_numpy(float)).all():
+        return None
+    b = s["batch_index"].to_numpy(np.int64)
+    if (b < 0).any() or len(np.unique(b)) == len(b):
+        return s["host_s"].to_numpy(float)
+    return s.groupby("batch_index", sort=True)["host_s"].sum().to_numpy(float)
 
 
 @dataclasses.dataclass(frozen=True)
 class HostCost:
-    """A forward cost model plus host work: `per_pass_s` once per pass, `per_stream_s` per stream in it."""
+    """A forward cost model plus host work: `per_pass_s` once per pass, `per_stream_s` per stream in it,
+    `per_request_s` per request in it (the replay adds that term: it knows a pass's requests)."""
 
     forward: CostModel
     per_pass_s: float
     per_stream_s: float
+    per_request_s: float = 0.0
 
     @property
     def params(self):
@@ -100,14 +122,38 @@ class HostCost:
         return t + self.per_pass_s + self.per_stream_s * groups
 
 
+def size_medians(steps: np.ndarray) -> np.ndarray:
+    """One row per pass size (query tokens, streams, KV read within a factor of 2): its median KV read
+    and median duration. Every size counts once in the fit: a batch-1 trace has hundreds of 1-row
+    decodes and a handful of large prefills, and only the latter show how a pass grows with its rows
+    (a fit over every pass, robust loss and all, treats those few as outliers). The median also
+    drops one-sided timing spikes (another process taking the core) within a size."""
+    key = np.column_stack([steps[:, 0], steps[:, 3], np.floor(np.log2(steps[:, 1] + 1))])
+    _, group = np.unique(key, axis=0, return_inverse=True)
+    group = group.ravel()
+    return np.array(
+        [
+            [steps[m, 0][0], np.median(steps[m, 1]), np.median(steps[m, 2]), steps[m, 3][0]]
+            for m in (group == g for g in range(group.max() + 1))
+        ]
+    )
+
+
 def calibrate_batch1(trace: Trace, hw: HardwareSpec, model: ModelSpec) -> HostCost:
     """The cost of a pass, fitted on a batch-1 trace only (see the module docstring)."""
     steps = pass_arrays(trace)[:, :4]
     if len(steps) < 4:
         raise UsageError(f"{trace.path}: the calibration trace has {len(steps)} forward passes; need >= 4")
-    params = fit_cost_params_to_steps(hw, model, steps)
+    host = pass_host_s(trace)
+    per_request = host_per_stream = 0.0
+    if host is not None:  # the forward is fitted on the pass without its request's host work
+        steps = steps.copy()
+        steps[:, 2] = np.maximum(steps[:, 2] - host, 0.5 * steps[:, 2])
+        per_request, host_per_stream = _line(np.maximum(steps[:, 3], 1), host)
+    sizes = size_medians(steps)
+    params = fit_cost_params_to_steps(hw, model, sizes if len(sizes) >= 4 else steps)
     per_pass, per_stream = host_line(trace)
-    return HostCost(CostModel(hw, model, params), per_pass, per_stream)
+    return HostCost(CostModel(hw, model, params), per_pass, per_stream + host_per_stream, per_request)
 
 
 def serving_config(meta: dict, model: ModelSpec, **overrides) -> ReplayConfig:
@@ -263,10 +309,35 @@ def validate_one(trace: Trace, cost: HostCost, hw: HardwareSpec, model: ModelSpe
     }
 
 
+def pass_time_ratios(trace: Trace, cost: HostCost) -> np.ndarray:
+    """(requests in the pass, measured / predicted time) of every pass the next one followed at once
+    (no idle wait for an arrival): the pass plus the host work before the next, against the cost's
+    forward plus its host terms. Flat over the batch size when the cost grows with the batch as the
+    runtime does; another process on the machine scales every size alike, so the shape survives it."""
+    s = trace.steps[trace.steps["query_tokens"] > 0]
+    if not len(s) or (s["batch_index"] < 0).any():
+        return np.zeros((0, 2))
+    g = s.groupby("batch_index", sort=True)
+    start, dur = g["start_s"].min().to_numpy(float), g["duration_s"].max().to_numpy(float)
+    p = pass_arrays(trace)
+    total = np.r_[start[1:] - start[:-1], np.nan]
+    idle = np.r_[start[1:] - (start[:-1] + dur[:-1]), np.nan] > 10 * max(cost.per_pass_s + cost.per_stream_s, 1e-4)
+    pred = (
+        np.asarray(cost.forward.step_time_s(p[:, 0], p[:, 1], p[:, 3]), float)
+        + cost.per_pass_s
+        + cost.per_stream_s * p[:, 3]
+        + cost.per_request_s * p[:, 4]
+    )
+    ok = np.isfinite(total) & ~idle
+    return np.column_stack([p[ok, 4], total[ok] / pred[ok]])
+
+
 def _preemptions(trace: Trace) -> int:
-    """Preemptions the requests' `events` record."""
+    """Preemptions of the run: the requests' `preemptions` column (schema minor 1, what the runtime
+    writes), or where that is all zero (its default) the `preempted` events a replay writes."""
+    counted = int(trace.requests["preemptions"].sum()) if "preemptions" in trace.requests else 0
     ev = trace.requests["events"] if "events" in trace.requests else []
-    return int(sum(sum(e.get("event") == "preempted" for e in json.loads(x or "[]")) for x in ev))
+    return counted or int(sum(sum(e.get("event") == "preempted" for e in json.loads(x or "[]")) for x in ev))
 
 
 def validate_load(

@@ -353,16 +353,21 @@ class Replay:
             self.commit(stretch)
             yield env.timeout(0)  # closed-loop clients of finished requests send their next first
 
-    def _pass_times(self, q, kv, g, lg) -> np.ndarray:
-        step = self.cost.step_time_s
+    def _pass_times(self, q, kv, g, lg, n_requests: int) -> np.ndarray:
+        """Passes of `n_requests` requests: the cost's time plus its host work per request, if any."""
+        step, per_request = self.cost.step_time_s, getattr(self.cost, "per_request_s", 0.0) * n_requests
         if len(q) < SCALAR_COST_BELOW:
             return np.array(
-                [step(int(a), int(b), int(c), int(d)) if a > 0 else 0.0 for a, b, c, d in zip(q, kv, g, lg)]
+                [
+                    step(int(a), int(b), int(c), int(d)) + per_request if a > 0 else 0.0
+                    for a, b, c, d in zip(q, kv, g, lg)
+                ]
             )
         out = np.zeros(len(q))
         on = q > 0
         if on.any():
             out[on] = step(q[on].astype(float), kv[on].astype(float), g[on].astype(float), lg[on].astype(float))
+            out[on] += per_request
         return out
 
     def _stretch(self, R, idx0, durations, demand=None) -> Stretch:
@@ -382,7 +387,10 @@ class Replay:
         ):  # a chunk, a recompute or a request sitting out: one pass
             self.pool.note(d.blocks.sum())
             return self._stretch(
-                R, d.flat, self._pass_times([d.query.sum()], [d.kv_read.sum()], [d.groups.sum()], [d.logits.sum()]), d
+                R,
+                d.flat,
+                self._pass_times([d.query.sum()], [d.kv_read.sum()], [d.groups.sum()], [d.logits.sum()], len(R)),
+                d,
             )
         m, q, blocks, idx = self._stretch_length(R)
         w = self.w
@@ -396,6 +404,7 @@ class Replay:
                     w.kv_tokens_read[idx[:, :probe]].sum(0),
                     w.query_groups[idx[:, :probe]].sum(0),
                     w.logit_tokens[idx[:, :probe]].sum(0),
+                    len(R),
                 )
                 ends = self.env.now + np.cumsum(dur)
                 hit = np.flatnonzero(ends >= t_next)
@@ -406,7 +415,7 @@ class Replay:
             durations = dur[:m]
         else:
             durations = self._pass_times(
-                q[:m], w.kv_tokens_read[idx].sum(0), w.query_groups[idx].sum(0), w.logit_tokens[idx].sum(0)
+                q[:m], w.kv_tokens_read[idx].sum(0), w.query_groups[idx].sum(0), w.logit_tokens[idx].sum(0), len(R)
             )
         self.pool.note(blocks[:m])
         return self._stretch(R, idx[:, 0], durations)

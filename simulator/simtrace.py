@@ -316,6 +316,7 @@ def _serving_step_columns(r: dict) -> dict[str, np.ndarray]:
         "preempted_requests": np.zeros(n, np.int64),
         "attention_kv_tokens": r["kv_read"],
         "chunk": ~r["final"],
+        "host_s": np.full(n, np.nan),  # a replay does not split a pass's host work from its forward
     }
 
 

@@ -11,7 +11,15 @@ import pytest
 from profiler.reader import read_trace
 from simulator.cost import CostModel, CostParams
 from simulator.hardware import host_cpu_spec
-from simulator.load_validation import host_line, pass_arrays, serving_config, validate_load
+from simulator.load_validation import (
+    HostCost,
+    calibrate_batch1,
+    host_line,
+    pass_arrays,
+    serving_config,
+    size_medians,
+    validate_load,
+)
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
 from simulator.simtrace import write_simulated_trace
@@ -30,7 +38,7 @@ def _requests(n: int, system: str):
     return [seq(6 + 3 * (i % 5), 6 + i % 7) for i in range(n)], [6 + 3 * (i % 5) for i in range(n)]
 
 
-def serving_trace(path, system: str, rate: float, pool_blocks: int | None = None, n: int = 24, **batch):
+def serving_trace(path, system: str, rate: float, pool_blocks: int | None = None, n: int = 24, cost=TRUTH, **batch):
     """A synthetic serving run: requests replayed under load with the true cost, written as a measured trace."""
     reqs, prompts = _requests(n, system)
     w = load_workload(write_toy_trace(path.parent / f"{path.name}-src", reqs, prompts, system=system))
@@ -38,7 +46,7 @@ def serving_trace(path, system: str, rate: float, pool_blocks: int | None = None
     config = ReplayConfig(
         rate=rate, max_seqs=8, memory_utilization=1.0, kv_capacity_bytes=(pool_blocks or 10**6) * BLOCK_BYTES, **batch
     )
-    out = write_simulated_trace(replay(w, HW, MODEL, config, cost=TRUTH), path)
+    out = write_simulated_trace(replay(w, HW, MODEL, config, cost=cost), path)
     meta_path = out / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta.update(
@@ -129,3 +137,39 @@ def test_cli_prints_errors_per_load_level(tmp_path, capsys):
     other = write_toy_trace(tmp_path / "o", reqs, prompts, timed_by=TRUTH, system="pasta")
     assert main(["validate", str(low), "--calibrate-from", str(other)]) == 2
     assert "cannot be predicted from a calibration of pasta" in capsys.readouterr().err
+
+
+def with_host_work(trace_dir, per_request_s: float):
+    """A batch-1 trace whose every pass also did `per_request_s` of the request's own host work (`host_s`)."""
+    import pandas as pd
+
+    path = trace_dir / "steps.parquet"
+    steps = pd.read_parquet(path).sort_values(["request_id", "step_index"])
+    steps["host_s"] = per_request_s
+    steps["duration_s"] += per_request_s
+    shift = steps.groupby("request_id").cumcount() * per_request_s + steps["request_id"] * 0.0
+    steps["start_s"] += shift.to_numpy()
+    steps.to_parquet(path)
+    return trace_dir
+
+
+def test_host_work_per_request_is_learned_at_batch_one_and_paid_per_request_under_load(tmp_path):
+    """A pass's host work is per request: batch 1 records it (`host_s`), a batched pass pays it per request."""
+    truth = HostCost(TRUTH, 0.0, 0.0, per_request_s=0.001)
+    reqs, prompts = _requests(10, "seq")
+    batch1 = with_host_work(write_toy_trace(tmp_path / "b1", reqs, prompts, timed_by=TRUTH, system="seq"), 0.001)
+    cost = calibrate_batch1(read_trace(batch1), HW, MODEL)
+    assert np.isclose(cost.per_request_s + cost.per_stream_s, 0.001, rtol=0.05)  # one stream per request
+    high = serving_trace(tmp_path / "high", "seq", rate=400.0, cost=truth)
+    e = validate_load([high], batch1)["levels"][0]["errors"]
+    assert e["e2e_p50_ape_percent"] < 2.0 and e["throughput_ape_percent"] < 2.0, e
+    # without the host work, the same passes are much faster: the per-request term is what makes it fit
+    plain = serving_trace(tmp_path / "plain", "seq", rate=400.0)
+    assert read_trace(plain).requests["e2e_s"].median() < 0.9 * read_trace(high).requests["e2e_s"].median()
+
+
+def test_every_pass_size_counts_once_in_the_fit():
+    steps = np.array([[1, 10, 0.002, 1]] * 50 + [[1, 10, 0.009, 1]] + [[20, 200, 0.004, 1], [30, 300, 0.005, 1]])
+    sizes = size_medians(steps)
+    assert len(sizes) == 3 and np.allclose(sizes[:, 0], [1, 20, 30])
+    assert np.isclose(sizes[0, 2], 0.002)  # one slow 1-row pass (another process took the core) is dropped
