@@ -22,7 +22,14 @@ still runs the simulator side: capacity and every load point are simulated (the 
 batch-1 trace replayed at Poisson rates, one seed per repeat), measured figures are null and
 `missing` says what is absent.
 
-    .venv/bin/python bench/serving.py [--quick] [--repeats 3] [--n 24]
+`pass_time_ratio_by_batch`: per system and batch size, measured / predicted pass time over every
+load run (p10, median): flat when the simulator knows how a pass grows with the batch, whatever
+the machine's load does to the level.
+
+    .venv/bin/python bench/serving.py [--quick] [--repeats 3] [--n 24] [--work DIR]
+
+`--work DIR` keeps every capture in DIR and reuses the ones already there: the same measurements
+re-predicted by another simulator (run it again with the same flags).
 
 Last line: one JSON object {"bench": "serving", ...} (keys in the issue's Targets).
 """
@@ -43,7 +50,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from profiler.reader import read_trace  # noqa: E402
-from simulator.load_validation import calibrate_batch1, serving_config, summarize_run, validate_one  # noqa: E402
+from simulator.load_validation import (  # noqa: E402
+    calibrate_batch1,
+    pass_time_ratios,
+    serving_config,
+    summarize_run,
+    validate_one,
+)
 from simulator.models import ModelSpec  # noqa: E402
 from simulator.replay import replay  # noqa: E402
 from simulator.validation import trace_hardware  # noqa: E402
@@ -98,7 +111,17 @@ def batch_args(kv_budget_mib: float) -> list[str]:
     ]
 
 
+def _complete(out: Path) -> bool:
+    try:
+        return bool(json.loads((out / "meta.json").read_text()).get("complete"))
+    except (OSError, ValueError):
+        return False
+
+
 def capture(name: str, out: Path, split: str, n: int, extra: list[str] = ()) -> Path:
+    """`solm capture` into OUT; a complete trace already at OUT is reused (`--work`: re-predict saved runs)."""
+    if _complete(out):
+        return out
     solm(
         [
             "capture",
@@ -148,13 +171,23 @@ class Setup:
 
     def __init__(self, name: str, work: Path, n_cal: int, n: int) -> None:
         self.name = name
+        self.work, self.n = work, n
         self.cal = read_trace(capture(name, work / f"{name}-cal", "train", n_cal))
         self.alone = read_trace(capture(name, work / f"{name}-alone", "test", n))
+        self._alone = {0: self.alone}
+        self.ratios: list[np.ndarray] = []  # per load run: (requests in a pass, measured / predicted pass time)
         self.model = ModelSpec.from_trace_meta(self.cal.meta)
         self.hw = trace_hardware(self.cal.meta)
         self.cost = calibrate_batch1(self.cal, self.hw, self.model)
         self.slo = slo_of(self.cal)
         self.kv_budget_mib = POOL_TOKENS * self.model.kv_bytes_per_token / MIB
+
+    def alone_for(self, seed: int):
+        """The test split's requests of load run `seed` (its seed picks them) run one at a time."""
+        if seed not in self._alone:
+            out = self.work / f"{self.name}-alone-s{seed}"
+            self._alone[seed] = read_trace(capture(self.name, out, "test", self.n, ["--seed", str(seed)]))
+        return self._alone[seed]
 
     def config(self, rate: float | None, seed: int = 0):
         knobs = {
@@ -187,7 +220,8 @@ def measured_run(setup: Setup, out: Path, rate: float, seed: int, n: int) -> dic
         )
     )
     lv = validate_one(trace, setup.cost, setup.hw, setup.model, **setup.slo)
-    same = texts_equal(trace, setup.alone) if lv["preemptions_measured"] == 0 else None
+    same = texts_equal(trace, setup.alone_for(seed)) if lv["preemptions_measured"] == 0 else None
+    setup.ratios.append(pass_time_ratios(trace, setup.cost))
     return {
         "measured": {**lv["measured"], "preemptions": lv["preemptions_measured"]},
         "simulated": {**lv["simulated"], "preemptions": lv["preemptions_simulated"]},
@@ -196,11 +230,12 @@ def measured_run(setup: Setup, out: Path, rate: float, seed: int, n: int) -> dic
     }
 
 
-def texts_equal(trace, alone) -> bool:
+def texts_equal(trace, alone) -> bool | None:
+    """Whether every request of `trace` has the text it has in `alone`; None when they share no prompt."""
     a = trace.requests.set_index("prompt")["output_text"]
     b = alone.requests.set_index("prompt")["output_text"]
     common = a.index.intersection(b.index)
-    return bool(len(common)) and bool((a.loc[common] == b.loc[common]).all())
+    return bool((a.loc[common] == b.loc[common]).all()) if len(common) else None
 
 
 def measured_capacity(setup: Setup, work: Path, n: int) -> float:
@@ -306,6 +341,30 @@ def comparisons(rows: list[dict]) -> tuple[list, dict]:
     return speed, tip
 
 
+def ratios_by_batch(setups: dict) -> dict:
+    """Per system, by requests in a pass: p10 and median of measured / predicted pass time over every
+    load run (`pass_time_ratios`). A flat row: the simulator knows how a pass grows with the batch."""
+    out = {}
+    for name, s in setups.items():
+        r = np.vstack(s.ratios) if s.ratios else np.zeros((0, 2))
+        out[name] = {
+            int(n): {
+                "passes": int(m.sum()),
+                "p10": float(np.percentile(r[m, 1], 10)),
+                "median": float(np.median(r[m, 1])),
+            }
+            for n in np.unique(r[:, 0])
+            if (m := r[:, 0] == n).sum() >= 10
+        }
+    return out
+
+
+def print_ratios(ratios: dict) -> None:
+    print("measured / predicted pass time by requests in the pass (p10 / median over every load run):")
+    for name, by in ratios.items():
+        print(f"  {name:10s} " + "  ".join(f"{n}: {v['p10']:.2f}/{v['median']:.2f}" for n, v in by.items()))
+
+
 def _fmt(x, w=7, p=1) -> str:
     return f"{'n/a':>{w}s}" if x is None or x != x else f"{x:{w}.{p}f}"
 
@@ -334,6 +393,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer requests per run (under 5 minutes)")
     ap.add_argument("--n", type=int, default=0, help="requests per load run (default 24; --quick 8)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of every (system, load), interleaved (default 3)")
+    ap.add_argument(
+        "--work",
+        type=Path,
+        help="keep every capture in this folder; a capture already there is reused, not rerun (re-predict saved "
+        "measurements with another simulator: same --quick/--n/--repeats/--systems)",
+    )
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ", ".join(SYSTEMS))
     args = ap.parse_args()
     n = args.n or (8 if args.quick else 24)
@@ -352,8 +417,9 @@ def main() -> None:
         ]
     )
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="solm-serving-") as tmp:
-        work = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        work = args.work or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="solm-serving-")))
+        work.mkdir(parents=True, exist_ok=True)
         setups = {name: Setup(name, work, n, n) for name in names}
         capacity = {}
         for name, s in setups.items():
@@ -365,6 +431,8 @@ def main() -> None:
         runs = run_loads(setups, capacity, measured, args.repeats, n, work)
     rows = aggregate(runs)
     print_table(rows)
+    ratios = ratios_by_batch(setups) if measured else {}
+    print_ratios(ratios)
     speed, tip = comparisons(rows)
     equal = [e for r in rows for e in r["equal_alone"] if e is not None]
     out = {
@@ -395,6 +463,7 @@ def main() -> None:
         "tip_vs_dense": tip,
         "batched_equals_alone": (all(equal) if equal else None),
         "batched_equals_alone_runs": len(equal),
+        "pass_time_ratio_by_batch": ratios,
         "rows": rows,
         "wall_s": time.perf_counter() - t0,
     }
