@@ -55,6 +55,9 @@ from simulator.cost import (
 from simulator.hardware import HARDWARE, HardwareSpec
 from simulator.models import ModelSpec
 
+# measured steps: rows of (query_tokens, kv_tokens_read, duration_s[, query_groups]), lists or an (N, 3|4) array
+Steps = Sequence[Sequence[float]] | np.ndarray
+
 VIDUR_DIR = Path(__file__).resolve().parent / "data" / "vidur-a100"  # copied in, see its README
 VIDUR_OPS: tuple[str, ...] = (
     "emb",
@@ -142,7 +145,7 @@ def _work_arrays(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray
 def _predict(x: np.ndarray, work: tuple[np.ndarray, ...], hardware: HardwareSpec, smooth_p: float) -> np.ndarray:
     flops, bytes_, launches, tokens = work
     eff = OpEfficiency(*x)
-    return op_time_s((flops, bytes_, launches), tokens, eff, hardware, smooth_p)
+    return np.asarray(op_time_s((flops, bytes_, launches), tokens, eff, hardware, smooth_p))
 
 
 def fit_family(
@@ -288,7 +291,7 @@ _ROBUST_LOSS = "soft_l1"
 _F_SCALE = 0.1
 
 
-def _steps_array(steps: Sequence[Sequence[float]]) -> np.ndarray:
+def _steps_array(steps: Steps) -> np.ndarray:
     array = np.asarray(steps, dtype=float)
     if array.ndim != 2 or array.shape[1] not in (3, 4) or len(array) < 4:
         raise ValueError("steps must be >= 4 rows of (query_tokens, kv_tokens_read, duration_s[, query_groups])")
@@ -315,7 +318,7 @@ def _fit_line(array: np.ndarray) -> np.ndarray:
     return result.x
 
 
-def fit_steps(steps: Sequence[Sequence[float]]) -> StepFit:
+def fit_steps(steps: Steps) -> StepFit:
     """Fit a whole-step line to measured steps; report held-out error (even fit, odd test)."""
     array = _steps_array(steps)
     train, test = array[0::2], array[1::2]
@@ -327,7 +330,7 @@ def fit_steps(steps: Sequence[Sequence[float]]) -> StepFit:
 
 
 def fit_cost_params_to_steps(
-    hardware: HardwareSpec, model: ModelSpec, steps: Sequence[Sequence[float]], base: CostParams | None = None
+    hardware: HardwareSpec, model: ModelSpec, steps: Steps, base: CostParams | None = None
 ) -> CostParams:
     """Rescale `base` so that `CostModel(hardware, model).step_time_s` matches measured steps.
 

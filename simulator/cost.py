@@ -44,8 +44,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -342,7 +342,7 @@ def _gemm_table(
 ) -> np.ndarray:
     """GEMM seconds for M = 1..size (the replay asks for the same token counts over and over)."""
     m = np.arange(1, size + 1, dtype=float)
-    table = gemm_kernel(m, k, n, hardware, params, dtype_bytes).time_s
+    table = np.asarray(gemm_kernel(m, k, n, hardware, params, dtype_bytes).time_s)  # an array for array M
     table.flags.writeable = False
     return table
 
@@ -368,42 +368,58 @@ def op_time_s(work: Work, tokens: Number, eff: OpEfficiency, hardware: HardwareS
     return fixed_s + (compute_s**smooth_p + memory_s**smooth_p) ** (1.0 / smooth_p)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class CostModel:
-    """Forward-pass times of `model` on `hardware` (one tensor-parallel group of GPUs)."""
+    """Forward-pass times of `model` on `hardware` (one tensor-parallel group of GPUs).
+
+    `params` defaults to `default_params(hardware)` (the constructor takes None for it)."""
 
     hardware: HardwareSpec
     model: ModelSpec
-    params: CostParams = field(default=None)  # type: ignore[assignment]  # -> default_params
+    params: CostParams
     tensor_parallel: int = 1
 
-    def __post_init__(self) -> None:
-        if self.params is None:
-            object.__setattr__(self, "params", default_params(self.hardware))
-        if not isinstance(self.tensor_parallel, int) or self.tensor_parallel < 1:
-            raise ValueError(f"tensor_parallel must be a positive int, got {self.tensor_parallel!r}")
-        # cache per instance: (num_tokens, logit_tokens) -> seconds of everything but attention
-        object.__setattr__(self, "_dense_cache", functools.lru_cache(maxsize=65536)(self._dense_time_s))
+    def __init__(
+        self, hardware: HardwareSpec, model: ModelSpec, params: CostParams | None = None, tensor_parallel: int = 1
+    ) -> None:
+        object.__setattr__(self, "hardware", hardware)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "params", default_params(hardware) if params is None else params)
+        object.__setattr__(self, "tensor_parallel", tensor_parallel)
+        if not isinstance(tensor_parallel, int) or tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be a positive int, got {tensor_parallel!r}")
+
+    @functools.cached_property
+    def _dense_cache(self) -> Callable[..., Number]:
+        """Per instance: (num_tokens, logit_tokens) -> seconds of everything but attention."""
+        return functools.lru_cache(maxsize=65536)(self._dense_time_s)
 
     # ---- per-op breakdowns -------------------------------------------------------------
     def _eff(self, op: str) -> OpEfficiency:
         return self.params.families[OP_FAMILY[op]]
 
     @property
+    def _tile_params(self) -> GemmParams | None:
+        """The GEMM params when the tile-and-wave model times GEMMs (a GPU with a chip layout), else None."""
+        return self.params.gemm if self.hardware.has_chip_layout else None
+
+    @property
     def uses_tiles(self) -> bool:
         """GEMMs timed by the tile-and-wave model (a GPU with a chip layout and GEMM params)."""
-        return self.params.gemm is not None and self.hardware.has_chip_layout
+        return self._tile_params is not None
 
     def gemm_kernel(self, op: str, num_tokens: Number) -> KernelTimes:
         """The chosen kernel of GEMM `op` for `num_tokens` rows, with its terms (--explain)."""
+        if self.params.gemm is None:
+            raise ValueError(f"cost params {self.params.source!r} have no GEMM params: no tile model to explain")
         k, n = gemm_shapes(self.model, self.tensor_parallel)[op]
         return gemm_kernel(num_tokens, k, n, self.hardware, self.params.gemm, self.model.dtype_bytes)
 
     def _op_s(self, op: str, work: Work, tokens: Number) -> Number:
         """Seconds of one layer/pass op: the tile model for GEMMs where it applies."""
-        if op in GEMM_OPS and self.uses_tiles:
+        if op in GEMM_OPS and (gemm := self._tile_params) is not None:
             k, n = gemm_shapes(self.model, self.tensor_parallel)[op]
-            gemm_s = gemm_time_lookup_s(tokens, k, n, self.hardware, self.params.gemm, self.model.dtype_bytes)
+            gemm_s = gemm_time_lookup_s(tokens, k, n, self.hardware, gemm, self.model.dtype_bytes)
             if op == "lm_head":  # plus the final norm over the logit rows
                 d, b = self.model.d_model, self.model.dtype_bytes
                 norm = (5 * tokens * d, b * (2 * tokens * d + d), 1.0)
@@ -480,7 +496,7 @@ class CostModel:
 
     def _dense_time_s(self, num_tokens: Number, logit_tokens: Number) -> Number:
         """All layers' non-attention ops + all-reduces + per-pass ops, in seconds."""
-        per_layer = 0.0
+        per_layer: Number = 0.0
         for op, work in layer_work(self.model, num_tokens, self.tensor_parallel).items():
             per_layer = per_layer + self._op_s(op, work, num_tokens)
         if self.tensor_parallel > 1:

@@ -178,6 +178,7 @@ def _kernel(
     m: np.ndarray, k: float, n: float, tile: Tile, split: int, hw: HardwareSpec, p: GemmParams, dtype_bytes: int
 ) -> tuple[np.ndarray, ...]:
     """(time, tiles, waves, compute, memory) of one kernel choice for every M."""
+    assert hw.num_sms is not None and hw.sustained_clock_hz is not None, "gemm_kernel checks has_chip_layout"
     sms = float(hw.num_sms)
     rows, cols = np.ceil(m / tile.tm), np.ceil(n / tile.tn)
     tiles = rows * cols * split
@@ -234,6 +235,7 @@ def _hbm_bytes(
     # continuous in S so that more SMs never mean more passes.
     wave_rows = np.minimum(rows, np.sqrt(per_wave / split))
     wave_cols = np.minimum(cols, per_wave / split / wave_rows)
+    assert hw.l2_bytes is not None, "gemm_kernel checks has_chip_layout"
     resident = hw.l2_bytes / 2  # half of L2 for an operand kept across waves
     w_passes = np.where(w_bytes <= resident, 1.0, np.ceil(rows / wave_rows))
     a_passes = np.where(a_bytes <= resident, 1.0, np.ceil(cols / wave_cols))
@@ -251,7 +253,7 @@ def gemm_kernel(
     splits: tuple[int, ...] = SPLITS,
 ) -> KernelTimes:
     """The fastest kernel of `hw.arch`'s tiles (or `tiles`) and split-K choices for each M."""
-    if not hw.has_chip_layout:
+    if not hw.has_chip_layout or hw.arch is None:
         raise ValueError(f"hardware {hw.name!r} has no chip layout (num_sms, clocks, L2, arch)")
     scalar = not isinstance(m, np.ndarray)
     m_arr = np.atleast_1d(np.asarray(m, dtype=float))
@@ -285,10 +287,10 @@ def gemm_kernel(
         ideal_s=np.maximum(useful_s, bytes_s),
     )
     if scalar:
-        return dataclasses.replace(
-            result,
-            **{f.name: float(getattr(result, f.name)[0]) for f in dataclasses.fields(result) if f.name != "tile"},
-        )
+        firsts: dict[str, Any] = {
+            f.name: float(getattr(result, f.name)[0]) for f in dataclasses.fields(result) if f.name != "tile"
+        }
+        return dataclasses.replace(result, **firsts)
     return result
 
 

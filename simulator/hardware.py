@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from profiler.errors import TraceError, UnknownName, UsageError
 from profiler.host import read_host_cpu
@@ -524,7 +525,7 @@ def get_hardware(name: str) -> HardwareSpec:
         raise UnknownName(f"unknown hardware {name!r}; valid names: {', '.join(sorted(HARDWARE))}") from None
 
 
-def override(base_name: str, /, **fields: object) -> HardwareSpec:
+def override(base_name: str, /, **fields: Any) -> HardwareSpec:
     """A hypothetical part: a catalog part with some fields replaced and validated again.
 
     `override("h100-sxm", hbm_bytes_per_s=6e12)` is an H100 with 6 TB/s, named
@@ -587,9 +588,10 @@ def host_cpu_spec(cores: int | None = None) -> HardwareSpec:
 
 if __name__ == "__main__":
     for spec in HARDWARE.values():
+        sms, clock, l2 = spec.num_sms, spec.sustained_clock_hz, spec.l2_bytes
         chip = (
-            f" {spec.num_sms:4d} SMs {spec.sustained_clock_hz / 1e9:.2f} GHz L2 {spec.l2_bytes / MIB:4.0f} MiB"
-            if spec.has_chip_layout
+            f" {sms:4d} SMs {clock / 1e9:.2f} GHz L2 {l2 / MIB:4.0f} MiB"
+            if spec.has_chip_layout and sms is not None and clock is not None and l2 is not None
             else ""
         )
         print(

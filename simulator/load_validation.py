@@ -211,8 +211,8 @@ def _ape(sim: float, meas: float) -> float:
 
 
 def _compare(meas: dict, sim: dict) -> tuple[dict, dict, dict]:
-    summary = {}
-    errors = {}
+    summary: dict[str, dict] = {}
+    errors: dict[str, float] = {}
     for name in ("ttft", "tpot", "e2e"):
         m, s = meas[name], sim[name]
         both = np.isfinite(m) & np.isfinite(s) & (m > 0)

@@ -126,11 +126,8 @@ class ModelSpec:
             head_dim = model.get("head_dim")
             if head_dim is not None and int(head_dim) * int(model["n_heads"]) != int(model["d_model"]):
                 optional["head_dim_override"] = int(head_dim)
-            return cls(
-                name=str(model["name"]),
-                **{key: int(model[key]) for key in required[1:]},
-                **optional,
-            )
+            sizes: dict[str, Any] = {key: int(model[key]) for key in required[1:]}
+            return cls(name=str(model["name"]), **sizes, **optional)
         except (TypeError, ValueError, OverflowError) as e:
             raise TraceMetaError(f"trace meta 'model': {e}") from None
 

@@ -224,9 +224,9 @@ class Replay:
         self._wakeup: simpy.Event | None = None
         self.done = [self.env.event() for _ in range(n)] if config.arrival == "closed" else []
         if config.arrival == "closed":
-            self.arrival_sorted_s = np.zeros(0)
+            self.arrival_sorted_s, self._arrival_order = np.zeros(0), np.zeros(0, np.int64)
         else:
-            if config.arrival == "trace":
+            if config.rate is None:  # arrival "trace" (the closed loop is handled above)
                 times = workload.arrival_s.astype(float)
             elif math.isinf(config.rate):
                 times = np.zeros(n)

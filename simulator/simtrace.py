@@ -29,6 +29,9 @@ import pyarrow as pa
 
 from profiler.schema import PHASES, TABLES
 from profiler.writer import write_trace
+from simulator.hardware import HardwareSpec
+from simulator.models import ModelSpec
+from simulator.replay import ReplayConfig
 from simulator.slo import goodput
 from simulator.workload import CHUNK_NOTE, RECOMPUTE_NOTE, Workload
 
@@ -40,9 +43,9 @@ class ReplayResult:
     rows: dict[str, np.ndarray]  # one entry per (pass, request), sorted by request then pass
     events: list[tuple[int, str, float]]  # (request id, event, time) in simulated order
     workload: Workload
-    config: object  # ReplayConfig
-    hardware: object  # HardwareSpec
-    model: object  # ModelSpec
+    config: ReplayConfig
+    hardware: HardwareSpec
+    model: ModelSpec
     kv_capacity_bytes: int
     bytes_per_block: int
     cost_source: str = ""

@@ -108,7 +108,7 @@ class Workload:
     def passes(self, r: int) -> list[PassDemand]:
         """Request r's passes (by position, not id) as readable records."""
         lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
-        before = np.concatenate([[self.prompt_tokens[r]], self.live_kv_tokens[lo : hi - 1]]) if hi > lo else []
+        before = np.concatenate([[self.prompt_tokens[r]], self.live_kv_tokens[lo : hi - 1]]) if hi > lo else np.zeros(0)
         return [
             PassDemand(
                 int(self.query_tokens[i]),

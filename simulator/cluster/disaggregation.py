@@ -20,6 +20,7 @@ at the pass in which a transferred request reaches it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from types import SimpleNamespace
 
 import numpy as np
@@ -96,7 +97,7 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     links = [simpy.Resource(env, capacity=1) for _ in range(n_p)]
     kv_bytes = w.live_kv_tokens[w.offsets[:-1] + n_pre - 1].astype(float) * model.kv_bytes_per_token
     across = (n_p + n_d) * par.gpus > hardware.gpus_per_node
-    seconds = collective_time_s("send_recv", kv_bytes / par.gpus, 2, hardware, across_nodes=across)
+    seconds = np.asarray(collective_time_s("send_recv", kv_bytes / par.gpus, 2, hardware, across_nodes=across))
     log: list[tuple[int, float, float]] = []
     no_decode = dec_w.n_passes == 0
 
@@ -110,7 +111,7 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
         env.process(_transfer(env, links[replica.index], decode, r, float(seconds[r]), log))
 
     for replica in prefill.replicas:
-        replica._finish = _chain(replica, replica._finish, prefilled)
+        replica.on_finish = functools.partial(prefilled, replica)
     engines = prefill.start() + [env.process(d.engine()) for d in decode.replicas]
     env.run(until=env.all_of(engines))
     res = collect(_merge(w, prefill, decode, pre_shift, dec_shift, no_decode))
@@ -138,14 +139,6 @@ def _transfer_figures(log: list[tuple[int, float, float]], kv_bytes: np.ndarray)
         "kv_transfer_bytes": float(kv_bytes[[r for r, _, _ in log]].sum()) if log else 0.0,
         "mean_kv_transfer_ms": float(seconds.mean() * 1e3) if log else None,
     }
-
-
-def _chain(replica, finish, then):
-    def wrapped(r: int, t: float) -> None:
-        finish(r, t)
-        then(replica, r, t)
-
-    return wrapped
 
 
 def _split_cost(metrics: dict, n_p: int, n_d: int, gpus: int, prefill_hw, decode_hw) -> dict:

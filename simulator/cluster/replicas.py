@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
 import numpy as np
 import simpy
 
 from simulator.cluster.routers import get_router
-from simulator.replay import Device, Replay, ReplayConfig, start_arrivals
+from simulator.replay import Device, Replay, ReplayConfig, Stretch, start_arrivals
 from simulator.workload import Workload
 
 
@@ -46,6 +47,7 @@ class CuttableDevice(Device):
             yield req
             yield self.env.timeout(seconds) | rep._cut
             if rep._cut_m is not None:
+                assert rep._ends is not None, "a stretch is cut only while it runs"
                 end = float(rep._ends[rep._cut_m - 1])
                 if end > self.env.now:
                     yield self.env.timeout(end - self.env.now)
@@ -75,6 +77,7 @@ class ReplicaReplay(Replay):
         self._durations = np.zeros(0)
         self._cut = self.env.event()
         self._cut_m: int | None = None
+        self.on_finish: Callable[[int, float], None] | None = None  # disaggregation sends the KV on
 
     def pull_arrivals(self, upto: float) -> None:
         self.cluster.pull_arrivals(upto)
@@ -84,9 +87,9 @@ class ReplicaReplay(Replay):
         will soon cut is not costed a thousand passes ahead)."""
         return self.cluster.horizon_s()
 
-    def plan(self, *args):
-        out = super().plan(*args)
-        self._durations = out.durations_s if hasattr(out, "durations_s") else out[3]
+    def plan(self, batch: dict[int, int]) -> Stretch:
+        out = super().plan(batch)
+        self._durations = out.durations_s
         self._ends = self.env.now + np.cumsum(self._durations)
         self._cut, self._cut_m = self.env.event(), None
         return out
@@ -109,6 +112,11 @@ class ReplicaReplay(Replay):
             else:  # (R, idx0, rc, starts, durations)
                 args = (*args[:3], args[3][:m], args[4][:m])
         super().commit(*args)
+
+    def _finish(self, r: int, t: float) -> None:
+        super()._finish(r, t)
+        if self.on_finish is not None:
+            self.on_finish(r, t)
 
     def not_mine(self) -> None:
         """A request routed to another replica: done, as far as this one is concerned."""
@@ -143,7 +151,7 @@ class Cluster:
                 )
             )
         first = self.replicas[0]
-        self.arrival_sorted_s, self._arrival_order = first.arrival_sorted_s, getattr(first, "_arrival_order", None)
+        self.arrival_sorted_s, self._arrival_order = first.arrival_sorted_s, first._arrival_order
         self._next_arrival = 0
         self.router = get_router(router)()
         self.owner = np.full(n, -1, np.int64)
@@ -181,7 +189,7 @@ class Cluster:
         return self
 
 
-def merge(replicas: list[Replay], owner: np.ndarray) -> SimpleNamespace:
+def merge(replicas: Sequence[Replay], owner: np.ndarray) -> SimpleNamespace:
     """One replay-shaped view of several replicas (what `simulator.simtrace.collect` reads)."""
     first = replicas[0]
     n = first.w.n_requests

@@ -124,6 +124,24 @@ def test_cost_model_gemm_ops_monotone_and_use_tiles(name: str) -> None:
     np.testing.assert_allclose(scalar, per_op["mlp_up_proj"][[0, 332, 4998]], rtol=1e-12)
 
 
+def test_cost_model_constructor_defaults_and_roofline_gemms() -> None:
+    """params None -> default_params; replace() builds a new model with its own pass cache; with no
+    GEMM params the GEMMs fall back to the roofline and asking for a kernel is a clear ValueError."""
+    hw, model = get_hardware("h100-sxm"), get_model("llama-3-8b")
+    tiles = CostModel(hw, model, None)
+    assert tiles.params == default_params(hw) and tiles == CostModel(hw, model, default_params(hw))
+    tp2 = dataclasses.replace(tiles, tensor_parallel=2)
+    assert tp2.tensor_parallel == 2 and tp2.params == tiles.params
+    assert tiles.step_time_s(64, 6400) != tp2.step_time_s(64, 6400)
+    roofline = CostModel(hw, model, dataclasses.replace(tiles.params, gemm=None))
+    assert tiles.uses_tiles and not roofline.uses_tiles
+    assert roofline.step_time_s(64, 6400) > 0
+    with pytest.raises(ValueError, match="no GEMM params"):
+        roofline.gemm_kernel("mlp_up_proj", 64)
+    with pytest.raises(ValueError, match="tensor_parallel must be a positive int"):
+        CostModel(hw, model, tensor_parallel=0)
+
+
 def test_newer_parts_run_every_gemm_faster() -> None:
     model = get_model("llama-3-8b")
     costs = [CostModel(get_hardware(name), model) for name in ("a100-80g", "h100-sxm", "b200")]
