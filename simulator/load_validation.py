@@ -236,7 +236,8 @@ def _compare(meas: dict, sim: dict) -> tuple[dict, dict, dict]:
 
 def load_level(meta: dict) -> dict:
     knobs = {**(meta.get("knobs") or {}), **(meta.get("serving") or {})}
-    return {"rate": knobs.get("rate"), "concurrency": knobs.get("concurrency")}
+    rate = knobs.get("rate") if knobs.get("rate") is not None else knobs.get("rate_per_s")  # the runtime: rate_per_s
+    return {"rate": rate, "concurrency": knobs.get("concurrency")}
 
 
 def validate_one(trace: Trace, cost: HostCost, hw: HardwareSpec, model: ModelSpec, **overrides) -> dict:
@@ -367,6 +368,7 @@ def validate_load(
         "calibration_passes": int(len(pass_arrays(calib))),
         "host_per_pass_s": cost.per_pass_s,
         "host_per_stream_s": cost.per_stream_s,
+        "host_per_request_s": cost.per_request_s,
         "cost_params": cost.params.source,
         "levels": levels,
     }
