@@ -13,8 +13,9 @@ at `memory_eff` of the HBM bandwidth. Every full wave carries the same bytes per
 waves' compute and memory times are summed first and overlapped once, as a p-norm
 (`overlap_p`: large p is max(compute, memory), 1 is their sum); plus `launch_overheads` launches
 per kernel. The tile shape and split-K come from the architecture family's usual kernels
-(`TILES`): the fastest, or with `choice_q` > 0 a power mean (exponent -q) of all of them, which
-stays close to the fastest but admits that library heuristics do not always find it.
+(`TILES`): the fastest, or with `choice_q` > 0 a power mean (exponent -q) over the tile shapes,
+each at its best split-K, which stays close to the fastest but admits that library heuristics
+do not always pick it. The pipeline fill is paid once per batch of resident CTAs on an SM.
 
 Why: a smooth roofline with one fill curve cannot express wave quantization (a GEMM of 109 tiles
 on 108 SMs takes two waves), which is where the old model's errors on mid-size token counts
@@ -191,9 +192,12 @@ def _kernel(
         2.0 * tile.tm * tile.tn * tile.tk / (hw.sm_peak_flops_per_s * p.tensor_eff),
         (tile.tm + tile.tn) * tile.tk * dtype_bytes / tile.operand_share / (p.feed_bytes_per_clock * clock),
     )
-    tile_s = (iters + p.fill_iters) * iter_s
     # busiest SM of each wave: ctas_per_sm tiles in a full wave, ceil(last / SMs) in the last
-    compute = (full_waves * tile.ctas_per_sm + np.ceil(last / sms)) * tile_s
+    busiest = full_waves * tile.ctas_per_sm + np.ceil(last / sms)
+    # Pipeline fill: a CTA's prologue and epilogue overlap the main loop of the other CTAs
+    # resident on its SM, so an SM pays the fill once per ctas_per_sm tiles (1-CTA tiles: per tile).
+    fills = np.ceil(busiest / tile.ctas_per_sm)
+    compute = (busiest * iters + fills * p.fill_iters) * iter_s
     bandwidth = hw.hbm_bytes_per_s * p.memory_eff
     memory = _hbm_bytes(m, k, n, rows, cols, tile, per_wave, split, hw, dtype_bytes) / bandwidth
     # Every full wave streams the same share of the bytes per tile, so summing the waves'
@@ -268,8 +272,8 @@ def gemm_kernel(
     best = np.argmin(times, axis=0)
     cols = np.arange(m_arr.size)
     chosen = times[best, cols]
-    if p.choice_q > 0:  # heuristics pick roughly, not exactly, the fastest kernel
-        chosen = chosen * np.mean((times / chosen) ** -p.choice_q, axis=0) ** (-1 / p.choice_q)
+    if p.choice_q > 0:  # heuristics pick roughly, not exactly, the fastest tile shape
+        chosen = chosen * _tile_power_mean(times / chosen, [tile for tile, _, _ in choices], p.choice_q)
 
     def pick(index: int) -> np.ndarray:
         return np.stack([np.broadcast_to(terms[index], m_arr.shape) for _, _, terms in choices])[best, cols]
@@ -292,6 +296,18 @@ def gemm_kernel(
         }
         return dataclasses.replace(result, **firsts)
     return result
+
+
+def _tile_power_mean(ratios: np.ndarray, tiles: list[Tile], q: float) -> np.ndarray:
+    """Power mean (exponent -q) over tile shapes of each shape's best split-K, per M.
+
+    Split-K is the library's rule for filling the SMs with a given tile (here: its best split);
+    the uncertain choice is among tile shapes, each counted once, so that the spread does not
+    grow with the number of split-K options a long K allows."""
+    best_per_tile = [
+        np.min(ratios[[i for i, t in enumerate(tiles) if t == tile]], axis=0) for tile in dict.fromkeys(tiles)
+    ]
+    return np.mean(np.stack(best_per_tile) ** -q, axis=0) ** (-1 / q)
 
 
 def gemm_time_s(m: Number, k: float, n: float, hw: HardwareSpec, p: GemmParams, dtype_bytes: int = 2) -> Number:
