@@ -16,6 +16,9 @@ What it measures:
   one trace (cycled to 32 requests) on the local process pool, one worker per core.
 - `a100_op_mape_percent`: held-out median APE per op family of the cost model against the vidur
   A100 profiles (`simulator.calibrate.a100_op_errors`), and its median over families.
+- `a100_unseen_median_ape_percent`, `a100_unseen_p90_ape_percent`: the tile-and-wave GEMM model on
+  A100 shapes held out from its fit, with `old_model_unseen_*` beside them (bench/cost_model.py's
+  evaluation; `--quick` fits on every 8th token count, else every 2nd).
 - `gpu_cross_check`: for every measured GPU trace in traces/ (bench/gpu_capture.py), the trace
   predicted from its structure and the catalog part alone (`simulator.validation.cross_check`,
   nothing fitted to it) and `validate` on it (calibrated on half); empty until a GPU trace is
@@ -203,6 +206,7 @@ def main() -> None:
 
     ops = a100_op_errors()
     print("A100 held-out median APE per op family: " + ", ".join(f"{k} {v:.1f}%" for k, v in ops.items()))
+    unseen = unseen_gemm_errors(thin=8 if args.quick else 2)
     print(
         json.dumps(
             {
@@ -225,10 +229,34 @@ def main() -> None:
                 "sweep_workers": workers,
                 "a100_op_mape_percent": ops,
                 "a100_op_mape_percent_median": float(np.median(list(ops.values()))),
+                **unseen,
                 "gpu_cross_check": gpu,
             }
         )
     )
+
+
+def unseen_gemm_errors(thin: int) -> dict[str, float | int]:
+    """The GEMM cost model on A100 shapes no fold was fitted on (leave-one-model-out and
+    leave-one-TP-degree-out, pooled), the old smooth model's error beside it: bench/cost_model.py's
+    figures (that bench prints them per op family, token count and fold)."""
+    from simulator.calibrate import load_vidur
+    from simulator.gemm_fit import holdout_predictions, summary
+
+    report = summary(holdout_predictions(load_vidur(), thin=thin))
+    figures = {
+        "a100_unseen_median_ape_percent": round(report["tiles"]["median"], 2),
+        "a100_unseen_p90_ape_percent": round(report["tiles"]["p90"], 2),
+        "old_model_unseen_median_ape_percent": round(report["old"]["median"], 2),
+        "old_model_unseen_p90_ape_percent": round(report["old"]["p90"], 2),
+        "gemm_fit_every_nth_token_count": thin,
+    }
+    print(
+        f"A100 GEMMs on unseen shapes (tile model fitted on every {thin}th token count): median "
+        f"{figures['a100_unseen_median_ape_percent']}%, p90 {figures['a100_unseen_p90_ape_percent']}% "
+        f"(old model {figures['old_model_unseen_median_ape_percent']}%, {figures['old_model_unseen_p90_ape_percent']}%)"
+    )
+    return figures
 
 
 if __name__ == "__main__":
