@@ -351,6 +351,9 @@ def gemm_time_lookup_s(
     m: Number, k: float, n: float, hardware: HardwareSpec, params: GemmParams, dtype_bytes: int
 ) -> Number:
     """`gemm_kernel(...).time_s`, from a cached table for whole token counts up to 8192."""
+    if not _is_array(m) and 1 <= m <= GEMM_TABLE_TOKENS and float(m).is_integer():  # a scalar: no numpy checks
+        size = max(256, 1 << (int(m) - 1).bit_length())  # the table the array path picks: 2 ** ceil(log2(m))
+        return float(_gemm_table(hardware, params, float(k), float(n), dtype_bytes, size)[int(m) - 1])
     values = np.asarray(m, dtype=float)
     top = float(values.max()) if values.size else 1.0
     if top <= GEMM_TABLE_TOKENS and np.all(values == np.floor(values)) and np.all(values >= 1):

@@ -14,8 +14,8 @@ that would now fit. Between boundaries the passes of a fixed batch are planned a
 as one SimPy timeout. The timeline is the one a pass-by-pass loop would give: every stretch ends
 at the first pass boundary where the scheduler could decide differently.
 
-SimPy as its examples are written (carwash.py): `Device` owns the `Resource`; `arrivals`,
-`closed_loop_client` and `Replay.engine` are generator processes.
+SimPy as its examples are written (carwash.py): `arrivals`, `closed_loop_client` and
+`Replay.engine` are generator processes; the engine runs each stretch on its `Device`.
 
     from simulator.replay import ReplayConfig, replay
     result = replay(workload, get_hardware("h100-sxm"), get_model("llama-3-8b"), ReplayConfig(rate=8))
@@ -47,6 +47,9 @@ MAX_STRETCH_PASSES = 1024  # passes planned at once (bounds the requests x passe
 MIN_RATE = 1e-5
 MAX_REQUESTS = 1_000_000  # replayed requests: their pass arrays stay within a few GiB
 SCALAR_COST_BELOW = 48  # fewer passes than this: cost them one by one (cached scalar path)
+# pass shapes whose cost is remembered: a stretch cut short is planned again from the same batch,
+# so the same (query, KV read, streams, logits) sums come back; exact keys, cleared when full
+PASS_COST_CACHE = 1 << 17
 
 
 @dataclass(frozen=True)
@@ -138,18 +141,17 @@ class Stretch:
 
 
 class Device:
-    """The accelerator: one batched forward pass (or stretch of passes) at a time."""
+    """The accelerator: one batched forward pass (or stretch of passes) at a time. Its one user is
+    the engine, which waits for each stretch (`yield from device.run(...)`), so no SimPy Resource
+    queues it (a request and a release per stretch were a tenth of a cluster replay's events)."""
 
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
-        self.resource = simpy.Resource(env, capacity=1)
         self.busy_s = 0.0
         self.passes = 0
 
     def run(self, seconds: float, passes: int):
-        with self.resource.request() as req:
-            yield req
-            yield self.env.timeout(seconds)
+        yield self.env.timeout(seconds)
         self.busy_s += seconds
         self.passes += passes
 
@@ -219,6 +221,7 @@ class Replay:
         self.running: list[int] = []
         self.events: list[tuple[int, str, float]] = []
         self.stretches: list[Stretch] = []
+        self.pass_costs: dict[tuple[int, int, int, int], float] = {}  # exact pass shape -> seconds
         self.n_done = 0
         self.n_pass = 0
         self._wakeup: simpy.Event | None = None
@@ -349,16 +352,24 @@ class Replay:
                 yield self._wakeup
                 continue
             stretch = self.plan(batch)
-            yield env.process(self.device.run(float(np.sum(stretch.durations_s)), len(stretch.durations_s)))
+            yield from self.device.run(float(np.sum(stretch.durations_s)), len(stretch.durations_s))
             self.commit(stretch)
             yield env.timeout(0)  # closed-loop clients of finished requests send their next first
 
     def _pass_times(self, q, kv, g, lg) -> np.ndarray:
+        """Seconds of each pass from its summed shape (0 for a pass without query rows)."""
         step = self.cost.step_time_s
-        if len(q) < SCALAR_COST_BELOW:
-            return np.array(
-                [step(int(a), int(b), int(c), int(d)) if a > 0 else 0.0 for a, b, c, d in zip(q, kv, g, lg)]
-            )
+        if len(q) < SCALAR_COST_BELOW:  # one by one, each exact shape costed once (scalar == vector, bitwise)
+            cache, out = self.pass_costs, []
+            for key in zip(*(np.asarray(x).tolist() for x in (q, kv, g, lg))):
+                t = cache.get(key)
+                if t is None:
+                    t = step(*key) if key[0] > 0 else 0.0
+                    if len(cache) >= PASS_COST_CACHE:
+                        cache.clear()
+                    cache[key] = t
+                out.append(t)
+            return np.array(out, float)
         out = np.zeros(len(q))
         on = q > 0
         if on.any():
