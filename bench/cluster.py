@@ -85,7 +85,7 @@ def capacity_rps(structure, n: int) -> float:
     return float(res.metrics["request_throughput"])
 
 
-def replay_at_scale(n: int, quick: bool) -> dict:
+def replay_at_scale(n: int, quick: bool, dashboard: bool = True) -> dict:
     structure = load_workload(STRUCTURE)
     native = read_workload_file(WORKLOADS_DIR / "splitwise_conv.csv")
     native_rps = len(native.arrival_s) / native.arrival_s[-1]
@@ -124,24 +124,27 @@ def replay_at_scale(n: int, quick: bool) -> dict:
         t2 = time.perf_counter()
         read_trace(out / "sim", tokens=False)  # as the dashboard loads it
         read_s = time.perf_counter() - t2
-        pages = dashboard_pages(out / "sim")
+        pages = (
+            None
+            if not dashboard
+            else json.loads(  # in its own process: peak_rss_mb stays the simulator's
+                subprocess.run(
+                    [sys.executable, __file__, "--dashboard-pages", str(out / "sim")],
+                    cwd=ROOT,
+                    text=True,
+                    capture_output=True,
+                    check=True,
+                ).stdout.splitlines()[-1]
+            )
+        )
     finally:
         shutil.rmtree(out, ignore_errors=True)
     print(
         f"simulated trace: {mb:.1f} MB for {n} requests (written in {write_s:.1f} s, read without per-token "
         f"rows in {read_s:.1f} s); peak RSS {rss_replayed} MB after the replay, {rss_written} MB after writing"
     )
-    print(
-        "dashboard pages (s, AppTest): first open "
-        + f"{pages['first_open']}; "
-        + ", ".join(f"{p} {v['warm']} warm / {v['cold']} cold" for p, v in pages["pages"].items())
-    )
     factor = 100_000 / n
-    return {
-        "dashboard_first_open_s": pages["first_open"],
-        "dashboard_page_open_s": {p: v["warm"] for p, v in pages["pages"].items()},
-        "dashboard_page_open_s_max": max(v["warm"] for v in pages["pages"].values()),
-        "dashboard_page_open_cold_s_max": max(v["cold"] for v in pages["pages"].values()),
+    out = {
         "replay_requests": n,
         "replay_s": round(replay_s, 2),
         "replay_100k_s": round(replay_s * factor, 2),
@@ -155,6 +158,22 @@ def replay_at_scale(n: int, quick: bool) -> dict:
         "trace_read_s": round(read_s, 2),
         "p99_ttft_ms": round(m["p99_ttft_ms"], 1),
         "peak_rss_mb_after_replay": rss_replayed,
+    }
+    if pages is None:
+        return out
+    print(
+        "dashboard pages (s, AppTest): first open "
+        + f"{pages['first_open']}; "
+        + ", ".join(f"{p} {v['warm']} warm / {v['cold']} cold" for p, v in pages["pages"].items())
+        + f"; peak RSS {pages['peak_rss_mb']} MB"
+    )
+    return {
+        **out,
+        "dashboard_first_open_s": pages["first_open"],
+        "dashboard_page_open_s": {p: v["warm"] for p, v in pages["pages"].items()},
+        "dashboard_page_open_s_max": max(v["warm"] for v in pages["pages"].values()),
+        "dashboard_page_open_cold_s_max": max(v["cold"] for v in pages["pages"].values()),
+        "dashboard_peak_rss_mb": pages["peak_rss_mb"],
     }
 
 
@@ -186,7 +205,7 @@ def dashboard_pages(trace_dir: Path) -> dict:
             if at.exception:
                 raise RuntimeError(f"dashboard page {path}: {at.exception[0].value}")
         out[Path(path).stem] = times
-    return {"first_open": round(first, 2), "pages": out}
+    return {"first_open": round(first, 2), "pages": out, "peak_rss_mb": _rss_mb()}
 
 
 def deployment_sweep(quick: bool, price: float) -> dict:
@@ -250,7 +269,17 @@ def main() -> int:
         default=2.5,
         help="USD per GPU-hour for the sweep (default 2.5, an assumed H100 rental price)",
     )
+    ap.add_argument(
+        "--no-dashboard",
+        dest="dashboard",
+        action="store_false",
+        help="skip timing the dashboard pages (they hold the whole trace in memory: about 2.6 GB per 10k requests)",
+    )
+    ap.add_argument("--dashboard-pages", type=Path, default=None, help=argparse.SUPPRESS)  # the bench's own subprocess
     args = ap.parse_args()
+    if args.dashboard_pages is not None:
+        print(json.dumps(dashboard_pages(args.dashboard_pages)))
+        return 0
     comm = evaluate()
     print(
         f"comm: held-out MAPE {comm['comm_mape_percent']}% over {comm['held_out_rows']} buffer sizes the fit did "
@@ -261,7 +290,7 @@ def main() -> int:
         "comm_mape_percent": comm["comm_mape_percent"],
         "comm_mape_percent_1mib_up": comm["comm_mape_percent_1mib_up"],
     }
-    figures.update(replay_at_scale(args.requests or (10_000 if args.quick else 100_000), args.quick))
+    figures.update(replay_at_scale(args.requests or (10_000 if args.quick else 100_000), args.quick, args.dashboard))
     figures.update(deployment_sweep(args.quick, args.price))
     figures["peak_rss_mb"] = _rss_mb()
     figures["quick"] = args.quick
