@@ -386,7 +386,10 @@ class CostModel:
         if not isinstance(self.tensor_parallel, int) or self.tensor_parallel < 1:
             raise ValueError(f"tensor_parallel must be a positive int, got {self.tensor_parallel!r}")
         # cache per instance: (num_tokens, logit_tokens) -> seconds of everything but attention
-        object.__setattr__(self, "_dense_cache", functools.lru_cache(maxsize=65536)(self._dense_time_s))
+        object.__setattr__(self, "_dense_cache", functools.lru_cache(maxsize=65536)(self._dense_scalar_s))
+        # its parts: all layers' dense ops + the embedding (by token count); lm_head + norm (by logit rows)
+        object.__setattr__(self, "_body_cache", functools.lru_cache(maxsize=16384)(self._body_s))
+        object.__setattr__(self, "_head_cache", functools.lru_cache(maxsize=16384)(self._head_s))
 
     # ---- per-op breakdowns -------------------------------------------------------------
     def _eff(self, op: str) -> OpEfficiency:
@@ -490,6 +493,26 @@ class CostModel:
             per_layer = per_layer + self._all_reduce_s(num_tokens)
         per_pass = sum(self.pass_op_times_s(num_tokens, logit_tokens).values())
         return self.model.n_layers * per_layer + per_pass
+
+    def _body_s(self, num_tokens: int) -> tuple[float, float]:
+        """(all layers' dense ops + all-reduces, the embedding) of one pass: `_dense_time_s`'s terms."""
+        per_layer = 0.0
+        for op, work in layer_work(self.model, num_tokens, self.tensor_parallel).items():
+            per_layer = per_layer + self._op_s(op, work, num_tokens)
+        if self.tensor_parallel > 1:
+            per_layer = per_layer + self._all_reduce_s(num_tokens)
+        emb = pass_work(self.model, num_tokens, num_tokens, self.tensor_parallel)["emb"]
+        return self.model.n_layers * per_layer, self._op_s("emb", emb, num_tokens)
+
+    def _head_s(self, logit_tokens: int) -> float:
+        head = pass_work(self.model, logit_tokens, logit_tokens, self.tensor_parallel)["lm_head"]
+        return self._op_s("lm_head", head, logit_tokens)
+
+    def _dense_scalar_s(self, num_tokens: int, logit_tokens: int) -> float:
+        """`_dense_time_s` of one pass from parts cached by token count and by logit rows (misses by
+        distinct count, not by distinct pair); the same floats, summed in the same order."""
+        layers, emb = self._body_cache(num_tokens)
+        return layers + ((emb + self._head_cache(logit_tokens)) + (self.params.step_overhead_s + 0.0 * num_tokens))
 
     def step_time_s(
         self, query_tokens: Number, kv_tokens_read: Number, query_groups: Number = 1, logit_tokens: Number | None = None

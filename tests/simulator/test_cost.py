@@ -375,3 +375,12 @@ def test_scalar_and_array_costs_are_bitwise_equal(hardware: str, model: str, tp:
         array = cost.step_time_s(q.astype(float), kv.astype(float), g.astype(float), lg.astype(float))
         one_by_one = [cost.step_time_s(*shape) for shape in zip(q.tolist(), kv.tolist(), g.tolist(), lg.tolist())]
         assert np.array_equal(array, np.array(one_by_one)), type(cost).__name__
+
+
+@pytest.mark.parametrize(("hardware", "tp"), [("h100-sxm", 1), ("a100-80g", 4)])
+def test_dense_parts_sum_to_the_dense_time_bitwise(hardware: str, tp: int) -> None:
+    """The scalar path caches the dense time in parts (by token count, by logit rows): same floats."""
+    cost = CostModel(get_hardware(hardware), get_model("llama-3-70b" if tp > 1 else "llama-3-8b"), tensor_parallel=tp)
+    rng = np.random.default_rng(5)
+    for q, lg in zip(rng.integers(1, 9000, 300).tolist(), rng.integers(1, 9000, 300).tolist()):
+        assert cost._dense_scalar_s(q, lg) == cost._dense_time_s(q, lg), (q, lg)
