@@ -93,12 +93,18 @@ def collect(sim) -> ReplayResult:
     parts = [_stretch_rows(sim, s) for s in sim.stretches if s.demand is not None]
     if plain:
         parts.append(_plain_rows(sim, plain))
-    if parts:
-        c = {k: np.concatenate([p[k] for p in parts]) for k in cols}
-    else:
-        c = {k: np.zeros(0, bool if k == "final" else float if k in ("start", "dur") else np.int64) for k in cols}
+    c = {}
+    for k in cols:  # a column at a time, each part's copy freed as it goes (21 million rows at 100k requests)
+        c[k] = (
+            np.concatenate([p.pop(k) for p in parts])
+            if parts
+            else np.zeros(0, bool if k == "final" else float if k in ("start", "dur") else np.int64)
+        )
+    del parts
     order = np.lexsort((c["batch"], c["req"]))
-    c = {k: v[order] for k, v in c.items()}
+    for k in cols:
+        c[k] = c[k][order]
+    del order
     req, flat, start, dur, batch = c["req"], c["flat"], c["start"], c["dur"], c["batch"]
     end = start + dur
     emits = c["emits"]
