@@ -144,7 +144,7 @@ def replay_at_scale(n: int, quick: bool, dashboard: bool = True) -> dict:
         f"rows in {read_s:.1f} s); peak RSS {rss_replayed} MB after the replay, {rss_written} MB after writing"
     )
     factor = 100_000 / n
-    out = {
+    figures = {
         "replay_requests": n,
         "replay_s": round(replay_s, 2),
         "replay_100k_s": round(replay_s * factor, 2),
@@ -160,7 +160,7 @@ def replay_at_scale(n: int, quick: bool, dashboard: bool = True) -> dict:
         "peak_rss_mb_after_replay": rss_replayed,
     }
     if pages is None:
-        return out
+        return figures
     print(
         "dashboard pages (s, AppTest): first open "
         + f"{pages['first_open']}; "
@@ -168,7 +168,7 @@ def replay_at_scale(n: int, quick: bool, dashboard: bool = True) -> dict:
         + f"; peak RSS {pages['peak_rss_mb']} MB"
     )
     return {
-        **out,
+        **figures,
         "dashboard_first_open_s": pages["first_open"],
         "dashboard_page_open_s": {p: v["warm"] for p, v in pages["pages"].items()},
         "dashboard_page_open_s_max": max(v["warm"] for v in pages["pages"].values()),

@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -379,6 +379,9 @@ class CostModel:
     model: ModelSpec
     params: CostParams = field(default=None)  # type: ignore[assignment]  # -> default_params
     tensor_parallel: int = 1
+    # scalar caches of the dense time's parts (set in __post_init__; not compared, hashed or given)
+    _body_cache: Callable[[int], tuple[float, float]] = field(init=False, repr=False, compare=False)
+    _head_cache: Callable[[int], float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.params is None:
@@ -498,15 +501,15 @@ class CostModel:
         """(all layers' dense ops + all-reduces, the embedding) of one pass: `_dense_time_s`'s terms."""
         per_layer = 0.0
         for op, work in layer_work(self.model, num_tokens, self.tensor_parallel).items():
-            per_layer = per_layer + self._op_s(op, work, num_tokens)
+            per_layer = per_layer + float(self._op_s(op, work, num_tokens))
         if self.tensor_parallel > 1:
-            per_layer = per_layer + self._all_reduce_s(num_tokens)
+            per_layer = per_layer + float(self._all_reduce_s(num_tokens))
         emb = pass_work(self.model, num_tokens, num_tokens, self.tensor_parallel)["emb"]
-        return self.model.n_layers * per_layer, self._op_s("emb", emb, num_tokens)
+        return self.model.n_layers * per_layer, float(self._op_s("emb", emb, num_tokens))
 
     def _head_s(self, logit_tokens: int) -> float:
         head = pass_work(self.model, logit_tokens, logit_tokens, self.tensor_parallel)["lm_head"]
-        return self._op_s("lm_head", head, logit_tokens)
+        return float(self._op_s("lm_head", head, logit_tokens))
 
     def _dense_scalar_s(self, num_tokens: int, logit_tokens: int) -> float:
         """`_dense_time_s` of one pass from parts cached by token count and by logit rows (misses by

@@ -384,7 +384,7 @@ class Replay:
         if len(q) < SCALAR_COST_BELOW or (
             len(q) < VECTOR_COST_FROM and self._scalar_exact and max(q) <= GEMM_TABLE_TOKENS
         ):
-            cache, out = self.pass_costs, []
+            cache, times = self.pass_costs, []
             for key in zip(*(np.asarray(x).tolist() for x in (q, kv, g, lg))):
                 t = cache.get(key)
                 if t is None:
@@ -392,8 +392,8 @@ class Replay:
                     if len(cache) >= PASS_COST_CACHE:
                         cache.clear()
                     cache[key] = t
-                out.append(t)
-            return np.array(out, float)
+                times.append(t)
+            return np.array(times, float)
         out = np.zeros(len(q))
         on = q > 0
         if on.any():
