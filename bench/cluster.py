@@ -16,6 +16,13 @@ What it measures, each printed with how it was obtained:
 - peak_rss_mb: this process's peak resident memory (ru_maxrss). Aim <= 2,000 MB.
 - trace_read_s: `profiler.reader.read_trace(tokens=False)` of that simulated trace (what the
   dashboard loads for every page; per-token rows are left to the page that reads them).
+- dashboard_page_open_s: each dashboard page driven by streamlit's
+  AppTest (every file of dashboard/views/) on a folder holding only that simulated trace: `first_open` is the first page with an
+  empty cache (it reads the trace), then per page `warm` (the trace cached, as when one clicks
+  through the pages) and `cold` (every cache cleared first: reading the trace again is part of it).
+  `dashboard_page_open_s_max` is the slowest warm page, `dashboard_page_open_cold_s_max` the slowest
+  cold one. (The What-if page replays measured traces only: on a simulated trace alone it shows
+  its notice.)
 - The deployment sweep: `solm sweep` over --tp 1,2,4,8 --replicas 1,2,4 for Llama-3-70B on H100
   with the code workload, priced at --price USD/GPU-hour, SLO TTFT 2 s / TPOT 100 ms; its Pareto
   rows (cost per million output tokens vs p99 TTFT and goodput) are printed.
@@ -78,7 +85,7 @@ def capacity_rps(structure, n: int) -> float:
     return float(res.metrics["request_throughput"])
 
 
-def replay_at_scale(n: int, quick: bool) -> dict:
+def replay_at_scale(n: int, quick: bool, dashboard: bool = True) -> dict:
     structure = load_workload(STRUCTURE)
     native = read_workload_file(WORKLOADS_DIR / "splitwise_conv.csv")
     native_rps = len(native.arrival_s) / native.arrival_s[-1]
@@ -117,6 +124,19 @@ def replay_at_scale(n: int, quick: bool) -> dict:
         t2 = time.perf_counter()
         read_trace(out / "sim", tokens=False)  # as the dashboard loads it
         read_s = time.perf_counter() - t2
+        pages = (
+            None
+            if not dashboard
+            else json.loads(  # in its own process: peak_rss_mb stays the simulator's
+                subprocess.run(
+                    [sys.executable, __file__, "--dashboard-pages", str(out / "sim")],
+                    cwd=ROOT,
+                    text=True,
+                    capture_output=True,
+                    check=True,
+                ).stdout.splitlines()[-1]
+            )
+        )
     finally:
         shutil.rmtree(out, ignore_errors=True)
     print(
@@ -124,7 +144,7 @@ def replay_at_scale(n: int, quick: bool) -> dict:
         f"rows in {read_s:.1f} s); peak RSS {rss_replayed} MB after the replay, {rss_written} MB after writing"
     )
     factor = 100_000 / n
-    return {
+    figures = {
         "replay_requests": n,
         "replay_s": round(replay_s, 2),
         "replay_100k_s": round(replay_s * factor, 2),
@@ -139,6 +159,53 @@ def replay_at_scale(n: int, quick: bool) -> dict:
         "p99_ttft_ms": round(m["p99_ttft_ms"], 1),
         "peak_rss_mb_after_replay": rss_replayed,
     }
+    if pages is None:
+        return figures
+    print(
+        "dashboard pages (s, AppTest): first open "
+        + f"{pages['first_open']}; "
+        + ", ".join(f"{p} {v['warm']} warm / {v['cold']} cold" for p, v in pages["pages"].items())
+        + f"; peak RSS {pages['peak_rss_mb']} MB"
+    )
+    return {
+        **figures,
+        "dashboard_first_open_s": pages["first_open"],
+        "dashboard_page_open_s": {p: v["warm"] for p, v in pages["pages"].items()},
+        "dashboard_page_open_s_max": max(v["warm"] for v in pages["pages"].values()),
+        "dashboard_page_open_cold_s_max": max(v["cold"] for v in pages["pages"].values()),
+        "dashboard_peak_rss_mb": pages["peak_rss_mb"],
+    }
+
+
+def dashboard_pages(trace_dir: Path) -> dict:
+    """Seconds each dashboard page takes to run on a folder holding `trace_dir` (module doc)."""
+    import os
+
+    import streamlit as st
+    from streamlit.logger import set_log_level
+    from streamlit.testing.v1 import AppTest
+
+    set_log_level("error")  # bare-mode warnings, a few per page run
+    os.environ["SOLM_TRACE_DIRS"] = str(trace_dir)
+    at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=600)
+    t = time.perf_counter()
+    at.run()
+    first = time.perf_counter() - t
+    out = {}
+    for page in sorted((ROOT / "dashboard" / "views").glob("[!_]*.py")):  # the app's pages
+        path = f"views/{page.name}"
+        times = {}
+        for mode in ("warm", "cold"):
+            if mode == "cold":
+                st.cache_data.clear()
+                st.cache_resource.clear()
+            t = time.perf_counter()
+            at.switch_page(path).run()
+            times[mode] = round(time.perf_counter() - t, 2)
+            if at.exception:
+                raise RuntimeError(f"dashboard page {path}: {at.exception[0].value}")
+        out[Path(path).stem] = times
+    return {"first_open": round(first, 2), "pages": out, "peak_rss_mb": _rss_mb()}
 
 
 def deployment_sweep(quick: bool, price: float) -> dict:
@@ -202,7 +269,17 @@ def main() -> int:
         default=2.5,
         help="USD per GPU-hour for the sweep (default 2.5, an assumed H100 rental price)",
     )
+    ap.add_argument(
+        "--no-dashboard",
+        dest="dashboard",
+        action="store_false",
+        help="skip timing the dashboard pages (they hold the whole trace in memory: about 2.6 GB per 10k requests)",
+    )
+    ap.add_argument("--dashboard-pages", type=Path, default=None, help=argparse.SUPPRESS)  # the bench's own subprocess
     args = ap.parse_args()
+    if args.dashboard_pages is not None:
+        print(json.dumps(dashboard_pages(args.dashboard_pages)))
+        return 0
     comm = evaluate()
     print(
         f"comm: held-out MAPE {comm['comm_mape_percent']}% over {comm['held_out_rows']} buffer sizes the fit did "
@@ -213,7 +290,7 @@ def main() -> int:
         "comm_mape_percent": comm["comm_mape_percent"],
         "comm_mape_percent_1mib_up": comm["comm_mape_percent_1mib_up"],
     }
-    figures.update(replay_at_scale(args.requests or (10_000 if args.quick else 100_000), args.quick))
+    figures.update(replay_at_scale(args.requests or (10_000 if args.quick else 100_000), args.quick, args.dashboard))
     figures.update(deployment_sweep(args.quick, args.price))
     figures["peak_rss_mb"] = _rss_mb()
     figures["quick"] = args.quick

@@ -177,9 +177,13 @@ def match_requests(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, str]
     return m[["a_id", "b_id"]].reset_index(drop=True), "prompt"
 
 
-def _token_texts(trace: Trace, rid: int) -> list[str]:
-    t = trace.tokens
-    return t.loc[t["request_id"] == rid].sort_values("token_index")["token_text"].tolist()
+def _token_texts(trace: Trace) -> dict[int, list[str]]:
+    """Each request's output tokens in order (one sort and group for the trace, not a scan per request)."""
+    t = trace.tokens.sort_values(["request_id", "token_index"], kind="stable")
+    ids, texts = t["request_id"].to_numpy(), t["token_text"].tolist()
+    cut = np.flatnonzero(np.diff(ids)) + 1 if len(ids) else np.zeros(0, np.int64)
+    starts, ends = np.r_[0, cut], np.r_[cut, len(ids)]
+    return {int(ids[s]): texts[s:e] for s, e in zip(starts.tolist(), ends.tolist())} if len(ids) else {}
 
 
 def text_diff(a_tokens: list[str], b_tokens: list[str]) -> dict:
@@ -311,8 +315,9 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
         "metrics": overall_metrics,
     }
     text, graphs = {}, {}
+    texts_a, texts_b = _token_texts(a), _token_texts(b)
     for ai, bi in zip(pairs["a_id"], pairs["b_id"]):
-        text[int(ai)] = text_diff(_token_texts(a, ai), _token_texts(b, bi))
+        text[int(ai)] = text_diff(texts_a.get(int(ai), []), texts_b.get(int(bi), []))
         graphs[int(ai)] = graph_diff(a.graphs.get(int(ai)), b.graphs.get(int(bi)))
     overall["text_identical_requests"] = sum(t["identical"] for t in text.values())
     overall["text_similarity_mean"] = float(np.mean([t["similarity"] for t in text.values()]))

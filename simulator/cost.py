@@ -351,6 +351,9 @@ def gemm_time_lookup_s(
     m: Number, k: float, n: float, hardware: HardwareSpec, params: GemmParams, dtype_bytes: int
 ) -> Number:
     """`gemm_kernel(...).time_s`, from a cached table for whole token counts up to 8192."""
+    if not _is_array(m) and 1 <= m <= GEMM_TABLE_TOKENS and float(m).is_integer():  # a scalar: no numpy checks
+        size = max(256, 1 << (int(m) - 1).bit_length())  # the table the array path picks: 2 ** ceil(log2(m))
+        return float(_gemm_table(hardware, params, float(k), float(n), dtype_bytes, size)[int(m) - 1])
     values = np.asarray(m, dtype=float)
     top = float(values.max()) if values.size else 1.0
     if top <= GEMM_TABLE_TOKENS and np.all(values == np.floor(values)) and np.all(values >= 1):
@@ -389,10 +392,21 @@ class CostModel:
         if not isinstance(tensor_parallel, int) or tensor_parallel < 1:
             raise ValueError(f"tensor_parallel must be a positive int, got {tensor_parallel!r}")
 
+    # per-instance scalar caches (not dataclass fields: not compared, hashed or given)
     @functools.cached_property
-    def _dense_cache(self) -> Callable[..., Number]:
-        """Per instance: (num_tokens, logit_tokens) -> seconds of everything but attention."""
-        return functools.lru_cache(maxsize=65536)(self._dense_time_s)
+    def _dense_cache(self) -> Callable[..., float]:
+        """(num_tokens, logit_tokens) -> seconds of everything but attention."""
+        return functools.lru_cache(maxsize=65536)(self._dense_scalar_s)
+
+    @functools.cached_property
+    def _body_cache(self) -> Callable[[int], tuple[float, float]]:
+        """num_tokens -> (all layers' dense ops, the embedding)."""
+        return functools.lru_cache(maxsize=16384)(self._body_s)
+
+    @functools.cached_property
+    def _head_cache(self) -> Callable[[int], float]:
+        """logit rows -> lm_head + final norm."""
+        return functools.lru_cache(maxsize=16384)(self._head_s)
 
     # ---- per-op breakdowns -------------------------------------------------------------
     def _eff(self, op: str) -> OpEfficiency:
@@ -504,6 +518,26 @@ class CostModel:
         per_pass = sum(self.pass_op_times_s(num_tokens, logit_tokens).values())
         return self.model.n_layers * per_layer + per_pass
 
+    def _body_s(self, num_tokens: int) -> tuple[float, float]:
+        """(all layers' dense ops + all-reduces, the embedding) of one pass: `_dense_time_s`'s terms."""
+        per_layer = 0.0
+        for op, work in layer_work(self.model, num_tokens, self.tensor_parallel).items():
+            per_layer = per_layer + float(self._op_s(op, work, num_tokens))
+        if self.tensor_parallel > 1:
+            per_layer = per_layer + float(self._all_reduce_s(num_tokens))
+        emb = pass_work(self.model, num_tokens, num_tokens, self.tensor_parallel)["emb"]
+        return self.model.n_layers * per_layer, float(self._op_s("emb", emb, num_tokens))
+
+    def _head_s(self, logit_tokens: int) -> float:
+        head = pass_work(self.model, logit_tokens, logit_tokens, self.tensor_parallel)["lm_head"]
+        return float(self._op_s("lm_head", head, logit_tokens))
+
+    def _dense_scalar_s(self, num_tokens: int, logit_tokens: int) -> float:
+        """`_dense_time_s` of one pass from parts cached by token count and by logit rows (misses by
+        distinct count, not by distinct pair); the same floats, summed in the same order."""
+        layers, emb = self._body_cache(num_tokens)
+        return layers + ((emb + self._head_cache(logit_tokens)) + (self.params.step_overhead_s + 0.0 * num_tokens))
+
     def step_time_s(
         self, query_tokens: Number, kv_tokens_read: Number, query_groups: Number = 1, logit_tokens: Number | None = None
     ) -> Number:
@@ -523,11 +557,11 @@ class CostModel:
             return dense + self.model.n_layers * attn
         query_tokens, kv_tokens_read, query_groups = _check(query_tokens, kv_tokens_read, query_groups)
         logit = query_tokens if logit_tokens is None else np.asarray(logit_tokens, dtype=float)
-        dense = self._dense_time_s(query_tokens, logit)
+        dense_s = self._dense_time_s(query_tokens, logit)
         prefill_s = self._attention_s(query_tokens, kv_tokens_read, query_groups, "attn_prefill")
         decode_s = self._attention_s(query_tokens, kv_tokens_read, query_groups, "attn_decode")
         attn = np.where(query_tokens <= query_groups, decode_s, prefill_s)
-        return dense + self.model.n_layers * attn
+        return dense_s + self.model.n_layers * attn
 
 
 def _is_array(value: object) -> bool:

@@ -55,11 +55,8 @@ def next_demand(sim, rs, limit=None) -> Demand:
     w, bs = sim.w, sim.config.block_size
     rs = np.asarray(rs, np.int64)
     idx = sim.off[rs] + sim.ptr[rs]
-    if (
-        not sim.recompute[rs].any()
-        and not sim.chunk_done[rs].any()
-        and not sim.redo[rs].any()
-        and (limit is None or (np.asarray(limit) >= w.query_tokens[idx]).all())
+    if sim.all_usual(rs) and (
+        limit is None or (np.asarray(limit) >= w.query_tokens[idx]).all()
     ):  # whole passes of the workload
         n = len(rs)
         return Demand(

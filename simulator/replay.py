@@ -14,8 +14,8 @@ that would now fit. Between boundaries the passes of a fixed batch are planned a
 as one SimPy timeout. The timeline is the one a pass-by-pass loop would give: every stretch ends
 at the first pass boundary where the scheduler could decide differently.
 
-SimPy as its examples are written (carwash.py): `Device` owns the `Resource`; `arrivals`,
-`closed_loop_client` and `Replay.engine` are generator processes.
+SimPy as its examples are written (carwash.py): `arrivals`, `closed_loop_client` and
+`Replay.engine` are generator processes; the engine runs each stretch on its `Device`.
 
     from simulator.replay import ReplayConfig, replay
     result = replay(workload, get_hardware("h100-sxm"), get_model("llama-3-8b"), ReplayConfig(rate=8))
@@ -35,6 +35,7 @@ import simpy
 from profiler.errors import UsageError
 from scheduling import get_scheduler
 from scheduling.base import RESERVE_MODES
+from simulator.cost import GEMM_TABLE_TOKENS
 from simulator.demand import PREFILL, Demand, next_demand
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
@@ -46,7 +47,11 @@ MAX_STRETCH_PASSES = 1024  # passes planned at once (bounds the requests x passe
 # latencies are made of (at 1e-300 requests/s every latency read 0.0 ms)
 MIN_RATE = 1e-5
 MAX_REQUESTS = 1_000_000  # replayed requests: their pass arrays stay within a few GiB
-SCALAR_COST_BELOW = 48  # fewer passes than this: cost them one by one (cached scalar path)
+SCALAR_COST_BELOW = 48  # passes the planner costs first when an arrival may end the stretch early
+VECTOR_COST_FROM = 128  # this many passes or more: one vectorised cost call (fewer: one by one, cached)
+# pass shapes whose cost is remembered: a stretch cut short is planned again from the same batch,
+# so the same (query, KV read, streams, logits) sums come back; exact keys, cleared when full
+PASS_COST_CACHE = 1 << 17
 
 
 @dataclass(frozen=True)
@@ -138,18 +143,17 @@ class Stretch:
 
 
 class Device:
-    """The accelerator: one batched forward pass (or stretch of passes) at a time."""
+    """The accelerator: one batched forward pass (or stretch of passes) at a time. Its one user is
+    the engine, which waits for each stretch (`yield from device.run(...)`), so no SimPy Resource
+    queues it (a request and a release per stretch were a tenth of a cluster replay's events)."""
 
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
-        self.resource = simpy.Resource(env, capacity=1)
         self.busy_s = 0.0
         self.passes = 0
 
     def run(self, seconds: float, passes: int):
-        with self.resource.request() as req:
-            yield req
-            yield self.env.timeout(seconds)
+        yield self.env.timeout(seconds)
         self.busy_s += seconds
         self.passes += passes
 
@@ -210,6 +214,9 @@ class Replay:
         self.chunk_done = np.zeros(n, np.int64)  # tokens of the current pass computed by earlier chunks
         self.recompute = np.zeros(n, bool)  # preempted: the next pass re-prefills the KV it lost
         self.redo = np.zeros(n, np.int64)  # tokens at the start of the current pass computed before and lost
+        self.unusual: set[int] = (
+            set()
+        )  # requests with any of the three above set (their next pass is not the workload's)
         self.arrival_s = np.full(n, np.nan)
         self.start_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
@@ -219,6 +226,8 @@ class Replay:
         self.running: list[int] = []
         self.events: list[tuple[int, str, float]] = []
         self.stretches: list[Stretch] = []
+        self.pass_costs: dict[tuple[int, int, int, int], float] = {}  # exact pass shape -> seconds
+        self._scalar_exact = getattr(getattr(cost, "par", None), "pp", 1) == 1
         self.n_done = 0
         self.n_pass = 0
         self._wakeup: simpy.Event | None = None
@@ -326,7 +335,19 @@ class Replay:
         self.redo[r] = max(self.redo[r], live, self.chunk_done[r])  # all of it is computed again
         self.chunk_done[r] = 0  # a half-done prefill is lost with its pages
         self.preemptions[r] += 1
+        self._note_unusual([r])
         self.events.append((r, "preempt", float(self.env.now)))
+
+    def _note_unusual(self, rs: list[int]) -> None:
+        for r in rs:
+            if self.recompute[r] or self.chunk_done[r] or self.redo[r]:
+                self.unusual.add(r)
+            else:
+                self.unusual.discard(r)
+
+    def all_usual(self, rs: np.ndarray) -> bool:
+        """No request of `rs` is mid-prefill, to recompute, or redoing lost tokens (a set lookup, not numpy)."""
+        return not self.unusual or self.unusual.isdisjoint(rs.tolist())
 
     def _finish(self, r: int, t: float) -> None:
         self.finish_s[r] = t
@@ -349,20 +370,31 @@ class Replay:
                 yield self._wakeup
                 continue
             stretch = self.plan(batch)
-            yield env.process(self.device.run(float(np.sum(stretch.durations_s)), len(stretch.durations_s)))
+            yield from self.device.run(float(np.sum(stretch.durations_s)), len(stretch.durations_s))
             self.commit(stretch)
-            yield env.timeout(0)  # closed-loop clients of finished requests send their next first
+            if self.done:  # closed loop: clients of finished requests send their next first
+                yield env.timeout(0)
 
     def _pass_times(self, q, kv, g, lg, n_requests: int) -> np.ndarray:
-        """Passes of `n_requests` requests: the cost's time plus its host work per request, if any."""
+        """Seconds of each pass of `n_requests` requests from its summed shape: the cost's time plus
+        its host work per request, if any (0 for a pass without query rows)."""
         step, per_request = self.cost.step_time_s, getattr(self.cost, "per_request_s", 0.0) * n_requests
-        if len(q) < SCALAR_COST_BELOW:
-            return np.array(
-                [
-                    step(int(a), int(b), int(c), int(d)) + per_request if a > 0 else 0.0
-                    for a, b, c, d in zip(q, kv, g, lg)
-                ]
-            )
+        # one by one, each exact shape costed once: the same floats as one array call up to the GEMM
+        # tables' 8192 tokens (tests/simulator/test_cost.py); wider passes, and pipeline stages (their
+        # micro-batches have fractional rows, timed off the tables), keep the split at 48
+        if len(q) < SCALAR_COST_BELOW or (
+            len(q) < VECTOR_COST_FROM and self._scalar_exact and max(q) <= GEMM_TABLE_TOKENS
+        ):
+            cache, times = self.pass_costs, []
+            for key in zip(*(np.asarray(x).tolist() for x in (q, kv, g, lg))):
+                t = cache.get(key)
+                if t is None:
+                    t = step(*key) if key[0] > 0 else 0.0
+                    if len(cache) >= PASS_COST_CACHE:
+                        cache.clear()
+                    cache[key] = t
+                times.append(t + per_request if key[0] > 0 else 0.0)
+            return np.array(times, float)
         out = np.zeros(len(q))
         on = q > 0
         if on.any():
@@ -379,11 +411,7 @@ class Replay:
         R = np.fromiter(batch, np.int64, len(batch))
         d = next_demand(self, R, np.fromiter(batch.values(), np.int64, len(batch)))
         if (
-            len(R) < len(self.running)
-            or self.recompute[R].any()
-            or self.chunk_done[R].any()
-            or self.redo[R].any()
-            or not d.final.all()
+            len(R) < len(self.running) or not self.all_usual(R) or not d.final.all()
         ):  # a chunk, a recompute or a request sitting out: one pass
             self.pool.note(d.blocks.sum())
             return self._stretch(
@@ -464,6 +492,7 @@ class Replay:
             self.chunk_done[R[fin]] = 0
             self.redo[R[fin]] = 0
             self.chunk_done[R[~fin]] += s.demand.query[~fin]
+            self._note_unusual(R.tolist())
         else:
             self.ptr[R] += m
         now = self.env.now

@@ -11,7 +11,10 @@ from dashboard import data
 from profiler.reader import Trace
 
 
-@st.cache_data(show_spinner="reading traces…", max_entries=16)
+# cache_resource, not cache_data: every page shares the read traces as they are; cache_data would
+# unpickle a copy of every table on every page run (seconds for a 100k-request simulated trace).
+# Pages only read them.
+@st.cache_resource(show_spinner="reading traces…", max_entries=16)
 def _load(signature: tuple) -> tuple[list[Trace], pd.DataFrame]:
     return data.load_traces([p for p, _ in signature])
 

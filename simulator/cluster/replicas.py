@@ -43,15 +43,13 @@ class CuttableDevice(Device):
 
     def run(self, seconds: float, passes: int):
         rep = self.replica
-        with self.resource.request() as req:
-            yield req
-            yield self.env.timeout(seconds) | rep._cut
-            if rep._cut_m is not None:
-                assert rep._ends is not None, "a stretch is cut only while it runs"
-                end = float(rep._ends[rep._cut_m - 1])
-                if end > self.env.now:
-                    yield self.env.timeout(end - self.env.now)
-                seconds, passes = float(np.sum(rep._durations[: rep._cut_m])), rep._cut_m
+        yield self.env.timeout(seconds) | rep._cut
+        if rep._cut_m is not None:
+            assert rep._ends is not None, "a stretch is cut only while it runs"
+            end = float(rep._ends[rep._cut_m - 1])
+            if end > self.env.now:
+                yield self.env.timeout(end - self.env.now)
+            seconds, passes = float(np.sum(rep._durations[: rep._cut_m])), rep._cut_m
         self.busy_s += seconds
         self.passes += passes
 
@@ -69,6 +67,8 @@ class ReplicaReplay(Replay):
         super().__init__(workload, cost, model, hardware, config)
         if cluster.replicas:  # one (passes,) blocks array for all replicas, not one copy each
             self.blocks = cluster.replicas[0].blocks
+            if cost is cluster.replicas[0].cost:  # and one cache of pass costs
+                self.pass_costs = cluster.replicas[0].pass_costs
         self.cluster, self.index = cluster, index
         self.env = cluster.env
         self.device = CuttableDevice(self.env, self)

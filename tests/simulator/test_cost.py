@@ -360,3 +360,34 @@ def test_solm_cost_calibrated_from_a_trace(tmp_path, capsys: pytest.CaptureFixtu
     assert fitted["steps"][0]["step_time_ms"] != plain["steps"][0]["step_time_ms"]
     assert _run(["--model", "llama-3-8b", "--hardware", "h200", "--calibrate-from", str(tmp_path / "none")]) == 2
     assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("hardware", "model", "tp"), [("h100-sxm", "llama-3-8b", 1), ("a100-80g", "llama-3-70b", 4)])
+def test_scalar_and_array_costs_are_bitwise_equal(hardware: str, model: str, tp: int) -> None:
+    """The replay costs short stretches one pass at a time (cached by exact shape) and long ones in one
+    array call: both must give the same float, or a timeline would depend on how it was planned.
+    (Up to the GEMM tables' width, without pipeline stages: off the tables, as a wider pass or a
+    stage's micro-batch of fractional rows, the two may differ by an ulp, and the replay keeps its
+    old split there.)"""
+    from simulator.cluster.parallel import ParallelCost, Parallelism
+    from simulator.cost import GEMM_TABLE_TOKENS
+
+    rng = np.random.default_rng(7)
+    q = rng.integers(1, GEMM_TABLE_TOKENS + 1, 400)
+    g = np.minimum(q, rng.integers(1, 300, 400))
+    kv = q * rng.integers(1, 4000, 400)
+    lg = np.maximum(g // 2, 1)
+    hw, m = get_hardware(hardware), get_model(model)
+    for cost in (CostModel(hw, m), ParallelCost(hw, m, Parallelism(tp=tp))):
+        array = cost.step_time_s(q.astype(float), kv.astype(float), g.astype(float), lg.astype(float))
+        one_by_one = [cost.step_time_s(*shape) for shape in zip(q.tolist(), kv.tolist(), g.tolist(), lg.tolist())]
+        assert np.array_equal(array, np.array(one_by_one)), type(cost).__name__
+
+
+@pytest.mark.parametrize(("hardware", "tp"), [("h100-sxm", 1), ("a100-80g", 4)])
+def test_dense_parts_sum_to_the_dense_time_bitwise(hardware: str, tp: int) -> None:
+    """The scalar path caches the dense time in parts (by token count, by logit rows): same floats."""
+    cost = CostModel(get_hardware(hardware), get_model("llama-3-70b" if tp > 1 else "llama-3-8b"), tensor_parallel=tp)
+    rng = np.random.default_rng(5)
+    for q, lg in zip(rng.integers(1, 9000, 300).tolist(), rng.integers(1, 9000, 300).tolist()):
+        assert cost._dense_scalar_s(q, lg) == cost._dense_time_s(q, lg), (q, lg)
