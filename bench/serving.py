@@ -1,7 +1,9 @@
 """Serving benchmark: sequential, PASTA and TIP under load, measured against the simulator's
 prediction from a batch-1 calibration.
 
-What: for each system, (1) a batch-1 calibration trace on the dev (train) split; (2) its capacity,
+What: for each system, (1) a batch-1 calibration trace on the dev (train) split (by default through
+the serving runtime at concurrency 1, `--calibration server`; `--calibration engine`: one-at-a-time
+capture through the engine alone); (2) its capacity,
 measured as the request throughput of the dev split all arriving at once under the bench's batch
 settings; (3) on the test split, Poisson loads at 25%, 60% and 90% of that capacity plus one
 overload point (150%, in a KV pool small enough that requests are preempted), every load run
@@ -26,7 +28,7 @@ batch-1 trace replayed at Poisson rates, one seed per repeat), measured figures 
 load run (p10, median): flat when the simulator knows how a pass grows with the batch, whatever
 the machine's load does to the level.
 
-    .venv/bin/python bench/serving.py [--quick] [--repeats 3] [--n 24] [--work DIR]
+    .venv/bin/python bench/serving.py [--quick] [--repeats 3] [--n 24] [--work DIR] [--calibration server|engine] [--work DIR]
 
 `--work DIR` keeps every capture in DIR and reuses the ones already there: the same measurements
 re-predicted by another simulator (run it again with the same flags).
@@ -73,6 +75,12 @@ ONLY_AT = {"tip-dense": (0.9, 1.5)}  # dense TIP only where the pool binds (the 
 LOADS = (0.25, 0.6, 0.9, 1.5)  # fractions of measured capacity; the last is the overload point
 LOW, HIGH = (0.25, 0.6), 0.9
 MAX_SEQS, MAX_BATCH_TOKENS, POOL_TOKENS, MAX_TOKENS = 8, 512, 512, 128
+# the batch-1 calibration through the server: a closed loop of one client (one request at a time), the
+# load runs' batch settings, a pool no request of these models can fill (so never a preemption)
+CALIBRATION_SERVER = [
+    "--concurrency", "1", "--max-seqs", str(MAX_SEQS), "--max-batch-tokens", str(MAX_BATCH_TOKENS),
+    "--chunked-prefill", "--kv-budget-mib", "64",
+]  # fmt: skip
 SLO_TTFT_X, SLO_TPOT_X = 5.0, 2.0
 MIB = 1 << 20
 
@@ -169,10 +177,13 @@ def _spread(values: list) -> list | None:
 class Setup:
     """Per system: calibration (dev), the test split's batch-1 trace, cost, hardware, model, SLO, pool."""
 
-    def __init__(self, name: str, work: Path, n_cal: int, n: int) -> None:
+    def __init__(self, name: str, work: Path, n_cal: int, n: int, calibration: str = "server") -> None:
         self.name = name
         self.work, self.n = work, n
-        self.cal = read_trace(capture(name, work / f"{name}-cal", "train", n_cal))
+        if calibration == "server":  # one request at a time through the serving runtime (its own host path)
+            self.cal = read_trace(capture(name, work / f"{name}-cal-server", "train", n_cal, CALIBRATION_SERVER))
+        else:  # one request at a time through the engine alone (`solm capture` without a load)
+            self.cal = read_trace(capture(name, work / f"{name}-cal", "train", n_cal))
         self.alone = read_trace(capture(name, work / f"{name}-alone", "test", n))
         self._alone = {0: self.alone}
         self.ratios: list[np.ndarray] = []  # per load run: (requests in a pass, measured / predicted pass time)
@@ -400,6 +411,13 @@ def main() -> None:
         "measurements with another simulator: same --quick/--n/--repeats/--systems)",
     )
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ", ".join(SYSTEMS))
+    ap.add_argument(
+        "--calibration",
+        choices=("server", "engine"),
+        default="server",
+        help="batch-1 calibration run through the serving runtime at concurrency 1 (default) or through the "
+        "engine alone (one-at-a-time capture)",
+    )
     args = ap.parse_args()
     n = args.n or (8 if args.quick else 24)
     names = [s for s in args.systems.split(",") if s]
@@ -420,7 +438,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         work = args.work or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="solm-serving-")))
         work.mkdir(parents=True, exist_ok=True)
-        setups = {name: Setup(name, work, n, n) for name in names}
+        setups = {name: Setup(name, work, n, n, args.calibration) for name in names}
         capacity = {}
         for name, s in setups.items():
             if name in CAPACITY_OF:
@@ -451,6 +469,7 @@ def main() -> None:
             "scheduler": "fcfs",
         },
         "slo": {name: s.slo for name, s in setups.items()},
+        "calibration": args.calibration,
         "slo_rule": f"TTFT <= {SLO_TTFT_X:g}x and TPOT <= {SLO_TPOT_X:g}x the system's batch-1 medians",
         "e2e_p50_mape_percent": mape(rows, LOW, "e2e_p50_ms"),
         "ttft_p50_mape_percent": mape(rows, LOW, "ttft_p50_ms"),
