@@ -120,10 +120,30 @@ def check_out_dir(
     return p
 
 
+# what a trace writer puts in its folder (profiler/writer.py), and a GPU capture folder's traces:
+# replaced by --force; anything else a user keeps beside a trace (a README, notes) is left as it is
+TRACE_FILES = ("meta.json", "graph.json")
+TRACE_SUFFIXES = (".parquet",)
+TRACE_DIRS = ("parts",)
+
+
+def _trace_written(c: Path) -> bool:
+    if c.is_symlink():
+        return False
+    if c.is_dir():  # the writer's parts, or a trace of a GPU capture folder's
+        return c.name in TRACE_DIRS or project_kind(c) in TRACE_KINDS
+    return (
+        c.name in TRACE_FILES or c.name.endswith(TRACE_SUFFIXES) or (c.name.startswith(".") and c.name.endswith(".tmp"))
+    )
+
+
 def clear_dir(d: Path) -> None:
-    """Remove everything in `d` but its lock file (the caller holds the lock and checked `d`)."""
+    """Remove what a trace writer wrote in `d` (tables, graph, meta, parts, temporary files): the
+    caller holds the lock and checked that `d` is a trace solm wrote. Other files stay."""
     for c in _entries(d):
-        if c.is_dir() and not c.is_symlink():
+        if not _trace_written(c):
+            continue
+        if c.is_dir():
             shutil.rmtree(c)
         else:
             c.unlink()

@@ -101,6 +101,21 @@ def test_force_replaces_a_trace_solm_wrote(work, capsys):
     assert json.loads((work / "sim" / "meta.json").read_text())["kind"] == "simulated"
 
 
+def test_force_keeps_files_solm_did_not_write_beside_a_trace(work, capsys):
+    """--force replaces a trace's tables, graph and meta, not a README the user put beside them
+    (a forced capture of the shipped smollm2 traces deleted theirs)."""
+    args = ["simulate", "t", "--hardware", "h100-sxm", "--num-requests", "4", "--out", "sim", "--json"]
+    assert main(args) == 0
+    (work / "sim" / "README.md").write_text("how I made this\n")
+    (work / "sim" / "stale.parquet").write_bytes(b"old table")
+    before = (work / "sim" / "requests.parquet").stat().st_mtime_ns
+    assert main([*args[:-4], "8", "--out", "sim", "--json", "--force"]) == 0
+    capsys.readouterr()
+    assert (work / "sim" / "README.md").read_text() == "how I made this\n"
+    assert not (work / "sim" / "stale.parquet").exists()  # a table name: the writer's, replaced
+    assert (work / "sim" / "requests.parquet").stat().st_mtime_ns != before
+
+
 def test_export_and_diff_never_overwrite_without_force_nor_an_input(work, capsys):
     """Was: `export --perfetto FILE` and `diff --html FILE` overwrote any file, a trace's own
     meta.json included."""
