@@ -196,6 +196,10 @@ class Replay:
 
     Implements `scheduling.ServingState`, so the shared scheduler forms every batch."""
 
+    # plan one pass per stretch (a pass whose timing depends on other batches sharing the device:
+    # simulator.cluster.pipeline's interleaved stages)
+    one_pass_at_a_time = False
+
     def __init__(
         self, workload: Workload, cost, model: ModelSpec, hardware: HardwareSpec, config: ReplayConfig
     ) -> None:
@@ -453,7 +457,7 @@ class Replay:
         token budget would chunk, or after which the waiting head would be admitted."""
         cap, cfg, w = self.pool_capacity_blocks, self.config, self.w
         idx0 = self.off[R] + self.ptr[R]
-        m = int(min(self.remaining_passes(R).min(), MAX_STRETCH_PASSES))
+        m = int(min(self.remaining_passes(R).min(), 1 if self.one_pass_at_a_time else MAX_STRETCH_PASSES))
         idx = idx0[:, None] + np.arange(m)[None, :]  # (R, m)
         blocks = self.blocks[idx].sum(0)
         q = w.query_tokens[idx].sum(0)

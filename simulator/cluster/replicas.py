@@ -138,6 +138,7 @@ class Cluster:
         kv_capacity_bytes: list[int],
         router: str = "round_robin",
         env: simpy.Environment | None = None,
+        replica_type: type[ReplicaReplay] = ReplicaReplay,
     ) -> None:
         self.env = env or simpy.Environment()
         self.w, self.config = workload, config
@@ -146,7 +147,7 @@ class Cluster:
         self.replicas: list[ReplicaReplay] = []
         for k, (cost, kv) in enumerate(zip(costs, kv_capacity_bytes)):
             self.replicas.append(
-                ReplicaReplay(
+                replica_type(
                     workload, cost, model, hardware, dataclasses.replace(config, kv_capacity_bytes=kv), self, k
                 )
             )

@@ -12,11 +12,11 @@ from simulator.cluster.parallel import (
     memory_plan,
     stage_layers,
 )
-from simulator.cluster.run import ClusterConfig, simulate
+from simulator.cluster.run import ClusterConfig, comm_shares, simulate
 from simulator.comm import CommParams, Ramp
 from simulator.hardware import GIB, override
 from simulator.models import ModelSpec, get_model
-from simulator.replay import ReplayConfig
+from simulator.replay import ReplayConfig, replay
 from simulator.workload import load_workload
 from tests.simulator.toy_traces import (
     MODEL_META,
@@ -70,10 +70,14 @@ def test_tp2_two_all_reduces_a_layer(tmp_path, quarter_second_collectives):
 
 
 class OneSecondLayer:
-    """Per micro-batch: every layer 1 s, nothing else (the pipeline arithmetic in round numbers)."""
+    """Per micro-batch: every layer 1 s, nothing else (the pipeline arithmetic in round numbers).
+    A one-layer model's step time: the layer plus the host overhead (which the stages take off)."""
+
+    def __init__(self, overhead_s: float = 0.0) -> None:
+        self.overhead_s = overhead_s
 
     def step_time_s(self, q, kv, g, lg):
-        return 1.0 + 0 * q
+        return 1.0 + self.overhead_s + 0 * q
 
     def pass_op_times_s(self, q, lg):
         return {"emb": 0 * q, "lm_head": 0 * q, "step_overhead": 0 * q}
@@ -82,21 +86,25 @@ class OneSecondLayer:
         return 0 * q
 
 
+def one_second_stages(hw, par: Parallelism, overhead_s: float = 0.0) -> ParallelCost:
+    """PP cost on the made-up part: every layer 1 s a micro-batch, `overhead_s` of host work a pass."""
+    cost = ParallelCost(hw, MODEL, par, one_second_cost(hw, MODEL).params)
+    cost.layer, cost.params = (
+        OneSecondLayer(overhead_s),
+        one_second_cost(hw, MODEL).params.__class__(families=cost.params.families, step_overhead_s=overhead_s),
+    )
+    return cost
+
+
 def test_pp2_pipeline_bubbles(tmp_path, quarter_second_collectives):
     hw = toy_part(interconnect_bytes_per_s=1e30)
-    cost = ParallelCost(hw, MODEL, Parallelism(pp=2, micro_batches=2), one_second_cost(hw, MODEL).params)
-    cost.layer, cost.params = (
-        OneSecondLayer(),
-        one_second_cost(hw, MODEL).params.__class__(families=cost.params.families, step_overhead_s=0.0),
-    )
+    cost = one_second_stages(hw, Parallelism(pp=2, micro_batches=2))
     # one stream: 1 micro-batch, stage 1 s + send 0.25 s + stage 1 s; each stage idle 1.25 of 2.25 s
     one = cost.breakdown(4, 10, 1)
     assert (one["total_s"][0], one["send_recv_s"][0], one["bubble_s"][0]) == (2.25, 0.25, 1.25)
     # two streams: 2 micro-batches, 1 + 0.25 + 1 + one more bottleneck step of 1 s = 3.25 s
     two = cost.breakdown(8, 20, 2)
     assert (two["total_s"][0], two["bubble_s"][0]) == (3.25, 1.25)
-    from simulator.replay import replay
-
     res = replay(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2), cost=cost)
     assert res.timeline() == [
         (0, "arrive", 0.0),
@@ -109,6 +117,92 @@ def test_pp2_pipeline_bubbles(tmp_path, quarter_second_collectives):
         (1, "finish", 8.75),
     ]
     assert stage_layers(80, 3) == [27, 27, 26]
+
+
+def test_pp2_interleave_keeps_two_batches_in_flight(tmp_path, quarter_second_collectives):
+    """Two virtual engines (vLLM's PP schedule) on the drain test's part and requests.
+
+    Each stage takes 1 s a pass (one layer of 1 s, whatever the batch), a send/recv 0.25 s, no host
+    work: alone in the pipeline a pass takes t_1 + c + t_2 = 2.25 s. A (3 passes) arrives at 0 and
+    goes to engine 0, B (2 passes) at 0.5 to engine 1 (the fewest unfinished requests). Each pass
+    enters stage 1 at max(its engine's previous pass's end, stage 1 free), stage 2 at
+    max(its stage-1 end + c, stage 2 free):
+      A1  stage 1 [0, 1]        stage 2 [1.25, 2.25]  A's first token 2.25
+      B1  stage 1 [1, 2]        stage 2 [2.25, 3.25]  B admitted at 0.5 (its engine is idle), token 3.25
+      A2  stage 1 [2.25, 3.25]  stage 2 [3.5, 4.5]
+      B2  stage 1 [3.25, 4.25]  stage 2 [4.5, 5.5]    B finishes 5.5
+      A3  stage 1 [4.5, 5.5]    stage 2 [5.75, 6.75]  A finishes 6.75
+    The drain schedule finishes both at 8.75 (test above). Bubble: busy 6.75 s, each stage runs
+    5 passes x 1 s, so idle 1.75 s of 6.75 (drain: 3 x 1.25 s idle of 8.75 s)."""
+    from simulator.cluster.pipeline import replay_interleaved
+
+    hw = toy_part(interconnect_bytes_per_s=1e30)
+    cost = one_second_stages(hw, Parallelism(pp=2, schedule="interleave"))
+    res, pipeline = replay_interleaved(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2), cost)
+    assert res.timeline() == [
+        (0, "arrive", 0.0),
+        (0, "admit", 0.0),
+        (1, "arrive", 0.5),
+        (1, "admit", 0.5),
+        (0, "first_token", 2.25),
+        (1, "first_token", 3.25),
+        (1, "finish", 5.5),
+        (0, "finish", 6.75),
+    ]
+    assert res.requests["virtual_engine"].tolist() == [0, 1]
+    assert sorted(res.rows["duration_s"].tolist()) == [2.25, 2.25, 2.25, 2.25, 2.75]  # B1 waits 0.5 s for stage 1
+    assert res.metrics["passes"] == 5 and res.metrics["device_busy_s"] == 6.75
+    assert pipeline.bubble_percent() == pytest.approx(100 * 1.75 / 6.75)
+    drain = comm_shares(replay(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2), cost=cost), cost)
+    assert drain["pipeline_bubble_percent"] == pytest.approx(100 * 3 * 1.25 / 8.75)
+
+
+def _same_timeline(a, b) -> None:
+    """Equal timelines (times up to float summation order) and the same passes."""
+    ta, tb = a.timeline(), b.timeline()
+    assert [(r, e) for r, e, _ in ta] == [(r, e) for r, e, _ in tb]
+    assert np.allclose([t for *_, t in ta], [t for *_, t in tb], rtol=1e-12, atol=0)
+    assert a.metrics["passes"] == b.metrics["passes"]
+    assert np.allclose(np.sort(a.rows["duration_s"]), np.sort(b.rows["duration_s"]), rtol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["one batch in flight", "one request", "pp 1"])
+def test_schedules_agree_without_a_second_batch(tmp_path, quarter_second_collectives, case):
+    """One batch in flight (--micro-batches 1), a lone request, or one stage: interleave = drain."""
+    from simulator.cluster import pipeline as pipeline_mod
+    from simulator.cluster import run as run_mod
+
+    hw = toy_part(interconnect_bytes_per_s=1e30)
+    lone = case == "one request"
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 5)], [4])) if lone else two_requests(tmp_path)
+    micro, pp = (1, 2) if case == "one batch in flight" else (None, 1 if case == "pp 1" else 2)
+    out = {}
+    for schedule in ("drain", "interleave"):
+        par = Parallelism(pp=pp, micro_batches=micro, schedule=schedule)
+        cost = one_second_stages(hw, par, overhead_s=0.5) if pp > 1 else ParallelCost(hw, MODEL, par)
+        with pytest.MonkeyPatch.context() as mp:  # simulate() with the round-number stages
+            mp.setattr(run_mod, "ParallelCost", lambda *a, cost=cost: cost)
+            out[schedule] = simulate(w, hw, MODEL, ReplayConfig(max_seqs=2), ClusterConfig(par))
+    _same_timeline(out["drain"], out["interleave"])
+    for key in ("pipeline_bubble_percent", "send_recv_share_percent", "comm_share_percent"):
+        assert out["drain"].metrics[key] == pytest.approx(out["interleave"].metrics[key]), key
+    assert out["interleave"].metrics["pp_schedule"] == (None if pp == 1 else "interleave")
+    if pp > 1:  # 0.5 s host + 1 s + 0.25 s + 1 s a pass; idle (2.25 - 1) s of each 2.75 s pass
+        assert out["drain"].metrics["pipeline_bubble_percent"] == pytest.approx(100 * 1.25 / 2.75)
+    assert pipeline_mod.VirtualEngine.one_pass_at_a_time
+
+
+def test_bad_pp_schedules(tmp_path, small_trace, capsys):
+    from solm.cli import main
+
+    with pytest.raises(ValueError, match="--pp-schedule must be one of drain, interleave"):
+        Parallelism(pp=2, schedule="gpipe")
+    with pytest.raises(ValueError, match="models one replica"):
+        ClusterConfig(Parallelism(pp=2, schedule="interleave"), replicas=2)
+    args = ["simulate", str(small_trace), "--model", "llama-3-8b", "--hardware", "h100-sxm", "--pp", "2"]
+    assert main([*args, "--pp-schedule", "zigzag"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--pp-schedule must be one of drain, interleave, got 'zigzag'" in err[0]
 
 
 def test_two_replicas_round_robin(tmp_path):

@@ -1,0 +1,144 @@
+"""Pipeline parallelism with batches in flight: `--pp-schedule interleave` (docs/cluster.md).
+
+What: vLLM runs a PP replica as `pp` *virtual engines* (V0: `LLMEngine` keeps one scheduler per
+virtual engine, each with `num_gpu_blocks // pipeline_parallel_size` KV blocks, and a new
+request goes to the scheduler with the fewest unfinished requests; V1 keeps `pp` batches in its
+batch queue). Each virtual engine's batch is one micro-batch through the stages, its requests
+disjoint from the others'; while batch A is in stage 2, batch B runs in stage 1.
+
+How: `replay_interleaved` runs `micro_batches` (default `pp`) `VirtualEngine`s, each the
+single-device replay's scheduler, planner and KV pool (1/M of the replica's) on one SimPy
+environment, fed by `replicas.Cluster` with the `least_outstanding` router (vLLM's rule). They
+share one `Pipeline`: a pass enters stage 1 when the stage is free and its engine's previous pass
+has left the last stage (the engine schedules again only then); it enters each later stage when
+its activations have arrived (one send/recv) and the stage is free, in the order the passes
+entered stage 1 (a permutation flow shop: the stage workers take their inputs in order). The host
+work of a pass (step overhead, per-request term) runs on stage 1's driver before its layers.
+
+A pass's time depends on the other engines' passes in the stages, so each engine plans one pass
+at a time (`Replay.one_pass_at_a_time`): an interleaved replay costs one SimPy event per pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import simpy
+
+from simulator.cluster.parallel import ParallelCost
+from simulator.cluster.replicas import Cluster, ReplicaReplay, merge
+from simulator.hardware import HardwareSpec
+from simulator.models import ModelSpec
+from simulator.replay import Device, ReplayConfig, kv_capacity_bytes, resize
+from simulator.workload import Workload
+
+
+class Pipeline:
+    """The stages of one replica: when each is free next, and what they did (the bubble)."""
+
+    def __init__(self, pp: int) -> None:
+        self.free = [0.0] * pp
+        self.span_s = 0.0  # time with at least one pass in the pipeline (its host work included)
+        self.gpu_span_s = 0.0  # the same, from each pass's first layer (host work excluded)
+        self.work_s = 0.0  # stage-seconds of layers run
+        self._last_end = 0.0
+
+    def run_pass(self, ready: float, stages: np.ndarray, send: float, host: float) -> float:
+        """Time the pass leaves the last stage, having entered stage 1 at `ready` or when free."""
+        start = max(ready, self.free[0])
+        first_layer = start + host
+        t = self.free[0] = first_layer + float(stages[0])
+        for s in range(1, len(self.free)):
+            t = self.free[s] = max(t + send, self.free[s]) + float(stages[s])
+        # passes enter stage 1 in order and leave the last stage in order: the union of their
+        # intervals grows by the part of each past the previous end
+        self.span_s += t - max(start, self._last_end)
+        self.gpu_span_s += t - max(first_layer, self._last_end)
+        self._last_end = t
+        self.work_s += float(np.sum(stages))
+        return t
+
+    def bubble_percent(self) -> float:
+        """The stages' mean idle time while a pass is on the GPUs, as a share of the busy time
+        (host work in neither; with passes one after the other, the drain schedule's bubble)."""
+        idle = max(self.gpu_span_s - self.work_s / len(self.free), 0.0)
+        return 100 * idle / self.span_s if self.span_s else 0.0
+
+
+class PipelineDevice(Device):
+    """A virtual engine's view of the shared pipeline: its pass runs when the stages let it."""
+
+    def __init__(self, env: simpy.Environment, engine: VirtualEngine, pipeline: Pipeline) -> None:
+        super().__init__(env)
+        self.engine, self.pipeline = engine, pipeline
+
+    def run(self, seconds: float, passes: int):
+        ve, now = self.engine, self.env.now
+        end = now if ve.pending is None else self.pipeline.run_pass(now, *ve.pending)
+        ve.pass_s = end - now
+        yield self.env.timeout(ve.pass_s)
+        self.busy_s += ve.pass_s
+        self.passes += passes
+
+
+class VirtualEngine(ReplicaReplay):
+    """One of the replica's batches in flight: a scheduler and 1/M of the KV pool, one pass at a time."""
+
+    one_pass_at_a_time = True
+    cost: ParallelCost
+
+    def __init__(self, workload, cost, model, hardware, config, cluster: Cluster, index: int) -> None:
+        super().__init__(workload, cost, model, hardware, config, cluster, index)
+        self.pending: tuple[np.ndarray, float, float] | None = None  # the planned pass: stages, send, host
+        self.pass_s = 0.0  # how long it took, stage waits included
+        first = cluster.replicas[0] if cluster.replicas else self
+        self.stage_costs: dict[tuple, tuple[np.ndarray, float]] = getattr(first, "stage_costs", {})
+
+    def _pass_times(self, q, kv, g, lg, n_requests: int) -> np.ndarray:
+        """The planned pass's time alone in the pipeline (its stages are kept for the device)."""
+        assert len(q) == 1, "a virtual engine plans one pass at a time"
+        key = tuple(float(np.asarray(x).ravel()[0]) for x in (q, kv, g, lg))
+        if key[0] <= 0:
+            self.pending = None
+            return np.zeros(1)
+        if key not in self.stage_costs:
+            self.stage_costs[key] = self.cost.stage_times(*key)
+        stages, send = self.stage_costs[key]
+        host = self.cost.params.step_overhead_s + getattr(self.cost, "per_request_s", 0.0) * n_requests
+        self.pending = (stages, send, host)
+        return np.array([host + float(stages.sum()) + (len(stages) - 1) * send])
+
+    def commit(self, *args) -> None:
+        """The pass as it ran: its duration includes its waits for busy stages."""
+        super().commit(dataclasses.replace(args[0], durations_s=np.array([self.pass_s])))
+
+
+def replay_interleaved(
+    workload: Workload, hardware: HardwareSpec, model: ModelSpec, config: ReplayConfig, cost: ParallelCost
+):
+    """One PP replica under the interleaved schedule: (`ReplayResult`, its `Pipeline`)."""
+    from simulator.simtrace import collect
+
+    n = cost.par.micro
+    pool = kv_capacity_bytes(hardware, model, config)
+    cluster = Cluster(
+        resize(workload, config),
+        [cost] * n,
+        model,
+        hardware,
+        config,
+        [pool // n] * n,
+        "least_outstanding",
+        replica_type=VirtualEngine,
+    )
+    pipeline = Pipeline(cost.par.pp)
+    for ve in cluster.replicas:
+        assert isinstance(ve, VirtualEngine)
+        ve.device = PipelineDevice(cluster.env, ve, pipeline)
+    cluster.run()
+    merged = merge(cluster.replicas, cluster.owner)
+    merged.device.busy_s = pipeline.span_s  # the replica's busy time, not the engines' summed waits
+    res = collect(merged)
+    res.requests["virtual_engine"] = cluster.owner
+    return res, pipeline
