@@ -535,8 +535,12 @@ def replay(workload: Workload, hardware: HardwareSpec, model: ModelSpec, config:
     config = config or ReplayConfig()
     workload = resize(workload, config)
     cost = cost if cost is not None else CostModel(hardware, model)
-    result = collect(Replay(workload, cost, model, hardware, config).run())
-    if result.metrics["completed"] == 0 and result.metrics["failed"] > 0:  # a setting nothing can run under
+    return check_runnable(collect(Replay(workload, cost, model, hardware, config).run()), hardware)
+
+
+def check_runnable(result, hardware: HardwareSpec):
+    """`result`, or a UsageError when every request failed (a setting nothing can run under)."""
+    if result.metrics["completed"] == 0 and result.metrics["failed"] > 0:
         first = result.requests.loc[result.requests["status"] == "error", "error"].iloc[0]
         raise UsageError(f"no request can run on {hardware.name} with these settings: {first}")
     return result

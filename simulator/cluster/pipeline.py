@@ -30,7 +30,7 @@ from simulator.cluster.parallel import ParallelCost
 from simulator.cluster.replicas import Cluster, ReplicaReplay, merge
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
-from simulator.replay import Device, ReplayConfig, kv_capacity_bytes, resize
+from simulator.replay import Device, ReplayConfig, check_runnable, kv_capacity_bytes, resize
 from simulator.workload import Workload
 
 
@@ -95,6 +95,13 @@ class VirtualEngine(ReplicaReplay):
         first = cluster.replicas[0] if cluster.replicas else self
         self.stage_costs: dict[tuple, tuple[np.ndarray, float]] = getattr(first, "stage_costs", {})
 
+    def _admissible(self, r: int) -> str:
+        problem = super()._admissible(r)
+        if problem and self.peak_blocks[r] > self.pool.capacity_blocks:
+            n = len(self.cluster.replicas)
+            problem += f" (its engine's 1/{n} of the replica's pool: {n} batches in flight, as vLLM V0 splits it)"
+        return problem
+
     def _pass_times(self, q, kv, g, lg, n_requests: int) -> np.ndarray:
         """The planned pass's time alone in the pipeline (its stages are kept for the device)."""
         assert len(q) == 1, "a virtual engine plans one pass at a time"
@@ -139,6 +146,6 @@ def replay_interleaved(
     cluster.run()
     merged = merge(cluster.replicas, cluster.owner)
     merged.device.busy_s = pipeline.span_s  # the replica's busy time, not the engines' summed waits
-    res = collect(merged)
+    res = check_runnable(collect(merged), hardware)
     res.requests["virtual_engine"] = cluster.owner
     return res, pipeline

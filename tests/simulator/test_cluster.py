@@ -199,6 +199,13 @@ def test_bad_pp_schedules(tmp_path, small_trace, capsys):
         Parallelism(pp=2, schedule="gpipe")
     with pytest.raises(ValueError, match="models one replica"):
         ClusterConfig(Parallelism(pp=2, schedule="interleave"), replicas=2)
+    # each batch in flight holds 1/M of the pool (vLLM V0): a request that fits the whole pool only
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 5)], [4]))  # peak 16 KV tokens: the 4-block pool
+    cfg = ReplayConfig(block_size=4, kv_capacity_bytes=4 * 4 * MODEL.kv_bytes_per_token)
+    hw = toy_part()
+    assert simulate(w, hw, MODEL, cfg, ClusterConfig(Parallelism(pp=2))).metrics["completed"] == 1
+    with pytest.raises(ValueError, match=r"no request can run .*\(its engine's 1/2 of the replica's pool"):
+        simulate(w, hw, MODEL, cfg, ClusterConfig(Parallelism(pp=2, schedule="interleave")))
     args = ["simulate", str(small_trace), "--model", "llama-3-8b", "--hardware", "h100-sxm", "--pp", "2"]
     assert main([*args, "--pp-schedule", "zigzag"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -381,3 +388,20 @@ def test_solm_simulate_tp4_explains_the_numbers(small_trace, capsys):
 
     f = json.loads(out.strip().splitlines()[-1])
     assert f["gpus"] == 4 and 0 < f["comm_share_percent"] < 100 and f["kv_pool_bytes_per_gpu"] > 0
+
+
+def test_solm_simulate_pp2_reports_schedule_and_bubble(small_trace, capsys):
+    import json
+
+    from solm.cli import main
+
+    args = ["simulate", str(small_trace), "--model", "llama-3-8b", "--hardware", "h100-sxm", "--pp", "2"]
+    shown = {}
+    for schedule, line in (("drain", "(drained: 2 micro-batches a pass)"), ("interleave", "(interleaved: 2 batches")):
+        assert main([*args, "--pp-schedule", schedule, "--rate", "inf"]) == 0
+        out = capsys.readouterr().out
+        assert f"tp 1 x pp 2 {line}" in out and "pipeline bubble" in out
+        shown[schedule] = json.loads(out.strip().splitlines()[-1])
+        assert shown[schedule]["pp_schedule"] == schedule and shown[schedule]["micro_batches"] == 2
+        assert 0 < shown[schedule]["pipeline_bubble_percent"] < 100
+    assert shown["drain"]["completed"] == shown["interleave"]["completed"] > 0
