@@ -22,12 +22,14 @@ at a time (`Replay.one_pass_at_a_time`): an interleaved replay costs one SimPy e
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import simpy
 
 from simulator.cluster.parallel import ParallelCost
 from simulator.cluster.replicas import Cluster, ReplicaReplay, merge
+from simulator.cluster.routers import get_router
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
 from simulator.replay import Device, ReplayConfig, check_runnable, kv_capacity_bytes, resize
@@ -59,11 +61,14 @@ class Pipeline:
         self.work_s += float(np.sum(stages))
         return t
 
+    @property
+    def idle_s(self) -> float:
+        """The stages' mean idle time while a pass is on the GPUs (host work excluded): over the
+        busy time, the bubble (with passes one after the other, the drain schedule's)."""
+        return max(self.gpu_span_s - self.work_s / len(self.free), 0.0)
+
     def bubble_percent(self) -> float:
-        """The stages' mean idle time while a pass is on the GPUs, as a share of the busy time
-        (host work in neither; with passes one after the other, the drain schedule's bubble)."""
-        idle = max(self.gpu_span_s - self.work_s / len(self.free), 0.0)
-        return 100 * idle / self.span_s if self.span_s else 0.0
+        return bubble_percent([self])
 
 
 class PipelineDevice(Device):
@@ -121,31 +126,96 @@ class VirtualEngine(ReplicaReplay):
         super().commit(dataclasses.replace(args[0], durations_s=np.array([self.pass_s])))
 
 
+class EngineGroup:
+    """One replica's engines as one replica for the replica router (`routers.base`): its waiting and
+    running requests, its pool (the engines' shares together), each request's next pass."""
+
+    def __init__(self, engines: list[VirtualEngine], owner: np.ndarray, first: int) -> None:
+        self.engines, self.owner, self.first = engines, owner, first
+        self.pool = SimpleNamespace(capacity_blocks=sum(e.pool.capacity_blocks for e in engines))
+
+    @property
+    def waiting(self) -> list[int]:
+        return [r for e in self.engines for r in e.waiting]
+
+    @property
+    def running(self) -> list[int]:
+        return [r for e in self.engines for r in e.running]
+
+    def next_tokens_and_blocks(self, rs) -> tuple[np.ndarray, np.ndarray]:
+        rs = np.asarray(rs, np.int64)
+        q, b = np.zeros(len(rs), np.int64), np.zeros(len(rs), np.int64)
+        for i, e in enumerate(self.engines):
+            mine = self.owner[rs] == self.first + i
+            if mine.any():
+                q[mine], b[mine] = e.next_tokens_and_blocks(rs[mine])
+        return q, b
+
+
+class PipelinedCluster(Cluster):
+    """K replicas of M virtual engines: the replica router picks the replica (its engines seen as
+    one, `EngineGroup`), then the replica's engine with the fewest unfinished requests (vLLM)."""
+
+    def __init__(self, workload, cost: ParallelCost, model, hardware, config, pool_bytes: int, k: int, router: str):
+        m = cost.par.micro
+        engines = [pool_bytes // m] * (k * m)
+        super().__init__(
+            workload,
+            [cost] * (k * m),
+            model,
+            hardware,
+            config,
+            engines,
+            "least_outstanding",
+            replica_type=VirtualEngine,
+        )
+        self.engines_per_replica = m
+        self.replica_router = get_router(router)()
+        self.groups = [EngineGroup(self.engines(j), self.owner, j * m) for j in range(k)]
+        self.pipelines = [Pipeline(cost.par.pp) for _ in range(k)]
+        for i, ve in enumerate(self.engines()):
+            ve.device = PipelineDevice(self.env, ve, self.pipelines[i // m])
+
+    def engines(self, replica: int | None = None) -> list[VirtualEngine]:
+        """The virtual engines, all or one replica's."""
+        m = self.engines_per_replica
+        out = self.replicas if replica is None else self.replicas[replica * m : (replica + 1) * m]
+        return [ve for ve in out if isinstance(ve, VirtualEngine)]
+
+    def route(self, r: int) -> int:
+        j = int(self.replica_router.choose(r, self.groups)) if len(self.groups) > 1 else 0
+        return j * self.engines_per_replica + int(self.router.choose(r, self.groups[j].engines))
+
+
+def bubble_percent(pipelines: list[Pipeline]) -> float:
+    """The replicas' pipeline bubble together: idle stage time over busy time, summed."""
+    span = sum(p.span_s for p in pipelines)
+    return 100 * sum(p.idle_s for p in pipelines) / span if span else 0.0
+
+
 def replay_interleaved(
-    workload: Workload, hardware: HardwareSpec, model: ModelSpec, config: ReplayConfig, cost: ParallelCost
+    workload: Workload,
+    hardware: HardwareSpec,
+    model: ModelSpec,
+    config: ReplayConfig,
+    cost: ParallelCost,
+    replicas: int = 1,
+    router: str = "round_robin",
 ):
-    """One PP replica under the interleaved schedule: (`ReplayResult`, its `Pipeline`)."""
+    """PP replicas under the interleaved schedule: (`ReplayResult`, the `Pipeline` of each replica).
+    `requests` gains `replica` and `virtual_engine` (which of its replica's batches it rode in)."""
     from simulator.simtrace import collect
 
-    n = cost.par.micro
     pool = kv_capacity_bytes(hardware, model, config)
-    cluster = Cluster(
-        resize(workload, config),
-        [cost] * n,
-        model,
-        hardware,
-        config,
-        [pool // n] * n,
-        "least_outstanding",
-        replica_type=VirtualEngine,
-    )
-    pipeline = Pipeline(cost.par.pp)
-    for ve in cluster.replicas:
-        assert isinstance(ve, VirtualEngine)
-        ve.device = PipelineDevice(cluster.env, ve, pipeline)
+    cluster = PipelinedCluster(resize(workload, config), cost, model, hardware, config, pool, replicas, router)
     cluster.run()
     merged = merge(cluster.replicas, cluster.owner)
-    merged.device.busy_s = pipeline.span_s  # the replica's busy time, not the engines' summed waits
+    merged.device.busy_s = sum(p.span_s for p in cluster.pipelines)  # not the engines' summed waits
     res = check_runnable(collect(merged), hardware)
-    res.requests["virtual_engine"] = cluster.owner
-    return res, pipeline
+    m = cluster.engines_per_replica
+    res.requests["replica"] = np.where(cluster.owner >= 0, cluster.owner // m, -1)
+    res.requests["virtual_engine"] = np.where(cluster.owner >= 0, cluster.owner % m, -1)
+    if replicas > 1:
+        owner = res.requests["replica"].to_numpy()
+        res.metrics["requests_per_replica"] = np.bincount(owner[owner >= 0], minlength=replicas).tolist()
+    return res, cluster.pipelines

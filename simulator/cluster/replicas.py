@@ -172,8 +172,12 @@ class Cluster:
         i = self._next_arrival + len(self.replicas) - 1
         return float(self.arrival_sorted_s[i]) if i < len(self.arrival_sorted_s) else math.inf
 
+    def route(self, r: int) -> int:
+        """The replica that serves request `r` (the router's choice)."""
+        return int(self.router.choose(r, self.replicas))
+
     def arrive(self, r: int, t: float) -> None:
-        k = int(self.router.choose(r, self.replicas))
+        k = self.route(r)
         self.owner[r] = k
         for j, replica in enumerate(self.replicas):
             if j != k:

@@ -55,8 +55,8 @@ class ClusterConfig:
         if self.disaggregate is not None and self.replicas != 1:
             raise UsageError("--disaggregate P:D sets the replica counts; leave out --replicas")
         check_slo(self.slo_ttft_ms, self.slo_tpot_ms)
-        if self.parallelism.interleaved and (self.replicas > 1 or self.disaggregate is not None):
-            raise UsageError("--pp-schedule interleave models one replica; leave out --replicas and --disaggregate")
+        if self.parallelism.interleaved and self.disaggregate is not None:
+            raise UsageError("--pp-schedule interleave is not modelled with --disaggregate; use --pp-schedule drain")
 
     @property
     def gpus(self) -> int:
@@ -89,8 +89,7 @@ def simulate(
         from simulator.cluster.pipeline import replay_interleaved
 
         cfg = dataclasses.replace(config, kv_capacity_bytes=plan.kv_capacity_bytes)
-        res, pipeline = replay_interleaved(workload, hardware, model, cfg, cost)
-        res.requests["replica"] = 0
+        res, pipeline = replay_interleaved(workload, hardware, model, cfg, cost, cluster.replicas, cluster.router)
         extra = {}
     else:
         cfg = dataclasses.replace(config, kv_capacity_bytes=plan.kv_capacity_bytes)
@@ -144,8 +143,11 @@ def pass_totals(res) -> dict[str, np.ndarray]:
 def comm_shares(res, cost: ParallelCost, pipeline=None) -> dict:
     """Share of the executed passes' time in all-reduces, stage send/recv and pipeline bubbles.
 
-    With the interleaved schedule's `pipeline` (`simulator.cluster.pipeline.Pipeline`): each pass
-    is one micro-batch (its comm over its time alone in the pipeline), the bubble the pipeline's."""
+    With the interleaved schedule's `pipeline` (each replica's `simulator.cluster.pipeline.Pipeline`):
+    each pass is one micro-batch (its comm over its time alone in the pipeline), the bubble the
+    pipelines' measured one."""
+    from simulator.cluster.pipeline import bubble_percent
+
     totals = pass_totals(res)
     if not len(totals["query_tokens"]) or cost.par.gpus == 1:
         return {
@@ -167,7 +169,7 @@ def comm_shares(res, cost: ParallelCost, pipeline=None) -> dict:
         "comm_share_percent": share["all_reduce"] + share["send_recv"],
         "all_reduce_share_percent": share["all_reduce"],
         "send_recv_share_percent": share["send_recv"],
-        "pipeline_bubble_percent": share["bubble"] if pipeline is None else pipeline.bubble_percent(),
+        "pipeline_bubble_percent": share["bubble"] if pipeline is None else bubble_percent(pipeline),
     }
 
 

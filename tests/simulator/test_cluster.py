@@ -134,11 +134,11 @@ def test_pp2_interleave_keeps_two_batches_in_flight(tmp_path, quarter_second_col
       A3  stage 1 [4.5, 5.5]    stage 2 [5.75, 6.75]  A finishes 6.75
     The drain schedule finishes both at 8.75 (test above). Bubble: busy 6.75 s, each stage runs
     5 passes x 1 s, so idle 1.75 s of 6.75 (drain: 3 x 1.25 s idle of 8.75 s)."""
-    from simulator.cluster.pipeline import replay_interleaved
+    from simulator.cluster.pipeline import bubble_percent, replay_interleaved
 
     hw = toy_part(interconnect_bytes_per_s=1e30)
     cost = one_second_stages(hw, Parallelism(pp=2, schedule="interleave"))
-    res, pipeline = replay_interleaved(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2), cost)
+    res, pipelines = replay_interleaved(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2), cost)
     assert res.timeline() == [
         (0, "arrive", 0.0),
         (0, "admit", 0.0),
@@ -152,9 +152,39 @@ def test_pp2_interleave_keeps_two_batches_in_flight(tmp_path, quarter_second_col
     assert res.requests["virtual_engine"].tolist() == [0, 1]
     assert sorted(res.rows["duration_s"].tolist()) == [2.25, 2.25, 2.25, 2.25, 2.75]  # B1 waits 0.5 s for stage 1
     assert res.metrics["passes"] == 5 and res.metrics["device_busy_s"] == 6.75
-    assert pipeline.bubble_percent() == pytest.approx(100 * 1.75 / 6.75)
+    assert bubble_percent(pipelines) == pytest.approx(100 * 1.75 / 6.75)
     drain = comm_shares(replay(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2), cost=cost), cost)
     assert drain["pipeline_bubble_percent"] == pytest.approx(100 * 3 * 1.25 / 8.75)
+
+
+def simulate_with(cost: ParallelCost, w, hw, deployment: ClusterConfig):
+    """`simulate` (max-seqs 2) with `cost` as the replica's pass cost (the round-number stages)."""
+    from simulator.cluster import run as run_mod
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(run_mod, "ParallelCost", lambda *a: cost)
+        return simulate(w, hw, MODEL, ReplayConfig(max_seqs=2), deployment)
+
+
+def test_pp2_interleave_on_two_replicas(tmp_path, quarter_second_collectives):
+    """2 replicas x 2 engines, 4 requests at 0: round robin picks the replica (0, 1, 0, 1), then the
+    engine with the fewest unfinished requests (0, 0, 1, 1). Each replica is the one-replica
+    pipeline of the test above with both its requests at 0 (stages 1 s, send/recv 0.25 s):
+      replica 0: R0 (3 passes) s1 [0,1] s2 [1.25,2.25]; R2 (3) s1 [1,2] s2 [2.25,3.25];
+                 R0 [2.25,3.25] [3.5,4.5]; R2 [3.25,4.25] [4.5,5.5]; R0 [4.5,5.5] [5.75,6.75];
+                 R2 [5.5,6.5] [6.75,7.75]
+      replica 1: R1 (2 passes) ends 2.25 and 4.5; R3 (2) ends 3.25 and 5.5
+    Bubble: replica 0 busy 7.75 s, 6 passes a stage: idle 1.75; replica 1 busy 5.5, 4: idle 1.5."""
+    hw = toy_part(interconnect_bytes_per_s=1e30)
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), seq(4, 2)] * 2, [4] * 4, arrivals=[0.0] * 4))
+    par = Parallelism(pp=2, schedule="interleave")
+    res = simulate_with(one_second_stages(hw, par), w, hw, ClusterConfig(par, replicas=2))
+    assert res.requests["replica"].tolist() == [0, 1, 0, 1] and res.requests["virtual_engine"].tolist() == [0, 0, 1, 1]
+    ttft = (res.requests["arrival_s"] + res.requests["ttft_s"]).tolist()
+    assert ttft == [2.25, 2.25, 3.25, 3.25] and res.requests["e2e_s"].tolist() == [6.75, 4.5, 7.75, 5.5]
+    assert res.metrics["requests_per_replica"] == [2, 2] and res.metrics["gpus"] == 4
+    assert res.metrics["device_busy_s"] == 7.75 + 5.5
+    assert res.metrics["pipeline_bubble_percent"] == pytest.approx(100 * (1.75 + 1.5) / (7.75 + 5.5))
 
 
 def _same_timeline(a, b) -> None:
@@ -170,7 +200,6 @@ def _same_timeline(a, b) -> None:
 def test_schedules_agree_without_a_second_batch(tmp_path, quarter_second_collectives, case):
     """One batch in flight (--micro-batches 1), a lone request, or one stage: interleave = drain."""
     from simulator.cluster import pipeline as pipeline_mod
-    from simulator.cluster import run as run_mod
 
     hw = toy_part(interconnect_bytes_per_s=1e30)
     lone = case == "one request"
@@ -180,9 +209,7 @@ def test_schedules_agree_without_a_second_batch(tmp_path, quarter_second_collect
     for schedule in ("drain", "interleave"):
         par = Parallelism(pp=pp, micro_batches=micro, schedule=schedule)
         cost = one_second_stages(hw, par, overhead_s=0.5) if pp > 1 else ParallelCost(hw, MODEL, par)
-        with pytest.MonkeyPatch.context() as mp:  # simulate() with the round-number stages
-            mp.setattr(run_mod, "ParallelCost", lambda *a, cost=cost: cost)
-            out[schedule] = simulate(w, hw, MODEL, ReplayConfig(max_seqs=2), ClusterConfig(par))
+        out[schedule] = simulate_with(cost, w, hw, ClusterConfig(par))
     _same_timeline(out["drain"], out["interleave"])
     for key in ("pipeline_bubble_percent", "send_recv_share_percent", "comm_share_percent"):
         assert out["drain"].metrics[key] == pytest.approx(out["interleave"].metrics[key]), key
@@ -197,8 +224,8 @@ def test_bad_pp_schedules(tmp_path, small_trace, capsys):
 
     with pytest.raises(ValueError, match="--pp-schedule must be one of drain, interleave"):
         Parallelism(pp=2, schedule="gpipe")
-    with pytest.raises(ValueError, match="models one replica"):
-        ClusterConfig(Parallelism(pp=2, schedule="interleave"), replicas=2)
+    with pytest.raises(ValueError, match="not modelled with --disaggregate"):
+        ClusterConfig(Parallelism(pp=2, schedule="interleave"), disaggregate=(1, 1))
     # each batch in flight holds 1/M of the pool (vLLM V0): a request that fits the whole pool only
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 5)], [4]))  # peak 16 KV tokens: the 4-block pool
     cfg = ReplayConfig(block_size=4, kv_capacity_bytes=4 * 4 * MODEL.kv_bytes_per_token)
@@ -244,8 +271,9 @@ def test_two_replicas_round_robin(tmp_path):
     assert res.metrics["passes"] == 5 and res.metrics["device_busy_s"] == 5.0
 
 
+@pytest.mark.parametrize("schedule", ["drain", "interleave"])  # drain: pp 1; interleave: pp 2, 2 engines
 @pytest.mark.parametrize("router", ["least_outstanding", "kv_aware"])
-def test_load_aware_routers_spread_a_burst(tmp_path, router):
+def test_load_aware_routers_spread_a_burst(tmp_path, router, schedule):
     hw = toy_part()
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3)] * 4, [4] * 4, arrivals=[0.0] * 4))
     res = simulate(
@@ -253,7 +281,7 @@ def test_load_aware_routers_spread_a_burst(tmp_path, router):
         hw,
         MODEL,
         ReplayConfig(max_seqs=4),
-        ClusterConfig(replicas=2, router=router),
+        ClusterConfig(Parallelism(pp=1 if schedule == "drain" else 2, schedule=schedule), replicas=2, router=router),
         params=one_second_cost(hw, MODEL).params,
     )
     assert sorted(res.metrics["requests_per_replica"]) == [2, 2] and res.metrics["completed"] == 4
