@@ -27,6 +27,7 @@ from types import SimpleNamespace
 import numpy as np
 import simpy
 
+from simulator.cluster.disaggregation import DecodeCluster
 from simulator.cluster.parallel import ParallelCost
 from simulator.cluster.replicas import Cluster, ReplicaReplay, merge
 from simulator.cluster.routers import get_router
@@ -156,18 +157,22 @@ class PipelinedCluster(Cluster):
     """K replicas of M virtual engines: the replica router picks the replica (its engines seen as
     one, `EngineGroup`), then the replica's engine with the fewest unfinished requests (vLLM)."""
 
-    def __init__(self, workload, cost: ParallelCost, model, hardware, config, pool_bytes: int, k: int, router: str):
+    def __init__(
+        self,
+        workload,
+        cost: ParallelCost,
+        model,
+        hardware,
+        config,
+        pool_bytes: int,
+        k: int,
+        router: str,
+        env: simpy.Environment | None = None,
+    ) -> None:
         m = cost.par.micro
-        engines = [pool_bytes // m] * (k * m)
+        pools = [pool_bytes // m] * (k * m)
         super().__init__(
-            workload,
-            [cost] * (k * m),
-            model,
-            hardware,
-            config,
-            engines,
-            "least_outstanding",
-            replica_type=VirtualEngine,
+            workload, [cost] * (k * m), model, hardware, config, pools, "least_outstanding", env, VirtualEngine
         )
         self.engines_per_replica = m
         self.replica_router = get_router(router)()
@@ -185,6 +190,10 @@ class PipelinedCluster(Cluster):
     def route(self, r: int) -> int:
         j = int(self.replica_router.choose(r, self.groups)) if len(self.groups) > 1 else 0
         return j * self.engines_per_replica + int(self.router.choose(r, self.groups[j].engines))
+
+    def replica_of(self, owner: np.ndarray) -> np.ndarray:
+        """Replica index of each engine index (-1 stays -1)."""
+        return np.where(owner >= 0, owner // self.engines_per_replica, -1)
 
 
 def bubble_percent(pipelines: list[Pipeline]) -> float:
@@ -212,10 +221,13 @@ def replay_interleaved(
     merged = merge(cluster.replicas, cluster.owner)
     merged.device.busy_s = sum(p.span_s for p in cluster.pipelines)  # not the engines' summed waits
     res = check_runnable(collect(merged), hardware)
-    m = cluster.engines_per_replica
-    res.requests["replica"] = np.where(cluster.owner >= 0, cluster.owner // m, -1)
-    res.requests["virtual_engine"] = np.where(cluster.owner >= 0, cluster.owner % m, -1)
+    res.requests["replica"] = cluster.replica_of(cluster.owner)
+    res.requests["virtual_engine"] = np.where(cluster.owner >= 0, cluster.owner % cluster.engines_per_replica, -1)
     if replicas > 1:
         owner = res.requests["replica"].to_numpy()
         res.metrics["requests_per_replica"] = np.bincount(owner[owner >= 0], minlength=replicas).tolist()
     return res, cluster.pipelines
+
+
+class PipelinedDecodeCluster(PipelinedCluster, DecodeCluster):
+    """Disaggregation's decode replicas, each M engines: requests arrive when their KV transfer ends."""

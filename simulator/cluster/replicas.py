@@ -184,6 +184,10 @@ class Cluster:
                 replica.not_mine()
         self.replicas[k].arrive(r, t)
 
+    def replica_of(self, owner: np.ndarray) -> np.ndarray:
+        """Replica index of each entry of `owner` (engine indices: one engine a replica here)."""
+        return owner
+
     def start(self) -> list:
         """Start the arrival stream and the replicas' engines; return the engine processes."""
         start_arrivals(self.env, self)

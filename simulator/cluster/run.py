@@ -55,8 +55,6 @@ class ClusterConfig:
         if self.disaggregate is not None and self.replicas != 1:
             raise UsageError("--disaggregate P:D sets the replica counts; leave out --replicas")
         check_slo(self.slo_ttft_ms, self.slo_tpot_ms)
-        if self.parallelism.interleaved and self.disaggregate is not None:
-            raise UsageError("--pp-schedule interleave is not modelled with --disaggregate; use --pp-schedule drain")
 
     @property
     def gpus(self) -> int:
@@ -84,7 +82,7 @@ def simulate(
     if cluster.disaggregate is not None:
         from simulator.cluster.disaggregation import simulate_disaggregated
 
-        res, extra = simulate_disaggregated(workload, hardware, model, config, cluster, cost, plan, params)
+        res, extra, pipeline = simulate_disaggregated(workload, hardware, model, config, cluster, cost, plan, params)
     elif par.interleaved:
         from simulator.cluster.pipeline import replay_interleaved
 

@@ -224,8 +224,6 @@ def test_bad_pp_schedules(tmp_path, small_trace, capsys):
 
     with pytest.raises(ValueError, match="--pp-schedule must be one of drain, interleave"):
         Parallelism(pp=2, schedule="gpipe")
-    with pytest.raises(ValueError, match="not modelled with --disaggregate"):
-        ClusterConfig(Parallelism(pp=2, schedule="interleave"), disaggregate=(1, 1))
     # each batch in flight holds 1/M of the pool (vLLM V0): a request that fits the whole pool only
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 5)], [4]))  # peak 16 KV tokens: the 4-block pool
     cfg = ReplayConfig(block_size=4, kv_capacity_bytes=4 * 4 * MODEL.kv_bytes_per_token)
@@ -357,6 +355,29 @@ def test_disaggregation_sends_each_kv_once_and_decode_waits_for_it(tmp_path, qua
     assert res.metrics["kv_transfer_bytes"] == (4 + 6) * KV_BYTES_PER_TOKEN  # B's prompt sent once, not per thread
     assert res.metrics["completed"] == 2 and res.metrics["gpus"] == 2
     assert res.requests["decode_replica"].tolist() == [0, 0]
+
+
+def test_disaggregation_with_interleaved_pipelines(tmp_path, quarter_second_collectives):
+    """1:1 of PP 2 replicas, 2 engines each (stages 1 s, send/recv and KV transfer 0.25 s each).
+    Prefill replica: A's prefill s1 [0, 1] s2 [1.25, 2.25], its KV sent 2.25-2.5; B (at 0.5, the
+    idle engine 1) s1 [1, 2] s2 [2.25, 3.25], sent 3.25-3.5 over the same replica's link. Decode
+    replica: A (engine 0) s1 [2.5, 3.5] s2 [3.75, 4.75], then s1 [4.75, 5.75] s2 [6, 7]: done at 7;
+    B (engine 1) enters stage 1 at 3.5, between A's passes."""
+    from tests.simulator.toy_traces import pasta
+
+    hw = toy_part(interconnect_bytes_per_s=1e30)
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), pasta(6, 3, 2)], [4, 6], arrivals=[0.0, 0.5]))
+    par = Parallelism(pp=2, schedule="interleave")
+    res = simulate_with(one_second_stages(hw, par), w, hw, ClusterConfig(par, disaggregate=(1, 1)))
+    assert sorted(res.extra["kv_transfers"]) == [(0, 2.25, 2.5), (1, 3.25, 3.5)]  # every request's KV, once
+    admits = {}
+    for r, event, t in res.timeline():
+        admits.setdefault((r, event), []).append(t)
+    assert admits[(0, "admit")] == [0.0, 2.5] and admits[(1, "admit")] == [0.5, 3.5]  # decode after the transfer
+    assert res.requests["e2e_s"].iloc[0] == 7.0 and res.metrics["completed"] == 2 and res.metrics["gpus"] == 4
+    assert res.requests["virtual_engine"].tolist() == [0, 1] == res.requests["decode_virtual_engine"].tolist()
+    assert res.requests["replica"].tolist() == [0, 0] == res.requests["decode_replica"].tolist()
+    assert 0 < res.metrics["pipeline_bubble_percent"] < 100
 
 
 def test_goodput_gpu_hours_and_cost(tmp_path, quarter_second_collectives):
