@@ -33,7 +33,7 @@ from simulator.cluster.replicas import Cluster, ReplicaReplay, merge
 from simulator.cluster.routers import get_router
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
-from simulator.replay import Device, ReplayConfig, check_runnable, kv_capacity_bytes, resize
+from simulator.replay import PASS_COST_CACHE, Device, ReplayConfig, check_runnable, kv_capacity_bytes, resize
 from simulator.workload import Workload
 
 
@@ -104,7 +104,7 @@ class VirtualEngine(ReplicaReplay):
     def _admissible(self, r: int) -> str:
         problem = super()._admissible(r)
         if problem and self.peak_blocks[r] > self.pool.capacity_blocks:
-            n = len(self.cluster.replicas)
+            n = getattr(self.cluster, "engines_per_replica", 1)
             problem += f" (its engine's 1/{n} of the replica's pool: {n} batches in flight, as vLLM V0 splits it)"
         return problem
 
@@ -116,6 +116,8 @@ class VirtualEngine(ReplicaReplay):
             self.pending = None
             return np.zeros(1)
         if key not in self.stage_costs:
+            if len(self.stage_costs) >= PASS_COST_CACHE:
+                self.stage_costs.clear()
             self.stage_costs[key] = self.cost.stage_times(*key)
         stages, send = self.stage_costs[key]
         host = self.cost.params.step_overhead_s + getattr(self.cost, "per_request_s", 0.0) * n_requests
