@@ -454,3 +454,23 @@ def test_solm_simulate_pp2_reports_schedule_and_bubble(small_trace, capsys):
         assert shown[schedule]["pp_schedule"] == schedule and shown[schedule]["micro_batches"] == 2
         assert 0 < shown[schedule]["pipeline_bubble_percent"] < 100
     assert shown["drain"]["completed"] == shown["interleave"]["completed"] > 0
+
+
+def test_sweep_takes_the_pp_schedule(tmp_path, small_trace):
+    from simulator.sweep import config_key, grid, sweep
+
+    with pytest.raises(ValueError, match="--pp-schedule must be one of"):  # refused before any work
+        grid([str(small_trace)], ["h100-sxm"], ["llama-3-8b"], cluster={"pp": [2], "pp_schedule": "zigzag"})
+    configs = grid([str(small_trace)], ["h100-sxm"], ["llama-3-8b"], cluster={"pp": [2], "pp_schedule": "interleave"})
+    plain = grid([str(small_trace)], ["h100-sxm"], ["llama-3-8b"], cluster={"pp": [2]})
+    assert config_key(configs[0]) != config_key(plain[0]) and plain[0]["pp_schedule"] == "drain"
+    table = sweep(
+        [str(small_trace)],
+        ["h100-sxm"],
+        ["llama-3-8b"],
+        rates=[50.0],
+        num_requests=10,
+        workers=1,
+        cluster={"pp": [2], "pp_schedule": "interleave"},
+    )
+    assert table["status"].tolist() == ["ok"] and table["pp_schedule"].tolist() == ["interleave"]
