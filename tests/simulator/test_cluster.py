@@ -157,13 +157,13 @@ def test_pp2_interleave_keeps_two_batches_in_flight(tmp_path, quarter_second_col
     assert drain["pipeline_bubble_percent"] == pytest.approx(100 * 3 * 1.25 / 8.75)
 
 
-def simulate_with(cost: ParallelCost, w, hw, deployment: ClusterConfig):
-    """`simulate` (max-seqs 2) with `cost` as the replica's pass cost (the round-number stages)."""
+def simulate_with(cost: ParallelCost, w, hw, deployment: ClusterConfig, max_seqs: int = 2):
+    """`simulate` with `cost` as the replica's pass cost (the round-number stages)."""
     from simulator.cluster import run as run_mod
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(run_mod, "ParallelCost", lambda *a: cost)
-        return simulate(w, hw, MODEL, ReplayConfig(max_seqs=2), deployment)
+        return simulate(w, hw, MODEL, ReplayConfig(max_seqs=max_seqs), deployment)
 
 
 def test_pp2_interleave_on_two_replicas(tmp_path, quarter_second_collectives):
@@ -185,6 +185,25 @@ def test_pp2_interleave_on_two_replicas(tmp_path, quarter_second_collectives):
     assert res.metrics["requests_per_replica"] == [2, 2] and res.metrics["gpus"] == 4
     assert res.metrics["device_busy_s"] == 7.75 + 5.5
     assert res.metrics["pipeline_bubble_percent"] == pytest.approx(100 * (1.75 + 1.5) / (7.75 + 5.5))
+
+
+def test_interleave_steady_state_runs_a_pass_per_bottleneck_stage(tmp_path, monkeypatch):
+    """4 requests of 10 passes at 0, PP 2, stages 1 s, free send/recv, no host work.
+    drain: one batch of 4 streams in 2 micro-batches, 1 + 1 + (2 - 1) x 1 = 3 s a pass: 30 s, each
+    stage idle 1 s of 3. interleave: 2 engines of 2 requests; engine 0's passes end at 2, 4, ..., 20,
+    engine 1's (one stage behind) at 3, 5, ..., 21: a pass a second (1 / max_s t_s) once both are
+    in flight, idle 1 s of 21 (the fill and the drain)."""
+    ramp = Ramp(eff_max=1.0, ramp_bytes=1e-30, ramp_exponent=1.0, latency_s=0.0)
+    monkeypatch.setattr(comm, "load_params", lambda: CommParams({p: {"ring": ramp, "p2p": ramp} for p in comm.PATHS}))
+    hw = toy_part(interconnect_bytes_per_s=1e30, network_bytes_per_s=1e30)
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 10)] * 4, [4] * 4, arrivals=[0.0] * 4))
+    out = {}
+    for schedule in ("drain", "interleave"):
+        par = Parallelism(pp=2, schedule=schedule)
+        out[schedule] = simulate_with(one_second_stages(hw, par), w, hw, ClusterConfig(par), max_seqs=4).metrics
+    assert out["drain"]["duration_s"] == pytest.approx(30.0) and out["interleave"]["duration_s"] == pytest.approx(21.0)
+    assert out["drain"]["pipeline_bubble_percent"] == pytest.approx(100 / 3)
+    assert out["interleave"]["pipeline_bubble_percent"] == pytest.approx(100 / 21)
 
 
 def _same_timeline(a, b) -> None:
