@@ -128,11 +128,8 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
         replica.on_finish = functools.partial(prefilled, replica)
     engines = prefill.start() + [env.process(d.engine()) for d in decode.replicas]
     env.run(until=env.all_of(engines))
-    sim = _merge(w, prefill, decode, pre_shift, dec_shift, no_decode)
+    res = collect(_merge(w, prefill, decode, pre_shift, dec_shift, no_decode))
     pipelines = getattr(prefill, "pipelines", []) + getattr(decode, "pipelines", [])
-    if pipelines:  # the replicas' busy time, not their engines' summed waits
-        sim.device.busy_s = sum(p.span_s for p in pipelines)
-    res = collect(sim)
     res.requests["replica"] = prefill.replica_of(prefill.owner)
     res.requests["decode_replica"] = decode.replica_of(decode.owner)
     if par.interleaved:
@@ -182,6 +179,9 @@ def _merge(w: Workload, prefill: Cluster, decode: DecodeCluster, pre_shift, dec_
 
     p = merge(prefill.replicas, prefill.owner)
     d = merge(decode.replicas, decode.owner)
+    for side, view in ((prefill, p), (decode, d)):
+        if hasattr(side, "replica_view"):  # replicas of engines in flight (pipeline.PipelinedCluster)
+            side.replica_view(view)
     stretches = [dataclasses.replace(st, first_pass=st.first_pass + pre_shift[st.requests]) for st in p.stretches]
     stretches += [
         dataclasses.replace(

@@ -72,6 +72,18 @@ class Pipeline:
         return bubble_percent([self])
 
 
+class ReplicaKV:
+    """The KV blocks one replica's engines hold together: each engine's latest pass's, summed."""
+
+    def __init__(self, engines: int) -> None:
+        self.held = [0] * engines
+        self.peak_blocks = 0
+
+    def hold(self, engine: int, blocks: int) -> None:
+        self.held[engine] = blocks
+        self.peak_blocks = max(self.peak_blocks, sum(self.held))
+
+
 class PipelineDevice(Device):
     """A virtual engine's view of the shared pipeline: its pass runs when the stages let it."""
 
@@ -96,6 +108,7 @@ class VirtualEngine(ReplicaReplay):
 
     def __init__(self, workload, cost, model, hardware, config, cluster: Cluster, index: int) -> None:
         super().__init__(workload, cost, model, hardware, config, cluster, index)
+        self.kv: ReplicaKV | None = None  # its replica's pages, set by PipelinedCluster
         self.pending: tuple[np.ndarray, float, float] | None = None  # the planned pass: stages, send, host
         self.pass_s = 0.0  # how long it took, stage waits included
         first = cluster.replicas[0] if cluster.replicas else self
@@ -124,9 +137,18 @@ class VirtualEngine(ReplicaReplay):
         self.pending = (stages, send, host)
         return np.array([host + float(stages.sum()) + (len(stages) - 1) * send])
 
+    def plan(self, batch: dict[int, int]):
+        out = super().plan(batch)
+        if self.kv is not None:  # the pass's pages, held until the engine's next pass
+            rows = out.demand.blocks if out.demand is not None else self.blocks[out.first_pass]
+            self.kv.hold(self.index % len(self.kv.held), int(np.sum(rows)))
+        return out
+
     def commit(self, *args) -> None:
         """The pass as it ran: its duration includes its waits for busy stages."""
         super().commit(dataclasses.replace(args[0], durations_s=np.array([self.pass_s])))
+        if self.kv is not None and not self.running:
+            self.kv.hold(self.index % len(self.kv.held), 0)
 
 
 class EngineGroup:
@@ -180,8 +202,10 @@ class PipelinedCluster(Cluster):
         self.replica_router = get_router(router)()
         self.groups = [EngineGroup(self.engines(j), self.owner, j * m) for j in range(k)]
         self.pipelines = [Pipeline(cost.par.pp) for _ in range(k)]
+        self.kv = [ReplicaKV(m) for _ in range(k)]
         for i, ve in enumerate(self.engines()):
             ve.device = PipelineDevice(self.env, ve, self.pipelines[i // m])
+            ve.kv = self.kv[i // m]
 
     def engines(self, replica: int | None = None) -> list[VirtualEngine]:
         """The virtual engines, all or one replica's."""
@@ -196,6 +220,13 @@ class PipelinedCluster(Cluster):
     def replica_of(self, owner: np.ndarray) -> np.ndarray:
         """Replica index of each engine index (-1 stays -1)."""
         return np.where(owner >= 0, owner // self.engines_per_replica, -1)
+
+    def replica_view(self, merged) -> None:
+        """`merge(...)`'s view made per replica: its pool is its engines' together, its peak the most
+        pages they held at once, its busy time the pipeline's (not the engines' summed waits)."""
+        merged.pool.capacity_blocks = sum(ve.pool.capacity_blocks for ve in self.engines(0))
+        merged.pool.peak_blocks = max(kv.peak_blocks for kv in self.kv)
+        merged.device.busy_s = sum(p.span_s for p in self.pipelines)
 
 
 def bubble_percent(pipelines: list[Pipeline]) -> float:
@@ -221,7 +252,7 @@ def replay_interleaved(
     cluster = PipelinedCluster(resize(workload, config), cost, model, hardware, config, pool, replicas, router)
     cluster.run()
     merged = merge(cluster.replicas, cluster.owner)
-    merged.device.busy_s = sum(p.span_s for p in cluster.pipelines)  # not the engines' summed waits
+    cluster.replica_view(merged)
     res = check_runnable(collect(merged), hardware)
     res.requests["replica"] = cluster.replica_of(cluster.owner)
     res.requests["virtual_engine"] = np.where(cluster.owner >= 0, cluster.owner % cluster.engines_per_replica, -1)

@@ -153,8 +153,11 @@ def test_pp2_interleave_keeps_two_batches_in_flight(tmp_path, quarter_second_col
     assert sorted(res.rows["duration_s"].tolist()) == [2.25, 2.25, 2.25, 2.25, 2.75]  # B1 waits 0.5 s for stage 1
     assert res.metrics["passes"] == 5 and res.metrics["device_busy_s"] == 6.75
     assert bubble_percent(pipelines) == pytest.approx(100 * 1.75 / 6.75)
-    drain = comm_shares(replay(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2), cost=cost), cost)
-    assert drain["pipeline_bubble_percent"] == pytest.approx(100 * 3 * 1.25 / 8.75)
+    drained = replay(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2), cost=cost)
+    assert comm_shares(drained, cost)["pipeline_bubble_percent"] == pytest.approx(100 * 3 * 1.25 / 8.75)
+    # the replica's pool is its engines' halves together; both hold A's and B's pages at once
+    assert res.metrics["kv_capacity_bytes"] == pytest.approx(drained.metrics["kv_capacity_bytes"], rel=1e-6)
+    assert res.metrics["peak_kv_bytes"] == drained.metrics["peak_kv_bytes"] > 0
 
 
 def simulate_with(cost: ParallelCost, w, hw, deployment: ClusterConfig, max_seqs: int = 2):
@@ -230,7 +233,7 @@ def test_schedules_agree_without_a_second_batch(tmp_path, quarter_second_collect
         cost = one_second_stages(hw, par, overhead_s=0.5) if pp > 1 else ParallelCost(hw, MODEL, par)
         out[schedule] = simulate_with(cost, w, hw, ClusterConfig(par))
     _same_timeline(out["drain"], out["interleave"])
-    for key in ("pipeline_bubble_percent", "send_recv_share_percent", "comm_share_percent"):
+    for key in ("pipeline_bubble_percent", "send_recv_share_percent", "comm_share_percent", "peak_kv_bytes"):
         assert out["drain"].metrics[key] == pytest.approx(out["interleave"].metrics[key]), key
     assert out["interleave"].metrics["pp_schedule"] == (None if pp == 1 else "interleave")
     if pp > 1:  # 0.5 s host + 1 s + 0.25 s + 1 s a pass; idle (2.25 - 1) s of each 2.75 s pass
