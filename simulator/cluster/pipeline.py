@@ -232,7 +232,7 @@ class PipelinedCluster(Cluster):
 def bubble_percent(pipelines: list[Pipeline]) -> float:
     """The replicas' pipeline bubble together: idle stage time over busy time, summed."""
     span = sum(p.span_s for p in pipelines)
-    return 100 * sum(p.idle_s for p in pipelines) / span if span else 0.0
+    return float(100 * sum(p.idle_s for p in pipelines) / span) if span else 0.0
 
 
 def replay_interleaved(
