@@ -554,7 +554,7 @@ def whatif_deployment(
     d: dict,
     label: str,
 ) -> dict:
-    """The cluster what-if (simulator.cluster.run): keys tp, pp, replicas, router, disaggregate
+    """The cluster what-if (simulator.cluster.run): keys tp, pp, pp_schedule, replicas, router, disaggregate
     ("P:D" or ""), workload (a CSV path or ""), time_scale, num_requests, slo_ttft_ms, slo_tpot_ms,
     price_per_gpu_hour (0 or None: not set)."""
     import dataclasses
@@ -582,7 +582,7 @@ def whatif_deployment(
         num_requests=int(d["num_requests"]) if d.get("num_requests") else None,
     )
     cluster = ClusterConfig(
-        Parallelism(int(d.get("tp", 1)), int(d.get("pp", 1))),
+        Parallelism(int(d.get("tp", 1)), int(d.get("pp", 1)), schedule=d.get("pp_schedule", "drain")),
         replicas=int(d.get("replicas", 1)),
         router=d.get("router", "round_robin"),
         disaggregate=parse_disaggregate(d.get("disaggregate") or None),

@@ -196,6 +196,10 @@ class Replay:
 
     Implements `scheduling.ServingState`, so the shared scheduler forms every batch."""
 
+    # plan one pass per stretch (a pass whose timing depends on other batches sharing the device:
+    # simulator.cluster.pipeline's interleaved stages)
+    one_pass_at_a_time = False
+
     def __init__(
         self, workload: Workload, cost, model: ModelSpec, hardware: HardwareSpec, config: ReplayConfig
     ) -> None:
@@ -453,7 +457,7 @@ class Replay:
         token budget would chunk, or after which the waiting head would be admitted."""
         cap, cfg, w = self.pool_capacity_blocks, self.config, self.w
         idx0 = self.off[R] + self.ptr[R]
-        m = int(min(self.remaining_passes(R).min(), MAX_STRETCH_PASSES))
+        m = int(min(self.remaining_passes(R).min(), 1 if self.one_pass_at_a_time else MAX_STRETCH_PASSES))
         idx = idx0[:, None] + np.arange(m)[None, :]  # (R, m)
         blocks = self.blocks[idx].sum(0)
         q = w.query_tokens[idx].sum(0)
@@ -531,8 +535,12 @@ def replay(workload: Workload, hardware: HardwareSpec, model: ModelSpec, config:
     config = config or ReplayConfig()
     workload = resize(workload, config)
     cost = cost if cost is not None else CostModel(hardware, model)
-    result = collect(Replay(workload, cost, model, hardware, config).run())
-    if result.metrics["completed"] == 0 and result.metrics["failed"] > 0:  # a setting nothing can run under
+    return check_runnable(collect(Replay(workload, cost, model, hardware, config).run()), hardware)
+
+
+def check_runnable(result, hardware: HardwareSpec):
+    """`result`, or a UsageError when every request failed (a setting nothing can run under)."""
+    if result.metrics["completed"] == 0 and result.metrics["failed"] > 0:
         first = result.requests.loc[result.requests["status"] == "error", "error"].iloc[0]
         raise UsageError(f"no request can run on {hardware.name} with these settings: {first}")
     return result

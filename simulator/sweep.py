@@ -59,6 +59,7 @@ SETTINGS = (
 CLUSTER_SETTINGS = (
     "tp",
     "pp",
+    "pp_schedule",
     "replicas",
     "router",
     "workload",
@@ -70,6 +71,7 @@ CLUSTER_SETTINGS = (
 CLUSTER_DEFAULTS = {
     "tp": 1,
     "pp": 1,
+    "pp_schedule": "drain",
     "replicas": 1,
     "router": "round_robin",
     "workload": None,
@@ -173,7 +175,7 @@ def _cluster_config(cfg: dict):
     from simulator.cluster.run import ClusterConfig
 
     return ClusterConfig(
-        Parallelism(cfg["tp"], cfg["pp"]),
+        Parallelism(cfg["tp"], cfg["pp"], schedule=cfg.get("pp_schedule", "drain")),
         replicas=cfg["replicas"],
         router=cfg["router"],
         slo_ttft_ms=cfg["slo_ttft_ms"],

@@ -11,6 +11,7 @@ import streamlit as st
 from dashboard import data, figures, load_data
 from dashboard.views import _shared
 from profiler.reader import read_trace
+from simulator.cluster.parallel import PP_SCHEDULES
 from simulator.cluster.routers import ROUTERS
 from simulator.cluster.workload_file import WORKLOADS_DIR
 from simulator.hardware import HARDWARE
@@ -53,13 +54,15 @@ def deployment_ui() -> tuple:
         workload = c[1].selectbox("Workload file", list(WORKLOADS), key="whatif_workload")
         time_scale = c[2].number_input("Arrivals x (time scale)", 0.01, 1000.0, 1.0, key="whatif_time_scale")
         num_requests = c[3].number_input("Requests (0: all)", 0, 100_000, 0, step=100, key="whatif_num_requests")
-        c = st.columns(3)
+        c = st.columns(4)
         slo_ttft = c[0].number_input("SLO TTFT ms (0: none)", 0.0, 1e6, 0.0, key="whatif_slo_ttft")
         slo_tpot = c[1].number_input("SLO TPOT ms (0: none)", 0.0, 1e6, 0.0, key="whatif_slo_tpot")
         price = c[2].number_input("Price USD per GPU-hour (0: none)", 0.0, 1000.0, 0.0, key="whatif_price")
+        schedule = c[3].selectbox("PP schedule (stages > 1)", list(PP_SCHEDULES), key="whatif_pp_schedule")
     d = {
         "tp": int(tp),
         "pp": int(pp),
+        "pp_schedule": schedule,
         "replicas": int(replicas),
         "router": router,
         "disaggregate": disagg.strip(),

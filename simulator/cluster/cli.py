@@ -12,7 +12,18 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("deployment (simulator/cluster; docs/cluster.md)")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica (default 1)")
     g.add_argument("--pp", type=int, default=1, help="pipeline stages per replica (default 1)")
-    g.add_argument("--micro-batches", type=int, default=None, help="micro-batches a pass is cut into (default --pp)")
+    g.add_argument(
+        "--micro-batches",
+        type=int,
+        default=None,
+        help="drain: micro-batches a pass is cut into; interleave: batches in flight (default --pp)",
+    )
+    g.add_argument(
+        "--pp-schedule",
+        default="drain",
+        help="drain (default: each pass's micro-batches leave the pipeline before the next pass) or "
+        "interleave (vLLM's virtual engines: --micro-batches independent batches in flight)",
+    )
     g.add_argument(
         "--topology", default=None, help="node topology: nvswitch, nvlink_pairs, pcie, mesh (default: the part's)"
     )
@@ -85,7 +96,7 @@ def cluster_config(args: argparse.Namespace):
             raise UsageError("--decode-hardware needs --disaggregate P:D")
         decode = with_links(get_hardware(args.decode_hardware), args)
     return ClusterConfig(
-        Parallelism(args.tp, args.pp, args.micro_batches),
+        Parallelism(args.tp, args.pp, args.micro_batches, getattr(args, "pp_schedule", "drain")),
         replicas=args.replicas,
         router=args.router,
         disaggregate=parse_disaggregate(args.disaggregate),

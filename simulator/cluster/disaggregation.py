@@ -56,7 +56,8 @@ def _transfer(env: simpy.Environment, link: simpy.Resource, decode: DecodeCluste
 
 
 def simulate_disaggregated(workload, hardware, model, config, cluster, cost: ParallelCost, plan, params=None):
-    """(ReplayResult, extra metrics) of a P:D deployment."""
+    """(ReplayResult, extra metrics, each replica's `pipeline.Pipeline` under the interleaved
+    schedule or None) of a P:D deployment."""
     from simulator.simtrace import collect
 
     n_p, n_d = cluster.disaggregate
@@ -76,20 +77,32 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     )
     env = simpy.Environment()
     pre_cfg = dataclasses.replace(config, num_requests=None, kv_capacity_bytes=plan.kv_capacity_bytes)
-    prefill = Cluster(
-        pre_w, [cost] * n_p, model, hardware, pre_cfg, [plan.kv_capacity_bytes] * n_p, cluster.router, env=env
-    )
     dec_cfg = dataclasses.replace(pre_cfg, rate=None, concurrency=None, kv_capacity_bytes=decode_plan.kv_capacity_bytes)
-    decode = DecodeCluster(
-        dec_w,
-        [decode_cost] * n_d,
-        model,
-        decode_hw,
-        dec_cfg,
-        [decode_plan.kv_capacity_bytes] * n_d,
-        cluster.router,
-        env=env,
-    )
+    prefill: Cluster
+    decode: DecodeCluster
+    if par.interleaved:  # each replica's batches in flight through its stages
+        from simulator.cluster.pipeline import PipelinedCluster, PipelinedDecodeCluster
+
+        prefill = PipelinedCluster(
+            pre_w, cost, model, hardware, pre_cfg, plan.kv_capacity_bytes, n_p, cluster.router, env
+        )
+        decode = PipelinedDecodeCluster(
+            dec_w, decode_cost, model, decode_hw, dec_cfg, decode_plan.kv_capacity_bytes, n_d, cluster.router, env
+        )
+    else:
+        prefill = Cluster(
+            pre_w, [cost] * n_p, model, hardware, pre_cfg, [plan.kv_capacity_bytes] * n_p, cluster.router, env=env
+        )
+        decode = DecodeCluster(
+            dec_w,
+            [decode_cost] * n_d,
+            model,
+            decode_hw,
+            dec_cfg,
+            [decode_plan.kv_capacity_bytes] * n_d,
+            cluster.router,
+            env=env,
+        )
     for replica in prefill.replicas:
         replica.done = []  # a request is done when its decode ends
     for replica in decode.replicas:
@@ -108,15 +121,20 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
             decode.owner[r] = -1
             prefill.done and prefill.done[r].succeed()
             return
-        env.process(_transfer(env, links[replica.index], decode, r, float(seconds[r]), log))
+        link = links[int(prefill.replica_of(np.array([replica.index]))[0])]  # the replica's, shared by its engines
+        env.process(_transfer(env, link, decode, r, float(seconds[r]), log))
 
     for replica in prefill.replicas:
         replica.on_finish = functools.partial(prefilled, replica)
     engines = prefill.start() + [env.process(d.engine()) for d in decode.replicas]
     env.run(until=env.all_of(engines))
     res = collect(_merge(w, prefill, decode, pre_shift, dec_shift, no_decode))
-    res.requests["replica"] = prefill.owner
-    res.requests["decode_replica"] = decode.owner
+    pipelines = getattr(prefill, "pipelines", []) + getattr(decode, "pipelines", [])
+    res.requests["replica"] = prefill.replica_of(prefill.owner)
+    res.requests["decode_replica"] = decode.replica_of(decode.owner)
+    if par.interleaved:
+        res.requests["virtual_engine"] = np.where(prefill.owner >= 0, prefill.owner % par.micro, -1)
+        res.requests["decode_virtual_engine"] = np.where(decode.owner >= 0, decode.owner % par.micro, -1)
     res.extra["kv_transfers"] = log
     extra = {
         "disaggregate": [n_p, n_d],
@@ -129,7 +147,7 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     }
     if decode_hw.price_per_gpu_hour != hardware.price_per_gpu_hour:
         extra.update(_split_cost(res.metrics, n_p, n_d, par.gpus, hardware, decode_hw))
-    return res, extra
+    return res, extra, pipelines or None
 
 
 def _transfer_figures(log: list[tuple[int, float, float]], kv_bytes: np.ndarray) -> dict:
@@ -161,6 +179,9 @@ def _merge(w: Workload, prefill: Cluster, decode: DecodeCluster, pre_shift, dec_
 
     p = merge(prefill.replicas, prefill.owner)
     d = merge(decode.replicas, decode.owner)
+    for side, view in ((prefill, p), (decode, d)):
+        if hasattr(side, "replica_view"):  # replicas of engines in flight (pipeline.PipelinedCluster)
+            side.replica_view(view)
     stretches = [dataclasses.replace(st, first_pass=st.first_pass + pre_shift[st.requests]) for st in p.stretches]
     stretches += [
         dataclasses.replace(

@@ -20,9 +20,11 @@ flow shop with identical micro-batches: the pass takes
 
 (t_s: stage s on one micro-batch, c: one send/recv): the first micro-batch crosses every stage,
 the others follow one bottleneck-time apart. The idle share of the stages is the pipeline
-*bubble*. Each pass is one scheduler iteration (the next decode step needs this pass's tokens),
-so the pipeline drains every pass; vLLM's alternative, `pp` independent batches in flight, is not
-modelled. The per-pass host overhead is paid once.
+*bubble*. Under `schedule="drain"` each pass is one scheduler iteration (the next decode step
+needs this pass's tokens), so the pipeline drains every pass; the per-pass host overhead is paid
+once. Under `schedule="interleave"` (vLLM's virtual engines) `micro_batches` independent batches
+are in flight instead, each one micro-batch through the stages: `simulator.cluster.pipeline`
+times them with `stage_times`.
 """
 
 from __future__ import annotations
@@ -39,13 +41,15 @@ from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
 
 GIB = 2**30
+PP_SCHEDULES = ("drain", "interleave")  # docs/cluster.md: one pass drains the pipeline, or batches in flight
 
 
 @dataclass(frozen=True)
 class Parallelism:
     tp: int = 1
     pp: int = 1
-    micro_batches: int | None = None  # None: pp
+    micro_batches: int | None = None  # None: pp (drain: micro-batches a pass; interleave: batches in flight)
+    schedule: str = "drain"
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp"):
@@ -54,6 +58,8 @@ class Parallelism:
                 raise UsageError(f"--{name} must be a positive integer, got {value!r}")
         if self.micro_batches is not None and (not isinstance(self.micro_batches, int) or self.micro_batches < 1):
             raise UsageError(f"--micro-batches must be a positive integer, got {self.micro_batches!r}")
+        if self.schedule not in PP_SCHEDULES:
+            raise UsageError(f"--pp-schedule must be one of {', '.join(PP_SCHEDULES)}, got {self.schedule!r}")
 
     @property
     def gpus(self) -> int:
@@ -62,6 +68,11 @@ class Parallelism:
     @property
     def micro(self) -> int:
         return self.pp if self.micro_batches is None else self.micro_batches
+
+    @property
+    def interleaved(self) -> bool:
+        """Batches in flight through a pipeline (with one stage, every schedule is the plain replay)."""
+        return self.schedule == "interleave" and self.pp > 1
 
     def check(self, model: ModelSpec, hardware: HardwareSpec) -> None:
         """ValueError (one line) for a split the model or the node cannot take."""
@@ -186,11 +197,30 @@ class ParallelCost:
         nbytes = tokens * self.model.d_model * self.model.dtype_bytes / self.par.tp
         return collective_time_s("send_recv", nbytes, 2, self.hardware, across_nodes=self.cross_node)
 
-    def breakdown(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None) -> dict:
+    def _stages(self, qm, kvm, gm, lgm):
+        """(pp, passes) seconds of each stage on one micro-batch of the given shape, and (passes,)
+        seconds of one send/recv of its activations (no host overhead)."""
+        head = sum(v for k, v in self.layer.pass_op_times_s(qm, lgm).items() if k != "step_overhead")
+        layer_s = np.asarray(self.layer.step_time_s(qm, kvm, gm, lgm), float) - head - self.params.step_overhead_s
+        stages = self.layers[:, None] * layer_s[None, :]
+        stages[-1] += head
+        return stages, np.asarray(self._send_s(qm), float)
+
+    def stage_times(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None):
+        """One pass as a single micro-batch: ((pp,) stage seconds, send/recv seconds) (the
+        interleaved schedule's unit; the host overhead is `params.step_overhead_s` on top)."""
+        q = np.atleast_1d(np.asarray(query_tokens, float))
+        lg = q if logit_tokens is None else np.atleast_1d(np.asarray(logit_tokens, float))
+        g = np.atleast_1d(np.asarray(query_groups, float))
+        stages, send = self._stages(q, np.atleast_1d(np.asarray(kv_tokens_read, float)), np.maximum(g, 1), lg)
+        return stages[:, 0], float(send[0])
+
+    def breakdown(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None, micro=None) -> dict:
         """{total_s, all_reduce_s, send_recv_s, bubble_s}: where one pass's time goes (arrays ok).
 
         all_reduce_s and send_recv_s are on the pass's critical path; bubble_s is the stages'
-        mean idle time within the pass."""
+        mean idle time within the pass. `micro`: micro-batches a pass is cut into (default the
+        parallelism's; 1 for the interleaved schedule's passes)."""
         q = np.atleast_1d(np.asarray(query_tokens, float))
         kv = np.atleast_1d(np.asarray(kv_tokens_read, float))
         g = np.broadcast_to(np.atleast_1d(np.asarray(query_groups, float)), q.shape)
@@ -200,13 +230,9 @@ class ParallelCost:
             total = np.asarray(self.full.step_time_s(q, kv, g, lg), float)
             ar = self.model.n_layers * np.asarray(self.layer._all_reduce_s(q), float) if self.par.tp > 1 else 0 * q
             return {"total_s": total, "all_reduce_s": ar, "send_recv_s": 0 * q, "bubble_s": 0 * q}
-        m = np.minimum(self.par.micro, np.maximum(g, 1))
+        m = np.minimum(self.par.micro if micro is None else micro, np.maximum(g, 1))
         qm, kvm, gm, lgm = q / m, kv / m, np.maximum(g / m, 1), np.maximum(lg / m, 1)
-        head = sum(v for k, v in self.layer.pass_op_times_s(qm, lgm).items() if k != "step_overhead")
-        layer_s = np.asarray(self.layer.step_time_s(qm, kvm, gm, lgm), float) - head - overhead
-        stages = self.layers[:, None] * layer_s[None, :]  # (pp, passes)
-        stages[-1] += head
-        send = np.asarray(self._send_s(qm), float)
+        stages, send = self._stages(qm, kvm, gm, lgm)  # (pp, passes), (passes,)
         pp = self.par.pp
         total = stages.sum(0) + (pp - 1) * send + (m - 1) * np.maximum(stages.max(0), send) + overhead
         ar = (

@@ -138,6 +138,7 @@ class Cluster:
         kv_capacity_bytes: list[int],
         router: str = "round_robin",
         env: simpy.Environment | None = None,
+        replica_type: type[ReplicaReplay] = ReplicaReplay,
     ) -> None:
         self.env = env or simpy.Environment()
         self.w, self.config = workload, config
@@ -146,7 +147,7 @@ class Cluster:
         self.replicas: list[ReplicaReplay] = []
         for k, (cost, kv) in enumerate(zip(costs, kv_capacity_bytes)):
             self.replicas.append(
-                ReplicaReplay(
+                replica_type(
                     workload, cost, model, hardware, dataclasses.replace(config, kv_capacity_bytes=kv), self, k
                 )
             )
@@ -171,13 +172,21 @@ class Cluster:
         i = self._next_arrival + len(self.replicas) - 1
         return float(self.arrival_sorted_s[i]) if i < len(self.arrival_sorted_s) else math.inf
 
+    def route(self, r: int) -> int:
+        """The replica that serves request `r` (the router's choice)."""
+        return int(self.router.choose(r, self.replicas))
+
     def arrive(self, r: int, t: float) -> None:
-        k = int(self.router.choose(r, self.replicas))
+        k = self.route(r)
         self.owner[r] = k
         for j, replica in enumerate(self.replicas):
             if j != k:
                 replica.not_mine()
         self.replicas[k].arrive(r, t)
+
+    def replica_of(self, owner: np.ndarray) -> np.ndarray:
+        """Replica index of each entry of `owner` (engine indices: one engine a replica here)."""
+        return owner
 
     def start(self) -> list:
         """Start the arrival stream and the replicas' engines; return the engine processes."""

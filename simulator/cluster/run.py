@@ -75,13 +75,20 @@ def simulate(
     from simulator.simtrace import collect
 
     cluster = cluster or ClusterConfig()
+    pipeline = None
     par = cluster.parallelism
     cost = ParallelCost(hardware, model, par, params)
     plan = memory_plan(hardware, model, par, config.memory_utilization, config.kv_capacity_bytes)
     if cluster.disaggregate is not None:
         from simulator.cluster.disaggregation import simulate_disaggregated
 
-        res, extra = simulate_disaggregated(workload, hardware, model, config, cluster, cost, plan, params)
+        res, extra, pipeline = simulate_disaggregated(workload, hardware, model, config, cluster, cost, plan, params)
+    elif par.interleaved:
+        from simulator.cluster.pipeline import replay_interleaved
+
+        cfg = dataclasses.replace(config, kv_capacity_bytes=plan.kv_capacity_bytes)
+        res, pipeline = replay_interleaved(workload, hardware, model, cfg, cost, cluster.replicas, cluster.router)
+        extra = {}
     else:
         cfg = dataclasses.replace(config, kv_capacity_bytes=plan.kv_capacity_bytes)
         pass_cost = cost.full if par.gpus == 1 else cost  # one GPU: the plain CostModel, one call less a pass
@@ -103,12 +110,13 @@ def simulate(
             res.requests["replica"] = sim.owner
             res.metrics["requests_per_replica"] = np.bincount(sim.owner[sim.owner >= 0], minlength=k).tolist()
         extra = {}
-    res.metrics.update(deployment_metrics(res, cost, plan, cluster, hardware))
+    res.metrics.update(deployment_metrics(res, cost, plan, cluster, hardware, pipeline))
     res.metrics.update(extra)
     res.extra["cluster"] = {
         "tp": par.tp,
         "pp": par.pp,
         "micro_batches": par.micro,
+        "pp_schedule": par.schedule,
         "replicas": cluster.replicas,
         "router": cluster.router,
         "disaggregate": cluster.disaggregate,
@@ -130,8 +138,14 @@ def pass_totals(res) -> dict[str, np.ndarray]:
     return {name: values[keep] for name, values in out.items()}
 
 
-def comm_shares(res, cost: ParallelCost) -> dict:
-    """Share of the executed passes' time in all-reduces, stage send/recv and pipeline bubbles."""
+def comm_shares(res, cost: ParallelCost, pipeline=None) -> dict:
+    """Share of the executed passes' time in all-reduces, stage send/recv and pipeline bubbles.
+
+    With the interleaved schedule's `pipeline` (each replica's `simulator.cluster.pipeline.Pipeline`):
+    each pass is one micro-batch (its comm over its time alone in the pipeline), the bubble the
+    pipelines' measured one."""
+    from simulator.cluster.pipeline import bubble_percent
+
     totals = pass_totals(res)
     if not len(totals["query_tokens"]) or cost.par.gpus == 1:
         return {
@@ -145,6 +159,7 @@ def comm_shares(res, cost: ParallelCost) -> dict:
         totals["kv_tokens_read"],
         np.maximum(totals["query_groups"], 1),
         np.maximum(totals["logit_tokens"], 1),
+        micro=None if pipeline is None else 1,
     )
     whole = float(np.sum(parts["total_s"]))
     share = {name: 100 * float(np.sum(parts[f"{name}_s"])) / whole for name in ("all_reduce", "send_recv", "bubble")}
@@ -152,18 +167,20 @@ def comm_shares(res, cost: ParallelCost) -> dict:
         "comm_share_percent": share["all_reduce"] + share["send_recv"],
         "all_reduce_share_percent": share["all_reduce"],
         "send_recv_share_percent": share["send_recv"],
-        "pipeline_bubble_percent": share["bubble"],
+        "pipeline_bubble_percent": share["bubble"] if pipeline is None else bubble_percent(pipeline),
     }
 
 
 def deployment_metrics(
-    res, cost: ParallelCost, plan: MemoryPlan, cluster: ClusterConfig, hardware: HardwareSpec
+    res, cost: ParallelCost, plan: MemoryPlan, cluster: ClusterConfig, hardware: HardwareSpec, pipeline=None
 ) -> dict:
     m = res.metrics
     par = cluster.parallelism
     out = {
         "tp": par.tp,
         "pp": par.pp,
+        "pp_schedule": par.schedule if par.pp > 1 else None,
+        "micro_batches": par.micro if par.pp > 1 else None,  # drain: a pass's; interleave: batches in flight
         "replicas": cluster.replicas if cluster.disaggregate is None else None,
         "router": cluster.router if cluster.disaggregate is None and cluster.replicas > 1 else None,
         "weight_bytes_per_gpu": plan.weight_bytes_per_gpu,
@@ -171,7 +188,7 @@ def deployment_metrics(
         "usable_bytes_per_gpu": plan.usable_bytes_per_gpu,
         "kv_capacity_tokens": plan.kv_capacity_tokens,
     }
-    out.update(comm_shares(res, cost))
+    out.update(comm_shares(res, cost, pipeline))
     rq = res.requests
     out.update(
         goodput(

@@ -12,6 +12,10 @@ def _num(x, fmt: str = ".2f") -> str:
 def deployment_lines(f: dict) -> list[str]:
     """Human lines from the figures dict (the JSON line's keys)."""
     shape = f"tp {f['tp']} x pp {f['pp']}"
+    if f.get("pp_schedule") == "interleave":
+        shape += f" (interleaved: {f['micro_batches']} batches in flight)"
+    elif f.get("pp_schedule") == "drain":
+        shape += f" (drained: {f['micro_batches']} micro-batches a pass)"
     if f.get("disaggregate"):
         p, d = f["disaggregate"]
         shape = f"{p} prefill + {d} decode replicas of {shape}"

@@ -55,6 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("deployment (simulator/cluster; docs/cluster.md)")
     g.add_argument("--tp", default="1", help="comma-separated tensor-parallel degrees (default 1)")
     g.add_argument("--pp", default="1", help="comma-separated pipeline stages (default 1)")
+    g.add_argument("--pp-schedule", default="drain", help="drain (default) or interleave (batches in flight)")
     g.add_argument("--replicas", default="1", help="comma-separated replica counts (default 1)")
     g.add_argument("--router", default="round_robin", help="round_robin (default), least_outstanding, kv_aware")
     g.add_argument(
@@ -75,6 +76,7 @@ def _cluster(args: argparse.Namespace) -> dict:
     return {
         "tp": _list(args.tp, "--tp", int),
         "pp": _list(args.pp, "--pp", int),
+        "pp_schedule": args.pp_schedule,
         "replicas": _list(args.replicas, "--replicas", int),
         "router": args.router,
         "workload": args.workload,

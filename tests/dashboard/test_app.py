@@ -89,3 +89,8 @@ def test_whatif_deployment_controls_show_gpus_and_memory(app):
     _ok(app, "What-if")
     assert not app.error, [e.value for e in app.error]
     assert {m.label: m.value for m in app.metric}["goodput"].endswith("req/s")
+    app.selectbox(key="whatif_pp").set_value(2)
+    app.selectbox(key="whatif_pp_schedule").set_value("interleave").run()  # batches in flight in each replica
+    _ok(app, "What-if")
+    assert not app.error, [e.value for e in app.error]
+    assert {m.label: m.value for m in app.metric}["GPUs"] == "16"

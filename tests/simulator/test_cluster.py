@@ -12,11 +12,11 @@ from simulator.cluster.parallel import (
     memory_plan,
     stage_layers,
 )
-from simulator.cluster.run import ClusterConfig, simulate
+from simulator.cluster.run import ClusterConfig, comm_shares, simulate
 from simulator.comm import CommParams, Ramp
 from simulator.hardware import GIB, override
 from simulator.models import ModelSpec, get_model
-from simulator.replay import ReplayConfig
+from simulator.replay import ReplayConfig, replay
 from simulator.workload import load_workload
 from tests.simulator.toy_traces import (
     MODEL_META,
@@ -70,10 +70,14 @@ def test_tp2_two_all_reduces_a_layer(tmp_path, quarter_second_collectives):
 
 
 class OneSecondLayer:
-    """Per micro-batch: every layer 1 s, nothing else (the pipeline arithmetic in round numbers)."""
+    """Per micro-batch: every layer 1 s, nothing else (the pipeline arithmetic in round numbers).
+    A one-layer model's step time: the layer plus the host overhead (which the stages take off)."""
+
+    def __init__(self, overhead_s: float = 0.0) -> None:
+        self.overhead_s = overhead_s
 
     def step_time_s(self, q, kv, g, lg):
-        return 1.0 + 0 * q
+        return 1.0 + self.overhead_s + 0 * q
 
     def pass_op_times_s(self, q, lg):
         return {"emb": 0 * q, "lm_head": 0 * q, "step_overhead": 0 * q}
@@ -82,21 +86,25 @@ class OneSecondLayer:
         return 0 * q
 
 
+def one_second_stages(hw, par: Parallelism, overhead_s: float = 0.0) -> ParallelCost:
+    """PP cost on the made-up part: every layer 1 s a micro-batch, `overhead_s` of host work a pass."""
+    cost = ParallelCost(hw, MODEL, par, one_second_cost(hw, MODEL).params)
+    cost.layer, cost.params = (
+        OneSecondLayer(overhead_s),
+        one_second_cost(hw, MODEL).params.__class__(families=cost.params.families, step_overhead_s=overhead_s),
+    )
+    return cost
+
+
 def test_pp2_pipeline_bubbles(tmp_path, quarter_second_collectives):
     hw = toy_part(interconnect_bytes_per_s=1e30)
-    cost = ParallelCost(hw, MODEL, Parallelism(pp=2, micro_batches=2), one_second_cost(hw, MODEL).params)
-    cost.layer, cost.params = (
-        OneSecondLayer(),
-        one_second_cost(hw, MODEL).params.__class__(families=cost.params.families, step_overhead_s=0.0),
-    )
+    cost = one_second_stages(hw, Parallelism(pp=2, micro_batches=2))
     # one stream: 1 micro-batch, stage 1 s + send 0.25 s + stage 1 s; each stage idle 1.25 of 2.25 s
     one = cost.breakdown(4, 10, 1)
     assert (one["total_s"][0], one["send_recv_s"][0], one["bubble_s"][0]) == (2.25, 0.25, 1.25)
     # two streams: 2 micro-batches, 1 + 0.25 + 1 + one more bottleneck step of 1 s = 3.25 s
     two = cost.breakdown(8, 20, 2)
     assert (two["total_s"][0], two["bubble_s"][0]) == (3.25, 1.25)
-    from simulator.replay import replay
-
     res = replay(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2), cost=cost)
     assert res.timeline() == [
         (0, "arrive", 0.0),
@@ -109,6 +117,146 @@ def test_pp2_pipeline_bubbles(tmp_path, quarter_second_collectives):
         (1, "finish", 8.75),
     ]
     assert stage_layers(80, 3) == [27, 27, 26]
+
+
+def test_pp2_interleave_keeps_two_batches_in_flight(tmp_path, quarter_second_collectives):
+    """Two virtual engines (vLLM's PP schedule) on the drain test's part and requests.
+
+    Each stage takes 1 s a pass (one layer of 1 s, whatever the batch), a send/recv 0.25 s, no host
+    work: alone in the pipeline a pass takes t_1 + c + t_2 = 2.25 s. A (3 passes) arrives at 0 and
+    goes to engine 0, B (2 passes) at 0.5 to engine 1 (the fewest unfinished requests). Each pass
+    enters stage 1 at max(its engine's previous pass's end, stage 1 free), stage 2 at
+    max(its stage-1 end + c, stage 2 free):
+      A1  stage 1 [0, 1]        stage 2 [1.25, 2.25]  A's first token 2.25
+      B1  stage 1 [1, 2]        stage 2 [2.25, 3.25]  B admitted at 0.5 (its engine is idle), token 3.25
+      A2  stage 1 [2.25, 3.25]  stage 2 [3.5, 4.5]
+      B2  stage 1 [3.25, 4.25]  stage 2 [4.5, 5.5]    B finishes 5.5
+      A3  stage 1 [4.5, 5.5]    stage 2 [5.75, 6.75]  A finishes 6.75
+    The drain schedule finishes both at 8.75 (test above). Bubble: busy 6.75 s, each stage runs
+    5 passes x 1 s, so idle 1.75 s of 6.75 (drain: 3 x 1.25 s idle of 8.75 s)."""
+    from simulator.cluster.pipeline import bubble_percent, replay_interleaved
+
+    hw = toy_part(interconnect_bytes_per_s=1e30)
+    cost = one_second_stages(hw, Parallelism(pp=2, schedule="interleave"))
+    res, pipelines = replay_interleaved(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2), cost)
+    assert res.timeline() == [
+        (0, "arrive", 0.0),
+        (0, "admit", 0.0),
+        (1, "arrive", 0.5),
+        (1, "admit", 0.5),
+        (0, "first_token", 2.25),
+        (1, "first_token", 3.25),
+        (1, "finish", 5.5),
+        (0, "finish", 6.75),
+    ]
+    assert res.requests["virtual_engine"].tolist() == [0, 1]
+    assert sorted(res.rows["duration_s"].tolist()) == [2.25, 2.25, 2.25, 2.25, 2.75]  # B1 waits 0.5 s for stage 1
+    assert res.metrics["passes"] == 5 and res.metrics["device_busy_s"] == 6.75
+    assert bubble_percent(pipelines) == pytest.approx(100 * 1.75 / 6.75)
+    drained = replay(two_requests(tmp_path), hw, MODEL, ReplayConfig(max_seqs=2), cost=cost)
+    assert comm_shares(drained, cost)["pipeline_bubble_percent"] == pytest.approx(100 * 3 * 1.25 / 8.75)
+    # the replica's pool is its engines' halves together; both hold A's and B's pages at once
+    assert res.metrics["kv_capacity_bytes"] == pytest.approx(drained.metrics["kv_capacity_bytes"], rel=1e-6)
+    assert res.metrics["peak_kv_bytes"] == drained.metrics["peak_kv_bytes"] > 0
+
+
+def simulate_with(cost: ParallelCost, w, hw, deployment: ClusterConfig, max_seqs: int = 2):
+    """`simulate` with `cost` as the replica's pass cost (the round-number stages)."""
+    from simulator.cluster import run as run_mod
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(run_mod, "ParallelCost", lambda *a: cost)
+        return simulate(w, hw, MODEL, ReplayConfig(max_seqs=max_seqs), deployment)
+
+
+def test_pp2_interleave_on_two_replicas(tmp_path, quarter_second_collectives):
+    """2 replicas x 2 engines, 4 requests at 0: round robin picks the replica (0, 1, 0, 1), then the
+    engine with the fewest unfinished requests (0, 0, 1, 1). Each replica is the one-replica
+    pipeline of the test above with both its requests at 0 (stages 1 s, send/recv 0.25 s):
+      replica 0: R0 (3 passes) s1 [0,1] s2 [1.25,2.25]; R2 (3) s1 [1,2] s2 [2.25,3.25];
+                 R0 [2.25,3.25] [3.5,4.5]; R2 [3.25,4.25] [4.5,5.5]; R0 [4.5,5.5] [5.75,6.75];
+                 R2 [5.5,6.5] [6.75,7.75]
+      replica 1: R1 (2 passes) ends 2.25 and 4.5; R3 (2) ends 3.25 and 5.5
+    Bubble: replica 0 busy 7.75 s, 6 passes a stage: idle 1.75; replica 1 busy 5.5, 4: idle 1.5."""
+    hw = toy_part(interconnect_bytes_per_s=1e30)
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), seq(4, 2)] * 2, [4] * 4, arrivals=[0.0] * 4))
+    par = Parallelism(pp=2, schedule="interleave")
+    res = simulate_with(one_second_stages(hw, par), w, hw, ClusterConfig(par, replicas=2))
+    assert res.requests["replica"].tolist() == [0, 1, 0, 1] and res.requests["virtual_engine"].tolist() == [0, 0, 1, 1]
+    ttft = (res.requests["arrival_s"] + res.requests["ttft_s"]).tolist()
+    assert ttft == [2.25, 2.25, 3.25, 3.25] and res.requests["e2e_s"].tolist() == [6.75, 4.5, 7.75, 5.5]
+    assert res.metrics["requests_per_replica"] == [2, 2] and res.metrics["gpus"] == 4
+    assert res.metrics["device_busy_s"] == 7.75 + 5.5
+    assert res.metrics["pipeline_bubble_percent"] == pytest.approx(100 * (1.75 + 1.5) / (7.75 + 5.5))
+
+
+def test_interleave_steady_state_runs_a_pass_per_bottleneck_stage(tmp_path, monkeypatch):
+    """4 requests of 10 passes at 0, PP 2, stages 1 s, free send/recv, no host work.
+    drain: one batch of 4 streams in 2 micro-batches, 1 + 1 + (2 - 1) x 1 = 3 s a pass: 30 s, each
+    stage idle 1 s of 3. interleave: 2 engines of 2 requests; engine 0's passes end at 2, 4, ..., 20,
+    engine 1's (one stage behind) at 3, 5, ..., 21: a pass a second (1 / max_s t_s) once both are
+    in flight, idle 1 s of 21 (the fill and the drain)."""
+    ramp = Ramp(eff_max=1.0, ramp_bytes=1e-30, ramp_exponent=1.0, latency_s=0.0)
+    monkeypatch.setattr(comm, "load_params", lambda: CommParams({p: {"ring": ramp, "p2p": ramp} for p in comm.PATHS}))
+    hw = toy_part(interconnect_bytes_per_s=1e30, network_bytes_per_s=1e30)
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 10)] * 4, [4] * 4, arrivals=[0.0] * 4))
+    out = {}
+    for schedule in ("drain", "interleave"):
+        par = Parallelism(pp=2, schedule=schedule)
+        out[schedule] = simulate_with(one_second_stages(hw, par), w, hw, ClusterConfig(par), max_seqs=4).metrics
+    assert out["drain"]["duration_s"] == pytest.approx(30.0) and out["interleave"]["duration_s"] == pytest.approx(21.0)
+    assert out["drain"]["pipeline_bubble_percent"] == pytest.approx(100 / 3)
+    assert out["interleave"]["pipeline_bubble_percent"] == pytest.approx(100 / 21)
+
+
+def _same_timeline(a, b) -> None:
+    """Equal timelines (times up to float summation order) and the same passes."""
+    ta, tb = a.timeline(), b.timeline()
+    assert [(r, e) for r, e, _ in ta] == [(r, e) for r, e, _ in tb]
+    assert np.allclose([t for *_, t in ta], [t for *_, t in tb], rtol=1e-12, atol=0)
+    assert a.metrics["passes"] == b.metrics["passes"]
+    assert np.allclose(np.sort(a.rows["duration_s"]), np.sort(b.rows["duration_s"]), rtol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["one batch in flight", "one request", "pp 1"])
+def test_schedules_agree_without_a_second_batch(tmp_path, quarter_second_collectives, case):
+    """One batch in flight (--micro-batches 1), a lone request, or one stage: interleave = drain."""
+    from simulator.cluster import pipeline as pipeline_mod
+
+    hw = toy_part(interconnect_bytes_per_s=1e30)
+    lone = case == "one request"
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 5)], [4])) if lone else two_requests(tmp_path)
+    micro, pp = (1, 2) if case == "one batch in flight" else (None, 1 if case == "pp 1" else 2)
+    out = {}
+    for schedule in ("drain", "interleave"):
+        par = Parallelism(pp=pp, micro_batches=micro, schedule=schedule)
+        cost = one_second_stages(hw, par, overhead_s=0.5) if pp > 1 else ParallelCost(hw, MODEL, par)
+        out[schedule] = simulate_with(cost, w, hw, ClusterConfig(par))
+    _same_timeline(out["drain"], out["interleave"])
+    for key in ("pipeline_bubble_percent", "send_recv_share_percent", "comm_share_percent", "peak_kv_bytes"):
+        assert out["drain"].metrics[key] == pytest.approx(out["interleave"].metrics[key]), key
+    assert out["interleave"].metrics["pp_schedule"] == (None if pp == 1 else "interleave")
+    if pp > 1:  # 0.5 s host + 1 s + 0.25 s + 1 s a pass; idle (2.25 - 1) s of each 2.75 s pass
+        assert out["drain"].metrics["pipeline_bubble_percent"] == pytest.approx(100 * 1.25 / 2.75)
+    assert pipeline_mod.VirtualEngine.one_pass_at_a_time
+
+
+def test_bad_pp_schedules(tmp_path, small_trace, capsys):
+    from solm.cli import main
+
+    with pytest.raises(ValueError, match="--pp-schedule must be one of drain, interleave"):
+        Parallelism(pp=2, schedule="gpipe")
+    # each batch in flight holds 1/M of the pool (vLLM V0): a request that fits the whole pool only
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 5)], [4]))  # peak 16 KV tokens: the 4-block pool
+    cfg = ReplayConfig(block_size=4, kv_capacity_bytes=4 * 4 * MODEL.kv_bytes_per_token)
+    hw = toy_part()
+    assert simulate(w, hw, MODEL, cfg, ClusterConfig(Parallelism(pp=2))).metrics["completed"] == 1
+    with pytest.raises(ValueError, match=r"no request can run .*\(its engine's 1/2 of the replica's pool"):
+        simulate(w, hw, MODEL, cfg, ClusterConfig(Parallelism(pp=2, schedule="interleave")))
+    args = ["simulate", str(small_trace), "--model", "llama-3-8b", "--hardware", "h100-sxm", "--pp", "2"]
+    assert main([*args, "--pp-schedule", "zigzag"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--pp-schedule must be one of drain, interleave, got 'zigzag'" in err[0]
 
 
 def test_two_replicas_round_robin(tmp_path):
@@ -143,8 +291,9 @@ def test_two_replicas_round_robin(tmp_path):
     assert res.metrics["passes"] == 5 and res.metrics["device_busy_s"] == 5.0
 
 
+@pytest.mark.parametrize("schedule", ["drain", "interleave"])  # drain: pp 1; interleave: pp 2, 2 engines
 @pytest.mark.parametrize("router", ["least_outstanding", "kv_aware"])
-def test_load_aware_routers_spread_a_burst(tmp_path, router):
+def test_load_aware_routers_spread_a_burst(tmp_path, router, schedule):
     hw = toy_part()
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3)] * 4, [4] * 4, arrivals=[0.0] * 4))
     res = simulate(
@@ -152,7 +301,7 @@ def test_load_aware_routers_spread_a_burst(tmp_path, router):
         hw,
         MODEL,
         ReplayConfig(max_seqs=4),
-        ClusterConfig(replicas=2, router=router),
+        ClusterConfig(Parallelism(pp=1 if schedule == "drain" else 2, schedule=schedule), replicas=2, router=router),
         params=one_second_cost(hw, MODEL).params,
     )
     assert sorted(res.metrics["requests_per_replica"]) == [2, 2] and res.metrics["completed"] == 4
@@ -230,6 +379,29 @@ def test_disaggregation_sends_each_kv_once_and_decode_waits_for_it(tmp_path, qua
     assert res.requests["decode_replica"].tolist() == [0, 0]
 
 
+def test_disaggregation_with_interleaved_pipelines(tmp_path, quarter_second_collectives):
+    """1:1 of PP 2 replicas, 2 engines each (stages 1 s, send/recv and KV transfer 0.25 s each).
+    Prefill replica: A's prefill s1 [0, 1] s2 [1.25, 2.25], its KV sent 2.25-2.5; B (at 0.5, the
+    idle engine 1) s1 [1, 2] s2 [2.25, 3.25], sent 3.25-3.5 over the same replica's link. Decode
+    replica: A (engine 0) s1 [2.5, 3.5] s2 [3.75, 4.75], then s1 [4.75, 5.75] s2 [6, 7]: done at 7;
+    B (engine 1) enters stage 1 at 3.5, between A's passes."""
+    from tests.simulator.toy_traces import pasta
+
+    hw = toy_part(interconnect_bytes_per_s=1e30)
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), pasta(6, 3, 2)], [4, 6], arrivals=[0.0, 0.5]))
+    par = Parallelism(pp=2, schedule="interleave")
+    res = simulate_with(one_second_stages(hw, par), w, hw, ClusterConfig(par, disaggregate=(1, 1)))
+    assert sorted(res.extra["kv_transfers"]) == [(0, 2.25, 2.5), (1, 3.25, 3.5)]  # every request's KV, once
+    admits = {}
+    for r, event, t in res.timeline():
+        admits.setdefault((r, event), []).append(t)
+    assert admits[(0, "admit")] == [0.0, 2.5] and admits[(1, "admit")] == [0.5, 3.5]  # decode after the transfer
+    assert res.requests["e2e_s"].iloc[0] == 7.0 and res.metrics["completed"] == 2 and res.metrics["gpus"] == 4
+    assert res.requests["virtual_engine"].tolist() == [0, 1] == res.requests["decode_virtual_engine"].tolist()
+    assert res.requests["replica"].tolist() == [0, 0] == res.requests["decode_replica"].tolist()
+    assert 0 < res.metrics["pipeline_bubble_percent"] < 100
+
+
 def test_goodput_gpu_hours_and_cost(tmp_path, quarter_second_collectives):
     hw = toy_part(interconnect_bytes_per_s=1e30, price_per_gpu_hour=3.0)
     res = simulate(
@@ -287,3 +459,40 @@ def test_solm_simulate_tp4_explains_the_numbers(small_trace, capsys):
 
     f = json.loads(out.strip().splitlines()[-1])
     assert f["gpus"] == 4 and 0 < f["comm_share_percent"] < 100 and f["kv_pool_bytes_per_gpu"] > 0
+
+
+def test_solm_simulate_pp2_reports_schedule_and_bubble(small_trace, capsys):
+    import json
+
+    from solm.cli import main
+
+    args = ["simulate", str(small_trace), "--model", "llama-3-8b", "--hardware", "h100-sxm", "--pp", "2"]
+    shown = {}
+    for schedule, line in (("drain", "(drained: 2 micro-batches a pass)"), ("interleave", "(interleaved: 2 batches")):
+        assert main([*args, "--pp-schedule", schedule, "--rate", "inf"]) == 0
+        out = capsys.readouterr().out
+        assert f"tp 1 x pp 2 {line}" in out and "pipeline bubble" in out
+        shown[schedule] = json.loads(out.strip().splitlines()[-1])
+        assert shown[schedule]["pp_schedule"] == schedule and shown[schedule]["micro_batches"] == 2
+        assert 0 < shown[schedule]["pipeline_bubble_percent"] < 100
+    assert shown["drain"]["completed"] == shown["interleave"]["completed"] > 0
+
+
+def test_sweep_takes_the_pp_schedule(tmp_path, small_trace):
+    from simulator.sweep import config_key, grid, sweep
+
+    with pytest.raises(ValueError, match="--pp-schedule must be one of"):  # refused before any work
+        grid([str(small_trace)], ["h100-sxm"], ["llama-3-8b"], cluster={"pp": [2], "pp_schedule": "zigzag"})
+    configs = grid([str(small_trace)], ["h100-sxm"], ["llama-3-8b"], cluster={"pp": [2], "pp_schedule": "interleave"})
+    plain = grid([str(small_trace)], ["h100-sxm"], ["llama-3-8b"], cluster={"pp": [2]})
+    assert config_key(configs[0]) != config_key(plain[0]) and plain[0]["pp_schedule"] == "drain"
+    table = sweep(
+        [str(small_trace)],
+        ["h100-sxm"],
+        ["llama-3-8b"],
+        rates=[50.0],
+        num_requests=10,
+        workers=1,
+        cluster={"pp": [2], "pp_schedule": "interleave"},
+    )
+    assert table["status"].tolist() == ["ok"] and table["pp_schedule"].tolist() == ["interleave"]

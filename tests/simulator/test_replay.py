@@ -233,26 +233,22 @@ STRETCH_CASES = {  # uniform(requests, prompt, output), config: each exercises a
 }
 
 
-@pytest.mark.parametrize("case", sorted(STRETCH_CASES))
-def test_stretches_equal_pass_by_pass(monkeypatch, case):
-    """Planning stretches of passes gives the timeline a pass-by-pass loop gives."""
+def _stretch_runs(monkeypatch, case: str, run_one):
+    """(stretches planned as usual, one pass at a time) of STRETCH_CASES[case] through `run_one`."""
     from simulator.hardware import get_hardware
     from simulator.models import get_model
 
     shape, extra = STRETCH_CASES[case]
     w, llama = uniform(*shape), get_model("llama-3-8b")
+    cfg = ReplayConfig(rate=6.0, max_seqs=8, kv_capacity_bytes=20 * 16 * llama.kv_bytes_per_token, **extra)
+    fast = run_one(w, get_hardware("l4"), llama, cfg)
+    with monkeypatch.context() as mp:
+        mp.setattr(replay_mod, "MAX_STRETCH_PASSES", 1)
+        slow = run_one(w, get_hardware("l4"), llama, cfg)
+    return fast, slow
 
-    def go():
-        return replay(
-            w,
-            get_hardware("l4"),
-            llama,
-            ReplayConfig(rate=6.0, max_seqs=8, kv_capacity_bytes=20 * 16 * llama.kv_bytes_per_token, **extra),
-        )
 
-    fast = go()
-    monkeypatch.setattr(replay_mod, "MAX_STRETCH_PASSES", 1)
-    slow = go()
+def _assert_same_passes(fast, slow, case: str) -> None:
     m = fast.metrics
     assert m["passes"] == slow.metrics["passes"] and m["completed"] == 40
     assert (m["preemptions"] > 0) == (case != "peak") and (m["prefill_chunks"] > 0) == (case in ("chunked", "sjf"))
@@ -265,6 +261,28 @@ def test_stretches_equal_pass_by_pass(monkeypatch, case):
     for key, v in m.items():
         if isinstance(v, float):
             assert math.isclose(v, slow.metrics[key], rel_tol=1e-9), key
+
+
+@pytest.mark.parametrize("case", sorted(STRETCH_CASES))
+def test_stretches_equal_pass_by_pass(monkeypatch, case):
+    """Planning stretches of passes gives the timeline a pass-by-pass loop gives."""
+    _assert_same_passes(*_stretch_runs(monkeypatch, case, replay), case)
+
+
+@pytest.mark.parametrize("schedule", ["drain", "interleave"])
+@pytest.mark.parametrize("case", ["chunked", "preempt"])
+def test_pipeline_stretches_equal_pass_by_pass(monkeypatch, case, schedule):
+    """PP 2: drained passes are planned in stretches (a pass's time is its own shape's) and give the
+    pass-by-pass timeline; interleaved engines plan one pass at a time whatever the stretch limit
+    (a pass's time depends on the other engines' passes in the stages), through the same paths."""
+    from simulator.cluster.parallel import Parallelism
+    from simulator.cluster.run import ClusterConfig, simulate
+
+    deployment = ClusterConfig(Parallelism(pp=2, schedule=schedule))
+    fast, slow = _stretch_runs(monkeypatch, case, lambda *a: simulate(*a, deployment))
+    _assert_same_passes(fast, slow, case)
+    assert fast.metrics["pp_schedule"] == schedule
+    assert ("virtual_engine" in fast.requests.columns) == (schedule == "interleave")
 
 
 def test_arrival_modes(tmp_path):
