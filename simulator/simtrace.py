@@ -223,12 +223,19 @@ def _plain_rows(sim, stretches: list) -> dict[str, np.ndarray]:
     j = np.arange(total) - np.repeat(np.cumsum(m) - m, m)  # pass within the stretch
     at = np.repeat(np.repeat(pass0, n_req), m) + j
     flat = np.repeat(np.concatenate([s.first_pass for s in stretches]), m) + j
-    w = sim.w
     return {
         "req": np.repeat(np.concatenate([s.requests for s in stretches]), m),
         "start": np.concatenate([s.starts_s for s in stretches])[at],
         "dur": np.concatenate([s.durations_s for s in stretches])[at],
         "batch": np.repeat(np.repeat([s.first_batch for s in stretches], n_req), m) + j,
+        **_workload_rows(sim, flat),
+    }
+
+
+def _workload_rows(sim, flat: np.ndarray) -> dict[str, np.ndarray]:
+    """The columns of whole passes taken from the workload (`flat`: their pass indices)."""
+    w = sim.w
+    return {
         "flat": flat,
         "query": w.query_tokens[flat],
         "kv": w.kv_tokens_read[flat],
@@ -236,8 +243,8 @@ def _plain_rows(sim, stretches: list) -> dict[str, np.ndarray]:
         "blocks": sim.blocks[flat],
         "live": w.live_kv_tokens[flat],
         "emits": w.emits[flat],
-        "rebuild": np.zeros(total, np.int64),
-        "final": np.ones(total, bool),
+        "rebuild": np.zeros(len(flat), np.int64),
+        "final": np.ones(len(flat), bool),
     }
 
 
@@ -264,20 +271,8 @@ def _stretch_rows(sim, s) -> dict[str, np.ndarray]:
             "rebuild": d.rebuild,
             "final": d.final,
         }
-    w = sim.w
     flat = (s.first_pass[:, None] + np.arange(m)[None, :]).ravel()
-    return {
-        **out,
-        "flat": flat,
-        "query": w.query_tokens[flat],
-        "kv": w.kv_tokens_read[flat],
-        "groups": w.query_groups[flat],
-        "blocks": sim.blocks[flat],
-        "live": w.live_kv_tokens[flat],
-        "emits": w.emits[flat],
-        "rebuild": np.zeros(len(flat), np.int64),
-        "final": np.ones(len(flat), bool),
-    }
+    return {**out, **_workload_rows(sim, flat)}
 
 
 def _peak(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
