@@ -191,7 +191,29 @@ def closed_loop_client(env: simpy.Environment, sim: Replay, queue: deque):
         yield sim.done[r]
 
 
-class Replay:
+class ArrivalStream:
+    """An open-loop arrival stream over precomputed times (`arrival_sorted_s`, `_arrival_order`,
+    a cursor `_next_arrival`), handing each arrival to `arrive`: a Replay's own, or a cluster's."""
+
+    arrival_sorted_s: np.ndarray
+    _arrival_order: np.ndarray
+    _next_arrival: int
+
+    def arrive(self, r: int, t: float) -> None:
+        raise NotImplementedError
+
+    def pull_arrivals(self, upto: float) -> None:
+        while self._next_arrival < len(self.arrival_sorted_s) and self.arrival_sorted_s[self._next_arrival] <= upto:
+            i = self._next_arrival
+            self._next_arrival += 1
+            self.arrive(int(self._arrival_order[i]), float(self.arrival_sorted_s[i]))
+
+    def next_arrival_s(self) -> float:
+        i = self._next_arrival
+        return float(self.arrival_sorted_s[i]) if i < len(self.arrival_sorted_s) else math.inf
+
+
+class Replay(ArrivalStream):
     """One simulation: state arrays per request, the SimPy actors, the stretch planner.
 
     Implements `scheduling.ServingState`, so the shared scheduler forms every batch."""
@@ -280,16 +302,6 @@ class Replay:
         return self.npass[rs] - self.ptr[rs]
 
     # ---- request lifecycle ------------------------------------------------------------
-    def pull_arrivals(self, upto: float) -> None:
-        while self._next_arrival < len(self.arrival_sorted_s) and self.arrival_sorted_s[self._next_arrival] <= upto:
-            i = self._next_arrival
-            self._next_arrival += 1
-            self.arrive(int(self._arrival_order[i]), float(self.arrival_sorted_s[i]))
-
-    def next_arrival_s(self) -> float:
-        i = self._next_arrival
-        return float(self.arrival_sorted_s[i]) if i < len(self.arrival_sorted_s) else math.inf
-
     def arrive(self, r: int, t: float) -> None:
         self.arrival_s[r] = t
         self.events.append((r, "arrive", t))

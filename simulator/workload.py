@@ -38,12 +38,12 @@ import pandas as pd
 
 from profiler.errors import TraceError
 from profiler.reader import Trace, read_trace
-from profiler.schema import PHASES
+from profiler.schema import PHASES, linear_graph
 
 PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
 RECOMPUTE_NOTE = "recompute after preemption"  # steps.note of a pass that re-prefilled KV lost to a preemption
 CHUNK_NOTE = "prefill chunk"  # steps.note of a chunk of a prefill that is not its last
-_PASS_FIELDS = (
+PASS_FIELDS = (  # the per-pass arrays of a Workload (taken or sliced together)
     "query_tokens",
     "kv_tokens_read",
     "query_groups",
@@ -150,7 +150,7 @@ class Workload:
         lengths = self.n_passes[pos]
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         flat = np.repeat(self.offsets[:-1][pos] - offsets[:-1], lengths) + np.arange(offsets[-1])
-        per_pass = {name: getattr(self, name)[flat] for name in _PASS_FIELDS}
+        per_pass = {name: getattr(self, name)[flat] for name in PASS_FIELDS}
         per_req = {
             name: getattr(self, name)[pos] for name in ("prompt_tokens", "output_tokens", "quality_score", "arrival_s")
         }
@@ -361,18 +361,5 @@ def uniform(n_requests: int, prompt_tokens: int, output_tokens: int, page_size: 
             "model": {},
             "device": {},
         },
-        graphs={int(r): _chain_graph(p, n) for r in range(n_requests)},
+        graphs={int(r): linear_graph(p, n) for r in range(n_requests)},
     )
-
-
-def _chain_graph(prompt_tokens: int, output_tokens: int) -> dict:
-    return {
-        "directed": True,
-        "multigraph": False,
-        "graph": {},
-        "nodes": [
-            {"id": "prompt", "kind": "prompt", "stream": -1, "tokens": prompt_tokens},
-            {"id": "main:0", "kind": "main", "stream": 0, "tokens": output_tokens},
-        ],
-        "links": [{"source": "prompt", "target": "main:0"}],
-    }

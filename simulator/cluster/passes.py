@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from simulator.workload import PHASE_CODE, Workload
+from simulator.workload import PASS_FIELDS, PHASE_CODE, Workload
 
 
 def leading_prefill_passes(w: Workload) -> np.ndarray:
@@ -26,19 +26,6 @@ def slice_passes(w: Workload, start: np.ndarray, stop: np.ndarray) -> tuple[Work
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     shift = w.offsets[:-1] + start - offsets[:-1]
     flat = np.repeat(shift, lengths) + np.arange(offsets[-1])
-    fields = {
-        name: getattr(w, name)[flat]
-        for name in (
-            "query_tokens",
-            "kv_tokens_read",
-            "query_groups",
-            "logit_tokens",
-            "live_kv_tokens",
-            "alloc_kv_tokens",
-            "evicted_tokens",
-            "phase",
-            "emits",
-        )
-    }
+    fields = {name: getattr(w, name)[flat] for name in PASS_FIELDS}
     part = dataclasses.replace(w, offsets=offsets, streams=None if w.streams is None else w.streams[flat], **fields)
     return part, shift

@@ -29,7 +29,7 @@ import numpy as np
 import simpy
 
 from simulator.cluster.routers import get_router
-from simulator.replay import Device, Replay, ReplayConfig, Stretch, start_arrivals
+from simulator.replay import ArrivalStream, Device, Replay, ReplayConfig, Stretch, start_arrivals
 from simulator.workload import Workload
 
 
@@ -125,7 +125,7 @@ class ReplicaReplay(Replay):
             self._wakeup.succeed()
 
 
-class Cluster:
+class Cluster(ArrivalStream):
     """K replicas, a router and the global arrival stream."""
 
     def __init__(
@@ -157,17 +157,7 @@ class Cluster:
         self.router = get_router(router)()
         self.owner = np.full(n, -1, np.int64)
 
-    # ---- the arrival stream (the interface `simulator.replay.start_arrivals` drives) ---------
-    def pull_arrivals(self, upto: float) -> None:
-        while self._next_arrival < len(self.arrival_sorted_s) and self.arrival_sorted_s[self._next_arrival] <= upto:
-            i = self._next_arrival
-            self._next_arrival += 1
-            self.arrive(int(self._arrival_order[i]), float(self.arrival_sorted_s[i]))
-
-    def next_arrival_s(self) -> float:
-        i = self._next_arrival
-        return float(self.arrival_sorted_s[i]) if i < len(self.arrival_sorted_s) else math.inf
-
+    # ---- the arrival stream (`ArrivalStream`, driven by `simulator.replay.start_arrivals`) -------
     def horizon_s(self) -> float:
         i = self._next_arrival + len(self.replicas) - 1
         return float(self.arrival_sorted_s[i]) if i < len(self.arrival_sorted_s) else math.inf
