@@ -21,6 +21,7 @@ SCHEMA_VERSION = 1
 # Minor revisions add columns only (`MINOR_COLUMNS`); meta.json's `schema_minor` (absent: 0) says
 # which a trace was written with, and readers fill a column an older trace lacks with its default.
 #   1: serving under load (runtime.serve_capture)
+#   2: each request's host work per pass (steps.host_s)
 SCHEMA_MINOR = 2
 KINDS = ("measured", "simulated")
 
@@ -170,3 +171,18 @@ META_REQUIRED = ("schema_version", "kind", "system", "model", "device", "created
 
 PHASES = ("prefill", "decode", "plan", "denoise", "sync")
 TOKEN_KINDS = ("content", "tag", "plan", "mask", "pad")
+
+
+def linear_graph(prompt_tokens: int, output_tokens: int) -> dict:
+    """graph.json of a request with no parallel structure: its prompt, then one main chunk (the
+    runtime's sequential engines and the simulator's synthetic workloads)."""
+    return {
+        "directed": True,
+        "multigraph": False,
+        "graph": {},
+        "nodes": [
+            {"id": "prompt", "kind": "prompt", "stream": -1, "tokens": prompt_tokens},
+            {"id": "main:0", "kind": "main", "stream": 0, "tokens": output_tokens},
+        ],
+        "links": [{"source": "prompt", "target": "main:0"}],
+    }

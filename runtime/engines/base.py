@@ -401,17 +401,3 @@ def visibility_rows(rows: list[list[int]], num_slots: int, device: torch.device)
     for r, slots in enumerate(rows):
         vis[r, slots] = True
     return torch.from_numpy(vis).to(device)
-
-
-def linear_graph(prompt_tokens: int, output_tokens: int) -> dict:
-    """Chunk DAG of a request with no parallel structure: prompt -> main."""
-    return {
-        "directed": True,
-        "multigraph": False,
-        "graph": {},
-        "nodes": [
-            {"id": "prompt", "kind": "prompt", "stream": -1, "tokens": prompt_tokens},
-            {"id": "main:0", "kind": "main", "stream": 0, "tokens": output_tokens},
-        ],
-        "links": [{"source": "prompt", "target": "main:0"}],
-    }

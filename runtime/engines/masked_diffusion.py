@@ -18,6 +18,7 @@ import json
 import numpy as np
 import torch
 
+from profiler.schema import linear_graph
 from runtime.engines.base import (
     Completion,
     Engine,
@@ -27,7 +28,6 @@ from runtime.engines.base import (
     RequestState,
     Step,
     TokenRecord,
-    linear_graph,
 )
 from runtime.engines.diffusion_common import Denoiser, Layout, check_knobs, hybrid_mask, scaffold
 from runtime.kv import RequestKV

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from profiler.schema import linear_graph
 from runtime.engines.base import (
     Completion,
     Engine,
@@ -16,7 +17,6 @@ from runtime.engines.base import (
     Step,
     TokenRecord,
     causal_inputs,
-    linear_graph,
 )
 from runtime.kv import RequestKV
 from runtime.sampling import Sampler
