@@ -124,7 +124,8 @@ def check_out_dir(
 # replaced by --force; anything else a user keeps beside a trace (a README, notes) is left as it is
 TRACE_FILES = ("meta.json", "graph.json")
 TRACE_SUFFIXES = (".parquet",)
-TRACE_DIRS = ("parts",)
+PARTS = "parts"  # the writer's per-request commits before a trace is finished
+TRACE_DIRS = (PARTS,)
 
 
 def _trace_written(c: Path) -> bool:

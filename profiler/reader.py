@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from profiler.errors import TraceError
+from profiler.outdir import PARTS
 from profiler.schema import KINDS, META_REQUIRED, SCHEMA_VERSION, TABLES, fill_defaults
 
 __all__ = ["Trace", "TraceError", "load_json_file", "read_meta", "read_parts", "read_table", "read_trace"]
@@ -164,7 +165,7 @@ def read_table(file: Path, name: str) -> pa.Table:
 
 def read_parts(path: Path) -> tuple[dict[str, pa.Table], dict[str, dict]]:
     """Merge the committed per-request parts of an unfinished (or closing) trace."""
-    parts = path / "parts"
+    parts = path / PARTS
     tables: dict[str, list[pa.Table]] = {"requests": [], "steps": [], "tokens": []}
     graphs: dict[str, dict] = {}
     for rid, tag in _newest_parts(parts):
@@ -224,7 +225,7 @@ def read_trace(path: str | Path, tokens: bool = True) -> Trace:
         if not tokens:
             tables["tokens"] = TABLES["tokens"].empty_table()
         graphs = _read_json(p / "graph.json")
-    elif (p / "parts").is_dir():
+    elif (p / PARTS).is_dir():
         tables, graphs = read_parts(p)
     else:
         raise TraceError(f"{p}: trace is incomplete and has no committed parts")

@@ -21,15 +21,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from profiler.errors import UsageError
-from profiler.outdir import LOCK_NAME, TRACE_KINDS, clear_dir, project_kind
+from profiler.outdir import LOCK_NAME, PARTS, TRACE_KINDS, clear_dir, project_kind
 from profiler.schema import BASE_TABLES, MINOR_COLUMNS, SCHEMA_MINOR, SCHEMA_VERSION, TABLES, fill_defaults
 
 
 class OutputExists(UsageError, FileExistsError):
     """The output folder holds something the writer may not replace (a FileExistsError too)."""
-
-
-PARTS = "parts"
 
 
 def part_tag(request_id: int, generation: int = 0) -> str:
