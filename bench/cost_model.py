@@ -41,7 +41,7 @@ import dataclasses  # noqa: E402
 
 from simulator.calibrate import load_vidur  # noqa: E402
 from simulator.cost import CostModel, gemm_shapes  # noqa: E402
-from simulator.gemm_fit import holdout_predictions, summary  # noqa: E402
+from simulator.gemm_fit import holdout_predictions, summary, unseen_keys  # noqa: E402
 from simulator.hardware import HARDWARE  # noqa: E402
 from simulator.models import get_model  # noqa: E402
 
@@ -120,10 +120,7 @@ def main() -> None:
         "bench": "cost_model",
         "quick": args.quick,
         "fit_every_nth_token_count": thin,
-        "a100_unseen_median_ape_percent": round(report["tiles"]["median"], 2),
-        "a100_unseen_p90_ape_percent": round(report["tiles"]["p90"], 2),
-        "old_model_unseen_median_ape_percent": round(report["old"]["median"], 2),
-        "old_model_unseen_p90_ape_percent": round(report["old"]["p90"], 2),
+        **unseen_keys(report),
         "unseen_rows": report["unseen_rows"],
         "heldout_rows": report["rows"],
         "by_family": {

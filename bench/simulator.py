@@ -241,16 +241,10 @@ def unseen_gemm_errors(thin: int) -> dict[str, float | int]:
     leave-one-TP-degree-out, pooled), the old smooth model's error beside it: bench/cost_model.py's
     figures (that bench prints them per op family, token count and fold)."""
     from simulator.calibrate import load_vidur
-    from simulator.gemm_fit import holdout_predictions, summary
+    from simulator.gemm_fit import holdout_predictions, summary, unseen_keys
 
     report = summary(holdout_predictions(load_vidur(), thin=thin))
-    figures = {
-        "a100_unseen_median_ape_percent": round(report["tiles"]["median"], 2),
-        "a100_unseen_p90_ape_percent": round(report["tiles"]["p90"], 2),
-        "old_model_unseen_median_ape_percent": round(report["old"]["median"], 2),
-        "old_model_unseen_p90_ape_percent": round(report["old"]["p90"], 2),
-        "gemm_fit_every_nth_token_count": thin,
-    }
+    figures: dict[str, float | int] = {**unseen_keys(report), "gemm_fit_every_nth_token_count": thin}
     print(
         f"A100 GEMMs on unseen shapes (tile model fitted on every {thin}th token count): median "
         f"{figures['a100_unseen_median_ape_percent']}%, p90 {figures['a100_unseen_p90_ape_percent']}% "

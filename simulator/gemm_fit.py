@@ -160,6 +160,17 @@ def ape_percent(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
     return np.abs(np.asarray(predicted) / np.asarray(measured) - 1.0) * 100.0
 
 
+def unseen_keys(report: dict[str, Any]) -> dict[str, float]:
+    """The issue's target keys from `summary`: pooled unseen-shape APE of the tile model, the old
+    model's beside it (bench/cost_model.py and bench/simulator.py print them)."""
+    return {
+        "a100_unseen_median_ape_percent": round(report["tiles"]["median"], 2),
+        "a100_unseen_p90_ape_percent": round(report["tiles"]["p90"], 2),
+        "old_model_unseen_median_ape_percent": round(report["old"]["median"], 2),
+        "old_model_unseen_p90_ape_percent": round(report["old"]["p90"], 2),
+    }
+
+
 def summary(held: pd.DataFrame) -> dict[str, Any]:
     """Median and p90 APE of both models: pooled over unseen rows, per op family, per token
     count band, per fold."""
