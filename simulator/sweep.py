@@ -21,6 +21,7 @@ at the end (and on interrupt) with the Pareto marks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -42,6 +43,7 @@ from simulator.replay import ReplayConfig
 from simulator.workload import Workload, load_workload
 
 RESULTS_JSONL = "results.jsonl"
+CANCEL_WAIT_S = 10.0  # how long a stopped Ray sweep waits for its cancelled tasks to resolve
 RESULTS_PARQUET = "sweep.parquet"
 SETTINGS = (
     "trace",
@@ -449,4 +451,9 @@ def _run_ray(
         except BaseException:
             for r in pending:
                 ray.cancel(r, force=True)
+            # let the cancellations land before `ray.shutdown()`: a killed task's reply reaching a
+            # core worker that is shutting down crashes it (Ray's C++ check exits 1, so a SIGTERM
+            # ended the sweep as a bug now and then instead of with 128 + 15)
+            with contextlib.suppress(Exception):
+                ray.wait(pending, num_returns=len(pending), timeout=CANCEL_WAIT_S)
             raise
