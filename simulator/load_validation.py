@@ -48,10 +48,12 @@ from simulator.hardware import HardwareSpec, get_hardware
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
 from simulator.slo import goodput
-from simulator.validation import pass_table, trace_hardware
+from simulator.validation import PASS_COLUMNS, pass_frame, pass_table, trace_hardware
 from simulator.workload import from_trace
 
 MIB = 1 << 20
+# the serving runtime's attention (runtime.server.ATTENTION_MODES) -> what the replay costs (ReplayConfig.attention)
+RUNTIME_ATTENTION = {"mask": "pool", "gather": "visible"}
 # serving settings a serving trace's meta may carry (meta["serving"], else meta["knobs"]) -> ReplayConfig field
 SERVING_KEYS = {
     "max_seqs": "max_seqs",
@@ -93,13 +95,8 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 def pass_host_s(trace: Trace) -> np.ndarray | None:
     """Per forward pass (the rows of `pass_arrays`), the engine's own host work (`steps.host_s`: building
     rows, sampling, bookkeeping), or None where the trace does not record it (schema_minor < 2)."""
-    s = trace.steps[trace.steps["query_tokens"] > 0]
-    if "host_s" not in s or not len(s) or not np.isfinite(s["host_s"].to_numpy(float)).all():
-        return None
-    b = s["batch_index"].to_numpy(np.int64)
-    if (b < 0).any() or len(np.unique(b)) == len(b):
-        return s["host_s"].to_numpy(float)
-    return s.groupby("batch_index", sort=True)["host_s"].sum().to_numpy(float)
+    host = pass_frame(trace.steps)["host_s"].to_numpy(float)
+    return host if len(host) and np.isfinite(host).all() else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +114,13 @@ class HostCost:
         return self.forward.params
 
     def step_time_s(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None):
-        t = self.forward.step_time_s(query_tokens, kv_tokens_read, query_groups, logit_tokens)
+        t = self.forward_s(query_tokens, kv_tokens_read, query_groups, logit_tokens)
         groups = np.asarray(query_groups, float) if isinstance(t, np.ndarray) else float(query_groups)
         return t + self.per_pass_s + self.per_stream_s * groups
+
+    def forward_s(self, query_tokens, kv_tokens_read, query_groups, logit_tokens=None):
+        """The forward pass alone (no host work)."""
+        return self.forward.step_time_s(query_tokens, kv_tokens_read, query_groups, logit_tokens)
 
 
 def size_medians(steps: np.ndarray) -> np.ndarray:
@@ -156,6 +157,13 @@ def calibrate_batch1(trace: Trace, hw: HardwareSpec, model: ModelSpec) -> HostCo
     return HostCost(CostModel(hw, model, params), per_pass, per_stream + host_per_stream, per_request)
 
 
+def serving_attention(meta: dict) -> str | None:
+    """What a trace's attention scored, as `ReplayConfig.attention`: "pool" for the serving runtime's
+    mask attention, "visible" for its per-request gathers; None for a trace of no serving run."""
+    knobs = {**(meta.get("knobs") or {}), **(meta.get("serving") or {})}
+    return RUNTIME_ATTENTION.get(knobs["attention"]) if knobs.get("attention") is not None else None
+
+
 def serving_config(meta: dict, model: ModelSpec, **overrides) -> ReplayConfig:
     """The batch settings a serving trace ran with, as a replay of its own arrivals."""
     knobs = {**(meta.get("knobs") or {}), **(meta.get("serving") or {})}
@@ -165,6 +173,8 @@ def serving_config(meta: dict, model: ModelSpec, **overrides) -> ReplayConfig:
     if knobs.get("pool_bytes") is not None:
         fields["kv_capacity_bytes"] = int(knobs["pool_bytes"])
     fields.setdefault("kv_capacity_bytes", 1 << 40)  # no pool recorded: unbounded
+    if serving_attention(meta) is not None:  # the runtime's attention: mask over the pool, or per-request gathers
+        fields["attention"] = serving_attention(meta)
     fields.update({k: v for k, v in overrides.items() if v is not None})
     return ReplayConfig(memory_utilization=1.0, **fields)
 
@@ -276,9 +286,7 @@ def validate_one(trace: Trace, cost: HostCost, hw: HardwareSpec, model: ModelSpe
         )
     passes = pass_arrays(trace)
     predicted = (
-        np.asarray(cost.forward.step_time_s(passes[:, 0], passes[:, 1], passes[:, 3]), float)
-        if len(passes)
-        else np.zeros(0)
+        np.asarray(cost.forward_s(passes[:, 0], passes[:, 1], passes[:, 3]), float) if len(passes) else np.zeros(0)
     )
     errors["pass_time_mape_percent"] = (
         float(np.mean(np.abs(predicted / passes[:, 2] - 1)) * 100) if len(passes) else float("nan")
@@ -315,16 +323,15 @@ def pass_time_ratios(trace: Trace, cost: HostCost) -> np.ndarray:
     (no idle wait for an arrival): the pass plus the host work before the next, against the cost's
     forward plus its host terms. Flat over the batch size when the cost grows with the batch as the
     runtime does; another process on the machine scales every size alike, so the shape survives it."""
-    s = trace.steps[trace.steps["query_tokens"] > 0]
-    if not len(s) or (s["batch_index"] < 0).any():
+    if not len(trace.steps) or (trace.steps["batch_index"] < 0).any():
         return np.zeros((0, 2))
-    g = s.groupby("batch_index", sort=True)
-    start, dur = g["start_s"].min().to_numpy(float), g["duration_s"].max().to_numpy(float)
-    p = pass_arrays(trace)
+    f = pass_frame(trace.steps)
+    start, dur = f["start_s"].to_numpy(float), f["duration_s"].to_numpy(float)
+    p = f[PASS_COLUMNS].to_numpy(float)
     total = np.r_[start[1:] - start[:-1], np.nan]
     idle = np.r_[start[1:] - (start[:-1] + dur[:-1]), np.nan] > 10 * max(cost.per_pass_s + cost.per_stream_s, 1e-4)
     pred = (
-        np.asarray(cost.forward.step_time_s(p[:, 0], p[:, 1], p[:, 3]), float)
+        np.asarray(cost.forward_s(p[:, 0], p[:, 1], p[:, 3]), float)
         + cost.per_pass_s
         + cost.per_stream_s * p[:, 3]
         + cost.per_request_s * p[:, 4]

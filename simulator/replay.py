@@ -52,6 +52,7 @@ VECTOR_COST_FROM = 128  # this many passes or more: one vectorised cost call (fe
 # pass shapes whose cost is remembered: a stretch cut short is planned again from the same batch,
 # so the same (query, KV read, streams, logits) sums come back; exact keys, cleared when full
 PASS_COST_CACHE = 1 << 17
+ATTENTION_COSTS = ("visible", "pool")  # ReplayConfig.attention
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ class ReplayConfig:
     chunked_prefill: bool = True  # vLLM's default: prompt prefills split to fit max_batch_tokens
     reserve: str = "current"  # admit by the next pass's pages (vLLM); "peak": reserve each request's peak
     sjf_oracle: bool = False  # SJF ranks by the passes each request has left (the future) instead of max_tokens
+    # what a pass's attention scores: "visible", each row the KV it can see (the workload's
+    # kv_tokens_read; a paged kernel); "pool", every row every slot of the pool's high-water mark
+    # (the runtime's mask attention: one attention over all slots ever used, a mask hiding others')
+    attention: str = "visible"
     seed: int = 0
     slo_ttft_ms: float | None = None  # goodput objectives (simulator/slo.py); None: not computed
     slo_tpot_ms: float | None = None
@@ -95,6 +100,8 @@ class ReplayConfig:
             raise UsageError(f"num-requests must be in 1..{MAX_REQUESTS}, got {self.num_requests!r}")
         if self.reserve not in RESERVE_MODES:
             raise UsageError(f"reserve must be one of {', '.join(RESERVE_MODES)}, got {self.reserve!r}")
+        if self.attention not in ATTENTION_COSTS:
+            raise UsageError(f"attention must be one of {', '.join(ATTENTION_COSTS)}, got {self.attention!r}")
         check_slo(self.slo_ttft_ms, self.slo_tpot_ms)
         get_scheduler(self.scheduler)  # KeyError listing the policies
 
@@ -418,6 +425,15 @@ class Replay(ArrivalStream):
             out[on] += per_request
         return out
 
+    def _scored_kv(self, q: np.ndarray, kv: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """KV tokens each pass's attention scores (`ReplayConfig.attention`): the rows' visible KV
+        `kv`, or every row `q` times the pool's slots so far (the high-water mark of its pages, the
+        pass's own included: the runtime's mask attention spans every slot ever allocated)."""
+        if self.config.attention == "visible":
+            return kv
+        slots = np.maximum.accumulate(np.maximum(blocks, self.pool.peak_blocks)) * self.config.block_size
+        return np.asarray(q, np.int64) * slots
+
     def _stretch(self, R, idx0, durations, demand=None) -> Stretch:
         starts = self.env.now + np.concatenate([[0.0], np.cumsum(durations[:-1])])
         return Stretch(R, idx0, starts, np.asarray(durations, float), self.n_pass, demand)
@@ -429,13 +445,11 @@ class Replay(ArrivalStream):
         if (
             len(R) < len(self.running) or not self.all_usual(R) or not d.final.all()
         ):  # a chunk, a recompute or a request sitting out: one pass
-            self.pool.note(d.blocks.sum())
-            return self._stretch(
-                R,
-                d.flat,
-                self._pass_times([d.query.sum()], [d.kv_read.sum()], [d.groups.sum()], [d.logits.sum()], len(R)),
-                d,
-            )
+            blocks = np.array([d.blocks.sum()])
+            q = np.array([d.query.sum()])
+            kv = self._scored_kv(q, np.array([d.kv_read.sum()]), blocks)
+            self.pool.note(blocks)
+            return self._stretch(R, d.flat, self._pass_times(q, kv, [d.groups.sum()], [d.logits.sum()], len(R)), d)
         m, q, blocks, idx = self._stretch_length(R)
         w = self.w
         idx = idx[:, :m]
@@ -445,7 +459,7 @@ class Replay(ArrivalStream):
             while True:
                 dur = self._pass_times(
                     q[:probe],
-                    w.kv_tokens_read[idx[:, :probe]].sum(0),
+                    self._scored_kv(q[:probe], w.kv_tokens_read[idx[:, :probe]].sum(0), blocks[:probe]),
                     w.query_groups[idx[:, :probe]].sum(0),
                     w.logit_tokens[idx[:, :probe]].sum(0),
                     len(R),
@@ -459,7 +473,11 @@ class Replay(ArrivalStream):
             durations = dur[:m]
         else:
             durations = self._pass_times(
-                q[:m], w.kv_tokens_read[idx].sum(0), w.query_groups[idx].sum(0), w.logit_tokens[idx].sum(0), len(R)
+                q[:m],
+                self._scored_kv(q[:m], w.kv_tokens_read[idx].sum(0), blocks[:m]),
+                w.query_groups[idx].sum(0),
+                w.logit_tokens[idx].sum(0),
+                len(R),
             )
         self.pool.note(blocks[:m])
         return self._stretch(R, idx[:, 0], durations)

@@ -27,6 +27,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from profiler.errors import UnknownName, UsageError
 from profiler.reader import Trace, read_trace
@@ -80,22 +81,50 @@ def trace_hardware(meta: dict) -> HardwareSpec:
     raise UnknownName(f"trace device {name!r} matches no catalog part ({', '.join(sorted(HARDWARE))}); pass --hardware")
 
 
-def pass_table(steps) -> np.ndarray:
-    """One row per forward pass: query_tokens, kv_tokens_read, duration_s, active_streams, requests.
+PASS_COLUMNS = ["query_tokens", "kv_tokens_read", "duration_s", "active_streams", "requests"]
 
-    Rows that share a `batch_index` >= 0 are one batched pass (a serving trace: summed, the pass's
-    duration once); otherwise (a batch-1 trace) every row is its own pass."""
+
+def pass_frame(steps) -> pd.DataFrame:
+    """One row per forward pass, in pass order: `PASS_COLUMNS`, its `start_s` and the engines'
+    `host_s` (NaN where a trace does not record it).
+
+    Rows that share a `batch_index` >= 0 are one batched pass (a serving trace): its rows are every
+    row it computed (`batch_query_tokens`: re-prefill and prefill-chunk rows included), its KV read
+    the keys its attention actually scored (`attention_kv_tokens`: with the runtime's mask attention
+    every row times the pool's slots; a batch-1 trace copies `kv_tokens_read` there), its duration
+    once. Otherwise (a batch-1 trace) every row with query tokens is its own pass."""
+    b = steps["batch_index"].to_numpy(np.int64) if len(steps) else np.zeros(0, np.int64)
+    if len(b) and (b >= 0).all() and len(np.unique(b)) < len(b):
+        chunk = steps["chunk"].astype(bool) if "chunk" in steps else pd.Series(False, index=steps.index)
+        # a chunk row computes one stream's rows and samples nothing (its host_s is NaN)
+        g = steps.assign(
+            host_s=steps["host_s"].where(~chunk, 0.0), active_streams=steps["active_streams"] + chunk
+        ).groupby("batch_index", sort=True)
+        return pd.DataFrame(
+            {
+                "query_tokens": np.maximum(g["query_tokens"].sum(), g["batch_query_tokens"].max()),
+                "kv_tokens_read": g["attention_kv_tokens"].sum(),
+                "duration_s": g["duration_s"].max(),
+                "active_streams": g["active_streams"].sum(),
+                "requests": g.size(),
+                "start_s": g["start_s"].min(),
+                "host_s": g["host_s"].sum(min_count=1),
+            }
+        ).astype(float)
     s = steps[steps["query_tokens"] > 0]
-    cols = ["query_tokens", "kv_tokens_read", "duration_s", "active_streams"]
-    if not len(s):
-        return np.zeros((0, 5))
-    b = s["batch_index"].to_numpy(np.int64)
-    if (b < 0).any() or len(np.unique(b)) == len(b):
-        return np.column_stack([s[cols].to_numpy(float), np.ones(len(s))])
-    g = s.groupby("batch_index", sort=True)
-    return np.column_stack(
-        [g["query_tokens"].sum(), g["kv_tokens_read"].sum(), g["duration_s"].max(), g["active_streams"].sum(), g.size()]
-    ).astype(float)
+    kv = s["attention_kv_tokens"] if "attention_kv_tokens" in s else s["kv_tokens_read"]
+    out = s[["query_tokens", "duration_s", "active_streams", "start_s"]].astype(float)
+    return out.assign(
+        kv_tokens_read=kv.astype(float).to_numpy(),
+        requests=1.0,
+        host_s=s["host_s"].astype(float).to_numpy() if "host_s" in s else np.nan,
+    ).reset_index(drop=True)
+
+
+def pass_table(steps) -> np.ndarray:
+    """`pass_frame`'s `PASS_COLUMNS` as an array: query_tokens, kv_tokens_read, duration_s, active_streams, requests."""
+    f = pass_frame(steps)
+    return f[PASS_COLUMNS].to_numpy(float) if len(f) else np.zeros((0, 5))
 
 
 def step_arrays(trace: Trace, request_ids=None) -> np.ndarray:

@@ -59,3 +59,42 @@ def test_same_batches_in_simulator_and_runtime(tiny_model, tok, tmp_path):
     assert [round(p.end_s, 6) for p in out["passes"]][-1] == round(
         max(res.requests["arrival_s"] + res.requests["e2e_s"]), 6
     )
+
+
+def test_pool_attention_scores_the_keys_the_runtime_scores(tiny_model, tok, tmp_path, monkeypatch):
+    """The runtime's mask attention scores every row against every slot its pool has used; the replay
+    with `attention="pool"` counts the same keys pass by pass (its pages' high-water mark)."""
+    import simulator.replay as replay_mod
+
+    prompts = ["abcdefghijklmnopqrst", "ab", "abcdefghij"]
+    arrivals, n_out = [0.0, 0.0, 3.1], [6, 3, 4]
+    engines = {n: NoStop(tiny_model, tok, GenerationConfig(max_tokens=n, page_size=16)) for n in set(n_out)}
+
+    class PerRequest(NoStop):
+        def start(self, request, kv):
+            return engines[n_out[request.request_id]].start(request, kv)
+
+    eng = PerRequest(tiny_model, tok, GenerationConfig(max_tokens=6, page_size=16))
+    fcfs = get_scheduler("fcfs")(max_seqs=3, max_batch_tokens=64)
+    server = Server(eng, max_pages=64, scheduler=fcfs, clock=FakeClock(1.0, 0.25))
+    passes = server.serve(list(zip(arrivals, prompts)))["passes"]
+    runtime = [(p.rows, p.attention_kv_tokens) for p in passes]
+
+    lengths = [len(eng.prompt_ids(Request(0, p))) for p in prompts]
+    w = load_workload(
+        write_toy_trace(tmp_path / "t", [seq(p, n) for p, n in zip(lengths, n_out)], lengths, arrivals=arrivals)
+    )
+    seen = []
+    timed = replay_mod.Replay._pass_times
+
+    def record(self, q, kv, g, lg, n):
+        seen.extend(zip(map(int, q), map(int, kv)))
+        return timed(self, q, kv, g, lg, n)
+
+    monkeypatch.setattr(replay_mod, "MAX_STRETCH_PASSES", 1)  # every pass costed once, in order
+    monkeypatch.setattr(replay_mod.Replay, "_pass_times", record)
+    config = ReplayConfig(max_seqs=3, max_batch_tokens=64, attention="pool")
+    replay(w, toy_part(), MODEL, config, cost=LinearCost())
+    assert len(runtime) > 5 and max(k for _, k in runtime) > min(k for _, k in runtime)
+    assert seen == runtime
+    assert len({k // r for r, k in runtime}) > 1  # the high-water mark grew during the run

@@ -6,6 +6,7 @@ import dataclasses
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from profiler.reader import read_trace
@@ -23,6 +24,7 @@ from simulator.load_validation import (
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
 from simulator.simtrace import write_simulated_trace
+from simulator.validation import PASS_COLUMNS, pass_frame
 from simulator.workload import load_workload
 from solm.cli import main
 from tests.simulator.toy_traces import BLOCK_BYTES, MODEL_META, pasta, seq, write_toy_trace
@@ -124,6 +126,34 @@ def test_serving_config_reads_the_trace_settings():
     )
     assert (c.max_seqs, c.max_batch_tokens, c.kv_capacity_bytes, c.block_size) == (4, 64, 2**19, 8)
     assert c.chunked_prefill is False and c.scheduler == "fcfs"  # a flag given overrides the trace
+    assert c.attention == "visible"  # no serving runtime recorded: each row its visible KV
+    runtime = {"serving": {"max_seqs": 4, "attention": "mask"}}
+    assert serving_config(runtime, MODEL).attention == "pool"  # the runtime's mask attention spans the pool
+    runtime["serving"]["attention"] = "gather"
+    assert serving_config(runtime, MODEL).attention == "visible"
+
+
+def test_a_pass_is_all_it_computed_and_the_keys_it_scored():
+    # one batched pass: request 0 decodes 1 row (5 keys visible, 2 x 32 pool slots scored),
+    # request 1 runs a 6-row prefill chunk (nothing sampled, host_s NaN) scored against the pool too
+    steps = pd.DataFrame(
+        {
+            "request_id": [0, 1],
+            "batch_index": [7, 7],
+            "query_tokens": [1, 0],
+            "kv_tokens_read": [5, 0],
+            "attention_kv_tokens": [32, 6 * 32],
+            "batch_query_tokens": [7, 7],
+            "duration_s": [0.004, 0.004],
+            "start_s": [1.0, 1.0],
+            "active_streams": [1, 0],
+            "chunk": [False, True],
+            "host_s": [0.0002, np.nan],
+        }
+    )
+    f = pass_frame(steps)
+    assert f[PASS_COLUMNS].to_numpy().tolist() == [[7, 224, 0.004, 2, 2]]
+    assert f["host_s"].tolist() == [0.0002] and f["start_s"].tolist() == [1.0]
 
 
 def test_cli_prints_errors_per_load_level(tmp_path, capsys):

@@ -87,6 +87,30 @@ def test_token_dependent_cost_timeline(tmp_path):
     ]
 
 
+class RecordingCost(LinearCost):
+    """LinearCost that keeps the (query tokens, KV tokens scored) of every pass it was asked to time."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[float, float], None] = {}
+
+    def step_time_s(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None):
+        self.seen.update({pair: None for pair in zip(np.atleast_1d(query_tokens), np.atleast_1d(kv_tokens_read))})
+        return super().step_time_s(query_tokens, kv_tokens_read, query_groups, logit_tokens)
+
+
+@pytest.mark.parametrize("attention", ["visible", "pool"])
+def test_attention_scores_visible_kv_or_the_whole_pool(tmp_path, attention):
+    # A: 4-token prompt + 2 decodes (1 page); B: 20-token prompt + 1 decode (2 pages), both at 0.
+    # visible: each row its own KV. pool (the runtime's mask): every row x the pages' high-water mark
+    # (3 pages of 16 slots from the first pass on, also once B has finished and freed its 2)
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), seq(20, 2)], [4, 20]))
+    cost = RecordingCost()
+    run(w, ReplayConfig(max_seqs=2, attention=attention), cost=cost)
+    visible = [(24, 10 + 210), (2, 5 + 21), (1, 6)]
+    pool = [(24, 24 * 48), (2, 2 * 48), (1, 48)]
+    assert list(cost.seen) == (pool if attention == "pool" else visible)
+
+
 def test_token_cap_splits_batches(tmp_path):
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(6, 2), seq(6, 2)], [6, 6]))
     res = run(w, ReplayConfig(max_batch_tokens=8, chunked_prefill=False))  # both prefills (12 tokens) do not fit
@@ -230,6 +254,7 @@ STRETCH_CASES = {  # uniform(requests, prompt, output), config: each exercises a
     "unchunked": ((40, 60, 40), {"max_batch_tokens": 128, "chunked_prefill": False}),
     "peak": ((40, 30, 25), {"reserve": "peak"}),
     "sjf": ((40, 30, 25), {"scheduler": "sjf", "max_batch_tokens": 64}),
+    "pool": ((40, 30, 25), {"attention": "pool", "max_batch_tokens": 64}),  # keys: rows x the pool's high-water
 }
 
 
@@ -251,7 +276,9 @@ def _stretch_runs(monkeypatch, case: str, run_one):
 def _assert_same_passes(fast, slow, case: str) -> None:
     m = fast.metrics
     assert m["passes"] == slow.metrics["passes"] and m["completed"] == 40
-    assert (m["preemptions"] > 0) == (case != "peak") and (m["prefill_chunks"] > 0) == (case in ("chunked", "sjf"))
+    assert (m["preemptions"] > 0) == (case != "peak") and (m["prefill_chunks"] > 0) == (
+        case in ("chunked", "sjf", "pool")
+    )
     for key in ("request", "batch_index", "query", "kv_read", "blocks", "emits", "rebuild", "final"):
         assert np.array_equal(fast.rows[key], slow.rows[key]), key  # the same batches, pass by pass
     per_request = [{r: [(n, t) for r2, n, t in res.timeline() if r2 == r] for r in range(40)} for res in (fast, slow)]
@@ -336,6 +363,7 @@ def test_sjf_ranks_by_what_a_server_knows(tmp_path):
         ({"kv_capacity_bytes": 0}, "KV capacity"),
         ({"memory_utilization": 0.0}, "memory utilization"),
         ({"rate": 1.0, "concurrency": 2}, "not both"),
+        ({"attention": "mask"}, "attention must be one of visible, pool"),
     ],
 )
 def test_bad_settings(kwargs, needle):
