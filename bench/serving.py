@@ -2,7 +2,9 @@
 prediction from a batch-1 calibration.
 
 What: for each system, (1) a batch-1 calibration trace on the dev (train) split (by default through
-the serving runtime at concurrency 1, `--calibration server`; `--calibration engine`: one-at-a-time
+the serving runtime at concurrency 1, `--calibration server`, with the rows sweep the capture
+records beside it, `--rows-sweep`: how the runtime's forward grows with 1-32 rows over pools of
+64-1024 slots; `--no-rows-sweep` calibrates without it; `--calibration engine`: one-at-a-time
 capture through the engine alone); (2) its capacity,
 measured as the request throughput of the dev split all arriving at once under the bench's batch
 settings; (3) on the test split, Poisson loads at 25%, 60% and 90% of that capacity plus one
@@ -28,7 +30,7 @@ batch-1 trace replayed at Poisson rates, one seed per repeat), measured figures 
 load run (p10, median): flat when the simulator knows how a pass grows with the batch, whatever
 the machine's load does to the level.
 
-    .venv/bin/python bench/serving.py [--quick] [--repeats 3] [--n 24] [--work DIR] [--calibration server|engine] [--work DIR]
+    .venv/bin/python bench/serving.py [--quick] [--repeats 3] [--n 24] [--work DIR] [--calibration server|engine] [--no-rows-sweep]
 
 `--work DIR` keeps every capture in DIR and reuses the ones already there: the same measurements
 re-predicted by another simulator (run it again with the same flags).
@@ -57,6 +59,7 @@ from simulator.load_validation import (  # noqa: E402
     pass_time_ratios,
     serving_config,
     summarize_run,
+    sweep_passes,
     validate_one,
 )
 from simulator.models import ModelSpec  # noqa: E402
@@ -79,7 +82,7 @@ MAX_SEQS, MAX_BATCH_TOKENS, POOL_TOKENS, MAX_TOKENS = 8, 512, 512, 128
 # load runs' batch settings, a pool no request of these models can fill (so never a preemption)
 CALIBRATION_SERVER = [
     "--concurrency", "1", "--max-seqs", str(MAX_SEQS), "--max-batch-tokens", str(MAX_BATCH_TOKENS),
-    "--chunked-prefill", "--kv-budget-mib", "64",
+    "--chunked-prefill", "--kv-budget-mib", "64", "--rows-sweep",
 ]  # fmt: skip
 SLO_TTFT_X, SLO_TPOT_X = 5.0, 2.0
 MIB = 1 << 20
@@ -177,7 +180,9 @@ def _spread(values: list) -> list | None:
 class Setup:
     """Per system: calibration (dev), the test split's batch-1 trace, cost, hardware, model, SLO, pool."""
 
-    def __init__(self, name: str, work: Path, n_cal: int, n: int, calibration: str = "server") -> None:
+    def __init__(
+        self, name: str, work: Path, n_cal: int, n: int, calibration: str = "server", rows_sweep: bool = True
+    ) -> None:
         self.name = name
         self.work, self.n = work, n
         if calibration == "server":  # one request at a time through the serving runtime (its own host path)
@@ -189,7 +194,8 @@ class Setup:
         self.ratios: list[np.ndarray] = []  # per load run: (requests in a pass, measured / predicted pass time)
         self.model = ModelSpec.from_trace_meta(self.cal.meta)
         self.hw = trace_hardware(self.cal.meta)
-        self.cost = calibrate_batch1(self.cal, self.hw, self.model)
+        self.cost = calibrate_batch1(self.cal, self.hw, self.model, rows_sweep)
+        self.sweep_passes = len(sweep_passes(self.cal.meta)) if rows_sweep else 0
         self.slo = slo_of(self.cal)
         self.kv_budget_mib = POOL_TOKENS * self.model.kv_bytes_per_token / MIB
 
@@ -418,6 +424,11 @@ def main() -> None:
         help="batch-1 calibration run through the serving runtime at concurrency 1 (default) or through the "
         "engine alone (one-at-a-time capture)",
     )
+    ap.add_argument(
+        "--no-rows-sweep",
+        action="store_true",
+        help="calibrate on the batch-1 passes alone, without the rows sweep the server calibration records",
+    )
     args = ap.parse_args()
     n = args.n or (8 if args.quick else 24)
     names = [s for s in args.systems.split(",") if s]
@@ -438,7 +449,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         work = args.work or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="solm-serving-")))
         work.mkdir(parents=True, exist_ok=True)
-        setups = {name: Setup(name, work, n, n, args.calibration) for name in names}
+        setups = {name: Setup(name, work, n, n, args.calibration, not args.no_rows_sweep) for name in names}
         capacity = {}
         for name, s in setups.items():
             if name in CAPACITY_OF:
@@ -470,6 +481,7 @@ def main() -> None:
         },
         "slo": {name: s.slo for name, s in setups.items()},
         "calibration": args.calibration,
+        "calibration_rows_sweep_passes": {name: s.sweep_passes for name, s in setups.items()},
         "slo_rule": f"TTFT <= {SLO_TTFT_X:g}x and TPOT <= {SLO_TPOT_X:g}x the system's batch-1 medians",
         "e2e_p50_mape_percent": mape(rows, LOW, "e2e_p50_ms"),
         "ttft_p50_mape_percent": mape(rows, LOW, "ttft_p50_ms"),

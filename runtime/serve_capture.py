@@ -52,6 +52,7 @@ class LoadConfig:
     scheduler: str = "fcfs"
     chunked_prefill: bool = False
     attention: str = "mask"
+    rows_sweep: bool = False  # after serving, time the forward over rows x pool sizes (runtime/rows_sweep.py)
 
     def check(self) -> None:
         """Bad settings: ValueError with one clear line (the CLI prints it, exit 2)."""
@@ -215,7 +216,17 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
         counters = sampler.stop()
     write_requests(writer, result, examples, task, tok, scored)
     writer.set_counters(counters)
-    return writer.close(serving_summary(result))
+    extra = serving_summary(result)
+    if load.rows_sweep:
+        from runtime.rows_sweep import REPS, rows_sweep
+
+        extra["rows_sweep"] = {
+            "what": "batched decode passes of R requests over a pool of S slots: forward only, median of reps",
+            "reps": REPS,
+            "attention": load.attention,
+            "passes": rows_sweep(model, cfg.page_size, load.attention),
+        }
+    return writer.close(extra)
 
 
 def write_requests(writer: TraceWriter, result: dict, examples: list, task, tok: Tokenizer, scored: bool) -> None:

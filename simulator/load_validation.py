@@ -140,8 +140,9 @@ def size_medians(steps: np.ndarray) -> np.ndarray:
     )
 
 
-def calibrate_batch1(trace: Trace, hw: HardwareSpec, model: ModelSpec) -> HostCost:
-    """The cost of a pass, fitted on a batch-1 trace only (see the module docstring)."""
+def calibrate_batch1(trace: Trace, hw: HardwareSpec, model: ModelSpec, rows_sweep: bool = True) -> HostCost:
+    """The cost of a pass, fitted on a batch-1 trace only (see the module docstring); with the rows
+    sweep its capture recorded unless `rows_sweep` is False."""
     steps = pass_arrays(trace)[:, :4]
     if len(steps) < 4:
         raise UsageError(f"{trace.path}: the calibration trace has {len(steps)} forward passes; need >= 4")
@@ -152,7 +153,8 @@ def calibrate_batch1(trace: Trace, hw: HardwareSpec, model: ModelSpec) -> HostCo
         steps[:, 2] = np.maximum(steps[:, 2] - host, 0.5 * steps[:, 2])
         per_request, host_per_stream = _line(np.maximum(steps[:, 3], 1), host)
     sizes = size_medians(steps)
-    params = fit_cost_params_to_steps(hw, model, sizes if len(sizes) >= 4 else steps)
+    fit = np.vstack([sizes if len(sizes) >= 4 else steps, sweep_passes(trace.meta) if rows_sweep else np.zeros((0, 4))])
+    params = fit_cost_params_to_steps(hw, model, fit)
     per_pass, per_stream = host_line(trace)
     return HostCost(CostModel(hw, model, params), per_pass, per_stream + host_per_stream, per_request)
 
@@ -162,6 +164,14 @@ def serving_attention(meta: dict) -> str | None:
     mask attention, "visible" for its per-request gathers; None for a trace of no serving run."""
     knobs = {**(meta.get("knobs") or {}), **(meta.get("serving") or {})}
     return RUNTIME_ATTENTION.get(knobs["attention"]) if knobs.get("attention") is not None else None
+
+
+def sweep_passes(meta: dict) -> np.ndarray:
+    """The rows sweep a calibration capture recorded (`solm capture --rows-sweep`, runtime/rows_sweep.py)
+    as fit rows: query tokens, keys scored, forward seconds, streams (one per row: R requests' decodes);
+    none (0 rows) where the trace has none."""
+    passes = (meta.get("rows_sweep") or {}).get("passes") or []
+    return np.array([[p["rows"], p["keys"], p["duration_s"], p["rows"]] for p in passes], dtype=float).reshape(-1, 4)
 
 
 def serving_config(meta: dict, model: ModelSpec, **overrides) -> ReplayConfig:

@@ -88,6 +88,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=["mask", "gather"],
         help="attention over the whole pool with a mask, or over each request's gathered slots",
     )
+    load.add_argument(
+        "--rows-sweep",
+        action="store_true",
+        help="after serving, time the forward over 1-32 rows x 64-1024 pool slots and keep it in meta.json: "
+        "a batch-1 calibration trace (--concurrency 1) then teaches `solm validate --calibrate-from` how a "
+        "batched pass grows (runtime/rows_sweep.py)",
+    )
     p.add_argument("--out", required=True, help="trace directory to write")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -136,6 +143,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not DEVICE.fullmatch(args.device):
         raise UsageError(f"--device must be cpu or cuda[:i], got {args.device!r}")
+    if args.rows_sweep and args.rate is None and args.concurrency is None:
+        raise UsageError("--rows-sweep times the serving runtime's forward: give it with --rate or --concurrency")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -179,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
                 scheduler=args.scheduler,
                 chunked_prefill=args.chunked_prefill,
                 attention=args.attention,
+                rows_sweep=args.rows_sweep,
             )
             out = capture_load(cfg, load, args.out, overwrite=args.force)
         else:

@@ -22,6 +22,7 @@ from tests.cli import solm
         (["--rate", "5", "--kv-budget-mib", "0.000001"], "smaller than one page"),
         (["--rate", "5", "--kv-budget-mib", "0"], "--kv-budget-mib must be > 0"),
         (["--concurrency", "2", "--scheduler", "lifo"], "lifo"),
+        (["--rows-sweep"], "--rows-sweep times the serving runtime's forward"),
     ],
 )
 def test_bad_load_settings_are_one_line_exit_2(tmp_path, flags, message):
@@ -87,6 +88,24 @@ def test_rate_inf_is_a_burst(tmp_path):
     assert len(reqs) == 3 and (reqs["arrival_s"] == reqs["arrival_s"].min()).all()
     raw = (out / "meta.json").read_text()
     assert "Infinity" not in raw and json.loads(raw)["serving"]["arrivals"].startswith("all at once")
+
+
+def test_rows_sweep_is_kept_in_the_meta(tmp_path):
+    """`--rows-sweep`: the forward timed over rows x pool sizes after serving, in meta.json, what
+    `solm validate --calibrate-from` fits beside the passes."""
+    from runtime.rows_sweep import ROWS, SLOTS
+    from simulator.load_validation import sweep_passes
+
+    out = tmp_path / "t"
+    r = solm(
+        "capture", "--system", "sequential", "--n", "2", "--max-tokens", "4", "--concurrency", "1",
+        "--rows-sweep", "--warmup", "0", "--out", str(out), "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    sweep = read_trace(out).meta["rows_sweep"]
+    assert sweep["attention"] == "mask" and len(sweep["passes"]) == len(ROWS) * len(SLOTS)
+    assert all(p["keys"] == p["rows"] * p["slots"] and p["duration_s"] > 0 for p in sweep["passes"])
+    assert sweep_passes(read_trace(out).meta).shape == (len(ROWS) * len(SLOTS), 4)
 
 
 def test_chunked_load_capture_with_the_task_default_max_tokens(tmp_path):

@@ -19,6 +19,7 @@ from simulator.load_validation import (
     pass_arrays,
     serving_config,
     size_medians,
+    sweep_passes,
     validate_load,
 )
 from simulator.models import ModelSpec
@@ -203,3 +204,27 @@ def test_every_pass_size_counts_once_in_the_fit():
     sizes = size_medians(steps)
     assert len(sizes) == 3 and np.allclose(sizes[:, 0], [1, 20, 30])
     assert np.isclose(sizes[0, 2], 0.002)  # one slow 1-row pass (another process took the core) is dropped
+
+
+def test_a_rows_sweep_teaches_the_fit_how_batched_passes_grow(tmp_path):
+    # this machine's batched passes (what the sweep timed) run their ops 4x slower than its batch-1 passes
+    # suggest; the fit with the sweep predicts such a pass far closer than the batch-1 passes alone
+    reqs, prompts = _requests(12, "seq")
+    path = write_toy_trace(tmp_path / "b1", reqs, prompts, timed_by=TRUTH, system="seq")
+    slow = CostModel(HW, MODEL, dataclasses.replace(CostParams.prior(HW).scaled(0.25, 0.25), step_overhead_s=0.002))
+    sweep = [
+        {"rows": r, "slots": s, "keys": r * s, "duration_s": float(slow.step_time_s(r, r * s, r))}
+        for r in (1, 2, 4, 8, 16, 32)
+        for s in (64, 256, 1024)
+    ]
+    meta = json.loads((path / "meta.json").read_text())
+    (path / "meta.json").write_text(json.dumps({**meta, "rows_sweep": {"passes": sweep}}))
+    trace = read_trace(path)
+    assert sweep_passes(trace.meta).shape == (18, 4) and sweep_passes({}).shape == (0, 4)
+    with_sweep, without = calibrate_batch1(trace, HW, MODEL), calibrate_batch1(trace, HW, MODEL, rows_sweep=False)
+    probe = (32, 32 * 1024, 32)
+
+    def error(cost):
+        return abs(cost.forward_s(*probe) / slow.step_time_s(*probe) - 1)
+
+    assert error(with_sweep) < 0.1 < error(without)

@@ -1,0 +1,107 @@
+"""Rows sweep: how the serving runtime's forward pass grows with its rows and its pool, measured.
+
+What: `rows_sweep(model)` times `runtime.server.forward_batch` for batched decode passes of R
+requests (one query row each, R in `ROWS`) over a pool of S slots (S in `SLOTS`; each request
+holds S // R of them), with the server's attention (`mask`: every row scores the whole pool;
+`gather`: each request its own slots). Per shape: rows, keys the attention scored, the median of
+`reps` timings. `solm capture --concurrency 1 --rows-sweep` records it in the calibration trace's
+meta (`meta["rows_sweep"]`), and `simulator.load_validation.calibrate_batch1` fits the forward on
+it beside the trace's own passes.
+
+Why: a batch-1 trace of a sequential or TIP model has passes of 1 row (decodes) and of 10-40
+rows (prompt prefills) over its own KV only, so it cannot show how a pass grows from 1 to 8 rows
+(on a CPU the step from 1 to 2 rows costs several times what each later row does) or what a key
+costs when a row scores a pool of 512 slots. Under load those are the passes that run. The sweep
+shows both, on the same machine and model, without serving more than one request.
+
+The KV slots hold zeros (a pass's time does not depend on the values) and no engine work runs:
+what is timed is the forward the server times for a pass, nothing else.
+
+    from runtime.rows_sweep import rows_sweep
+    rows_sweep(model, page_size=16)   # [{"rows": 1, "slots": 80, "keys": 80, "duration_s": ...}, ...]
+
+    .venv/bin/python -m runtime.rows_sweep --model tip-tiny   # the sweep as a table (ms), rows x pool
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from runtime.engines.base import PassInputs
+from runtime.server import forward_batch
+
+ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+SLOTS = (64, 128, 256, 512, 1024)
+REPS = 5
+WARMUP = 5  # untimed passes before the first shape
+
+
+def rows_sweep(
+    model,
+    page_size: int = 16,
+    attention: str = "mask",
+    rows: tuple[int, ...] = ROWS,
+    slots: tuple[int, ...] = SLOTS,
+    reps: int = REPS,
+) -> list[dict]:
+    """Per (rows, slots) shape: rows, the pool's slot span in the pass (at least S; more where R
+    requests' own pages need more), keys scored and the median seconds of `reps` passes (after
+    one untimed pass of the shape, `WARMUP` before the first)."""
+    out = []
+    for s in slots:
+        for r in rows:
+            kv = model.new_kv_store(page_size=page_size)
+            context = [kv.allocate(max(s // r, 1), owner=i) for i in range(r)]
+            times, keys, span = [], 0, 0
+            warm = 1 if out else WARMUP  # the process's first passes are slower still
+            for rep in range(warm + reps):
+                inputs = _decode_rows(kv, context)
+                t0 = time.perf_counter()
+                logits, _, scored = forward_batch(model, kv, inputs, attention)
+                if logits.device.type == "cuda":
+                    torch.cuda.synchronize()
+                if rep >= warm:  # the first pass of a shape warms its buffers
+                    times.append(time.perf_counter() - t0)
+                keys, span = sum(scored), kv.num_slots
+                kv.free([slot for inp in inputs for slot in inp.slots])
+            out.append({"rows": r, "slots": int(span), "keys": int(keys), "duration_s": statistics.median(times)})
+    return out
+
+
+def _decode_rows(kv, context: list[list[int]]) -> list[PassInputs]:
+    """One decode row per request: a new slot after its context, seeing its context and itself."""
+    inputs = []
+    for owner, held in enumerate(context):
+        (new,) = kv.allocate(1, owner=owner)
+        cols = np.asarray([*held, new], dtype=np.int64)
+        inputs.append(PassInputs([1], [len(held)], [new], cols, np.ones((1, len(cols)), dtype=bool), "decode"))
+    return inputs
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from runtime.checkpoint import load_model
+
+    ap = argparse.ArgumentParser(description="time the serving forward over rows x pool sizes (median ms)")
+    ap.add_argument("--model", default="tip-tiny", help="a shipped model or preset (default tip-tiny)")
+    ap.add_argument("--attention", default="mask", choices=("mask", "gather"))
+    ap.add_argument("--reps", type=int, default=REPS, help=f"timings per shape, the median kept (default {REPS})")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as solm capture)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model, _ = load_model(args.model, "cpu")
+    out = rows_sweep(model, attention=args.attention, reps=args.reps)
+    print(f"{args.model}, {args.attention} attention: forward ms (median of {args.reps}) by rows x pool slots asked")
+    print("rows " + "".join(f"{s:>8d}" for s in SLOTS))
+    for r in ROWS:
+        cells = [p["duration_s"] * 1e3 for p in out if p["rows"] == r]
+        print(f"{r:4d} " + "".join(f"{c:8.3f}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
