@@ -102,12 +102,14 @@ def pass_host_s(trace: Trace) -> np.ndarray | None:
 @dataclasses.dataclass(frozen=True)
 class HostCost:
     """A forward cost model plus host work: `per_pass_s` once per pass, `per_stream_s` per stream in it,
-    `per_request_s` per request in it (the replay adds that term: it knows a pass's requests)."""
+    `per_row_s` per query row in it, `per_request_s` per request in it (the replay adds that term: it
+    knows a pass's requests)."""
 
     forward: CostModel
     per_pass_s: float
     per_stream_s: float
     per_request_s: float = 0.0
+    per_row_s: float = 0.0
 
     @property
     def params(self):
@@ -116,7 +118,7 @@ class HostCost:
     def step_time_s(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None):
         t = self.forward_s(query_tokens, kv_tokens_read, query_groups, logit_tokens)
         groups = np.asarray(query_groups, float) if isinstance(t, np.ndarray) else float(query_groups)
-        return t + self.per_pass_s + self.per_stream_s * groups
+        return t + self.per_pass_s + self.per_stream_s * groups + self.per_row_s * query_tokens
 
     def forward_s(self, query_tokens, kv_tokens_read, query_groups, logit_tokens=None):
         """The forward pass alone (no host work)."""
@@ -147,16 +149,27 @@ def calibrate_batch1(trace: Trace, hw: HardwareSpec, model: ModelSpec, rows_swee
     if len(steps) < 4:
         raise UsageError(f"{trace.path}: the calibration trace has {len(steps)} forward passes; need >= 4")
     host = pass_host_s(trace)
-    per_request = host_per_stream = 0.0
+    per_request = per_row = host_per_stream = 0.0
     if host is not None:  # the forward is fitted on the pass without its request's host work
         steps = steps.copy()
         steps[:, 2] = np.maximum(steps[:, 2] - host, 0.5 * steps[:, 2])
-        per_request, host_per_stream = _line(np.maximum(steps[:, 3], 1), host)
+        per_request, per_row, host_per_stream = host_terms(steps[:, 0], np.maximum(steps[:, 3], 1), host)
     sizes = size_medians(steps)
     fit = np.vstack([sizes if len(sizes) >= 4 else steps, sweep_passes(trace.meta) if rows_sweep else np.zeros((0, 4))])
     params = fit_cost_params_to_steps(hw, model, fit)
     per_pass, per_stream = host_line(trace)
-    return HostCost(CostModel(hw, model, params), per_pass, per_stream + host_per_stream, per_request)
+    return HostCost(CostModel(hw, model, params), per_pass, per_stream + host_per_stream, per_request, per_row)
+
+
+def host_terms(rows: np.ndarray, streams: np.ndarray, host: np.ndarray) -> tuple[float, float, float]:
+    """(per request, per row, per stream) seconds of a request's host work in a pass, each >= 0, by
+    least squares over its passes: building and reading back its rows (`inputs()`, `after()`) costs
+    a fixed part and a part per row (its ids, positions, visibility, sampled logits), and where
+    streams vary apart from rows (PASTA's threads, parsed one by one) a part per stream."""
+    from scipy.optimize import nnls
+
+    x, _ = nnls(np.column_stack([np.ones_like(rows), rows, streams]).astype(float), np.asarray(host, float))
+    return float(x[0]), float(x[1]), float(x[2])
 
 
 def serving_attention(meta: dict) -> str | None:
@@ -345,6 +358,7 @@ def pass_time_ratios(trace: Trace, cost: HostCost) -> np.ndarray:
         + cost.per_pass_s
         + cost.per_stream_s * p[:, 3]
         + cost.per_request_s * p[:, 4]
+        + cost.per_row_s * p[:, 0]
     )
     ok = np.isfinite(total) & ~idle
     return np.column_stack([p[ok, 4], total[ok] / pred[ok]])
@@ -386,6 +400,8 @@ def validate_load(
         "host_per_pass_s": cost.per_pass_s,
         "host_per_stream_s": cost.per_stream_s,
         "host_per_request_s": cost.per_request_s,
+        "host_per_row_s": cost.per_row_s,
+        "rows_sweep_passes": int(len(sweep_passes(calib.meta))),
         "cost_params": cost.params.source,
         "levels": levels,
     }

@@ -69,7 +69,8 @@ def run_load(args: argparse.Namespace) -> int:
         print(
             f"{v['system']} with {v['model']} on {v['hardware']}: calibrated on {v['calibrate_from']} only "
             f"({v['calibration_passes']} batch-1 passes; host {v['host_per_pass_s'] * 1e3:.2f} ms/pass + "
-            f"{v['host_per_stream_s'] * 1e3:.2f} ms/stream + {v['host_per_request_s'] * 1e3:.2f} ms/request)"
+            f"{v['host_per_stream_s'] * 1e3:.2f} ms/stream + {v['host_per_request_s'] * 1e3:.2f} ms/request + "
+            f"{v['host_per_row_s'] * 1e6:.1f} us/row; {v['rows_sweep_passes']} rows-sweep passes)"
         )
         print(
             f"  {'load':>12s} {'reqs':>5s} {'batch m/s':>10s} {'preempt m/s':>11s}   "
