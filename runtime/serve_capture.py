@@ -178,35 +178,9 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
     sampler = CounterSampler(cfg.counters_interval_s, use_nvml=cfg.device.startswith("cuda"))
     clock = WallClock()
     server = Server(engine, scheduler=make_scheduler(load), clock=clock, **server_args)
-    meta = {
-        **capture_meta(cfg, model, info, sampler, "perf_counter", scored),
-        "serving": {
-            "rate_per_s": load.rate if load.rate is None or math.isfinite(load.rate) else None,
-            "concurrency": load.concurrency,
-            "max_seqs": load.max_seqs,
-            "max_batch_tokens": load.max_batch_tokens,
-            "kv_budget_mib": load.kv_budget_mib,
-            "pool_pages": server.pool_capacity_blocks,
-            "pool_bytes": server.pool_capacity_blocks * server.store.page_bytes,
-            "scheduler": load.scheduler,
-            "chunked_prefill": load.chunked_prefill,
-            "attention": load.attention,
-            "arrivals": _arrivals_kind(load.rate),
-        },
-    }
+    meta = {**capture_meta(cfg, model, info, sampler, "perf_counter", scored), "serving": serving_meta(load, server)}
     writer = TraceWriter(out, meta, overwrite=overwrite)
-    prompts = [ex.prompt for ex in examples]
-    if load.rate is not None:
-        arrivals = list(zip(poisson_arrivals(len(prompts), load.rate, cfg.seed), prompts))
-        more = None
-    else:
-        first = min(load.concurrency, len(prompts))
-        arrivals = [(0.0, p) for p in prompts[:first]]
-        queue = list(prompts[first:])
-
-        def more(rid: int, t: float):
-            return (t, queue.pop(0)) if queue else None
-
+    arrivals, more = load_arrivals(load, [ex.prompt for ex in examples], cfg.seed)
     sampler.start()
     server.clock = clock = WallClock()  # arrivals count from here
     sampler.origin = clock.t0
@@ -218,15 +192,50 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
     writer.set_counters(counters)
     extra = serving_summary(result)
     if load.rows_sweep:
-        from runtime.rows_sweep import REPS, rows_sweep
-
-        extra["rows_sweep"] = {
-            "what": "batched decode passes of R requests over a pool of S slots: forward only, median of reps",
-            "reps": REPS,
-            "attention": load.attention,
-            "passes": rows_sweep(model, cfg.page_size, load.attention),
-        }
+        extra["rows_sweep"] = rows_sweep_meta(model, cfg.page_size, load.attention)
     return writer.close(extra)
+
+
+def serving_meta(load: LoadConfig, server: Server) -> dict:
+    """meta.json `serving`: the load and batch settings the run used."""
+    return {
+        "rate_per_s": load.rate if load.rate is None or math.isfinite(load.rate) else None,
+        "concurrency": load.concurrency,
+        "max_seqs": load.max_seqs,
+        "max_batch_tokens": load.max_batch_tokens,
+        "kv_budget_mib": load.kv_budget_mib,
+        "pool_pages": server.pool_capacity_blocks,
+        "pool_bytes": server.pool_capacity_blocks * server.store.page_bytes,
+        "scheduler": load.scheduler,
+        "chunked_prefill": load.chunked_prefill,
+        "attention": load.attention,
+        "arrivals": _arrivals_kind(load.rate),
+    }
+
+
+def load_arrivals(load: LoadConfig, prompts: list[str], seed: int):
+    """(the first arrivals as (arrival_s, prompt), the closed loop's next-arrival callback or None)."""
+    if load.rate is not None:
+        return list(zip(poisson_arrivals(len(prompts), load.rate, seed), prompts)), None
+    first = min(load.concurrency, len(prompts))
+    queue = list(prompts[first:])
+
+    def more(rid: int, t: float):
+        return (t, queue.pop(0)) if queue else None
+
+    return [(0.0, p) for p in prompts[:first]], more
+
+
+def rows_sweep_meta(model, page_size: int, attention: str) -> dict:
+    """meta.json `rows_sweep` (`--rows-sweep`): the forward timed over rows x pool sizes."""
+    from runtime.rows_sweep import REPS, rows_sweep
+
+    return {
+        "what": "batched decode passes of R requests over a pool of S slots: forward only, median of reps",
+        "reps": REPS,
+        "attention": attention,
+        "passes": rows_sweep(model, page_size, attention),
+    }
 
 
 def write_requests(writer: TraceWriter, result: dict, examples: list, task, tok: Tokenizer, scored: bool) -> None:
