@@ -133,6 +133,7 @@ class GemmParams:
     launch_overheads: float = 1.5  # fixed cost per kernel, in the part's launch overheads
     overlap_p: float = 3.0  # a wave's compute and memory overlap as a p-norm (large p: max)
     choice_q: float = 0.0  # 0: the fastest kernel; q > 0: a power mean (exponent -q) of all
+    tail_share: float = 0.0  # share of a partial last wave's idle SM time recovered (0: pure waves)
 
     def __post_init__(self) -> None:
         bounds = {
@@ -143,8 +144,9 @@ class GemmParams:
             "fill_iters": (None, None),
             "overlap_p": (None, None),
             "choice_q": (None, None),
+            "tail_share": (None, 1),
         }
-        minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0}
+        minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0, "tail_share": 0.0}
         for name, (low, high) in bounds.items():
             value = getattr(self, name)
             ok = isinstance(value, (int, float)) and not math.isnan(value)
@@ -196,8 +198,11 @@ def _kernel(
     busiest = full_waves * tile.ctas_per_sm + np.ceil(last / sms)
     # Pipeline fill: a CTA's prologue and epilogue overlap the main loop of the other CTAs
     # resident on its SM, so an SM pays the fill once per ctas_per_sm tiles (1-CTA tiles: per tile).
-    fills = np.ceil(busiest / tile.ctas_per_sm)
-    compute = (busiest * iters + fills * p.fill_iters) * iter_s
+    quantized = busiest * iters + np.ceil(busiest / tile.ctas_per_sm) * p.fill_iters
+    # A partial last wave recovers `tail_share` of its idle SMs' time: the compute blends the
+    # quantized waves with the fluid time of the same tiles spread evenly over every SM.
+    fluid = tiles / sms * (iters + p.fill_iters / tile.ctas_per_sm)
+    compute = ((1.0 - p.tail_share) * quantized + p.tail_share * fluid) * iter_s
     bandwidth = hw.hbm_bytes_per_s * p.memory_eff
     memory = _hbm_bytes(m, k, n, rows, cols, tile, per_wave, split, hw, dtype_bytes) / bandwidth
     # Every full wave streams the same share of the bytes per tile, so summing the waves'
