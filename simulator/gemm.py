@@ -9,7 +9,7 @@ wave's compute time is its busiest SM's tile count x one tile's time at the SM's
 `tensor_eff` of the SM's peak: the part's peak at its sustained clock over its SMs) or by feeding
 the tile's operands from L2 (`feed_bytes_per_clock` per SM: small tiles reuse less). A partial last
 wave recovers `tail_share` of its idle SMs' time (the compute is (1 - s) x the quantized waves +
-s x the same tiles spread evenly over every SM): on the A100 data a partial wave runs faster than a
+s x the same tiles spread evenly over every SM, never below one tile-time): on the A100 data a partial wave runs faster than a
 full one, as its SMs share L2, HBM and the power budget with fewer others, and the libraries'
 split-K and stream-K kernels fill part of the tail. The memory
 time is the kernel's HBM bytes (operands not reused from L2, plus outputs and split-K partials)
@@ -205,8 +205,9 @@ def _kernel(
     # resident on its SM, so an SM pays the fill once per ctas_per_sm tiles (1-CTA tiles: per tile).
     quantized = busiest * iters + np.ceil(busiest / tile.ctas_per_sm) * p.fill_iters
     # A partial last wave recovers `tail_share` of its idle SMs' time: the compute blends the
-    # quantized waves with the fluid time of the same tiles spread evenly over every SM.
-    fluid = tiles / sms * (iters + p.fill_iters / tile.ctas_per_sm)
+    # quantized waves with the fluid time of the same tiles spread evenly over every SM, but no
+    # kernel is faster than one tile-time (fewer tiles than SMs: only split-K spreads the work).
+    fluid = np.maximum(tiles / sms, 1.0) * (iters + p.fill_iters / tile.ctas_per_sm)
     compute = ((1.0 - p.tail_share) * quantized + p.tail_share * fluid) * iter_s
     bandwidth = hw.hbm_bytes_per_s * p.memory_eff
     memory = _hbm_bytes(m, k, n, rows, cols, tile, per_wave, split, hw, dtype_bytes) / bandwidth

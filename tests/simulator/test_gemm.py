@@ -61,7 +61,8 @@ def test_five_tiles_take_two_waves_four_tiles_one() -> None:
 
 
 def test_tail_share_recovers_part_of_the_last_waves_idle_time() -> None:
-    """tail_share s: the compute is (1 - s) x the quantized waves + s x the tiles spread evenly."""
+    """tail_share s: the compute is (1 - s) x the quantized waves + s x the tiles spread evenly,
+    never less than one tile-time."""
     part = _four_sm_part()
     tile = (Tile(128, 128, 32, ctas_per_sm=1),)
 
@@ -72,6 +73,7 @@ def test_tail_share_recovers_part_of_the_last_waves_idle_time() -> None:
     one_wave_s = time_s(4, 0.0)
     for share in (0.25, 0.6, 1.0):
         assert time_s(4, share) == pytest.approx(one_wave_s, rel=1e-12)  # full waves: nothing to recover
+        assert time_s(1, share) == pytest.approx(one_wave_s, rel=1e-12)  # one tile takes a tile-time
         assert time_s(8, share) == pytest.approx(2 * one_wave_s, rel=1e-12)
         assert time_s(5, share) == pytest.approx(((1 - share) * 2 + share * 5 / 4) * one_wave_s, rel=1e-12)
         times = [time_s(n, share) for n in range(1, 14)]
