@@ -98,13 +98,17 @@ def fit_gemm(
     thin: int = 1,
     fixed: dict[str, float] | None = None,
     f_scale: float = 0.05,
+    lower: dict[str, float] | None = None,
 ) -> GemmParams:
     """Least-squares fit of the tile parameters to measured GEMM rows (every `thin`-th token
-    count of each shape, to bound the time); `fixed` holds fields not fitted."""
+    count of each shape, to bound the time); `fixed` holds fields not fitted, `lower` other
+    lower bounds than `_LOWER` (the start moves up to a raised bound)."""
     rows = rows[rows.groupby(["model", "tp", "op"]).cumcount() % thin == 0].reset_index(drop=True)
     measured = rows["time_s"].to_numpy(float)
     fixed = dict(fixed or {})
     free = [i for i, name in enumerate(FIT_FIELDS) if name not in fixed]
+    low = np.array([dict(lower or {}).get(name, _LOWER[i]) for i, name in enumerate(FIT_FIELDS)])
+    start = np.maximum(_START, low)
 
     def params_of(x: np.ndarray) -> GemmParams:
         values = dict(fixed)
@@ -118,15 +122,39 @@ def fit_gemm(
     # next) should not pull the tile parameters.
     result = least_squares(
         residuals,
-        _START[free],
-        bounds=(_LOWER[free], _UPPER[free]),
-        x_scale=_START[free],
+        start[free],
+        bounds=(low[free], _UPPER[free]),
+        x_scale=start[free],
         diff_step=1e-2,
         loss="soft_l1",
         f_scale=f_scale,
         method="trf",
     )
     return params_of(result.x)
+
+
+def dev_split_predictions(
+    rows: pd.DataFrame,
+    seeds: tuple[int, ...] = (0, 1),
+    thin: int = 8,
+    fixed: dict[str, float] | None = None,
+    lower: dict[str, float] | None = None,
+) -> pd.DataFrame:
+    """The dev split on which modelling choices are made (not the bench's folds): per seed, the
+    (K, N) shapes shuffled and halved; fit on one half (every `thin`-th token count), predict
+    the other, then the reverse. The GEMM rows of every test half with a `tiles_s` column."""
+    shapes = sorted(set(zip(rows["K"], rows["N"])))
+    frames = []
+    for seed in seeds:
+        order = list(shapes)
+        np.random.default_rng(seed).shuffle(order)
+        half = set(order[::2])
+        in_half = np.array([(k, n) in half for k, n in zip(rows["K"], rows["N"])])
+        for train_mask in (in_half, ~in_half):
+            train, test = rows[train_mask].reset_index(drop=True), rows[~train_mask].reset_index(drop=True)
+            params = fit_gemm(train, thin=thin, fixed={**FIXED_FROM_DATASHEETS, **(fixed or {})}, lower=lower)
+            frames.append(test.assign(seed=seed, tiles_s=predict_tiles(test, params)))
+    return pd.concat(frames, ignore_index=True)
 
 
 def _folds(rows: pd.DataFrame, split: str) -> Iterator[tuple[str, pd.Series]]:

@@ -239,6 +239,26 @@ def test_fit_recovers_synthetic_parameters() -> None:
     assert set(FIT_FIELDS) <= {f.name for f in dataclasses.fields(GemmParams)}
 
 
+def test_dev_split_holds_out_whole_shapes() -> None:
+    """Each seed halves the shapes: every row is predicted once per seed, by a fit that never saw
+    its (K, N); on times the model generated, the held-out predictions match them."""
+    import pandas as pd
+
+    from simulator.gemm_fit import dev_split_predictions, predict_tiles
+
+    truth = GemmParams(fill_iters=3.0, choice_q=10.0, tail_share=0.5)
+    m = np.array([1, 64, 200, 1000, 4096], dtype=float)
+    rows = pd.DataFrame(
+        [{"model": "x", "tp": 1, "op": f"{k}x{n}", "num_tokens": v, "K": k, "N": n} for k, n in SHAPES[:4] for v in m]
+    )
+    rows["time_s"] = predict_tiles(rows, truth)
+    fixed = {"choice_q": 10.0, "overlap_p": truth.overlap_p}
+    held = dev_split_predictions(rows, seeds=(0, 1), thin=1, fixed=fixed)
+    assert len(held) == 2 * len(rows)
+    assert held.groupby(["seed", "K", "N", "num_tokens"]).size().eq(1).all()
+    np.testing.assert_allclose(held["tiles_s"], held["time_s"], rtol=0.03)
+
+
 def test_shipped_tile_fit_reproduces_its_recorded_error() -> None:
     from simulator.calibrate import CALIBRATION_PATH, load_vidur
     from simulator.gemm_fit import gemm_rows, predict_tiles
