@@ -4,7 +4,7 @@ What: the public vidur A100 profiles (simulator/data/vidur-a100: Llama-2-7B/70B,
 TP 1/2/4/8, Phi-2 at TP 1) hold ~16,500 GEMM timings (QKV, output projection, MLP up and down).
 For each fold, leave one model out (4 folds) and leave one tensor-parallel degree out (4 folds),
 both cost models are refitted on the remaining rows: the tile-and-wave GEMM model
-(`simulator.gemm`, 6 fitted numbers shared by all GEMMs) and the old per-family roofline
+(`simulator.gemm`, 7 fitted numbers shared by all GEMMs) and the old per-family roofline
 (`OpEfficiency`, 4 numbers per op family). Errors are absolute percentage errors (APE) on held-out
 rows whose (K, N) shape never occurs in the fold's fit set, pooled over all folds; per op family,
 per token-count band and per fold beside them.
@@ -123,7 +123,7 @@ def dev(fixed: dict[str, float], lower: dict[str, float]) -> dict:
     """Median and p90 APE of the tile model on the dev split, pooled and per token band."""
     start = time.perf_counter()
     held = dev_split_predictions(gemm_rows(load_vidur()), fixed=fixed, lower=lower)
-    ape = ape_percent(held["tiles_s"], held["time_s"])
+    ape = pd.Series(ape_percent(held["tiles_s"], held["time_s"]), index=held.index)
     bands = ape.groupby(pd.cut(held["num_tokens"], TOKEN_BINS), observed=True)
     print(
         f"dev split (shape halves, seeds 0 and 1; fixed {fixed or 'none'}, lower bounds {lower or 'default'}): "

@@ -2,9 +2,10 @@
 shapes it never saw.
 
 What: `gemm_rows` turns the vidur per-op table (`simulator.calibrate.load_vidur`) into one row
-per GEMM measurement with its (M, K, N); `fit_gemm` fits six `GemmParams` numbers (tensor and
-HBM efficiency inside a tile, pipeline fill, launch overhead, overlap, kernel-choice spread; the
-L2 feed comes from the A100 whitepaper) by least squares on log(predicted / measured);
+per GEMM measurement with its (M, K, N); `fit_gemm` fits seven `GemmParams` numbers (tensor and
+HBM efficiency inside a tile, pipeline fill, launch overhead, overlap, kernel-choice spread,
+share of the last wave recovered; the L2 feed comes from the A100 whitepaper) by least squares
+on log(predicted / measured);
 `holdout_predictions` and `summary` fit on some shapes and report the error on held-out ones:
 leave one model out and leave one tensor-parallel degree out, pooled over rows whose (K, N)
 shape never occurs in the fold's fit set, with the old per-family roofline
