@@ -132,6 +132,8 @@ def dev(fixed: dict[str, float], lower: dict[str, float]) -> dict:
     print(f"  all: median {np.median(ape):.2f}  p90 {np.percentile(ape, 90):.2f}")
     for band, values in bands:
         print(f"  {str(band):18s} median {np.median(values):5.2f}  p90 {np.percentile(values, 90):5.2f}")
+    for params in held.attrs["params"]:
+        print("  fitted:", ", ".join(f"{name} {getattr(params, name):.3g}" for name in FIT_FIELDS))
     return {
         "bench": "cost_model_dev",
         "fixed": fixed,

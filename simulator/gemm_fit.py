@@ -144,9 +144,10 @@ def dev_split_predictions(
 ) -> pd.DataFrame:
     """The dev split on which modelling choices are made (not the bench's folds): per seed, the
     (K, N) shapes shuffled and halved; fit on one half (every `thin`-th token count), predict
-    the other, then the reverse. The GEMM rows of every test half with a `tiles_s` column."""
+    the other, then the reverse. The GEMM rows of every test half with a `tiles_s` column;
+    `.attrs["params"]` lists the fitted parameters in the same order."""
     shapes = sorted(set(zip(rows["K"], rows["N"])))
-    frames = []
+    frames, fitted = [], []
     for seed in seeds:
         order = list(shapes)
         np.random.default_rng(seed).shuffle(order)
@@ -156,7 +157,10 @@ def dev_split_predictions(
             train, test = rows[train_mask].reset_index(drop=True), rows[~train_mask].reset_index(drop=True)
             params = fit_gemm(train, thin=thin, fixed={**FIXED_FROM_DATASHEETS, **(fixed or {})}, lower=lower)
             frames.append(test.assign(seed=seed, tiles_s=predict_tiles(test, params)))
-    return pd.concat(frames, ignore_index=True)
+            fitted.append(params)
+    held = pd.concat(frames, ignore_index=True)
+    held.attrs["params"] = fitted
+    return held
 
 
 def _folds(rows: pd.DataFrame, split: str) -> Iterator[tuple[str, pd.Series]]:
