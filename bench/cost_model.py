@@ -4,7 +4,7 @@ What: the public vidur A100 profiles (simulator/data/vidur-a100: Llama-2-7B/70B,
 TP 1/2/4/8, Phi-2 at TP 1) hold ~16,500 GEMM timings (QKV, output projection, MLP up and down).
 For each fold, leave one model out (4 folds) and leave one tensor-parallel degree out (4 folds),
 both cost models are refitted on the remaining rows: the tile-and-wave GEMM model
-(`simulator.gemm`, 6 fitted numbers shared by all GEMMs) and the old per-family roofline
+(`simulator.gemm`, 7 fitted numbers shared by all GEMMs) and the old per-family roofline
 (`OpEfficiency`, 4 numbers per op family). Errors are absolute percentage errors (APE) on held-out
 rows whose (K, N) shape never occurs in the fold's fit set, pooled over all folds; per op family,
 per token-count band and per fold beside them.
@@ -19,11 +19,16 @@ profile (the full run on every 2nd); evaluation always covers every held-out row
 Last line: {"bench": "cost_model", "a100_unseen_median_ape_percent", "a100_unseen_p90_ape_percent",
 "old_model_unseen_median_ape_percent", "old_model_unseen_p90_ape_percent", ...}.
 
+`--dev` scores the tile model on the dev split on which its modelling choices were made (not the
+folds above): the (K, N) shapes shuffled (seeds 0 and 1) and halved, fit on one half (every 8th
+token count), score the other and the reverse; `--fix NAME=VALUE` and `--min NAME=VALUE` (either
+repeated) fix a tile parameter or set its lower bound there, to compare variants.
+
 `--transfer` prints only what the two models predict on other parts (no measurement: there is
 no public GEMM data for them here): achieved TFLOP/s and TB/s of Llama-3-8B's GEMMs at 1, 300
 and 4096 tokens on every GPU of the catalog.
 
-    .venv/bin/python bench/cost_model.py [--quick | --transfer]
+    .venv/bin/python bench/cost_model.py [--quick | --transfer | --dev [--fix NAME=VALUE] [--min NAME=VALUE]]
 """
 
 from __future__ import annotations
@@ -39,9 +44,21 @@ sys.path.insert(0, str(ROOT))
 
 import dataclasses  # noqa: E402
 
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
 from simulator.calibrate import load_vidur  # noqa: E402
 from simulator.cost import CostModel, gemm_shapes  # noqa: E402
-from simulator.gemm_fit import holdout_predictions, summary, unseen_keys  # noqa: E402
+from simulator.gemm_fit import (  # noqa: E402
+    FIT_FIELDS,
+    TOKEN_BINS,
+    ape_percent,
+    dev_split_predictions,
+    gemm_rows,
+    holdout_predictions,
+    summary,
+    unseen_keys,
+)
 from simulator.hardware import HARDWARE  # noqa: E402
 from simulator.models import get_model  # noqa: E402
 
@@ -88,13 +105,61 @@ def transfer() -> dict:
     return rows
 
 
+def _settings(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, float]:
+    """NAME=VALUE pairs of tile parameters (--fix, --min)."""
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            parser.error(f"{item!r}: expected NAME=NUMBER")
+        if name not in FIT_FIELDS:
+            parser.error(f"{name!r}: not a fitted tile parameter ({', '.join(FIT_FIELDS)})")
+    return out
+
+
+def dev(fixed: dict[str, float], lower: dict[str, float]) -> dict:
+    """Median and p90 APE of the tile model on the dev split, pooled and per token band."""
+    start = time.perf_counter()
+    held = dev_split_predictions(gemm_rows(load_vidur()), fixed=fixed, lower=lower)
+    ape = pd.Series(ape_percent(held["tiles_s"], held["time_s"]), index=held.index)
+    bands = ape.groupby(pd.cut(held["num_tokens"], TOKEN_BINS), observed=True)
+    print(
+        f"dev split (shape halves, seeds 0 and 1; fixed {fixed or 'none'}, lower bounds {lower or 'default'}): "
+        f"{len(held)} rows, {time.perf_counter() - start:.0f} s"
+    )
+    print(f"  all: median {np.median(ape):.2f}  p90 {np.percentile(ape, 90):.2f}")
+    for band, values in bands:
+        print(f"  {str(band):18s} median {np.median(values):5.2f}  p90 {np.percentile(values, 90):5.2f}")
+    for params in held.attrs["params"]:
+        print("  fitted:", ", ".join(f"{name} {getattr(params, name):.3g}" for name in FIT_FIELDS))
+    return {
+        "bench": "cost_model_dev",
+        "fixed": fixed,
+        "lower": lower,
+        "dev_median_ape_percent": round(float(np.median(ape)), 2),
+        "dev_p90_ape_percent": round(float(np.percentile(ape, 90)), 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fit on every 8th token count")
     parser.add_argument(
         "--transfer", action="store_true", help="only print both models' predictions on the catalog's GPUs"
     )
+    parser.add_argument("--dev", action="store_true", help="score the tile model on the dev split of shapes")
+    parser.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE", help="with --dev: fix a parameter")
+    parser.add_argument(
+        "--min", action="append", default=[], metavar="NAME=VALUE", help="with --dev: set a lower bound"
+    )
     args = parser.parse_args()
+    if args.dev:
+        print(json.dumps(dev(_settings(parser, args.fix), _settings(parser, args.min))))
+        return
+    if args.fix or args.min:
+        parser.error("--fix and --min go with --dev")
     if args.transfer:
         rows = transfer()
         print(json.dumps({"bench": "cost_model_transfer", "llama_3_8b_up_proj": rows}))

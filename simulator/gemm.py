@@ -7,7 +7,11 @@ wave's compute time is its busiest SM's tile count x one tile's time at the SM's
 5 tiles on 4 SMs takes two tile-times, one of 4 tiles one). One tile's time is its k-iterations
 (plus `fill_iters` of pipeline prologue and epilogue), each limited either by the tensor cores (at
 `tensor_eff` of the SM's peak: the part's peak at its sustained clock over its SMs) or by feeding
-the tile's operands from L2 (`feed_bytes_per_clock` per SM: small tiles reuse less). The memory
+the tile's operands from L2 (`feed_bytes_per_clock` per SM: small tiles reuse less). A partial last
+wave recovers `tail_share` of its idle SMs' time (the compute is (1 - s) x the quantized waves +
+s x the same tiles spread evenly over every SM, never below one tile-time): on the A100 data a partial wave runs faster than a
+full one, as its SMs share L2, HBM and the power budget with fewer others, and the libraries'
+split-K and stream-K kernels fill part of the tail. The memory
 time is the kernel's HBM bytes (operands not reused from L2, plus outputs and split-K partials)
 at `memory_eff` of the HBM bandwidth. Every full wave carries the same bytes per tile, so the
 waves' compute and memory times are summed first and overlapped once, as a p-norm
@@ -23,7 +27,8 @@ swing in sign; and efficiencies that describe a tile, not a whole op, carry to p
 SM counts, clocks and bandwidths (NeuSight, ASPLOS 2025: per-tile utilisation bounded by the
 roofline, counted over waves). Monotone by construction: more tokens never mean fewer tiles,
 waves or bytes; more SMs or bandwidth never mean more waves, fewer reused bytes or slower
-tiles; a minimum or power mean over kernels of monotone times is monotone.
+tiles; the tail blend is a positive mix of two such counts (waves and tiles / SMs); a minimum or
+power mean over kernels of monotone times is monotone.
 
 Vectorised over M (floats or numpy arrays); the other arguments are scalars.
 """
@@ -133,6 +138,7 @@ class GemmParams:
     launch_overheads: float = 1.5  # fixed cost per kernel, in the part's launch overheads
     overlap_p: float = 3.0  # a wave's compute and memory overlap as a p-norm (large p: max)
     choice_q: float = 0.0  # 0: the fastest kernel; q > 0: a power mean (exponent -q) of all
+    tail_share: float = 0.0  # share of a partial last wave's idle SM time recovered (0: pure waves)
 
     def __post_init__(self) -> None:
         bounds = {
@@ -143,8 +149,9 @@ class GemmParams:
             "fill_iters": (None, None),
             "overlap_p": (None, None),
             "choice_q": (None, None),
+            "tail_share": (None, 1),
         }
-        minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0}
+        minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0, "tail_share": 0.0}
         for name, (low, high) in bounds.items():
             value = getattr(self, name)
             ok = isinstance(value, (int, float)) and not math.isnan(value)
@@ -196,8 +203,12 @@ def _kernel(
     busiest = full_waves * tile.ctas_per_sm + np.ceil(last / sms)
     # Pipeline fill: a CTA's prologue and epilogue overlap the main loop of the other CTAs
     # resident on its SM, so an SM pays the fill once per ctas_per_sm tiles (1-CTA tiles: per tile).
-    fills = np.ceil(busiest / tile.ctas_per_sm)
-    compute = (busiest * iters + fills * p.fill_iters) * iter_s
+    quantized = busiest * iters + np.ceil(busiest / tile.ctas_per_sm) * p.fill_iters
+    # A partial last wave recovers `tail_share` of its idle SMs' time: the compute blends the
+    # quantized waves with the fluid time of the same tiles spread evenly over every SM, but no
+    # kernel is faster than one tile-time (fewer tiles than SMs: only split-K spreads the work).
+    fluid = np.maximum(tiles / sms, 1.0) * (iters + p.fill_iters / tile.ctas_per_sm)
+    compute = ((1.0 - p.tail_share) * quantized + p.tail_share * fluid) * iter_s
     bandwidth = hw.hbm_bytes_per_s * p.memory_eff
     memory = _hbm_bytes(m, k, n, rows, cols, tile, per_wave, split, hw, dtype_bytes) / bandwidth
     # Every full wave streams the same share of the bytes per tile, so summing the waves'
@@ -317,7 +328,8 @@ def gemm_time_s(m: Number, k: float, n: float, hw: HardwareSpec, p: GemmParams, 
 
 def bound(kernel: KernelTimes, index: int = 0) -> str:
     """Why the kernel takes its time: "compute", "memory", "wave" (quantization: the waves'
-    time exceeds the ideal by over 15%) or "launch" (fixed costs are most of it)."""
+    compute time, less the share of the last wave recovered, exceeds the ideal by over 15%) or
+    "launch" (fixed costs are most of it)."""
 
     def at(value: Any) -> float:
         return float(np.atleast_1d(value)[index])

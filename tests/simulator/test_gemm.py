@@ -60,6 +60,28 @@ def test_five_tiles_take_two_waves_four_tiles_one() -> None:
     assert (kernel.tiles, kernel.waves, kernel.tile) == (5, 2, ["128x128x32"])
 
 
+def test_tail_share_recovers_part_of_the_last_waves_idle_time() -> None:
+    """tail_share s: the compute is (1 - s) x the quantized waves + s x the tiles spread evenly,
+    never less than one tile-time."""
+    part = _four_sm_part()
+    tile = (Tile(128, 128, 32, ctas_per_sm=1),)
+
+    def time_s(n_tiles: int, share: float) -> float:
+        params = GemmParams(fill_iters=0.0, choice_q=0.0, tail_share=share)
+        return gemm_kernel(128, 4096, 128 * n_tiles, part, params, tiles=tile, splits=(1,)).time_s
+
+    one_wave_s = time_s(4, 0.0)
+    for share in (0.25, 0.6, 1.0):
+        assert time_s(4, share) == pytest.approx(one_wave_s, rel=1e-12)  # full waves: nothing to recover
+        assert time_s(1, share) == pytest.approx(one_wave_s, rel=1e-12)  # one tile takes a tile-time
+        assert time_s(8, share) == pytest.approx(2 * one_wave_s, rel=1e-12)
+        assert time_s(5, share) == pytest.approx(((1 - share) * 2 + share * 5 / 4) * one_wave_s, rel=1e-12)
+        times = [time_s(n, share) for n in range(1, 14)]
+        assert all(b >= a for a, b in zip(times, times[1:])), share
+    with pytest.raises(ValueError, match="tail_share"):
+        GemmParams(tail_share=1.5)
+
+
 def test_split_k_wins_for_few_tiles_on_many_sms() -> None:
     """One output tile on 108 SMs: slicing K spreads it over more SMs."""
     a100 = get_hardware("a100-80g")
@@ -196,7 +218,13 @@ def test_fit_recovers_synthetic_parameters() -> None:
     from simulator.gemm_fit import FIT_FIELDS, fit_gemm, predict_tiles
 
     truth = GemmParams(
-        tensor_eff=0.8, fill_iters=3.0, memory_eff=0.85, launch_overheads=1.0, overlap_p=3.0, choice_q=10.0
+        tensor_eff=0.8,
+        fill_iters=3.0,
+        memory_eff=0.85,
+        launch_overheads=1.0,
+        overlap_p=3.0,
+        choice_q=10.0,
+        tail_share=0.5,
     )
     m = np.array([1, 64, 200, 1000, 4096], dtype=float)
     rows = pd.DataFrame(
@@ -205,10 +233,30 @@ def test_fit_recovers_synthetic_parameters() -> None:
     rows["time_s"] = predict_tiles(rows, truth)
     fixed = {"feed_bytes_per_clock": truth.feed_bytes_per_clock, "choice_q": 10.0, "overlap_p": 3.0}
     fitted = fit_gemm(rows, fixed=fixed)
-    for name in ("tensor_eff", "memory_eff"):
+    for name in ("tensor_eff", "memory_eff", "tail_share"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.03), name
     np.testing.assert_allclose(predict_tiles(rows, fitted), rows["time_s"], rtol=0.02)
     assert set(FIT_FIELDS) <= {f.name for f in dataclasses.fields(GemmParams)}
+
+
+def test_dev_split_holds_out_whole_shapes() -> None:
+    """Each seed halves the shapes: every row is predicted once per seed, by a fit that never saw
+    its (K, N); on times the model generated, the held-out predictions match them."""
+    import pandas as pd
+
+    from simulator.gemm_fit import dev_split_predictions, predict_tiles
+
+    truth = GemmParams(fill_iters=3.0, choice_q=10.0, tail_share=0.5)
+    m = np.array([1, 64, 200, 1000, 4096], dtype=float)
+    rows = pd.DataFrame(
+        [{"model": "x", "tp": 1, "op": f"{k}x{n}", "num_tokens": v, "K": k, "N": n} for k, n in SHAPES[:4] for v in m]
+    )
+    rows["time_s"] = predict_tiles(rows, truth)
+    fixed = {"choice_q": 10.0, "overlap_p": truth.overlap_p}
+    held = dev_split_predictions(rows, seeds=(0, 1), thin=1, fixed=fixed)
+    assert len(held) == 2 * len(rows)
+    assert held.groupby(["seed", "K", "N", "num_tokens"]).size().eq(1).all()
+    np.testing.assert_allclose(held["tiles_s"], held["time_s"], rtol=0.03)
 
 
 def test_shipped_tile_fit_reproduces_its_recorded_error() -> None:
