@@ -31,7 +31,7 @@ from simulator.cluster.parallel import ParallelCost, memory_plan
 from simulator.cluster.passes import leading_prefill_passes, slice_passes
 from simulator.cluster.replicas import Cluster
 from simulator.comm import collective_time_s
-from simulator.replay import resize
+from simulator.replay import resize, run_env
 from simulator.workload import Workload
 
 
@@ -127,7 +127,7 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     for replica in prefill.replicas:
         replica.on_finish = functools.partial(prefilled, replica)
     engines = prefill.start() + [env.process(d.engine()) for d in decode.replicas]
-    env.run(until=env.all_of(engines))
+    run_env(env, env.all_of(engines))
     res = collect(_merge(w, prefill, decode, pre_shift, dec_shift, no_decode))
     pipelines = getattr(prefill, "pipelines", []) + getattr(decode, "pipelines", [])
     res.requests["replica"] = prefill.replica_of(prefill.owner)

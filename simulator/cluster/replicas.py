@@ -29,7 +29,7 @@ import numpy as np
 import simpy
 
 from simulator.cluster.routers import get_router
-from simulator.replay import ArrivalStream, Device, Replay, ReplayConfig, Stretch, start_arrivals
+from simulator.replay import ArrivalStream, Device, Replay, ReplayConfig, Stretch, run_env, start_arrivals
 from simulator.workload import Workload
 
 
@@ -184,7 +184,7 @@ class Cluster(ArrivalStream):
         return [self.env.process(replica.engine()) for replica in self.replicas]
 
     def run(self) -> Cluster:
-        self.env.run(until=self.env.all_of(self.start()))
+        run_env(self.env, self.env.all_of(self.start()))
         return self
 
 
