@@ -240,7 +240,7 @@ class Replay(ArrivalStream):
         bs = config.block_size
         self.blocks = -(-workload.alloc_kv_tokens // bs)  # (P,) blocks held after each pass
         self.peak_blocks = -(-workload.peak_alloc_tokens() // bs)  # (R,)
-        self.off, self.npass = workload.offsets[:-1], workload.n_passes
+        self.off, self.npass = workload.pass_starts, workload.n_passes
         self.ptr = np.zeros(n, np.int64)  # passes done
         self.chunk_done = np.zeros(n, np.int64)  # tokens of the current pass computed by earlier chunks
         self.recompute = np.zeros(n, bool)  # preempted: the next pass re-prefills the KV it lost
@@ -584,7 +584,7 @@ def resize(workload: Workload, config: ReplayConfig) -> Workload:
     """`config.num_requests` requests, cycling through the workload's (trace arrivals: one period later each time)."""
     if config.num_requests is not None and config.num_requests != workload.n_requests:
         n, r = config.num_requests, workload.n_requests
-        workload = workload.take(np.arange(n) % r)
+        workload = workload.cycle(np.arange(n) % r)  # the passes shared, not copied
         if config.arrival == "trace" and n > r:  # the trace's arrival pattern, repeated one period later each time
             last = float(workload.arrival_s[:r].max())
             period = last + (last / (r - 1) if r > 1 else 0.0)

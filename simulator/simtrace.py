@@ -146,7 +146,7 @@ def collect(sim) -> ReplayResult:
             "preemptions": sim.preemptions,
             "prompt_tokens": w.prompt_tokens,
             "output_tokens": out_tokens,
-            "peak_live_kv_tokens": _peak(w.live_kv_tokens, w.offsets),
+            "peak_live_kv_tokens": w.per_request_max(w.live_kv_tokens),
             "peak_kv_bytes": peak_blocks * bpb,
             "quality_score": w.quality_score,
             "status": [("error" if errored[r] else w.status[r]) for r in range(n)],
@@ -166,14 +166,6 @@ def collect(sim) -> ReplayResult:
         bpb,
         getattr(getattr(sim.cost, "params", None), "source", ""),
     )
-
-
-def _peak(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(offsets) - 1, np.int64)
-    has = np.diff(offsets) > 0
-    if has.any():
-        out[has] = np.maximum.reduceat(values, offsets[:-1][has])
-    return out
 
 
 # ---- the simulated trace --------------------------------------------------------------------
@@ -279,9 +271,11 @@ def _tokens_table(res: ReplayResult, source) -> pa.Table | TableSlices:
 def _source_tokens(res: ReplayResult, source) -> pa.Table:
     """The source trace's token rows of each request, on the simulated passes."""
     w, r = res.workload, res.rows
-    sim_step = np.full(w.total_passes(), -1, np.int64)  # pass of the workload -> step index in the simulation
-    final = r["final"]  # the row that completes a workload pass emits its tokens
-    sim_step[r["flat"][final]] = r["step_index"][final]
+    # request r's pass p (at offsets[r] + p) -> step index in the simulation: its row that completes
+    # the pass (and emits its tokens), flat index pass_starts[r] + p
+    sim_step = np.full(w.total_passes(), -1, np.int64)
+    final, req = r["final"], r["request"][r["final"]]
+    sim_step[w.offsets[req] + r["flat"][final] - w.pass_starts[req]] = r["step_index"][final]
     sid = w.source_ids()
     toks = source.tokens.sort_values(["request_id", "token_index"], kind="stable").reset_index(drop=True)
     tid = toks["request_id"].to_numpy(np.int64)

@@ -108,7 +108,7 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     for replica in decode.replicas:
         replica.done = prefill.done
     links = [simpy.Resource(env, capacity=1) for _ in range(n_p)]
-    kv_bytes = w.live_kv_tokens[w.offsets[:-1] + n_pre - 1].astype(float) * model.kv_bytes_per_token
+    kv_bytes = w.live_kv_tokens[w.pass_starts + n_pre - 1].astype(float) * model.kv_bytes_per_token
     across = (n_p + n_d) * par.gpus > hardware.gpus_per_node
     seconds = np.asarray(collective_time_s("send_recv", kv_bytes / par.gpus, 2, hardware, across_nodes=across))
     log: list[tuple[int, float, float]] = []
