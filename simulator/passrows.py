@@ -106,15 +106,17 @@ def build(sim) -> PassRows:
     """The rows of every stretch of a finished replay (`sim.stretches`), sorted by (request, pass)."""
     own_parts = [s for s in sim.stretches if s.demand is not None]
     plain = [s for s in sim.stretches if s.demand is None]
-    parts = [_own_keys(s) for s in own_parts] + list(_plain_keys(plain))
-    req = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int32)
-    flat = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
-    batch = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int32)
-    del parts
     n_own = sum(len(s.requests) for s in own_parts)
+    n = n_own + sum(len(s.requests) * len(s.durations_s) for s in plain)
+    req, flat, batch = np.zeros(n, np.int32), np.zeros(n, np.int64), np.zeros(n, np.int32)
+    at = 0
+    for keys in [_own_keys(own_parts)] + list(_plain_keys(plain)):  # the own rows first
+        k = len(keys[0])
+        req[at : at + k], flat[at : at + k], batch[at : at + k] = keys
+        at += k
     order = np.lexsort((batch, req))
     req, flat, batch = req[order], flat[order], batch[order]
-    own_at = np.flatnonzero(order < n_own)  # sorted positions of the own rows (the first n_own before sorting)
+    own_at = np.flatnonzero(order < n_own)  # sorted positions of the own rows
     src = order[own_at]
     del order
     own = {k: np.concatenate([getattr(s.demand, k) for s in own_parts]) if own_parts else [] for k in OWN_COLUMNS}
@@ -123,10 +125,16 @@ def build(sim) -> PassRows:
     return PassRows(sim.w, sim.blocks, req, flat, batch, start, dur, own_at, own)
 
 
-def _own_keys(s) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(request, flat, batch) of a one-pass stretch of the requests' own demand."""
-    n = len(s.requests)
-    return s.requests.astype(np.int32), s.demand.flat.astype(np.int64), np.full(n, s.first_batch, np.int32)
+def _own_keys(stretches: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(request, flat, batch) of one-pass stretches of the requests' own demand."""
+    if not stretches:
+        return np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int32)
+    n = [len(s.requests) for s in stretches]
+    return (
+        np.concatenate([s.requests for s in stretches]),
+        np.concatenate([s.demand.flat for s in stretches]),
+        np.repeat([s.first_batch for s in stretches], n),
+    )
 
 
 def _plain_keys(stretches: list, group: int = 4096):
@@ -138,10 +146,10 @@ def _plain_keys(stretches: list, group: int = 4096):
         n_pass = np.array([len(s.durations_s) for s in part], np.int64)
         m = np.repeat(n_pass, n_req)  # passes of each (stretch, request)
         j = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m)  # pass within the stretch
-        req = np.repeat(np.concatenate([s.requests for s in part]), m).astype(np.int32)
+        req = np.repeat(np.concatenate([s.requests for s in part]), m)
         flat = np.repeat(np.concatenate([s.first_pass for s in part]), m) + j
-        batch = (np.repeat(np.repeat([s.first_batch for s in part], n_req), m) + j).astype(np.int32)
-        yield req, flat.astype(np.int64), batch
+        batch = np.repeat(np.repeat([s.first_batch for s in part], n_req), m) + j
+        yield req, flat, batch
 
 
 def _pass_times(sim) -> tuple[np.ndarray, np.ndarray]:
