@@ -430,10 +430,9 @@ class Replay(ArrivalStream):
     def plan(self, batch: dict[int, int]) -> Stretch:
         """The longest stretch of passes the batch runs before the scheduler could decide otherwise."""
         R = np.fromiter(batch, np.int64, len(batch))
-        d = next_demand(self, R, np.fromiter(batch.values(), np.int64, len(batch)))
-        if (
-            len(R) < len(self.running) or not self.all_usual(R) or not d.final.all()
-        ):  # a chunk, a recompute or a request sitting out: one pass
+        limits = np.fromiter(batch.values(), np.int64, len(batch))
+        if not self._whole_passes(R, limits):  # a chunk, a recompute or a request sitting out: one pass
+            d = next_demand(self, R, limits)
             self.pool.note(d.blocks.sum())
             return self._stretch(
                 R,
@@ -468,6 +467,15 @@ class Replay(ArrivalStream):
             )
         self.pool.note(blocks[:m])
         return self._stretch(R, idx[:, 0], durations)
+
+    def _whole_passes(self, R: np.ndarray, limits: np.ndarray) -> bool:
+        """Every running request runs its whole next workload pass (no chunk, recompute or request
+        sitting out): `next_demand`'s test, without building the demand when it holds."""
+        if len(R) < len(self.running) or not self.all_usual(R):
+            return False
+        if (limits >= self.w.query_tokens[self.off[R] + self.ptr[R]]).all():
+            return True
+        return bool(next_demand(self, R, limits).final.all())
 
     def _stretch_length(self, R: np.ndarray):
         """Passes the whole batch R runs unchanged: stop before a pass that overflows the pool, that the
