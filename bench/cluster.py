@@ -143,32 +143,44 @@ def read_back(trace_dir: Path) -> dict:
 
 
 def trace_fingerprint(trace_dir: Path) -> dict[str, str]:
-    """sha256 of each table's contents (column by column, a row group at a time) and of graph.json:
-    the same replay output gives the same figures however the files are encoded."""
+    """sha256 of each table's contents (each column's values in row order, read a row group at a
+    time) and of graph.json: the same replay output gives the same figures however the files are
+    encoded or cut into row groups."""
     import hashlib
 
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     out = {}
     for name in ("requests", "steps", "tokens"):
-        f, h = pq.ParquetFile(trace_dir / f"{name}.parquet"), hashlib.sha256()
+        f = pq.ParquetFile(trace_dir / f"{name}.parquet")
+        streams: dict[str, list] = {col: [] for col in f.schema_arrow.names}  # per column: a hash per stream
         for g in range(f.num_row_groups):
-            for col in f.schema_arrow.names:
-                a = f.read_row_group(g, columns=[col]).column(0).combine_chunks()
-                if pa.types.is_list(a.type):  # each row's length, then the values
-                    h.update(pc.list_value_length(a).to_numpy(zero_copy_only=False).tobytes())
-                    a = pc.list_flatten(a)
-                if pa.types.is_string(a.type):
-                    d = pc.dictionary_encode(a)
-                    h.update("\x00".join(d.dictionary.to_pylist()).encode())
-                    a = d.indices
-                h.update(col.encode() + np.ascontiguousarray(a.to_numpy(zero_copy_only=False)).tobytes())
-        out[name] = h.hexdigest()[:16]
+            for col, hashes in streams.items():
+                parts = _value_bytes(f.read_row_group(g, columns=[col]).column(0).combine_chunks())
+                hashes += [hashlib.sha256() for _ in parts[len(hashes) :]]
+                for h, part in zip(hashes, parts):
+                    h.update(part)
+        digests = "".join(col + "".join(h.hexdigest() for h in hashes) for col, hashes in streams.items())
+        out[name] = hashlib.sha256(digests.encode()).hexdigest()[:16]
     out["graph"] = hashlib.sha256((trace_dir / "graph.json").read_bytes()).hexdigest()[:16]
     return out
+
+
+def _value_bytes(a) -> list[bytes]:
+    """A column chunk's values as byte streams (lengths, then values, for strings and lists), each of
+    which concatenates to the same bytes however the column is cut."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_list(a.type):  # each row's length, then the values
+        lengths = pc.fill_null(pc.list_value_length(a), -1).to_numpy(zero_copy_only=False)
+        return [lengths.astype(np.int64).tobytes(), *_value_bytes(pc.list_flatten(a))]
+    if pa.types.is_string(a.type) or pa.types.is_binary(a.type):  # each value's length, then its bytes
+        lengths = pc.fill_null(pc.binary_length(a), -1).to_numpy(zero_copy_only=False)
+        text = b"".join(v for v in a.cast(pa.binary()).to_pylist() if v is not None)
+        return [lengths.astype(np.int64).tobytes(), text]
+    return [np.ascontiguousarray(a.to_numpy(zero_copy_only=False)).tobytes()]
 
 
 def replay_at_scale(n: int, quick: bool, dashboard: bool = True, fingerprint: bool = False) -> dict:
@@ -176,7 +188,7 @@ def replay_at_scale(n: int, quick: bool, dashboard: bool = True, fingerprint: bo
     scale, capacity = time_scale_for_load(structure, quick)
     res, replay_s, replay_cpu_s = replay(structure, n, scale)
     m = res.metrics
-    rows = len(res.rows["flat"])
+    rows = res.rows.n
     rss_replayed = _rss_mb()
     print(
         f"replay: {n} requests in {replay_s:.1f} s wall, {replay_cpu_s:.1f} s CPU ({rows} pass-request rows, {m['passes']} passes); "

@@ -3,8 +3,8 @@
 What: one row per request in each batched forward pass it took part in, sorted by request then
 pass (`simulator.simtrace.collect` builds them). A 100k-request cluster replay has 21 million such
 rows; fourteen int64/float64 columns of them took 2.4 GB, and the sort and the trace writer
-several times that. Here a row is its request (int32), its workload pass (`flat`) and its global
-pass index (`batch`, int32); a pass's start and duration are kept once per pass; every other
+several times that. Here a row is its request (int32), its workload pass (`flat`, int32 below
+2**31 passes) and its global pass index (`batch`, int32); a pass's start and duration are kept once per pass; every other
 column is the workload's value of that pass, except on the rows whose pass was the request's own
 (a prefill chunk, a recompute: `own_at`), which keep their own values. `rows[key]` builds a whole
 column as an int64/float64/bool array, as the dict of columns it replaces did; `column(key, lo,
@@ -75,7 +75,7 @@ class PassRows(Mapping):
         if key == "request":
             return self.request[lo:hi].astype(np.int64)
         if key == "flat":
-            return self.flat[lo:hi]
+            return self.flat[lo:hi].astype(np.int64)
         if key == "batch_index":
             return self.batch[lo:hi].astype(np.int64)
         if key == "start_s":
@@ -108,14 +108,17 @@ def build(sim) -> PassRows:
     plain = [s for s in sim.stretches if s.demand is None]
     n_own = sum(len(s.requests) for s in own_parts)
     n = n_own + sum(len(s.requests) * len(s.durations_s) for s in plain)
-    req, flat, batch = np.zeros(n, np.int32), np.zeros(n, np.int64), np.zeros(n, np.int32)
+    flat_type = np.int32 if len(sim.blocks) < 2**31 else np.int64  # a workload pass
+    req, flat, batch = np.zeros(n, np.int32), np.zeros(n, flat_type), np.zeros(n, np.int32)
     at = 0
     for keys in [_own_keys(own_parts)] + list(_plain_keys(plain)):  # the own rows first
         k = len(keys[0])
         req[at : at + k], flat[at : at + k], batch[at : at + k] = keys
         at += k
     order = np.lexsort((batch, req))
-    req, flat, batch = req[order], flat[order], batch[order]
+    req = req[order]  # one column at a time: one copy alive at once (21 million rows at 100k requests)
+    flat = flat[order]
+    batch = batch[order]
     own_at = np.flatnonzero(order < n_own)  # sorted positions of the own rows
     src = order[own_at]
     del order
