@@ -76,11 +76,11 @@ COMPRESSION_LEVEL = 7
 # 10k-request steps.parquet: batch_index 2.4 -> 0.2 MB); every Parquet reader decodes them
 DELTA_COLUMNS = ("request_id", "step_index", "batch_index", "token_index")
 # rows per row group, and room for the dictionary of a column with a value per pass (start_s,
-# duration_s): a 100k-request simulated steps table is 21 million rows; pyarrow's defaults (1 Mi rows,
-# 1 MiB dictionary pages) fell back to plain encoding. 2 Mi rows, not 4 Mi: a 30k-request simulated
-# steps table is the smaller (24.4 vs 26.3 MB at zstd 7), and a row group made at a time
-# (`TableSlices`) holds half the memory (450 MB, not 800)
-ROW_GROUP_ROWS = 1 << 21
+# duration_s): a 100k-request simulated steps table is 21 million rows; pyarrow's default 1 MiB
+# dictionary pages fell back to plain encoding. Made a group at a time (`TableSlices`), a 30k-request
+# replay's steps.parquet (zstd 7) is 25.4 MB in groups of 1 Mi rows (the writer's memory +100 MB),
+# 24.4 MB in 2 Mi (+450 MB), 26.3 MB in 4 Mi (+680 MB): 1 Mi (bench/cluster.py at scale)
+ROW_GROUP_ROWS = 1 << 20
 DICTIONARY_PAGE_BYTES = 1 << 23
 
 
@@ -118,6 +118,7 @@ def write_table(path: Path, table: pa.Table | TableSlices) -> None:
         with pq.ParquetWriter(tmp, table.schema, **_parquet_options(table.schema)) as writer:
             for part in table.slices(table.schema.names):
                 writer.write_table(part.cast(table.schema), row_group_size=ROW_GROUP_ROWS)
+                del part  # before the next is made: one row group's arrays alive at a time
     else:
         pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS, **_parquet_options(table.schema))
     os.replace(tmp, path)

@@ -466,7 +466,7 @@ class Replay(ArrivalStream):
                 q[:m], w.kv_tokens_read[idx].sum(0), w.query_groups[idx].sum(0), w.logit_tokens[idx].sum(0), len(R)
             )
         self.pool.note(blocks[:m])
-        return self._stretch(R, idx[:, 0], durations)
+        return self._stretch(R, idx[:, 0].copy(), durations)  # a copy: a view would keep all of idx alive
 
     def _whole_passes(self, R: np.ndarray, limits: np.ndarray) -> bool:
         """Every running request runs its whole next workload pass (no chunk, recompute or request
