@@ -146,6 +146,17 @@ class Stretch:
     first_batch: int  # global index of the stretch's first pass
     demand: Demand | None = None  # a single pass whose rows are not the workload's (a chunk, a recompute)
 
+    # (not dataclasses.replace: it inspects the fields on every call, and these run once a stretch)
+    def cut(self, m: int) -> Stretch:
+        """Its first m passes (a stretch an arrival cut short)."""
+        return Stretch(
+            self.requests, self.first_pass, self.starts_s[:m], self.durations_s[:m], self.first_batch, self.demand
+        )
+
+    def renumbered(self, first_batch: int) -> Stretch:
+        """The same passes numbered from `first_batch` (several devices' passes in one numbering)."""
+        return Stretch(self.requests, self.first_pass, self.starts_s, self.durations_s, first_batch, self.demand)
+
 
 class Device:
     """The accelerator: one batched forward pass (or stretch of passes) at a time. Its one user is

@@ -310,11 +310,14 @@ def _generated_tokens(res: ReplayResult) -> TableSlices:
     made a row group at a time."""
     w, rows = res.workload, res.rows
     emits = rows["emits"]
-    ends = np.cumsum(emits)  # tokens emitted up to each row's end (rows by request, then pass)
-    per_request = np.bincount(rows.request, weights=emits, minlength=w.n_requests).astype(np.int64)
+    total = int(emits.sum())
+    # tokens emitted up to each row's end (rows by request, then pass)
+    ends = np.cumsum(emits, dtype=np.int32 if total < 2**31 else np.int64)
     del emits
-    first_token = np.concatenate([[0], np.cumsum(per_request)[:-1]])  # each request's first token row
-    total = int(ends[-1]) if len(ends) else 0
+    # each request's first token row: the tokens of the rows before its first
+    first_token = np.zeros(w.n_requests, np.int64)
+    if len(ends):
+        first_token[rows.first_row > 0] = ends[rows.first_row[rows.first_row > 0] - 1]
 
     def make(columns: list[str], a: int, b: int) -> pa.Table:
         lo = int(np.searchsorted(ends, a, "right"))  # the rows whose tokens are a..b
