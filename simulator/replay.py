@@ -503,14 +503,16 @@ class Replay(ArrivalStream):
         idx = idx0[:, None] + np.arange(m)[None, :]  # (R, m)
         blocks = self.blocks[idx].sum(0)
         q = w.query_tokens[idx].sum(0)
+        if m == 1:  # nothing to stop before
+            return m, q, blocks, idx
         stop = blocks > cap  # the scheduler preempts there
         if cfg.chunked_prefill:  # the scheduler would cut a prefill of that pass to the budget
             stop |= (q > cfg.max_batch_tokens) & (w.phase[idx] == PREFILL).any(0)
         over = np.flatnonzero(stop[1:])
         if len(over):
             m = int(over[0]) + 1
-        head = self.scheduler.head(self)
-        if head is not None and len(R) < cfg.max_seqs and m > 1:
+        head = self.scheduler.head(self) if len(R) < cfg.max_seqs and m > 1 else None
+        if head is not None:
             m = self._head_waits(head, R, q, blocks, m)
         return m, q, blocks, idx
 
