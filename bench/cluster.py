@@ -12,14 +12,20 @@ What it measures, each printed with how it was obtained:
   replay_events_per_s: simulated (pass, request) rows per second of replay (a row is one request
   in one batched forward pass); passes_per_s beside it.
 - sim_trace_mb_per_100k: the simulated trace of that replay written with `write_simulated_trace`
-  (Parquet tables + graph.json in the shared form), scaled to 100k requests. Aim <= 100 MB.
-- peak_rss_mb: this process's peak resident memory (ru_maxrss). Aim <= 2,000 MB.
+  (Parquet tables, steps and tokens a row group at a time, + graph.json in the shared form),
+  scaled to 100k requests. Aim <= 100 MB.
+- peak_rss_mb: this process's peak resident memory (VmHWM): the replay and writing its trace
+  (also printed after each: `peak_rss_mb_after_replay`, `peak_rss_mb_after_writing`). Aim <= 2,000 MB.
 - trace_read_s: `profiler.reader.read_trace(tokens=False)` of that simulated trace (what the
-  dashboard loads for every page; per-token rows are left to the page that reads them).
+  dashboard loads for every page; per-token rows are left to the page that reads them), in a
+  process of its own (its memory, `trace_read_peak_rss_mb`, is the reader's, not the simulator's).
+- --fingerprint: sha256 figures of the replay's metrics and of each written table's contents, to
+  check that a change leaves the replay's output alone (compare two runs' `fingerprint:` lines).
 - dashboard_page_open_s: each dashboard page driven by streamlit's
   AppTest (every file of dashboard/views/) on a folder holding only that simulated trace: `first_open` is the first page with an
   empty cache (it reads the trace), then per page `warm` (the trace cached, as when one clicks
-  through the pages) and `cold` (every cache cleared first: reading the trace again is part of it).
+  through the pages) and `cold` (every cache cleared and collected first: reading the trace again is
+  part of it).
   `dashboard_page_open_s_max` is the slowest warm page, `dashboard_page_open_cold_s_max` the slowest
   cold one. (The What-if page replays measured traces only: on a simulated trace alone it shows
   its notice.)
@@ -65,6 +71,14 @@ TARGET_LOAD = 0.7
 
 
 def _rss_mb() -> int:
+    """This process's peak resident memory, MB: VmHWM (ru_maxrss of a child started by this script
+    reads its parent's peak when that is higher)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024)
+    except OSError:
+        pass
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
@@ -85,8 +99,9 @@ def capacity_rps(structure, n: int) -> float:
     return float(res.metrics["request_throughput"])
 
 
-def replay_at_scale(n: int, quick: bool, dashboard: bool = True) -> dict:
-    structure = load_workload(STRUCTURE)
+def time_scale_for_load(structure, quick: bool) -> tuple[float, float]:
+    """(time scale, capacity): the conversation trace's arrivals sped up so the 8 replicas run at
+    TARGET_LOAD of their capacity (req/s; both printed)."""
     native = read_workload_file(WORKLOADS_DIR / "splitwise_conv.csv")
     native_rps = len(native.arrival_s) / native.arrival_s[-1]
     capacity = capacity_rps(structure, 2000 if quick else 8000)
@@ -96,6 +111,11 @@ def replay_at_scale(n: int, quick: bool, dashboard: bool = True) -> dict:
         f"trace offers {native_rps:.2f} req/s, so --time-scale {scale:.2f} offers {TARGET_LOAD * capacity:.1f} req/s "
         f"({TARGET_LOAD:.0%} load)"
     )
+    return scale, capacity
+
+
+def replay(structure, n: int, scale: float):
+    """The timed replay: (result, wall s, CPU s); from reading the workload file to the collected result."""
     t0, c0 = time.perf_counter(), time.process_time()
     w = stretch(structure, read_workload_file(WORKLOADS_DIR / "splitwise_conv.csv", time_scale=scale))
     res = simulate(
@@ -105,9 +125,71 @@ def replay_at_scale(n: int, quick: bool, dashboard: bool = True) -> dict:
         ReplayConfig(num_requests=n),
         ClusterConfig(replicas=REPLICAS, router="least_outstanding"),
     )
-    replay_s, replay_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    return res, time.perf_counter() - t0, time.process_time() - c0
+
+
+def in_subprocess(flag: str, trace_dir: Path) -> dict:
+    """This script's `flag` step on `trace_dir` in its own process (its memory is not the simulator's)."""
+    out = subprocess.run(
+        [sys.executable, __file__, flag, str(trace_dir)], cwd=ROOT, text=True, capture_output=True, check=True
+    )
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def read_back(trace_dir: Path) -> dict:
+    """`read_trace(tokens=False)` (what the dashboard loads for every page): seconds and peak RSS."""
+    t = time.perf_counter()
+    read_trace(trace_dir, tokens=False)
+    return {"read_s": round(time.perf_counter() - t, 2), "peak_rss_mb": _rss_mb()}
+
+
+def trace_fingerprint(trace_dir: Path) -> dict[str, str]:
+    """sha256 of each table's contents (each column's values in row order, read a row group at a
+    time) and of graph.json: the same replay output gives the same figures however the files are
+    encoded or cut into row groups."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    out = {}
+    for name in ("requests", "steps", "tokens"):
+        f = pq.ParquetFile(trace_dir / f"{name}.parquet")
+        streams: dict[str, list] = {col: [] for col in f.schema_arrow.names}  # per column: a hash per stream
+        for g in range(f.num_row_groups):
+            for col, hashes in streams.items():
+                parts = _value_bytes(f.read_row_group(g, columns=[col]).column(0).combine_chunks())
+                hashes += [hashlib.sha256() for _ in parts[len(hashes) :]]
+                for h, part in zip(hashes, parts):
+                    h.update(part)
+        digests = "".join(col + "".join(h.hexdigest() for h in hashes) for col, hashes in streams.items())
+        out[name] = hashlib.sha256(digests.encode()).hexdigest()[:16]
+    out["graph"] = hashlib.sha256((trace_dir / "graph.json").read_bytes()).hexdigest()[:16]
+    return out
+
+
+def _value_bytes(a) -> list[bytes]:
+    """A column chunk's values as byte streams (lengths, then values, for strings and lists), each of
+    which concatenates to the same bytes however the column is cut."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_list(a.type):  # each row's length, then the values
+        lengths = pc.fill_null(pc.list_value_length(a), -1).to_numpy(zero_copy_only=False)
+        return [lengths.astype(np.int64).tobytes(), *_value_bytes(pc.list_flatten(a))]
+    if pa.types.is_string(a.type) or pa.types.is_binary(a.type):  # each value's length, then its bytes
+        lengths = pc.fill_null(pc.binary_length(a), -1).to_numpy(zero_copy_only=False)
+        text = b"".join(v for v in a.cast(pa.binary()).to_pylist() if v is not None)
+        return [lengths.astype(np.int64).tobytes(), text]
+    return [np.ascontiguousarray(a.to_numpy(zero_copy_only=False)).tobytes()]
+
+
+def replay_at_scale(n: int, quick: bool, dashboard: bool = True, fingerprint: bool = False) -> dict:
+    structure = load_workload(STRUCTURE)
+    scale, capacity = time_scale_for_load(structure, quick)
+    res, replay_s, replay_cpu_s = replay(structure, n, scale)
     m = res.metrics
-    rows = len(res.rows["flat"])
+    rows = res.rows.n
     rss_replayed = _rss_mb()
     print(
         f"replay: {n} requests in {replay_s:.1f} s wall, {replay_cpu_s:.1f} s CPU ({rows} pass-request rows, {m['passes']} passes); "
@@ -116,32 +198,22 @@ def replay_at_scale(n: int, quick: bool, dashboard: bool = True) -> dict:
     )
     out = Path(tempfile.mkdtemp(prefix="solm-cluster-bench-"))
     try:
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         write_simulated_trace(res, out / "sim")
-        write_s = time.perf_counter() - t1
+        write_s, write_cpu_s = time.perf_counter() - t1, time.process_time() - c1
+        del res
         mb = _dir_mb(out / "sim")
         rss_written = _rss_mb()
-        t2 = time.perf_counter()
-        read_trace(out / "sim", tokens=False)  # as the dashboard loads it
-        read_s = time.perf_counter() - t2
-        pages = (
-            None
-            if not dashboard
-            else json.loads(  # in its own process: peak_rss_mb stays the simulator's
-                subprocess.run(
-                    [sys.executable, __file__, "--dashboard-pages", str(out / "sim")],
-                    cwd=ROOT,
-                    text=True,
-                    capture_output=True,
-                    check=True,
-                ).stdout.splitlines()[-1]
-            )
-        )
+        if fingerprint:
+            print("fingerprint:", json.dumps({"metrics": _metrics_hash(m), **trace_fingerprint(out / "sim")}))
+        read = in_subprocess("--read-back", out / "sim")
+        pages = in_subprocess("--dashboard-pages", out / "sim") if dashboard else None
     finally:
         shutil.rmtree(out, ignore_errors=True)
     print(
-        f"simulated trace: {mb:.1f} MB for {n} requests (written in {write_s:.1f} s, read without per-token "
-        f"rows in {read_s:.1f} s); peak RSS {rss_replayed} MB after the replay, {rss_written} MB after writing"
+        f"simulated trace: {mb:.1f} MB for {n} requests (written in {write_s:.1f} s wall, {write_cpu_s:.1f} s CPU); "
+        f"peak RSS {rss_replayed} MB after the replay, {rss_written} MB after writing; read back without per-token "
+        f"rows in {read['read_s']} s (in its own process: peak RSS {read['peak_rss_mb']} MB)"
     )
     factor = 100_000 / n
     figures = {
@@ -155,12 +227,23 @@ def replay_at_scale(n: int, quick: bool, dashboard: bool = True) -> dict:
         "load_time_scale": round(scale, 3),
         "capacity_rps": round(capacity, 2),
         "sim_trace_mb_per_100k": round(mb * factor, 1),
-        "trace_read_s": round(read_s, 2),
+        "trace_write_s": round(write_s, 2),
+        "trace_read_s": read["read_s"],
+        "trace_read_peak_rss_mb": read["peak_rss_mb"],
         "p99_ttft_ms": round(m["p99_ttft_ms"], 1),
         "peak_rss_mb_after_replay": rss_replayed,
+        "peak_rss_mb_after_writing": rss_written,
     }
-    if pages is None:
-        return figures
+    return figures if pages is None else {**figures, **dashboard_figures(pages)}
+
+
+def _metrics_hash(metrics: dict) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(metrics, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def dashboard_figures(pages: dict) -> dict:
     print(
         "dashboard pages (s, AppTest): first open "
         + f"{pages['first_open']}; "
@@ -168,7 +251,6 @@ def replay_at_scale(n: int, quick: bool, dashboard: bool = True) -> dict:
         + f"; peak RSS {pages['peak_rss_mb']} MB"
     )
     return {
-        **figures,
         "dashboard_first_open_s": pages["first_open"],
         "dashboard_page_open_s": {p: v["warm"] for p, v in pages["pages"].items()},
         "dashboard_page_open_s_max": max(v["warm"] for v in pages["pages"].values()),
@@ -179,6 +261,7 @@ def replay_at_scale(n: int, quick: bool, dashboard: bool = True) -> dict:
 
 def dashboard_pages(trace_dir: Path) -> dict:
     """Seconds each dashboard page takes to run on a folder holding `trace_dir` (module doc)."""
+    import gc
     import os
 
     import streamlit as st
@@ -199,6 +282,7 @@ def dashboard_pages(trace_dir: Path) -> dict:
             if mode == "cold":
                 st.cache_data.clear()
                 st.cache_resource.clear()
+                gc.collect()  # the dropped traces freed now, not when the collector next runs
             t = time.perf_counter()
             at.switch_page(path).run()
             times[mode] = round(time.perf_counter() - t, 2)
@@ -275,10 +359,20 @@ def main() -> int:
         action="store_false",
         help="skip timing the dashboard pages (they hold the whole trace in memory: about 2.6 GB per 10k requests)",
     )
-    ap.add_argument("--dashboard-pages", type=Path, default=None, help=argparse.SUPPRESS)  # the bench's own subprocess
+    ap.add_argument(
+        "--fingerprint",
+        action="store_true",
+        help="print sha256 figures of the replay's metrics and written tables (to check a change leaves them alone)",
+    )
+    # the bench's own subprocesses
+    ap.add_argument("--dashboard-pages", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--read-back", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.dashboard_pages is not None:
         print(json.dumps(dashboard_pages(args.dashboard_pages)))
+        return 0
+    if args.read_back is not None:
+        print(json.dumps(read_back(args.read_back)))
         return 0
     comm = evaluate()
     print(
@@ -290,7 +384,8 @@ def main() -> int:
         "comm_mape_percent": comm["comm_mape_percent"],
         "comm_mape_percent_1mib_up": comm["comm_mape_percent_1mib_up"],
     }
-    figures.update(replay_at_scale(args.requests or (10_000 if args.quick else 100_000), args.quick, args.dashboard))
+    n = args.requests or (10_000 if args.quick else 100_000)
+    figures.update(replay_at_scale(n, args.quick, args.dashboard, args.fingerprint))
     figures.update(deployment_sweep(args.quick, args.price))
     figures["peak_rss_mb"] = _rss_mb()
     figures["quick"] = args.quick

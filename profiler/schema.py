@@ -144,7 +144,7 @@ def fill_defaults(name: str, table: pa.Table) -> pa.Table:
                 else pa.nulls(table.num_rows, field.type)
             )
         else:
-            arr = pa.array([value] * table.num_rows, type=field.type)
+            arr = pa.repeat(pa.scalar(value, field.type), table.num_rows)  # not a Python list of 21 million
         table = table.append_column(field, arr)
     return table
 

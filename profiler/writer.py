@@ -14,6 +14,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -64,6 +66,9 @@ def table_from_rows(name: str, rows: list[dict]) -> pa.Table:
 # zstd: a third smaller than the default snappy on simulated steps tables at scale (bench/cluster.py);
 # every Parquet reader decodes it.
 COMPRESSION = "zstd"
+# zstd level 7, not pyarrow's default 1: a 30k-request simulated trace 3.5% smaller for 10% more
+# write time (bench/cluster.py at scale; higher levels gain little more and cost far more time)
+COMPRESSION_LEVEL = 7
 
 
 # whole-number counters that mostly rise by one from row to row (a request's steps and tokens, a
@@ -71,25 +76,51 @@ COMPRESSION = "zstd"
 # 10k-request steps.parquet: batch_index 2.4 -> 0.2 MB); every Parquet reader decodes them
 DELTA_COLUMNS = ("request_id", "step_index", "batch_index", "token_index")
 # rows per row group, and room for the dictionary of a column with a value per pass (start_s,
-# duration_s): a 100k-request simulated steps table is 21 million rows; pyarrow's defaults (1 Mi rows,
-# 1 MiB dictionary pages) cut it in 21 groups, each with its own dictionaries
-ROW_GROUP_ROWS = 1 << 22
+# duration_s): a 100k-request simulated steps table is 21 million rows; pyarrow's default 1 MiB
+# dictionary pages fell back to plain encoding. Made a group at a time (`TableSlices`), a 30k-request
+# replay's steps.parquet (zstd 7) is 25.4 MB in groups of 1 Mi rows (the writer's memory +100 MB),
+# 24.4 MB in 2 Mi (+450 MB), 26.3 MB in 4 Mi (+680 MB): 1 Mi (bench/cluster.py at scale)
+ROW_GROUP_ROWS = 1 << 20
 DICTIONARY_PAGE_BYTES = 1 << 23
 
 
-def write_table(path: Path, table: pa.Table) -> None:
+@dataclass(frozen=True)
+class TableSlices:
+    """A table too large to hold at once (a 100k-request simulated trace's steps: 21 million rows):
+    `num_rows` rows of `schema`, made `ROW_GROUP_ROWS` at a time by `make(columns, lo, hi)`, a
+    pa.Table of those columns for rows lo..hi. Written one row group at a time (`write_table`)."""
+
+    schema: pa.Schema
+    num_rows: int
+    make: Callable[[list[str], int, int], pa.Table]
+
+    def slices(self, columns: list[str]) -> Iterator[pa.Table]:
+        for lo in range(0, self.num_rows, ROW_GROUP_ROWS):
+            yield self.make(columns, lo, min(lo + ROW_GROUP_ROWS, self.num_rows))
+
+
+def _parquet_options(schema: pa.Schema) -> dict:
+    """How every table is written (zstd, delta-encoded counters, big row groups: the notes above)."""
+    delta = [c for c in DELTA_COLUMNS if c in schema.names and pa.types.is_integer(schema.field(c).type)]
+    return {
+        "compression": COMPRESSION,
+        "compression_level": COMPRESSION_LEVEL,
+        "dictionary_pagesize_limit": DICTIONARY_PAGE_BYTES,
+        "use_dictionary": [c for c in schema.names if c not in delta] if delta else True,
+        "column_encoding": dict.fromkeys(delta, "DELTA_BINARY_PACKED") or None,
+    }
+
+
+def write_table(path: Path, table: pa.Table | TableSlices) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
-    delta = [c for c in DELTA_COLUMNS if c in table.column_names and pa.types.is_integer(table.schema.field(c).type)]
-    pq.write_table(
-        table,
-        tmp,
-        compression=COMPRESSION,
-        row_group_size=ROW_GROUP_ROWS,
-        dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES,
-        use_dictionary=[c for c in table.column_names if c not in delta] if delta else True,
-        column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED") or None,
-    )
+    if isinstance(table, TableSlices):  # the same row groups as the whole table written at once
+        with pq.ParquetWriter(tmp, table.schema, **_parquet_options(table.schema)) as writer:
+            for part in table.slices(table.schema.names):
+                writer.write_table(part.cast(table.schema), row_group_size=ROW_GROUP_ROWS)
+                del part  # before the next is made: one row group's arrays alive at a time
+    else:
+        pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS, **_parquet_options(table.schema))
     os.replace(tmp, path)
 
 
@@ -163,35 +194,52 @@ class TraceWriter:
         return self.dir
 
 
-def at_default(name: str, table: pa.Table) -> list[str]:
+def at_default(name: str, table: pa.Table | TableSlices) -> list[str]:
     """Minor-revision columns of `table` that hold exactly their default (a constant, or a copy of
     another column): left out of a written table, `profiler.reader` fills them back the same (a
-    simulated trace's `attention_kv_tokens` is its `kv_tokens_read`: 0.8 MB per 10k requests)."""
-    out = []
-    for field, value in MINOR_COLUMNS.get(name, []):
-        col = table.column(field.name)
-        if isinstance(value, tuple):
-            same = value[1] in table.column_names and col.equals(table.column(value[1]).cast(field.type))
-        elif table.num_rows == 0:
-            same = True
-        else:
-            same = col.null_count == 0 and pc.all(pc.equal(col, pa.scalar(value, field.type))).as_py()
-        if same:
-            out.append(field.name)
-    return out
+    simulated trace's `attention_kv_tokens` is its `kv_tokens_read`: 0.8 MB per 10k requests).
+    A `TableSlices` is checked slice by slice, making only those columns."""
+    minor = [(field, value) for field, value in MINOR_COLUMNS.get(name, []) if field.name in table.schema.names]
+    if isinstance(table, pa.Table):
+        return [field.name for field, value in minor if _holds_default(table, field, value)]
+    out = {field.name for field, _ in minor}
+    for field, value in minor:
+        needs = [field.name] + ([value[1]] if isinstance(value, tuple) and value[1] in table.schema.names else [])
+        if not all(_holds_default(part, field, value) for part in table.slices(needs)):
+            out.discard(field.name)
+    return [field.name for field, _ in minor if field.name in out]
+
+
+def _holds_default(table: pa.Table, field: pa.Field, value) -> bool:
+    col = table.column(field.name)
+    if isinstance(value, tuple):
+        return value[1] in table.column_names and col.equals(table.column(value[1]).cast(field.type))
+    if table.num_rows == 0:
+        return True
+    return col.null_count == 0 and pc.all(pc.equal(col, pa.scalar(value, field.type))).as_py()
+
+
+def _complete(name: str, table: pa.Table | TableSlices) -> pa.Table | TableSlices:
+    """`table` in its schema's columns and types, minus the minor columns at their default."""
+    schema = TABLES[name]
+    if isinstance(table, TableSlices):
+        drop = set(at_default(name, table))
+        keep = pa.schema([f for f in schema if f.name not in drop])
+        return TableSlices(keep, table.num_rows, table.make)
+    t = fill_defaults(name, table).select(schema.names)
+    t = t.cast(schema) if t.schema != schema else t
+    return t.drop_columns(at_default(name, t))
 
 
 def write_trace(
-    out_dir: str | Path, meta: dict, tables: dict[str, pa.Table], graphs: dict, overwrite: bool = True
+    out_dir: str | Path, meta: dict, tables: dict[str, pa.Table | TableSlices], graphs: dict, overwrite: bool = True
 ) -> Path:
-    """Write a whole trace at once (the simulator's output). Same layout, complete from the start."""
+    """Write a whole trace at once (the simulator's output). Same layout, complete from the start.
+    A table given as `TableSlices` holds every column of its schema, minor ones included."""
     out = Path(out_dir)
     prepare_out(out, overwrite)
     for name, schema in TABLES.items():
-        t = fill_defaults(name, tables.get(name, schema.empty_table()))
-        t = t.select(schema.names)
-        t = t.cast(schema) if t.schema != schema else t
-        write_table(out / f"{name}.parquet", t.drop_columns(at_default(name, t)))
+        write_table(out / f"{name}.parquet", _complete(name, tables.get(name, schema.empty_table())))
     write_json(out / "graph.json", {str(k): v for k, v in graphs.items()})
     n = tables["requests"].num_rows if "requests" in tables else 0
     write_json(

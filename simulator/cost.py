@@ -546,8 +546,11 @@ class CostModel:
         Scalars in, float out (cached, a few microseconds); arrays in, array out (vectorised).
         `logit_tokens` (rows that need logits) defaults to all query rows.
         """
-        if not (
-            _is_array(query_tokens) or _is_array(kv_tokens_read) or _is_array(query_groups) or _is_array(logit_tokens)
+        if not (  # inline, not _is_array: this runs once per pass the replay costs
+            isinstance(query_tokens, np.ndarray)
+            or isinstance(kv_tokens_read, np.ndarray)
+            or isinstance(query_groups, np.ndarray)
+            or isinstance(logit_tokens, np.ndarray)
         ):
             if query_tokens < 1 or kv_tokens_read < 0 or query_groups < 1:
                 _check(query_tokens, kv_tokens_read, query_groups)  # raises with a clear line

@@ -17,6 +17,7 @@ counts (under 0.1% of them); `params` counts the norm weights but not biases.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +56,7 @@ class ModelSpec:
                 f"of n_heads ({self.n_heads}); give head_dim_override"
             )
 
-    @property
+    @functools.cached_property  # read on every pass the replay costs
     def head_dim(self) -> int:
         return self.head_dim_override or self.d_model // self.n_heads
 
@@ -64,7 +65,7 @@ class ModelSpec:
         """Width of the query projection output (n_heads x head_dim)."""
         return self.n_heads * self.head_dim
 
-    @property
+    @functools.cached_property  # read on every pass the replay costs
     def kv_dim(self) -> int:
         """Width of the key (or value) projection output (n_kv_heads x head_dim)."""
         return self.n_kv_heads * self.head_dim
@@ -91,7 +92,7 @@ class ModelSpec:
     def weight_bytes(self) -> int:
         return self.params * self.dtype_bytes
 
-    @property
+    @functools.cached_property  # read on every pass the replay costs
     def kv_bytes_per_token_per_layer(self) -> int:
         """K and V of one token in one layer: 2 x n_kv_heads x head_dim x dtype_bytes."""
         return 2 * self.kv_dim * self.dtype_bytes

@@ -25,8 +25,10 @@ SimPy as its examples are written (carwash.py): `arrivals`, `closed_loop_client`
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -49,6 +51,9 @@ MIN_RATE = 1e-5
 MAX_REQUESTS = 1_000_000  # replayed requests: their pass arrays stay within a few GiB
 SCALAR_COST_BELOW = 48  # passes the planner costs first when an arrival may end the stretch early
 VECTOR_COST_FROM = 128  # this many passes or more: one vectorised cost call (fewer: one by one, cached)
+# the cyclic collector's first-generation threshold while a simulation runs: its default (700
+# allocations) ran a collection every few stretches, a tenth of a 10k-request cluster replay's CPU
+GC_THRESHOLD = 100_000
 # pass shapes whose cost is remembered: a stretch cut short is planned again from the same batch,
 # so the same (query, KV read, streams, logits) sums come back; exact keys, cleared when full
 PASS_COST_CACHE = 1 << 17
@@ -148,6 +153,17 @@ class Stretch:
     first_batch: int  # global index of the stretch's first pass
     demand: Demand | None = None  # a single pass whose rows are not the workload's (a chunk, a recompute)
 
+    # (not dataclasses.replace: it inspects the fields on every call, and these run once a stretch)
+    def cut(self, m: int) -> Stretch:
+        """Its first m passes (a stretch an arrival cut short)."""
+        return Stretch(
+            self.requests, self.first_pass, self.starts_s[:m], self.durations_s[:m], self.first_batch, self.demand
+        )
+
+    def renumbered(self, first_batch: int) -> Stretch:
+        """The same passes numbered from `first_batch` (several devices' passes in one numbering)."""
+        return Stretch(self.requests, self.first_pass, self.starts_s, self.durations_s, first_batch, self.demand)
+
 
 class Device:
     """The accelerator: one batched forward pass (or stretch of passes) at a time. Its one user is
@@ -242,7 +258,7 @@ class Replay(ArrivalStream):
         bs = config.block_size
         self.blocks = -(-workload.alloc_kv_tokens // bs)  # (P,) blocks held after each pass
         self.peak_blocks = -(-workload.peak_alloc_tokens() // bs)  # (R,)
-        self.off, self.npass = workload.offsets[:-1], workload.n_passes
+        self.off, self.npass = workload.pass_starts, workload.n_passes
         self.ptr = np.zeros(n, np.int64)  # passes done
         self.chunk_done = np.zeros(n, np.int64)  # tokens of the current pass computed by earlier chunks
         self.recompute = np.zeros(n, bool)  # preempted: the next pass re-prefills the KV it lost
@@ -285,6 +301,12 @@ class Replay(ArrivalStream):
         return self.pool.capacity_blocks
 
     def next_tokens_and_blocks(self, rs, limit=None) -> tuple[np.ndarray, np.ndarray]:
+        rs = np.asarray(rs, np.int64)
+        if self.all_usual(rs):  # whole workload passes: `next_demand`'s first case, two columns of it
+            idx = self.off[rs] + self.ptr[rs]
+            q = self.w.query_tokens[idx]
+            if limit is None or (np.asarray(limit) >= q).all():
+                return q, self.blocks[idx]
         d = next_demand(self, rs, limit)
         return d.query, d.blocks
 
@@ -393,7 +415,7 @@ class Replay(ArrivalStream):
                 yield self._wakeup
                 continue
             stretch = self.plan(batch)
-            yield from self.device.run(float(np.sum(stretch.durations_s)), len(stretch.durations_s))
+            yield from self.device.run(float(stretch.durations_s.sum()), len(stretch.durations_s))
             self.commit(stretch)
             if self.done:  # closed loop: clients of finished requests send their next first
                 yield env.timeout(0)
@@ -441,10 +463,9 @@ class Replay(ArrivalStream):
     def plan(self, batch: dict[int, int]) -> Stretch:
         """The longest stretch of passes the batch runs before the scheduler could decide otherwise."""
         R = np.fromiter(batch, np.int64, len(batch))
-        d = next_demand(self, R, np.fromiter(batch.values(), np.int64, len(batch)))
-        if (
-            len(R) < len(self.running) or not self.all_usual(R) or not d.final.all()
-        ):  # a chunk, a recompute or a request sitting out: one pass
+        limits = np.fromiter(batch.values(), np.int64, len(batch))
+        if not self._whole_passes(R, limits):  # a chunk, a recompute or a request sitting out: one pass
+            d = next_demand(self, R, limits)
             blocks = np.array([d.blocks.sum()])
             q = np.array([d.query.sum()])
             kv = self._scored_kv(q, np.array([d.kv_read.sum()]), blocks)
@@ -480,7 +501,16 @@ class Replay(ArrivalStream):
                 len(R),
             )
         self.pool.note(blocks[:m])
-        return self._stretch(R, idx[:, 0], durations)
+        return self._stretch(R, idx[:, 0].copy(), durations)  # a copy: a view would keep all of idx alive
+
+    def _whole_passes(self, R: np.ndarray, limits: np.ndarray) -> bool:
+        """Every running request runs its whole next workload pass (no chunk, recompute or request
+        sitting out): `next_demand`'s test, without building the demand when it holds."""
+        if len(R) < len(self.running) or not self.all_usual(R):
+            return False
+        if (limits >= self.w.query_tokens[self.off[R] + self.ptr[R]]).all():
+            return True
+        return bool(next_demand(self, R, limits).final.all())
 
     def _stretch_length(self, R: np.ndarray):
         """Passes the whole batch R runs unchanged: stop before a pass that overflows the pool, that the
@@ -491,14 +521,16 @@ class Replay(ArrivalStream):
         idx = idx0[:, None] + np.arange(m)[None, :]  # (R, m)
         blocks = self.blocks[idx].sum(0)
         q = w.query_tokens[idx].sum(0)
+        if m == 1:  # nothing to stop before
+            return m, q, blocks, idx
         stop = blocks > cap  # the scheduler preempts there
         if cfg.chunked_prefill:  # the scheduler would cut a prefill of that pass to the budget
             stop |= (q > cfg.max_batch_tokens) & (w.phase[idx] == PREFILL).any(0)
         over = np.flatnonzero(stop[1:])
         if len(over):
             m = int(over[0]) + 1
-        head = self.scheduler.head(self)
-        if head is not None and len(R) < cfg.max_seqs and m > 1:
+        head = self.scheduler.head(self) if len(R) < cfg.max_seqs and m > 1 else None
+        if head is not None:
             m = self._head_waits(head, R, q, blocks, m)
         return m, q, blocks, idx
 
@@ -538,8 +570,25 @@ class Replay(ArrivalStream):
 
     def run(self) -> Replay:
         start_arrivals(self.env, self)
-        self.env.run(until=self.env.process(self.engine()))
+        run_env(self.env, self.env.process(self.engine()))
         return self
+
+
+@contextmanager
+def fewer_collections():
+    """Run the cyclic garbage collector less often (`GC_THRESHOLD`) inside the block; restored after."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], GC_THRESHOLD), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
+def run_env(env: simpy.Environment, until) -> None:
+    """`env.run(until)`, with the collector run less often (a simulation allocates small objects by the million)."""
+    with fewer_collections():
+        env.run(until=until)
 
 
 def start_arrivals(env: simpy.Environment, sim) -> None:
@@ -580,7 +629,7 @@ def resize(workload: Workload, config: ReplayConfig) -> Workload:
     """`config.num_requests` requests, cycling through the workload's (trace arrivals: one period later each time)."""
     if config.num_requests is not None and config.num_requests != workload.n_requests:
         n, r = config.num_requests, workload.n_requests
-        workload = workload.take(np.arange(n) % r)
+        workload = workload.cycle(np.arange(n) % r)  # the passes shared, not copied
         if config.arrival == "trace" and n > r:  # the trace's arrival pattern, repeated one period later each time
             last = float(workload.arrival_s[:r].max())
             period = last + (last / (r - 1) if r > 1 else 0.0)

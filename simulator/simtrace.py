@@ -28,9 +28,11 @@ import pandas as pd
 import pyarrow as pa
 
 from profiler.schema import PHASES, TABLES
-from profiler.writer import write_trace
+from profiler.writer import ROW_GROUP_ROWS, TableSlices, write_trace
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
+from simulator.passrows import PassRows
+from simulator.passrows import build as build_rows
 from simulator.replay import ReplayConfig
 from simulator.slo import goodput
 from simulator.workload import CHUNK_NOTE, RECOMPUTE_NOTE, Workload
@@ -40,7 +42,7 @@ from simulator.workload import CHUNK_NOTE, RECOMPUTE_NOTE, Workload
 class ReplayResult:
     metrics: dict
     requests: pd.DataFrame  # one row per simulated request
-    rows: dict[str, np.ndarray]  # one entry per (pass, request), sorted by request then pass
+    rows: PassRows  # one entry per (pass, request), sorted by request then pass (columns built on access)
     events: list[tuple[int, str, float]]  # (request id, event, time) in simulated order
     workload: Workload
     config: ReplayConfig
@@ -62,14 +64,21 @@ class ReplayResult:
         return sorted(ev, key=lambda e: (e[2], rank[e[1]], e[0]))
 
 
-def _stats(name: str, values_s: np.ndarray) -> dict:
-    v = np.asarray(values_s, float) * 1e3
+def _stats(name: str, values_s: np.ndarray, scratch: bool = False) -> dict:
+    """Mean, median and p99 in ms. `scratch`: `values_s` (float) may be scaled and reordered in place
+    (the ITLs of 100k requests: 21 million values, no copy of them)."""
+    v = np.asarray(values_s, float)
+    if scratch:
+        v *= 1e3
+    else:
+        v = v * 1e3
     if not len(v):
         return {f"mean_{name}_ms": None, f"median_{name}_ms": None, f"p99_{name}_ms": None}
+    mean = float(v.mean())  # before the median reorders v
     return {
-        f"mean_{name}_ms": float(v.mean()),
-        f"median_{name}_ms": float(np.median(v)),
-        f"p99_{name}_ms": float(np.percentile(v, 99)),
+        f"mean_{name}_ms": mean,
+        f"median_{name}_ms": float(np.median(v, overwrite_input=scratch)),
+        f"p99_{name}_ms": float(np.percentile(v, 99, overwrite_input=scratch)),
     }
 
 
@@ -77,58 +86,17 @@ def collect(sim) -> ReplayResult:
     """Flatten a finished `simulator.replay.Replay` into rows, per-request figures and metrics."""
     w: Workload = sim.w
     n = w.n_requests
-    cols = (
-        "req",
-        "flat",
-        "start",
-        "dur",
-        "batch",
-        "query",
-        "kv",
-        "groups",
-        "blocks",
-        "live",
-        "emits",
-        "rebuild",
-        "final",
-    )
-    plain = [s for s in sim.stretches if s.demand is None]
-    parts = [_stretch_rows(sim, s) for s in sim.stretches if s.demand is not None]
-    if plain:
-        parts.append(_plain_rows(sim, plain))
-    c = {}
-    for k in cols:  # a column at a time, each part's copy freed as it goes (21 million rows at 100k requests)
-        c[k] = (
-            np.concatenate([p.pop(k) for p in parts])
-            if parts
-            else np.zeros(0, bool if k == "final" else float if k in ("start", "dur") else np.int64)
-        )
-    del parts
-    order = np.lexsort((c["batch"], c["req"]))
-    for k in cols:
-        c[k] = c[k][order]
-    del order
-    req, flat, start, dur, batch = c["req"], c["flat"], c["start"], c["dur"], c["batch"]
-    end = start + dur
-    emits = c["emits"]
-    counts = np.bincount(req, minlength=n)
-    step_index = np.arange(len(req)) - np.repeat(np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
-
+    rows = build_rows(sim)
+    counts = rows.counts
     arrival = sim.arrival_s
     errored = np.array([r in sim.error for r in range(n)], bool)
     ok = ~errored
-    em = emits > 0
-    er, eend = req[em], end[em]
-    ttft = np.full(n, np.nan)
-    first_rows = np.unique(er, return_index=True)
-    ttft[first_rows[0]] = eend[first_rows[1]] - arrival[first_rows[0]]
+    ttft, itl = _token_times(rows, arrival)
     e2e = np.where(ok, sim.finish_s - arrival, np.nan)
     out_tokens = w.output_tokens
     multi = ok & (out_tokens > 1) & ~np.isnan(ttft)
     tpot = np.full(n, np.nan)
     tpot[multi] = (e2e[multi] - ttft[multi]) / (out_tokens[multi] - 1)
-    same = er[1:] == er[:-1]
-    itl = np.diff(eend)[same] if len(eend) > 1 else np.zeros(0)
 
     bpb = sim.pool.bytes_per_block
     peak_blocks = -(-w.peak_alloc_tokens() // sim.config.block_size)
@@ -149,15 +117,15 @@ def collect(sim) -> ReplayResult:
         "total_token_throughput": per_s(total_in + total_out),
         **_stats("ttft", ttft[ok & ~np.isnan(ttft)]),
         **_stats("tpot", tpot[multi]),
-        **_stats("itl", itl),
+        **_stats("itl", itl, scratch=True),
         **_stats("e2el", e2e[ok]),
         "peak_kv_bytes": int(sim.pool.peak_blocks * bpb),
         "kv_capacity_bytes": int(sim.pool.capacity_blocks * bpb),
         "passes": int(sim.n_pass),
-        "mean_batch_requests": float(len(req) / sim.n_pass) if sim.n_pass else None,
+        "mean_batch_requests": float(rows.n / sim.n_pass) if sim.n_pass else None,
         "preemptions": int(sim.preemptions.sum()),
-        "recomputed_tokens": int(c["rebuild"].sum()),
-        "prefill_chunks": int((~c["final"]).sum()),
+        "recomputed_tokens": int(rows.own["rebuild"].sum()),
+        "prefill_chunks": int((~rows.own["final"]).sum()),
         "device_busy_s": float(sim.device.busy_s),
         "quality_mean": float(q.mean()) if len(q) else None,
         **goodput(ttft, tpot, ok, duration, sim.config.slo_ttft_ms, sim.config.slo_tpot_ms),
@@ -175,29 +143,13 @@ def collect(sim) -> ReplayResult:
             "preemptions": sim.preemptions,
             "prompt_tokens": w.prompt_tokens,
             "output_tokens": out_tokens,
-            "peak_live_kv_tokens": _peak(w.live_kv_tokens, w.offsets),
+            "peak_live_kv_tokens": w.per_request_max(w.live_kv_tokens),
             "peak_kv_bytes": peak_blocks * bpb,
             "quality_score": w.quality_score,
             "status": [("error" if errored[r] else w.status[r]) for r in range(n)],
             "error": [sim.error.get(r, "") for r in range(n)],
         }
     )
-    rows = {
-        "request": req,
-        "flat": flat,
-        "start_s": start,
-        "duration_s": dur,
-        "batch_index": batch,
-        "step_index": step_index,
-        "emits": emits,
-        "query": c["query"],
-        "kv_read": c["kv"],
-        "groups": c["groups"],
-        "blocks": c["blocks"],
-        "live": c["live"],
-        "rebuild": c["rebuild"],
-        "final": c["final"],
-    }
     return ReplayResult(
         metrics,
         requests,
@@ -213,187 +165,184 @@ def collect(sim) -> ReplayResult:
     )
 
 
-def _plain_rows(sim, stretches: list) -> dict[str, np.ndarray]:
-    """`_stretch_rows` of many stretches of whole workload passes at once (no Python loop per row)."""
-    n_req = np.array([len(s.requests) for s in stretches], np.int64)
-    n_pass = np.array([len(s.durations_s) for s in stretches], np.int64)
-    pass0 = np.concatenate([[0], np.cumsum(n_pass)[:-1]])  # each stretch's first entry in the pass arrays
-    m = np.repeat(n_pass, n_req)  # passes of each (stretch, request)
-    total = int(m.sum())
-    j = np.arange(total) - np.repeat(np.cumsum(m) - m, m)  # pass within the stretch
-    at = np.repeat(np.repeat(pass0, n_req), m) + j
-    flat = np.repeat(np.concatenate([s.first_pass for s in stretches]), m) + j
-    return {
-        "req": np.repeat(np.concatenate([s.requests for s in stretches]), m),
-        "start": np.concatenate([s.starts_s for s in stretches])[at],
-        "dur": np.concatenate([s.durations_s for s in stretches])[at],
-        "batch": np.repeat(np.repeat([s.first_batch for s in stretches], n_req), m) + j,
-        **_workload_rows(sim, flat),
-    }
-
-
-def _workload_rows(sim, flat: np.ndarray) -> dict[str, np.ndarray]:
-    """The columns of whole passes taken from the workload (`flat`: their pass indices)."""
-    w = sim.w
-    return {
-        "flat": flat,
-        "query": w.query_tokens[flat],
-        "kv": w.kv_tokens_read[flat],
-        "groups": w.query_groups[flat],
-        "blocks": sim.blocks[flat],
-        "live": w.live_kv_tokens[flat],
-        "emits": w.emits[flat],
-        "rebuild": np.zeros(len(flat), np.int64),
-        "final": np.ones(len(flat), bool),
-    }
-
-
-def _stretch_rows(sim, s) -> dict[str, np.ndarray]:
-    """One entry per (pass, request) of a stretch: the workload's passes, or the single pass's own demand."""
-    m, R = len(s.durations_s), s.requests
-    out = {
-        "req": np.repeat(R, m),
-        "start": np.tile(s.starts_s, len(R)),
-        "dur": np.tile(s.durations_s, len(R)),
-        "batch": s.first_batch + np.tile(np.arange(m), len(R)),
-    }
-    if s.demand is not None:
-        d = s.demand
-        return {
-            **out,
-            "flat": d.flat,
-            "query": d.query,
-            "kv": d.kv_read,
-            "groups": d.groups,
-            "blocks": d.blocks,
-            "live": d.live,
-            "emits": d.emits,
-            "rebuild": d.rebuild,
-            "final": d.final,
-        }
-    flat = (s.first_pass[:, None] + np.arange(m)[None, :]).ravel()
-    return {**out, **_workload_rows(sim, flat)}
-
-
-def _peak(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(offsets) - 1, np.int64)
-    has = np.diff(offsets) > 0
-    if has.any():
-        out[has] = np.maximum.reduceat(values, offsets[:-1][has])
-    return out
-
-
 # ---- the simulated trace --------------------------------------------------------------------
+def _token_times(rows: PassRows, arrival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(TTFT of each request, NaN without a token; the gaps between each request's token-emitting
+    passes), from the rows (sorted by request, then pass), freeing each temporary as it goes."""
+    em = rows["emits"] > 0
+    er, eb = rows.request[em], rows.batch[em]
+    del em
+    eend = rows.pass_start_s[eb]
+    eend += rows.pass_duration_s[eb]  # each emitting row's pass end
+    del eb
+    ttft = np.full(len(arrival), np.nan)
+    first = np.flatnonzero(np.r_[True, er[1:] != er[:-1]]) if len(er) else np.zeros(0, np.int64)
+    ttft[er[first]] = eend[first] - arrival[er[first]]
+    same = er[1:] == er[:-1]
+    del er
+    itl = np.diff(eend)[same] if len(eend) > 1 else np.zeros(0)
+    return ttft, itl
+
+
 def _strings(codes: np.ndarray, values) -> pa.Array:
     """A string column from small codes into a few values, built in Arrow (a numpy or object
     array of 21 million short strings takes gigabytes; this takes the offsets and the bytes)."""
     return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(list(values), pa.string())).cast(pa.string())
 
 
-def _steps_table(res: ReplayResult) -> pa.Table:
-    w, r = res.workload, res.rows
-    flat, req, final, rebuild = r["flat"], r["request"], r["final"], r["rebuild"]
-    bpb = res.bytes_per_block
-    blocks = r["blocks"]
-    first = np.r_[True, req[1:] != req[:-1]] if len(req) else np.zeros(0, bool)
-    prev_blocks = np.where(first, 0, np.roll(blocks, 1))
-    evicted = np.where(final, w.evicted_tokens[flat], 0)
-    # a recompute or a prefill chunk is a prefill pass; its note says what it re-prefilled
-    phases = _strings(np.where(final, w.phase[flat], PHASES.index("prefill")), PHASES)
-    streams = w.streams[flat] if w.streams is not None else _strings(np.zeros(len(flat), np.int8), ["0"])
-    note = np.array(
-        [
-            (f"{RECOMPUTE_NOTE} ({n} tokens)" if n else "") + ("" if f else ("; " if n else "") + CHUNK_NOTE)
-            for n, f in zip(rebuild.tolist(), final.tolist())
-        ],
-        dtype=object,
-    )
-    return pa.table(
-        {
-            "request_id": w.request_ids[req],
-            "step_index": r["step_index"],
-            "batch_index": r["batch_index"],
-            "phase": phases,
-            "start_s": r["start_s"],
-            "duration_s": r["duration_s"],
-            "streams": streams,
-            "active_streams": r["groups"],
-            "query_tokens": r["query"],
-            "kv_tokens_read": r["kv_read"],
-            "live_kv_tokens": r["live"],
-            "kv_bytes_allocated": blocks * bpb,
-            "emitted_tokens": r["emits"],
+def _steps_table(res: ReplayResult) -> TableSlices:
+    """steps.parquet, made a row group at a time from the compact rows (`simulator.passrows`)."""
+    w, rows, bpb = res.workload, res.rows, res.bytes_per_block
+    batch_requests = rows.pass_totals().astype(np.int64)
+    batch_query = _sliced_pass_totals(rows, "query")
+
+    def make(columns: list[str], lo: int, hi: int) -> pa.Table:
+        got: dict[str, np.ndarray] = {}
+
+        def get(key: str) -> np.ndarray:
+            if key not in got:
+                got[key] = rows.column(key, lo, hi)
+            return got[key]
+
+        def evicted() -> np.ndarray:
+            return np.where(get("final"), w.evicted_tokens[get("flat")], 0)
+
+        n = hi - lo
+        makers = {
+            "request_id": lambda: w.request_ids[get("request")],
+            "step_index": lambda: get("step_index"),
+            "batch_index": lambda: get("batch_index"),
+            # a recompute or a prefill chunk is a prefill pass; its note says what it re-prefilled
+            "phase": lambda: _strings(np.where(get("final"), w.phase[get("flat")], PHASES.index("prefill")), PHASES),
+            "start_s": lambda: get("start_s"),
+            "duration_s": lambda: get("duration_s"),
+            "streams": lambda: (
+                w.streams[get("flat")] if w.streams is not None else _strings(np.zeros(n, np.int8), ["0"])
+            ),
+            "active_streams": lambda: get("groups"),
+            "query_tokens": lambda: get("query"),
+            "kv_tokens_read": lambda: get("kv_read"),
+            "live_kv_tokens": lambda: get("live"),
+            "kv_bytes_allocated": lambda: get("blocks") * bpb,
+            "emitted_tokens": lambda: get("emits"),
             "evicted_tokens": evicted,
-            "freed_kv_bytes": np.where(evicted > 0, np.maximum(prev_blocks - blocks, 0) * bpb, 0),
-            "device_memory_bytes": np.full(len(flat), -1, np.int64),
-            "note": note,
-            **_serving_step_columns(r),
-        },
-        schema=TABLES["steps"],
-    )
+            "freed_kv_bytes": lambda: np.where(
+                evicted() > 0, np.maximum(_previous_blocks(rows, lo, hi) - get("blocks"), 0) * bpb, 0
+            ),
+            "device_memory_bytes": lambda: np.full(n, -1, np.int64),
+            "note": lambda: _notes(get("rebuild"), get("final")),
+            # the schema_minor step columns (profiler.schema.MINOR_COLUMNS) of the replayed passes
+            "batch_requests": lambda: batch_requests[get("batch_index")],
+            "batch_query_tokens": lambda: batch_query[get("batch_index")],
+            "recompute_tokens": lambda: get("rebuild"),
+            "preempted_requests": lambda: np.zeros(n, np.int64),
+            "attention_kv_tokens": lambda: get("kv_read"),
+            "chunk": lambda: ~get("final"),
+            "host_s": lambda: np.full(n, np.nan),  # a replay does not split a pass's host work from its forward
+        }
+        schema = pa.schema([TABLES["steps"].field(c) for c in columns])
+        return pa.table({c: makers[c]() for c in columns}, schema=schema)
+
+    return TableSlices(TABLES["steps"], rows.n, make)
 
 
-def _pass_totals(batch: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Per row: the sum of `values` over the rows of its pass (same `batch_index`)."""
-    if not len(batch):
-        return np.zeros(0, np.int64)
-    _, inv = np.unique(batch, return_inverse=True)
-    return np.bincount(inv, weights=values).astype(np.int64)[inv]
+def _sliced_pass_totals(rows: PassRows, key: str) -> np.ndarray:
+    """Per pass: the sum of column `key` over its rows (whole numbers: exact in any order), a row
+    group of the column at a time."""
+    total = np.zeros(len(rows.pass_start_s))
+    for lo in range(0, rows.n, ROW_GROUP_ROWS):
+        hi = min(lo + ROW_GROUP_ROWS, rows.n)
+        total += np.bincount(rows.batch[lo:hi], weights=rows.column(key, lo, hi), minlength=len(total))
+    return total.astype(np.int64)
 
 
-def _serving_step_columns(r: dict) -> dict[str, np.ndarray]:
-    """The schema_minor step columns (profiler.schema.MINOR_COLUMNS) of the replayed passes."""
-    batch, n = r["batch_index"], len(r["flat"])
-    return {
-        "batch_requests": _pass_totals(batch, np.ones(n)),
-        "batch_query_tokens": _pass_totals(batch, r["query"]),
-        "recompute_tokens": r["rebuild"],
-        "preempted_requests": np.zeros(n, np.int64),
-        "attention_kv_tokens": r["kv_read"],
-        "chunk": ~r["final"],
-        "host_s": np.full(n, np.nan),  # a replay does not split a pass's host work from its forward
-    }
+def _previous_blocks(rows: PassRows, lo: int, hi: int) -> np.ndarray:
+    """Per row lo..hi: the pages its request held after its previous pass (0 for its first)."""
+    a = max(lo - 1, 0)
+    blocks, req = rows.column("blocks", a, hi), rows.request[a:hi]
+    prev = np.where(np.r_[True, req[1:] != req[:-1]], 0, np.r_[0, blocks[:-1]])
+    return prev[lo - a :]
 
 
-def _tokens_table(res: ReplayResult, source) -> pa.Table:
-    w, r = res.workload, res.rows
-    sim_step = np.full(w.total_passes(), -1, np.int64)  # pass of the workload -> step index in the simulation
-    final = r["final"]  # the row that completes a workload pass emits its tokens
-    sim_step[r["flat"][final]] = r["step_index"][final]
-    sid = w.source_ids()
+def _notes(rebuild: np.ndarray, final: np.ndarray) -> pa.Array:
+    """steps.note: what a recompute re-prefilled, and whether the row is a prefill chunk; "" for the
+    rest (strings built for those rows only)."""
+    at = np.flatnonzero((rebuild != 0) | ~final)
+    text = [
+        (f"{RECOMPUTE_NOTE} ({n} tokens)" if n else "") + ("" if f else ("; " if n else "") + CHUNK_NOTE)
+        for n, f in zip(rebuild[at].tolist(), final[at].tolist())
+    ]
+    codes = np.zeros(len(rebuild), np.int64)
+    codes[at] = np.arange(1, len(at) + 1)
+    return _strings(codes, ["", *text])
+
+
+def _tokens_table(res: ReplayResult, source) -> pa.Table | TableSlices:
     if source is not None and len(source.tokens):
-        toks = source.tokens.sort_values(["request_id", "token_index"], kind="stable").reset_index(drop=True)
-        tid = toks["request_id"].to_numpy(np.int64)
-        lo, hi = np.searchsorted(tid, sid, "left"), np.searchsorted(tid, sid, "right")
-        take = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)]) if len(sid) else np.zeros(0, np.int64)
-        owner = np.repeat(np.arange(len(sid)), hi - lo)
-        out = toks.iloc[take].reset_index(drop=True)
-        step = out["step_index"].to_numpy(np.int64)
-        valid = (step >= 0) & (step < w.n_passes[owner])
-        out["step_index"] = np.where(valid, sim_step[w.offsets[:-1][owner] + np.where(valid, step, 0)], step)
-        out["request_id"] = w.request_ids[owner]
-        return pa.Table.from_pandas(out, schema=TABLES["tokens"], preserve_index=False)
-    em = r["emits"]
-    owner = np.repeat(r["request"], em)
-    counts = np.bincount(owner, minlength=w.n_requests)
-    index = np.arange(len(owner)) - np.repeat(np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
-    k = len(owner)
-    return pa.table(
-        {
-            "request_id": w.request_ids[owner],
-            "token_index": index,
-            "token_id": np.full(k, -1, np.int64),
-            "token_text": np.full(k, "", object),
-            "stream": np.zeros(k, np.int64),
-            "step_index": np.repeat(r["step_index"], em),
-            "position_id": np.full(k, -1, np.int64),
-            "kv_slot": np.full(k, -1, np.int64),
-            "kind": np.full(k, "content", object),
-            "visible_streams": pa.ListArray.from_arrays(np.zeros(k + 1, np.int32), pa.array([], pa.int64())),
-            "evicted_at_step": np.full(k, -1, np.int64),
-        },
-        schema=TABLES["tokens"],
-    )
+        return _source_tokens(res, source)
+    return _generated_tokens(res)
+
+
+def _source_tokens(res: ReplayResult, source) -> pa.Table:
+    """The source trace's token rows of each request, on the simulated passes."""
+    w, r = res.workload, res.rows
+    # request r's pass p (at offsets[r] + p) -> step index in the simulation: its row that completes
+    # the pass (and emits its tokens), flat index pass_starts[r] + p
+    sim_step = np.full(w.total_passes(), -1, np.int64)
+    final, req = r["final"], r["request"][r["final"]]
+    sim_step[w.offsets[req] + r["flat"][final] - w.pass_starts[req]] = r["step_index"][final]
+    sid = w.source_ids()
+    toks = source.tokens.sort_values(["request_id", "token_index"], kind="stable").reset_index(drop=True)
+    tid = toks["request_id"].to_numpy(np.int64)
+    lo, hi = np.searchsorted(tid, sid, "left"), np.searchsorted(tid, sid, "right")
+    take = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)]) if len(sid) else np.zeros(0, np.int64)
+    owner = np.repeat(np.arange(len(sid)), hi - lo)
+    out = toks.iloc[take].reset_index(drop=True)
+    step = out["step_index"].to_numpy(np.int64)
+    valid = (step >= 0) & (step < w.n_passes[owner])
+    out["step_index"] = np.where(valid, sim_step[w.offsets[:-1][owner] + np.where(valid, step, 0)], step)
+    out["request_id"] = w.request_ids[owner]
+    return pa.Table.from_pandas(out, schema=TABLES["tokens"], preserve_index=False)
+
+
+def _generated_tokens(res: ReplayResult) -> TableSlices:
+    """One token row per token a pass emitted (no texts: a workload file's requests have none),
+    made a row group at a time."""
+    w, rows = res.workload, res.rows
+    emits = rows["emits"]
+    total = int(emits.sum())
+    # tokens emitted up to each row's end (rows by request, then pass)
+    ends = np.cumsum(emits, dtype=np.int32 if total < 2**31 else np.int64)
+    del emits
+    # each request's first token row: the tokens of the rows before its first
+    first_token = np.zeros(w.n_requests, np.int64)
+    if len(ends):
+        first_token[rows.first_row > 0] = ends[rows.first_row[rows.first_row > 0] - 1]
+
+    def make(columns: list[str], a: int, b: int) -> pa.Table:
+        lo = int(np.searchsorted(ends, a, "right"))  # the rows whose tokens are a..b
+        hi = int(np.searchsorted(ends, b, "left")) + 1
+        em = rows.column("emits", lo, hi)
+        cut = slice(a - int(ends[lo] - em[0]), b - int(ends[lo] - em[0]))
+        owner = np.repeat(rows.request[lo:hi], em)[cut]
+        k = b - a
+        makers = {
+            "request_id": lambda: w.request_ids[owner],
+            "token_index": lambda: np.arange(a, b, dtype=np.int64) - first_token[owner],
+            "token_id": lambda: np.full(k, -1, np.int64),
+            "token_text": lambda: np.full(k, "", object),
+            "stream": lambda: np.zeros(k, np.int64),
+            "step_index": lambda: np.repeat(rows.column("step_index", lo, hi), em)[cut],
+            "position_id": lambda: np.full(k, -1, np.int64),
+            "kv_slot": lambda: np.full(k, -1, np.int64),
+            "kind": lambda: np.full(k, "content", object),
+            "visible_streams": lambda: pa.ListArray.from_arrays(np.zeros(k + 1, np.int32), pa.array([], pa.int64())),
+            "evicted_at_step": lambda: np.full(k, -1, np.int64),
+        }
+        schema = pa.schema([TABLES["tokens"].field(c) for c in columns])
+        return pa.table({c: makers[c]() for c in columns}, schema=schema)
+
+    return TableSlices(TABLES["tokens"], total, make)
 
 
 def _requests_table(res: ReplayResult, source) -> pa.Table:
@@ -437,9 +386,9 @@ def _requests_table(res: ReplayResult, source) -> pa.Table:
             "events": [json.dumps(preempts.get(r, [])) for r in range(n)],
             "queue_s": rq["start_s"] - rq["arrival_s"],
             "preemptions": rq["preemptions"],
-            "recompute_tokens": np.bincount(res.rows["request"], weights=res.rows["rebuild"], minlength=n).astype(
-                np.int64
-            ),
+            "recompute_tokens": np.bincount(
+                res.rows.request[res.rows.own_at], weights=res.rows.own["rebuild"], minlength=n
+            ).astype(np.int64),
         },
         schema=TABLES["requests"],
     )

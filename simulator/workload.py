@@ -19,7 +19,9 @@ allocated KV, evictions, phase), `tokens.parquet` (output tokens per pass: the t
 `step_index` is that pass; `emitted_tokens` where a request has no token rows), `requests.parquet`
 (prompt and output lengths, quality, arrival, status) and `graph.json` (kept for the simulated
 trace). Layout: flat numpy arrays, CSR-style (`offsets[r]:offsets[r + 1]` are request r's
-passes), so the replay indexes whole batches at once.
+passes), so the replay indexes whole batches at once; a workload cycled to more requests than its
+source (`cycle`, what `--num-requests` does) shares the source's arrays instead, each request's
+passes at `pass_starts[r]`, `offsets` still counting them per request.
 
     from simulator.workload import load_workload
     w = load_workload("traces/sequential-tiny")
@@ -94,6 +96,9 @@ class Workload:
     source: dict = field(default_factory=dict)  # path, system, task, model meta, device meta
     graphs: dict = field(default_factory=dict, repr=False)  # request id -> node-link DAG
     source_request_ids: np.ndarray | None = None  # (R,) set by `take`: which source request
+    # (R,) where each request's passes start in the per-pass arrays, when they are shared (`cycle`:
+    # a request repeated keeps one copy of its passes); None: offsets[:-1], each request's own
+    starts: np.ndarray | None = None
 
     # ---- shape ------------------------------------------------------------------------
     @property
@@ -105,9 +110,26 @@ class Workload:
         """(R,) forward passes per request."""
         return np.diff(self.offsets)
 
+    @property
+    def pass_starts(self) -> np.ndarray:
+        """(R,) index of each request's first pass in the per-pass arrays (request r's passes are
+        `pass_starts[r] + 0 .. n_passes[r] - 1`; `offsets` numbers them as if each had its own copy)."""
+        return self.offsets[:-1] if self.starts is None else self.starts
+
+    def per_request_max(self, values: np.ndarray) -> np.ndarray:
+        """(R,) the largest of each request's per-pass `values`; 0 without passes."""
+        out = np.zeros(self.n_requests, dtype=np.int64)
+        has = self.n_passes > 0
+        if has.any():
+            lo = self.pass_starts[has]
+            bounds = np.stack([lo, lo + self.n_passes[has]], 1).ravel()  # [start, end) of each, in any order
+            out[has] = np.maximum.reduceat(np.append(values, 0), bounds)[::2]
+        return out
+
     def passes(self, r: int) -> list[PassDemand]:
         """Request r's passes (by position, not id) as readable records."""
-        lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
+        lo = int(self.pass_starts[r])
+        hi = lo + int(self.n_passes[r])
         before = np.concatenate([[self.prompt_tokens[r]], self.live_kv_tokens[lo : hi - 1]]) if hi > lo else np.zeros(0)
         return [
             PassDemand(
@@ -126,13 +148,10 @@ class Workload:
 
     def peak_alloc_tokens(self) -> np.ndarray:
         """(R,) the most KV each request holds at once (whole pages, tokens); 0 without passes."""
-        out = np.zeros(self.n_requests, dtype=np.int64)
-        has = self.n_passes > 0
-        if has.any():
-            out[has] = np.maximum.reduceat(self.alloc_kv_tokens, self.offsets[:-1][has])
-        return out
+        return self.per_request_max(self.alloc_kv_tokens)
 
     def total_passes(self) -> int:
+        """Passes of all requests (a request repeated by `cycle` counts each time)."""
         return int(self.offsets[-1])
 
     def source_ids(self) -> np.ndarray:
@@ -144,27 +163,42 @@ class Workload:
         `w.take(np.arange(1000) % w.n_requests)` cycles a small trace into 1,000 requests, as
         `vllm bench serve --num-prompts` samples a dataset; arrivals keep each request's own.
         """
+        pos = self._positions(positions)
+        lengths = self.n_passes[pos]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        flat = np.repeat(self.pass_starts[pos] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        per_pass = {name: getattr(self, name)[flat] for name in PASS_FIELDS}
+        return self._renumbered(pos, offsets, per_pass, None if self.streams is None else self.streams[flat], None)
+
+    def cycle(self, positions) -> Workload:
+        """`take`, the requests sharing this workload's per-pass arrays (`starts`), not copying
+        them: 100,000 requests cycled from 19,366 hold their passes once (1.4 GB less)."""
+        pos = self._positions(positions)
+        offsets = np.concatenate([[0], np.cumsum(self.n_passes[pos])]).astype(np.int64)
+        per_pass = {name: getattr(self, name) for name in PASS_FIELDS}
+        return self._renumbered(pos, offsets, per_pass, self.streams, self.pass_starts[pos])
+
+    def _positions(self, positions) -> np.ndarray:
         pos = np.asarray(positions, dtype=np.int64)
         if pos.ndim != 1 or (len(pos) and (pos.min() < 0 or pos.max() >= self.n_requests)):
             raise ValueError(f"take: positions must index 0..{self.n_requests - 1}")
-        lengths = self.n_passes[pos]
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        flat = np.repeat(self.offsets[:-1][pos] - offsets[:-1], lengths) + np.arange(offsets[-1])
-        per_pass = {name: getattr(self, name)[flat] for name in PASS_FIELDS}
+        return pos
+
+    def _renumbered(self, pos, offsets, per_pass: dict, streams, starts) -> Workload:
         per_req = {
             name: getattr(self, name)[pos] for name in ("prompt_tokens", "output_tokens", "quality_score", "arrival_s")
         }
-        src = self.source_ids()[pos]
         return Workload(
             request_ids=np.arange(len(pos), dtype=np.int64),
             offsets=offsets,
             **per_pass,
             **per_req,
             status=tuple(self.status[i] for i in pos),
-            streams=None if self.streams is None else self.streams[flat],
+            streams=streams,
             source=self.source,
             graphs=self.graphs,
-            source_request_ids=src,
+            source_request_ids=self.source_ids()[pos],
+            starts=starts,
         )
 
     @property

@@ -31,7 +31,7 @@ from simulator.cluster.parallel import ParallelCost, memory_plan
 from simulator.cluster.passes import leading_prefill_passes, slice_passes
 from simulator.cluster.replicas import Cluster
 from simulator.comm import collective_time_s
-from simulator.replay import resize
+from simulator.replay import resize, run_env
 from simulator.workload import Workload
 
 
@@ -108,7 +108,7 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     for replica in decode.replicas:
         replica.done = prefill.done
     links = [simpy.Resource(env, capacity=1) for _ in range(n_p)]
-    kv_bytes = w.live_kv_tokens[w.offsets[:-1] + n_pre - 1].astype(float) * model.kv_bytes_per_token
+    kv_bytes = w.live_kv_tokens[w.pass_starts + n_pre - 1].astype(float) * model.kv_bytes_per_token
     across = (n_p + n_d) * par.gpus > hardware.gpus_per_node
     seconds = np.asarray(collective_time_s("send_recv", kv_bytes / par.gpus, 2, hardware, across_nodes=across))
     log: list[tuple[int, float, float]] = []
@@ -127,7 +127,7 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     for replica in prefill.replicas:
         replica.on_finish = functools.partial(prefilled, replica)
     engines = prefill.start() + [env.process(d.engine()) for d in decode.replicas]
-    env.run(until=env.all_of(engines))
+    run_env(env, env.all_of(engines))
     res = collect(_merge(w, prefill, decode, pre_shift, dec_shift, no_decode))
     pipelines = getattr(prefill, "pipelines", []) + getattr(decode, "pipelines", [])
     res.requests["replica"] = prefill.replica_of(prefill.owner)

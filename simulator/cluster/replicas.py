@@ -29,7 +29,7 @@ import numpy as np
 import simpy
 
 from simulator.cluster.routers import get_router
-from simulator.replay import ArrivalStream, Device, Replay, ReplayConfig, Stretch, start_arrivals
+from simulator.replay import ArrivalStream, Device, Replay, ReplayConfig, Stretch, run_env, start_arrivals
 from simulator.workload import Workload
 
 
@@ -106,9 +106,7 @@ class ReplicaReplay(Replay):
         m, self._ends, self._cut_m = self._cut_m, None, None
         if m is not None:
             if len(args) == 1:  # a Stretch
-                args = (
-                    dataclasses.replace(args[0], starts_s=args[0].starts_s[:m], durations_s=args[0].durations_s[:m]),
-                )
+                args = (args[0].cut(m),)
             else:  # (R, idx0, rc, starts, durations)
                 args = (*args[:3], args[3][:m], args[4][:m])
         super().commit(*args)
@@ -184,7 +182,7 @@ class Cluster(ArrivalStream):
         return [self.env.process(replica.engine()) for replica in self.replicas]
 
     def run(self) -> Cluster:
-        self.env.run(until=self.env.all_of(self.start()))
+        run_env(self.env, self.env.all_of(self.start()))
         return self
 
 
@@ -199,7 +197,7 @@ def merge(replicas: Sequence[Replay], owner: np.ndarray) -> SimpleNamespace:
 
     stretches, offset = [], 0
     for r in replicas:
-        stretches += [dataclasses.replace(st, first_batch=st.first_batch + offset) for st in r.stretches]
+        stretches += [st.renumbered(st.first_batch + offset) for st in r.stretches]
         offset += r.n_pass
     events = sorted((e for r in replicas for e in r.events), key=lambda e: e[2])
     error = {k: v for r in replicas for k, v in r.error.items()}

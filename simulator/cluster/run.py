@@ -128,10 +128,8 @@ def simulate(
 def pass_totals(res) -> dict[str, np.ndarray]:
     """Per executed pass (batch): summed query tokens, KV read, streams and logit rows."""
     rows, w = res.rows, res.workload
-    batch, flat = rows["batch_index"], rows["flat"]
-    n = int(batch.max()) + 1 if len(batch) else 0
     out = {
-        name: np.bincount(batch, weights=getattr(w, name)[flat], minlength=n)
+        name: rows.pass_totals(getattr(w, name)[rows.flat])
         for name in ("query_tokens", "kv_tokens_read", "query_groups", "logit_tokens")
     }
     keep = out["query_tokens"] > 0

@@ -147,7 +147,9 @@ def stretch(structure: Workload, log: RequestLog, seed: int = 0) -> Workload:
     n_pre = n_pre_all[src]
     n_gen_old = w.n_passes[src] - n_pre
     # tokens the generation passes emit, in the source and wanted (the prefill emits the first)
-    pre_emits = np.array([w.emits[w.offsets[s] : w.offsets[s] + k].sum() for s, k in zip(usable, n_pre_all[usable])])
+    pre_emits = np.array(
+        [w.emits[w.pass_starts[s] : w.pass_starts[s] + k].sum() for s, k in zip(usable, n_pre_all[usable])]
+    )
     pre_emits = pre_emits[np.searchsorted(usable, src)]
     G0 = np.maximum(w.output_tokens[src] - pre_emits, 1).astype(float)
     G = np.maximum(O - pre_emits, 0)
@@ -160,7 +162,7 @@ def stretch(structure: Workload, log: RequestLog, seed: int = 0) -> Workload:
     is_pre = j < n_pre[owner]
     jg = j - n_pre[owner]
     gen_src = n_pre[owner] + (np.maximum(jg, 0) * n_gen_old[owner]) // np.maximum(n_gen[owner], 1)
-    flat = w.offsets[src][owner] + np.where(is_pre, j, gen_src)
+    flat = w.pass_starts[src][owner] + np.where(is_pre, j, gen_src)
     p_scale, o_scale = (P / P0)[owner], (G / G0)[owner]
     live0 = w.live_kv_tokens[flat].astype(float)
     prompt_live = P0[owner]

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+import profiler.writer
 from profiler.reader import read_trace
 from profiler.validate import problems
 from simulator.models import ModelSpec
@@ -49,8 +54,6 @@ def test_read_without_tokens(tmp_path):
 def test_default_columns_left_out_and_read_back(tmp_path):
     """A minor column that holds its default is not written; the reader fills it back the same.
     Counters are delta-encoded; a table written the old way (every column, dictionaries) reads equal."""
-    import pyarrow.parquet as pq
-
     from profiler.reader import read_table
 
     src = write_toy_trace(tmp_path / "src", [seq(4, 3), seq(6, 2)], [4, 6])
@@ -74,3 +77,28 @@ def test_default_columns_left_out_and_read_back(tmp_path):
     old = read_trace(out)
     assert old.steps.equals(full.steps) and old.tokens.equals(full.tokens) and old.requests.equals(full.requests)
     assert problems(trace) == []
+
+
+def test_cycled_passes_and_sliced_writes_change_nothing(tmp_path, monkeypatch):
+    """A workload cycled with shared passes (`Workload.cycle`, what --num-requests does) replays and
+    writes exactly what the copied one (`take`) does, prefill chunks and preemptions included; and
+    steps/tokens written a few rows at a time (`TableSlices`, row groups of 7 rows) read back the same."""
+    src = write_toy_trace(tmp_path / "src", [seq(4, 3), seq(19, 9), seq(6, 2)], [4, 19, 6])
+    w = load_workload(src)
+    hw, model = toy_part(), ModelSpec.from_trace_meta(MODEL_META)
+    config = ReplayConfig(rate=2.0, max_batch_tokens=8, block_size=4, kv_capacity_bytes=16 * 4 * 512)
+    pos = np.arange(24) % 3
+    copied, shared = w.take(pos), w.cycle(pos)
+    assert shared.query_tokens is w.query_tokens and len(copied.query_tokens) == shared.total_passes()
+    assert all(copied.passes(r) == shared.passes(r) for r in range(len(pos)))
+    a, b = (replay(x, hw, model, config, cost=one_second_cost(hw, model)) for x in (copied, shared))
+    assert a.metrics["preemptions"] > 0 and a.metrics["prefill_chunks"] > 0  # rows of a pass's own demand
+    assert json.dumps(a.metrics, sort_keys=True) == json.dumps(b.metrics, sort_keys=True)
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    assert all(np.array_equal(a.rows[k], b.rows[k]) for k in a.rows if k != "flat")  # flat: where each pass is kept
+    whole = read_trace(write_simulated_trace(a, tmp_path / "whole"))
+    monkeypatch.setattr(profiler.writer, "ROW_GROUP_ROWS", 7)
+    sliced = read_trace(write_simulated_trace(b, tmp_path / "sliced"))
+    for name in ("requests", "steps", "tokens"):
+        pd.testing.assert_frame_equal(getattr(whole, name), getattr(sliced, name))
+    assert pq.ParquetFile(tmp_path / "sliced" / "steps.parquet").metadata.num_row_groups == -(-len(whole.steps) // 7)
