@@ -195,6 +195,13 @@ def _steps_table(res: ReplayResult) -> TableSlices:
     w, rows, bpb = res.workload, res.rows, res.bytes_per_block
     batch_requests = rows.pass_totals().astype(np.int64)
     batch_query = _sliced_pass_totals(rows, "query")
+    # the keys each row's attention scored: its visible KV, or (attention="pool", the runtime's mask)
+    # the pool's span, the high-water mark of the passes' pages, as the replay costed it
+    span = (
+        np.maximum.accumulate(_sliced_pass_totals(rows, "blocks")) * res.config.block_size
+        if res.config.attention == "pool"
+        else None
+    )
 
     def make(columns: list[str], lo: int, hi: int) -> pa.Table:
         got: dict[str, np.ndarray] = {}
@@ -236,7 +243,7 @@ def _steps_table(res: ReplayResult) -> TableSlices:
             "batch_query_tokens": lambda: batch_query[get("batch_index")],
             "recompute_tokens": lambda: get("rebuild"),
             "preempted_requests": lambda: np.zeros(n, np.int64),
-            "attention_kv_tokens": lambda: get("kv_read"),
+            "attention_kv_tokens": lambda: get("kv_read") if span is None else get("query") * span[get("batch_index")],
             "chunk": lambda: ~get("final"),
             "host_s": lambda: np.full(n, np.nan),  # a replay does not split a pass's host work from its forward
         }

@@ -105,10 +105,15 @@ def test_attention_scores_visible_kv_or_the_whole_pool(tmp_path, attention):
     # (3 pages of 16 slots from the first pass on, also once B has finished and freed its 2)
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3), seq(20, 2)], [4, 20]))
     cost = RecordingCost()
-    run(w, ReplayConfig(max_seqs=2, attention=attention), cost=cost)
+    res = run(w, ReplayConfig(max_seqs=2, attention=attention), cost=cost)
     visible = [(24, 10 + 210), (2, 5 + 21), (1, 6)]
     pool = [(24, 24 * 48), (2, 2 * 48), (1, 48)]
     assert list(cost.seen) == (pool if attention == "pool" else visible)
+    # the simulated trace records the keys each pass scored, as a serving trace of the runtime does
+    steps = read_trace(write_simulated_trace(res, tmp_path / "sim")).steps
+    scored = steps.groupby("batch_index")["attention_kv_tokens"].sum().tolist()
+    assert scored == [k for _, k in (pool if attention == "pool" else visible)]
+    assert steps["kv_tokens_read"].sum() == sum(k for _, k in visible)
 
 
 def test_token_cap_splits_batches(tmp_path):
