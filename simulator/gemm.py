@@ -139,12 +139,6 @@ class GemmParams:
     overlap_p: float = 3.0  # a wave's compute and memory overlap as a p-norm (large p: max)
     choice_q: float = 0.0  # 0: the fastest kernel; q > 0: a power mean (exponent -q) of all
     tail_share: float = 0.0  # share of a partial last wave's idle SM time recovered (0: pure waves)
-    # With choice_q > 0: a tile's weight in the power mean is (k-loop / kloop_pivot) ** (kloop_pref
-    # x log2(tm / 64)) for tiles taller than 64 rows, 1 for the others, its k-loop being K / tk
-    # iterations: taller tiles weigh more when their k-loop is long (a long loop amortises their
-    # prologue and epilogue), less when it is short (0: every shape weighs the same).
-    kloop_pref: float = 0.0
-    kloop_pivot: float = 128.0  # k-iterations at which every tile height weighs the same
 
     def __post_init__(self) -> None:
         bounds = {
@@ -156,10 +150,8 @@ class GemmParams:
             "overlap_p": (None, None),
             "choice_q": (None, None),
             "tail_share": (None, 1),
-            "kloop_pref": (None, None),
-            "kloop_pivot": (0, None),
         }
-        minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0, "tail_share": 0.0, "kloop_pref": 0.0}
+        minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0, "tail_share": 0.0}
         for name, (low, high) in bounds.items():
             value = getattr(self, name)
             ok = isinstance(value, (int, float)) and not math.isnan(value)
@@ -292,7 +284,7 @@ def gemm_kernel(
     cols = np.arange(m_arr.size)
     chosen = times[best, cols]
     if p.choice_q > 0:  # heuristics pick roughly, not exactly, the fastest tile shape
-        chosen = chosen * _tile_power_mean(times / chosen, [tile for tile, _, _ in choices], k, p)
+        chosen = chosen * _tile_power_mean(times / chosen, [tile for tile, _, _ in choices], p.choice_q)
 
     def pick(index: int) -> np.ndarray:
         return np.stack([np.broadcast_to(terms[index], m_arr.shape) for _, _, terms in choices])[best, cols]
@@ -317,21 +309,16 @@ def gemm_kernel(
     return result
 
 
-def _tile_power_mean(ratios: np.ndarray, tiles: list[Tile], k: float, p: GemmParams) -> np.ndarray:
-    """Weighted power mean (exponent -choice_q) over tile shapes of each shape's best split-K, per M.
+def _tile_power_mean(ratios: np.ndarray, tiles: list[Tile], q: float) -> np.ndarray:
+    """Power mean (exponent -q) over tile shapes of each shape's best split-K, per M.
 
     Split-K is the library's rule for filling the SMs with a given tile (here: its best split);
     the uncertain choice is among tile shapes, each counted once, so that the spread does not
-    grow with the number of split-K options a long K allows. The weights depend on K and the
-    tile only (`kloop_pref`), never on M or the part, so the mean stays monotone."""
-    shapes = list(dict.fromkeys(tiles))
-    best_per_tile = [np.min(ratios[[i for i, t in enumerate(tiles) if t == tile]], axis=0) for tile in shapes]
-    log_w = np.array(
-        [p.kloop_pref * math.log2(max(t.tm, 64) / 64) * max(0.0, math.log(k / t.tk / p.kloop_pivot)) for t in shapes]
-    )
-    weights = np.exp(log_w - log_w.max())
-    mean = np.tensordot(weights / weights.sum(), np.stack(best_per_tile) ** -p.choice_q, axes=1)
-    return mean ** (-1 / p.choice_q)
+    grow with the number of split-K options a long K allows."""
+    best_per_tile = [
+        np.min(ratios[[i for i, t in enumerate(tiles) if t == tile]], axis=0) for tile in dict.fromkeys(tiles)
+    ]
+    return np.mean(np.stack(best_per_tile) ** -q, axis=0) ** (-1 / q)
 
 
 def gemm_time_s(m: Number, k: float, n: float, hw: HardwareSpec, p: GemmParams, dtype_bytes: int = 2) -> Number:
