@@ -184,20 +184,35 @@ class Setup:
         self, name: str, work: Path, n_cal: int, n: int, calibration: str = "server", rows_sweep: bool = True
     ) -> None:
         self.name = name
-        self.work, self.n = work, n
-        if calibration == "server":  # one request at a time through the serving runtime (its own host path)
-            self.cal = read_trace(capture(name, work / f"{name}-cal-server", "train", n_cal, CALIBRATION_SERVER))
-        else:  # one request at a time through the engine alone (`solm capture` without a load)
-            self.cal = read_trace(capture(name, work / f"{name}-cal", "train", n_cal))
+        self.work, self.n, self.n_cal, self.calibration, self.rows_sweep = work, n, n_cal, calibration, rows_sweep
+        self.cal = self.calibration_trace(0)
         self.alone = read_trace(capture(name, work / f"{name}-alone", "test", n))
         self._alone = {0: self.alone}
         self.ratios: list[np.ndarray] = []  # per load run: (requests in a pass, measured / predicted pass time)
         self.model = ModelSpec.from_trace_meta(self.cal.meta)
         self.hw = trace_hardware(self.cal.meta)
         self.cost = calibrate_batch1(self.cal, self.hw, self.model, rows_sweep)
+        self.costs = {0: self.cost}  # per repeat: the calibration captured just before its load runs
         self.sweep_passes = len(sweep_passes(self.cal.meta)) if rows_sweep else 0
         self.slo = slo_of(self.cal)
         self.kv_budget_mib = POOL_TOKENS * self.model.kv_bytes_per_token / MIB
+
+    def calibration_trace(self, rep: int):
+        """Repeat `rep`'s batch-1 calibration on the train split: through the serving runtime at
+        concurrency 1 (its own host path), or the engine alone (`solm capture` without a load)."""
+        suffix = f"-r{rep}" if rep else ""
+        if self.calibration == "server":
+            out = self.work / f"{self.name}-cal-server{suffix}"
+            return read_trace(capture(self.name, out, "train", self.n_cal, CALIBRATION_SERVER))
+        return read_trace(capture(self.name, self.work / f"{self.name}-cal{suffix}", "train", self.n_cal))
+
+    def recalibrate(self, rep: int) -> None:
+        """Capture and fit repeat `rep`'s own calibration (the first repeat's is the setup's)."""
+        if rep not in self.costs:
+            self.costs[rep] = calibrate_batch1(self.calibration_trace(rep), self.hw, self.model, self.rows_sweep)
+
+    def cost_for(self, rep: int):
+        return self.costs.get(rep, self.cost)
 
     def alone_for(self, seed: int):
         """The test split's requests of load run `seed` (its seed picks them) run one at a time."""
@@ -236,9 +251,10 @@ def measured_run(setup: Setup, out: Path, rate: float, seed: int, n: int) -> dic
             setup.name, out, "test", n, ["--rate", f"{rate:.6g}", "--seed", str(seed), *batch_args(setup.kv_budget_mib)]
         )
     )
-    lv = validate_one(trace, setup.cost, setup.hw, setup.model, **setup.slo)
+    cost = setup.cost_for(seed)  # repeat `seed`'s own calibration
+    lv = validate_one(trace, cost, setup.hw, setup.model, **setup.slo)
     same = texts_equal(trace, setup.alone_for(seed)) if lv["preemptions_measured"] == 0 else None
-    setup.ratios.append(pass_time_ratios(trace, setup.cost))
+    setup.ratios.append(pass_time_ratios(trace, cost))
     return {
         "measured": {**lv["measured"], "preemptions": lv["preemptions_measured"]},
         "simulated": {**lv["simulated"], "preemptions": lv["preemptions_simulated"]},
@@ -269,12 +285,22 @@ def measured_capacity(setup: Setup, work: Path, n: int) -> float:
 
 # ---- the run ----------------------------------------------------------------------------------
 def run_loads(
-    setups: dict[str, Setup], capacity: dict[str, float], measured: bool, repeats: int, n: int, work: Path
+    setups: dict[str, Setup],
+    capacity: dict[str, float],
+    measured: bool,
+    repeats: int,
+    n: int,
+    work: Path,
+    calibrate_once: bool = False,
 ) -> dict:
-    """(system, load) -> list of per-repeat {measured, simulated}; interleaved, order rotated per repeat."""
+    """(system, load) -> list of per-repeat {measured, simulated}; interleaved, order rotated per repeat;
+    each repeat after the first starts with every system's own calibration (unless `calibrate_once`)."""
     cells = [(name, load) for load in LOADS for name in setups if load in ONLY_AT.get(name, LOADS)]
     runs: dict = {}
     for rep in range(repeats):
+        if measured and not calibrate_once:
+            for s in setups.values():
+                s.recalibrate(rep)
         k = rep % len(cells)
         for name, load in cells[k:] + cells[:k]:
             rate = load * capacity[CAPACITY_OF.get(name, name)]
@@ -425,6 +451,12 @@ def main() -> None:
         "engine alone (one-at-a-time capture)",
     )
     ap.add_argument(
+        "--calibrate-once",
+        action="store_true",
+        help="predict every repeat from the first repeat's calibration (default: each repeat captures its own "
+        "just before its load runs, so the machine's drift between them hits both sides alike)",
+    )
+    ap.add_argument(
         "--no-rows-sweep",
         action="store_true",
         help="calibrate on the batch-1 passes alone, without the rows sweep the server calibration records",
@@ -457,7 +489,7 @@ def main() -> None:
             capacity[name] = (
                 measured_capacity(s, work, n) if measured else s.simulate(s.cal, float("inf"))["request_throughput"]
             )
-        runs = run_loads(setups, capacity, measured, args.repeats, n, work)
+        runs = run_loads(setups, capacity, measured, args.repeats, n, work, args.calibrate_once)
     rows = aggregate(runs)
     print_table(rows)
     ratios = ratios_by_batch(setups) if measured else {}
@@ -482,6 +514,7 @@ def main() -> None:
         "slo": {name: s.slo for name, s in setups.items()},
         "calibration": args.calibration,
         "calibration_rows_sweep_passes": {name: s.sweep_passes for name, s in setups.items()},
+        "calibration_per_repeat": not args.calibrate_once,
         "slo_rule": f"TTFT <= {SLO_TTFT_X:g}x and TPOT <= {SLO_TPOT_X:g}x the system's batch-1 medians",
         "e2e_p50_mape_percent": mape(rows, LOW, "e2e_p50_ms"),
         "ttft_p50_mape_percent": mape(rows, LOW, "ttft_p50_ms"),
