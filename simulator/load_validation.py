@@ -11,16 +11,18 @@ fitted to the serving traces. From the batch-1 trace only:
    rows. That is how a pass's time grows with its rows (and its KV reads, streams). Each pass
    size counts once (`size_medians`), so the few large passes are not outvoted by the many small
    ones; where the trace records each pass's host work (`steps.host_s`), the forward is fitted
-   on the pass without it;
-2. the host work: per request and pass, a line of `host_s` over the pass's streams (the
-   engine's own `inputs()` and `after()`), which a batched pass pays once per request in it
-   (`HostCost.per_request_s`, `per_stream_s`); between passes, a line over the streams of the
-   pass before each gap (`host_line`). With one stream per pass (sequential, TIP) a line has
-   one point: all of it is taken as per-stream work.
+   on the pass without it; where its capture recorded a rows sweep (`solm capture --rows-sweep`,
+   `runtime/rows_sweep.py`: batched decode passes of 1-32 rows over pools of 64-1024 slots),
+   on those passes too (`sweep_passes`). A pass's KV read is the keys its attention scored
+   (`steps.attention_kv_tokens`: with the runtime's mask attention, rows x the pool's span);
+2. the host work: per request and pass, `host_s` (the engine's own `inputs()` and `after()`) as
+   a fixed part, a part per row and a part per stream (`host_terms`), which a batched pass pays
+   once per request in it (`HostCost.per_request_s`, `per_row_s`, `per_stream_s`); between
+   passes, a line over the streams of the pass before each gap (`host_line`).
 
 Each serving trace is then replayed with its own arrivals and its own batch settings (max
-sequences, batched tokens, KV pool, scheduler, chunked prefill: read from its meta, see
-`serving_config`), and every request's TTFT, TPOT and E2E latency and the run's throughput are
+sequences, batched tokens, KV pool, scheduler, chunked prefill, attention: read from its meta,
+see `serving_config`), and every request's TTFT, TPOT and E2E latency and the run's throughput are
 compared with what was measured. Per load level (one serving trace each): the error of the median
 and p99 and the per-request mean absolute percentage error.
 
