@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from runtime.engines.base import PassInputs, visibility_rows  # noqa: E402
+from runtime.engines.base import visibility_rows  # noqa: E402
 from runtime.model import ModelConfig, TinyLM  # noqa: E402
+from runtime.rows_sweep import decode_rows  # noqa: E402
 from runtime.server import forward_batch  # noqa: E402
 
 
@@ -50,30 +50,13 @@ def batched_passes(model: TinyLM, context: int, requests: int, reps: int) -> dic
             ctx.append(slots)
         return kv, ctx
 
-    def inputs(kv, ctx) -> list[PassInputs]:
-        out = []
-        for r, slots in enumerate(ctx):
-            (new,) = kv.allocate(1, owner=r)
-            cols = np.asarray(slots + [new], dtype=np.int64)
-            out.append(
-                PassInputs(
-                    [int(torch.randint(0, 256, ()))],
-                    [context],
-                    [new],
-                    cols,
-                    np.ones((1, len(cols)), dtype=bool),
-                    "decode",
-                )
-            )
-        return out
-
     alone, shared = setup(1), setup(requests)
     cases = {"alone": (alone, "mask"), "batch_mask": (shared, "mask"), "batch_gather": (shared, "gather")}
     times: dict[str, list[float]] = {k: [] for k in cases}
     scored: dict[str, int] = {}
     for _ in range(reps):
         for name, ((kv, ctx), mode) in cases.items():
-            inp = inputs(kv, ctx)
+            inp = decode_rows(kv, ctx)  # one decode row per request (token ids do not change a pass's time)
             t0 = time.perf_counter()
             _, _, keys = forward_batch(model, kv, inp, mode)
             times[name].append(time.perf_counter() - t0)

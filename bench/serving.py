@@ -30,7 +30,7 @@ batch-1 trace replayed at Poisson rates, one seed per repeat), measured figures 
 load run (p10, median): flat when the simulator knows how a pass grows with the batch, whatever
 the machine's load does to the level.
 
-    .venv/bin/python bench/serving.py [--quick] [--repeats 3] [--n 24] [--work DIR] [--calibration server|engine] [--no-rows-sweep]
+    .venv/bin/python bench/serving.py [--quick] [--repeats 3] [--n 24] [--work DIR] [--calibration server|engine] [--calibrate-once] [--no-rows-sweep]
 
 `--work DIR` keeps every capture in DIR and reuses the ones already there: the same measurements
 re-predicted by another simulator (run it again with the same flags).

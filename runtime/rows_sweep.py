@@ -59,7 +59,7 @@ def rows_sweep(
             times, keys, span = [], 0, 0
             warm = 1 if out else WARMUP  # the process's first passes are slower still
             for rep in range(warm + reps):
-                inputs = _decode_rows(kv, context)
+                inputs = decode_rows(kv, context)
                 t0 = time.perf_counter()
                 logits, _, scored = forward_batch(model, kv, inputs, attention)
                 if logits.device.type == "cuda":
@@ -72,7 +72,7 @@ def rows_sweep(
     return out
 
 
-def _decode_rows(kv, context: list[list[int]]) -> list[PassInputs]:
+def decode_rows(kv, context: list[list[int]]) -> list[PassInputs]:
     """One decode row per request: a new slot after its context, seeing its context and itself."""
     inputs = []
     for owner, held in enumerate(context):

@@ -198,8 +198,9 @@ def serving_config(meta: dict, model: ModelSpec, **overrides) -> ReplayConfig:
     if knobs.get("pool_bytes") is not None:
         fields["kv_capacity_bytes"] = int(knobs["pool_bytes"])
     fields.setdefault("kv_capacity_bytes", 1 << 40)  # no pool recorded: unbounded
-    if serving_attention(meta) is not None:  # the runtime's attention: mask over the pool, or per-request gathers
-        fields["attention"] = serving_attention(meta)
+    attention = serving_attention(meta)
+    if attention is not None:  # the runtime's attention: mask over the pool, or per-request gathers
+        fields["attention"] = attention
     fields.update({k: v for k, v in overrides.items() if v is not None})
     return ReplayConfig(memory_utilization=1.0, **fields)
 
@@ -355,13 +356,8 @@ def pass_time_ratios(trace: Trace, cost: HostCost) -> np.ndarray:
     p = f[PASS_COLUMNS].to_numpy(float)
     total = np.r_[start[1:] - start[:-1], np.nan]
     idle = np.r_[start[1:] - (start[:-1] + dur[:-1]), np.nan] > 10 * max(cost.per_pass_s + cost.per_stream_s, 1e-4)
-    pred = (
-        np.asarray(cost.forward_s(p[:, 0], p[:, 1], p[:, 3]), float)
-        + cost.per_pass_s
-        + cost.per_stream_s * p[:, 3]
-        + cost.per_request_s * p[:, 4]
-        + cost.per_row_s * p[:, 0]
-    )
+    # the cost's forward and host terms (`HostCost.step_time_s`) plus the requests' own, as the replay adds
+    pred = np.asarray(cost.step_time_s(p[:, 0], p[:, 1], p[:, 3]), float) + cost.per_request_s * p[:, 4]
     ok = np.isfinite(total) & ~idle
     return np.column_stack([p[ok, 4], total[ok] / pred[ok]])
 
