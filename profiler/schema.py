@@ -22,7 +22,8 @@ SCHEMA_VERSION = 1
 # which a trace was written with, and readers fill a column an older trace lacks with its default.
 #   1: serving under load (runtime.serve_capture)
 #   2: each request's host work per pass (steps.host_s)
-SCHEMA_MINOR = 2
+#   3: the pass's forward alone (steps.forward_s)
+SCHEMA_MINOR = 3
 KINDS = ("measured", "simulated")
 
 REQUESTS = pa.schema(
@@ -124,6 +125,9 @@ MINOR_COLUMNS: dict[str, list[tuple[pa.Field, object]]] = {
         # minor 2: the engine's own host work for this request in the pass (building its rows, sampling,
         # bookkeeping), inside duration_s or, in a batched pass, between passes; NaN: not recorded
         (pa.field("host_s", pa.float64()), float("nan")),
+        # minor 3: the pass's forward alone (the model's call, device synchronised), the same on every row
+        # of a batched pass; duration_s less forward_s is host work; NaN: not recorded
+        (pa.field("forward_s", pa.float64()), float("nan")),
     ],
 }
 

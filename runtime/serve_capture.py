@@ -130,6 +130,7 @@ def step_rows(rec: PassRecord, origin_s: float = 0.0) -> dict[int, list[dict]]:
             batch_index=rec.index,
             start_s=rec.start_s - origin_s,
             duration_s=rec.end_s - rec.start_s,
+            forward_s=rec.forward_s,
             device_memory_bytes=-1,
             batch_requests=reqs,
             batch_query_tokens=rows,

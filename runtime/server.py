@@ -98,6 +98,7 @@ class PassRecord:
     preempted: list[int] = field(default_factory=list)
     admitted: list[int] = field(default_factory=list)
     pool_pages_held: int = 0
+    forward_s: float = float("nan")  # the forward alone (on the server's clock): the rest of the pass is host work
 
 
 @dataclass
@@ -320,6 +321,7 @@ class Server:
                     host_s=built,
                 )
             )
+        forward_start = self.clock.now()
         logits, attn, scored = self.forward(inputs)
         for e, k in zip(entries, scored):
             e.attention_kv_tokens = k
@@ -328,6 +330,7 @@ class Server:
             torch.cuda.synchronize()  # the pass ends when the device is done, not when it was queued
         self.clock.passed(sum(inp.rows for inp in inputs))
         end = self.clock.now()
+        forward_s = end - forward_start
         r = 0
         for e, inp in zip(entries, inputs):
             t = self.tracked[e.request_id]
@@ -335,6 +338,7 @@ class Server:
                 t0 = time.perf_counter()
                 e.step = t.state.after(logits[r : r + inp.rows], attn)
                 e.step.host_s = e.host_s + time.perf_counter() - t0
+                e.step.forward_s = forward_s
                 t.state.passes_done += 1
                 if e.step.emitted and math.isnan(t.first_token_s):
                     t.first_token_s = end
@@ -342,7 +346,16 @@ class Server:
                     self._finish(e.request_id, end)
             r += inp.rows
         rec = PassRecord(
-            self.passes, start, end, r, scored, entries, self._preempted, self._admitted, self.store.pages_held
+            self.passes,
+            start,
+            end,
+            r,
+            scored,
+            entries,
+            self._preempted,
+            self._admitted,
+            self.store.pages_held,
+            forward_s,
         )
         self.passes += 1
         if self.on_pass:

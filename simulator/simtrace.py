@@ -246,6 +246,7 @@ def _steps_table(res: ReplayResult) -> TableSlices:
             "attention_kv_tokens": lambda: get("kv_read") if span is None else get("query") * span[get("batch_index")],
             "chunk": lambda: ~get("final"),
             "host_s": lambda: np.full(n, np.nan),  # a replay does not split a pass's host work from its forward
+            "forward_s": lambda: np.full(n, np.nan),
         }
         schema = pa.schema([TABLES["steps"].field(c) for c in columns])
         return pa.table({c: makers[c]() for c in columns}, schema=schema)

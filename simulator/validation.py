@@ -85,8 +85,8 @@ PASS_COLUMNS = ["query_tokens", "kv_tokens_read", "duration_s", "active_streams"
 
 
 def pass_frame(steps) -> pd.DataFrame:
-    """One row per forward pass, in pass order: `PASS_COLUMNS`, its `start_s` and the engines'
-    `host_s` (NaN where a trace does not record it).
+    """One row per forward pass, in pass order: `PASS_COLUMNS`, its `start_s`, the engines' `host_s`
+    and the forward alone, `forward_s` (each NaN where a trace does not record it).
 
     Rows that share a `batch_index` >= 0 are one batched pass (a serving trace): its rows are every
     row it computed (`batch_query_tokens`: re-prefill and prefill-chunk rows included), its KV read
@@ -109,6 +109,7 @@ def pass_frame(steps) -> pd.DataFrame:
                 "requests": g.size(),
                 "start_s": g["start_s"].min(),
                 "host_s": g["host_s"].sum(min_count=1),
+                "forward_s": g["forward_s"].max() if "forward_s" in steps else np.nan,
             }
         ).astype(float)
     s = steps[steps["query_tokens"] > 0]
@@ -118,6 +119,7 @@ def pass_frame(steps) -> pd.DataFrame:
         kv_tokens_read=kv.astype(float).to_numpy(),
         requests=1.0,
         host_s=s["host_s"].astype(float).to_numpy() if "host_s" in s else np.nan,
+        forward_s=s["forward_s"].astype(float).to_numpy() if "forward_s" in s else np.nan,
     ).reset_index(drop=True)
 
 

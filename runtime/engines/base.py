@@ -62,6 +62,7 @@ class Step:
     freed_kv_bytes: int = 0
     note: str = ""
     host_s: float = float("nan")  # the engine's own work in the pass (`inputs()` + `after()`), not the forward
+    forward_s: float = float("nan")  # the pass's forward alone (the model's call; device synchronised)
 
     def as_row(self) -> dict:
         return {
@@ -79,6 +80,7 @@ class Step:
             "freed_kv_bytes": self.freed_kv_bytes,
             "note": self.note,
             "host_s": self.host_s,
+            "forward_s": self.forward_s,
         }
 
 
@@ -349,6 +351,7 @@ class Engine:
             t2 = time.perf_counter()
             step = st.after(logits, attn)
             step.host_s = (t1 - t0) + (time.perf_counter() - t2)
+            step.forward_s = t2 - t1
             yield step
             if st.done:
                 return st.completion()

@@ -72,6 +72,9 @@ def test_closed_loop_capture_writes_a_serving_trace(tmp_path):
     assert (per_pass["n"] == per_pass["b"]).all() and (per_pass["q"] == per_pass["bq"]).all()
     assert (reqs["queue_s"] >= 0).all() and (reqs["ttft_s"] >= reqs["queue_s"]).all()
     assert (steps.loc[~steps["chunk"], "host_s"] > 0).all()  # each request's own host work in the pass
+    # the forward alone (minor 3): the same on every row of a pass, inside the pass's duration
+    assert (steps.groupby("batch_index")["forward_s"].nunique() == 1).all()
+    assert ((steps["forward_s"] > 0) & (steps["forward_s"] <= steps["duration_s"])).all()
 
 
 def test_rate_inf_is_a_burst(tmp_path):

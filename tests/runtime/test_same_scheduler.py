@@ -4,6 +4,8 @@ query row: the replay's `LinearCost`, the server's `FakeClock`)."""
 
 from __future__ import annotations
 
+import pytest
+
 from runtime.engines import GenerationConfig, Request, SequentialEngine
 from runtime.server import FakeClock, Server
 from scheduling import get_scheduler
@@ -79,6 +81,8 @@ def test_pool_attention_scores_the_keys_the_runtime_scores(tiny_model, tok, tmp_
     server = Server(eng, max_pages=64, scheduler=fcfs, clock=FakeClock(1.0, 0.25))
     passes = server.serve(list(zip(arrivals, prompts)))["passes"]
     runtime = [(p.rows, p.attention_kv_tokens) for p in passes]
+    # the forward alone is timed on the server's clock: here exactly what the fake clock charges a pass
+    assert all(p.forward_s == pytest.approx(1.0 + 0.25 * p.rows) for p in passes)
 
     lengths = [len(eng.prompt_ids(Request(0, p))) for p in prompts]
     w = load_workload(
