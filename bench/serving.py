@@ -30,7 +30,7 @@ batch-1 trace replayed at Poisson rates, one seed per repeat), measured figures 
 load run (p10, median): flat when the simulator knows how a pass grows with the batch, whatever
 the machine's load does to the level.
 
-    .venv/bin/python bench/serving.py [--quick] [--repeats 3] [--n 24] [--work DIR] [--calibration server|engine] [--calibrate-once] [--no-rows-sweep]
+    .venv/bin/python bench/serving.py [--quick] [--repeats 3] [--n 24] [--work DIR] [--calibration server|engine] [--calibrate-once] [--no-rows-sweep] [--forward-fit auto|sweep|line|roofline]
 
 `--work DIR` keeps every capture in DIR and reuses the ones already there: the same measurements
 re-predicted by another simulator (run it again with the same flags).
@@ -55,6 +55,7 @@ import numpy as np  # noqa: E402
 
 from profiler.reader import read_trace  # noqa: E402
 from simulator.load_validation import (  # noqa: E402
+    FORWARD_FITS,
     calibrate_batch1,
     pass_time_ratios,
     serving_config,
@@ -181,17 +182,25 @@ class Setup:
     """Per system: calibration (dev), the test split's batch-1 trace, cost, hardware, model, SLO, pool."""
 
     def __init__(
-        self, name: str, work: Path, n_cal: int, n: int, calibration: str = "server", rows_sweep: bool = True
+        self,
+        name: str,
+        work: Path,
+        n_cal: int,
+        n: int,
+        calibration: str = "server",
+        rows_sweep: bool = True,
+        forward_fit: str = "auto",
     ) -> None:
         self.name = name
         self.work, self.n, self.n_cal, self.calibration, self.rows_sweep = work, n, n_cal, calibration, rows_sweep
+        self.forward_fit = forward_fit
         self.cal = self.calibration_trace(0)
         self.alone = read_trace(capture(name, work / f"{name}-alone", "test", n))
         self._alone = {0: self.alone}
         self.ratios: list[np.ndarray] = []  # per load run: (requests in a pass, measured / predicted pass time)
         self.model = ModelSpec.from_trace_meta(self.cal.meta)
         self.hw = trace_hardware(self.cal.meta)
-        self.cost = calibrate_batch1(self.cal, self.hw, self.model, rows_sweep)
+        self.cost = calibrate_batch1(self.cal, self.hw, self.model, rows_sweep, forward_fit)
         self.costs = {0: self.cost}  # per repeat: the calibration captured just before its load runs
         self.sweep_passes = len(sweep_passes(self.cal.meta)) if rows_sweep else 0
         self.slo = slo_of(self.cal)
@@ -209,7 +218,9 @@ class Setup:
     def recalibrate(self, rep: int) -> None:
         """Capture and fit repeat `rep`'s own calibration (the first repeat's is the setup's)."""
         if rep not in self.costs:
-            self.costs[rep] = calibrate_batch1(self.calibration_trace(rep), self.hw, self.model, self.rows_sweep)
+            self.costs[rep] = calibrate_batch1(
+                self.calibration_trace(rep), self.hw, self.model, self.rows_sweep, self.forward_fit
+            )
 
     def cost_for(self, rep: int):
         return self.costs.get(rep, self.cost)
@@ -461,6 +472,13 @@ def main() -> None:
         action="store_true",
         help="calibrate on the batch-1 passes alone, without the rows sweep the server calibration records",
     )
+    ap.add_argument(
+        "--forward-fit",
+        choices=FORWARD_FITS,
+        default="auto",
+        help="how the calibration costs the forward (simulator.measured_forward; default auto: on a CPU the rows "
+        "sweep's grid, the roofline rescale otherwise)",
+    )
     args = ap.parse_args()
     n = args.n or (8 if args.quick else 24)
     names = [s for s in args.systems.split(",") if s]
@@ -481,7 +499,9 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         work = args.work or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="solm-serving-")))
         work.mkdir(parents=True, exist_ok=True)
-        setups = {name: Setup(name, work, n, n, args.calibration, not args.no_rows_sweep) for name in names}
+        setups = {
+            name: Setup(name, work, n, n, args.calibration, not args.no_rows_sweep, args.forward_fit) for name in names
+        }
         capacity = {}
         for name, s in setups.items():
             if name in CAPACITY_OF:
@@ -515,6 +535,8 @@ def main() -> None:
         "calibration": args.calibration,
         "calibration_rows_sweep_passes": {name: s.sweep_passes for name, s in setups.items()},
         "calibration_per_repeat": not args.calibrate_once,
+        "forward_fit": args.forward_fit,
+        "forward_source": {name: s.cost.source for name, s in setups.items()},
         "slo_rule": f"TTFT <= {SLO_TTFT_X:g}x and TPOT <= {SLO_TPOT_X:g}x the system's batch-1 medians",
         "e2e_p50_mape_percent": mape(rows, LOW, "e2e_p50_ms"),
         "ttft_p50_mape_percent": mape(rows, LOW, "ttft_p50_ms"),

@@ -47,6 +47,7 @@ from profiler.reader import Trace, read_trace
 from simulator.calibrate import fit_cost_params_to_steps
 from simulator.cost import CostModel
 from simulator.hardware import HardwareSpec, get_hardware
+from simulator.measured_forward import LineForward, SweepForward
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
 from simulator.slo import goodput
@@ -107,15 +108,17 @@ class HostCost:
     `per_row_s` per query row in it, `per_request_s` per request in it (the replay adds that term: it
     knows a pass's requests)."""
 
-    forward: CostModel
+    forward: CostModel | LineForward | SweepForward
     per_pass_s: float
     per_stream_s: float
     per_request_s: float = 0.0
     per_row_s: float = 0.0
 
     @property
-    def params(self):
-        return self.forward.params
+    def source(self) -> str:
+        """Where the forward's cost comes from (the fitted params' source, or the line it fitted)."""
+        f = self.forward
+        return f.params.source if isinstance(f, CostModel) else f"{f.source}: {f.describe()}"
 
     def step_time_s(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None):
         t = self.forward_s(query_tokens, kv_tokens_read, query_groups, logit_tokens)
@@ -144,23 +147,55 @@ def size_medians(steps: np.ndarray) -> np.ndarray:
     )
 
 
-def calibrate_batch1(trace: Trace, hw: HardwareSpec, model: ModelSpec, rows_sweep: bool = True) -> HostCost:
+FORWARD_FITS = ("auto", "sweep", "line", "roofline")
+
+
+def calibrate_batch1(
+    trace: Trace, hw: HardwareSpec, model: ModelSpec, rows_sweep: bool = True, forward_fit: str = "auto"
+) -> HostCost:
     """The cost of a pass, fitted on a batch-1 trace only (see the module docstring); with the rows
-    sweep its capture recorded unless `rows_sweep` is False."""
-    steps = pass_arrays(trace)[:, :4]
+    sweep its capture recorded unless `rows_sweep` is False. `forward_fit` (`simulator.measured_forward`):
+    "sweep" interpolates the rows sweep's grid, "line" fits a line in rows, span and keys,
+    "roofline" rescales the cost model's priors (`fit_cost_params_to_steps`); "auto", for a trace
+    captured on a CPU, the sweep where there is one and the line otherwise, else the roofline."""
+    if forward_fit not in FORWARD_FITS:
+        raise UsageError(f"forward fit {forward_fit!r}: choose one of {', '.join(FORWARD_FITS)}")
+    frame = pass_frame(trace.steps)
+    steps = frame[PASS_COLUMNS].to_numpy(float)[:, :4]
     if len(steps) < 4:
         raise UsageError(f"{trace.path}: the calibration trace has {len(steps)} forward passes; need >= 4")
     host = pass_host_s(trace)
+    forward = frame["forward_s"].to_numpy(float)
+    timed = host is not None and np.isfinite(forward).all()  # minor 3: each pass's forward timed apart
     per_request = per_row = host_per_stream = 0.0
     if host is not None:  # the forward is fitted on the pass without its request's host work
-        steps = steps.copy()
-        steps[:, 2] = np.maximum(steps[:, 2] - host, 0.5 * steps[:, 2])
+        steps[:, 2] = forward if timed else np.maximum(steps[:, 2] - host, 0.5 * steps[:, 2])
         per_request, per_row, host_per_stream = host_terms(steps[:, 0], np.maximum(steps[:, 3], 1), host)
     sizes = size_medians(steps)
-    fit = np.vstack([sizes if len(sizes) >= 4 else steps, sweep_passes(trace.meta) if rows_sweep else np.zeros((0, 4))])
-    params = fit_cost_params_to_steps(hw, model, fit)
-    per_pass, per_stream = host_line(trace)
-    return HostCost(CostModel(hw, model, params), per_pass, per_stream + host_per_stream, per_request, per_row)
+    sweep = sweep_passes(trace.meta) if rows_sweep else np.zeros((0, 4))
+    fit = np.vstack([sizes if len(sizes) >= 4 else steps, sweep])
+    if forward_fit == "auto" and hw.kind == "cpu" and (trace.meta.get("device") or {}).get("type") == "cpu":
+        forward_fit = "sweep" if len(np.unique(sweep[:, 0])) >= 2 else "line"
+    cost: CostModel | LineForward | SweepForward
+    if forward_fit == "sweep":
+        cost = SweepForward.fit(sweep, sizes if host is not None else None)
+    elif forward_fit == "line":
+        cost = LineForward.fit(fit, f"line fitted to {len(fit)} pass sizes")
+    else:
+        cost = CostModel(hw, model, fit_cost_params_to_steps(hw, model, fit))
+    per_pass, per_stream = (pass_overhead_s(trace), 0.0) if timed else host_line(trace)
+    return HostCost(cost, per_pass, per_stream + host_per_stream, per_request, per_row)
+
+
+def pass_overhead_s(trace: Trace) -> float:
+    """The server's own work per pass (scheduling, bookkeeping, the loop) on a trace that times each
+    pass's forward (`steps.forward_s`) and its request's host work (`steps.host_s`): the median over a
+    request's consecutive passes of the time from one pass's start to the next's, less both."""
+    s = trace.steps[trace.steps["query_tokens"] > 0].sort_values(["request_id", "step_index"])
+    start, rid = s["start_s"].to_numpy(float), s["request_id"].to_numpy()
+    other = start[1:] - start[:-1] - s["forward_s"].to_numpy(float)[:-1] - s["host_s"].to_numpy(float)[:-1]
+    other = other[rid[1:] == rid[:-1]]
+    return float(max(np.median(other), 0.0)) if len(other) else 0.0
 
 
 def host_terms(rows: np.ndarray, streams: np.ndarray, host: np.ndarray) -> tuple[float, float, float]:
@@ -371,9 +406,14 @@ def _preemptions(trace: Trace) -> int:
 
 
 def validate_load(
-    serving: Sequence[str | Path], calibrate_from: str | Path, hardware: HardwareSpec | str | None = None, **overrides
+    serving: Sequence[str | Path],
+    calibrate_from: str | Path,
+    hardware: HardwareSpec | str | None = None,
+    forward_fit: str = "auto",
+    **overrides,
 ) -> dict:
-    """Calibrate on the batch-1 trace, predict every serving trace (see the module docstring)."""
+    """Calibrate on the batch-1 trace, predict every serving trace (see the module docstring);
+    `forward_fit` as `calibrate_batch1` takes it."""
     calib = read_trace(calibrate_from)
     traces = [read_trace(p) for p in serving]
     for t in [calib, *traces]:
@@ -387,7 +427,7 @@ def validate_load(
                 f"predicted from a calibration of {calib.system} with {model.name} ({calib.path})"
             )
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(calib.meta)
-    cost = calibrate_batch1(calib, hw, model)
+    cost = calibrate_batch1(calib, hw, model, forward_fit=forward_fit)
     levels = [validate_one(t, cost, hw, model, **overrides) for t in traces]
     return {
         "calibrate_from": str(calib.path),
@@ -400,6 +440,6 @@ def validate_load(
         "host_per_request_s": cost.per_request_s,
         "host_per_row_s": cost.per_row_s,
         "rows_sweep_passes": int(len(sweep_passes(calib.meta))),
-        "cost_params": cost.params.source,
+        "cost_params": cost.source,
         "levels": levels,
     }

@@ -41,6 +41,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_scheduling_args(p, defaults=False)
     p.add_argument("--hardware", default=None, help="catalog part (default: the device the trace names)")
     p.add_argument(
+        "--forward-fit",
+        choices=("auto", "sweep", "line", "roofline"),
+        default="auto",
+        help="with --calibrate-from: how the forward is costed (auto: on a CPU trace the rows sweep's grid, or a "
+        "line through its passes without one; otherwise the cost model's roofline rescaled to it)",
+    )
+    p.add_argument(
         "--uncalibrated",
         action="store_true",
         help="predict from the catalog part's default cost model, fitting nothing to the trace",
@@ -64,7 +71,9 @@ def run_load(args: argparse.Namespace) -> int:
     from simulator.load_validation import validate_load
     from solm.commands.simulate import scheduling_kwargs
 
-    v = validate_load(args.trace, args.calibrate_from, args.hardware, **scheduling_kwargs(args))
+    v = validate_load(
+        args.trace, args.calibrate_from, args.hardware, forward_fit=args.forward_fit, **scheduling_kwargs(args)
+    )
     if not args.json:
         print(
             f"{v['system']} with {v['model']} on {v['hardware']}: calibrated on {v['calibrate_from']} only "
@@ -72,6 +81,7 @@ def run_load(args: argparse.Namespace) -> int:
             f"{v['host_per_stream_s'] * 1e3:.2f} ms/stream + {v['host_per_request_s'] * 1e3:.2f} ms/request + "
             f"{v['host_per_row_s'] * 1e6:.1f} us/row; {v['rows_sweep_passes']} rows-sweep passes)"
         )
+        print(f"  forward: {v['cost_params']}")
         print(
             f"  {'load':>12s} {'reqs':>5s} {'batch m/s':>10s} {'preempt m/s':>11s}   "
             f"APE %: {'TTFT50':>6s} {'TPOT50':>6s} {'E2E50':>6s} {'E2E99':>6s} {'tput':>6s}   MAPE %: TTFT  E2E"
