@@ -16,6 +16,8 @@ import urllib.request
 
 import pytest
 
+from profiler.services import die_with_parent
+
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
     "--headless",
@@ -52,6 +54,7 @@ def server(trace_folder, tmp_path):
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=die_with_parent,  # never outlives a test run that is killed
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.services import is_loopback
+from profiler.services import die_with_parent, is_loopback
 from solm.commands.dashboard import command
 from tests.dashboard.traces import make_trace
 from tests.processes import descendants, ss_listeners, wait_for, wait_gone
@@ -116,6 +116,7 @@ def server(tmp_path):
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=die_with_parent,  # never outlives a test run that is killed
     )
 
     def healthy() -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.services import is_loopback
+from profiler.services import die_with_parent, is_loopback
 from simulator.ray_backend import parse_address, probe
 from simulator.sweep import sweep
 from tests.processes import descendants, ss_listeners, wait_for, wait_gone
@@ -136,6 +136,7 @@ def test_signal_to_ray_sweep_leaves_no_process(trace, tmp_path, sig):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        preexec_fn=die_with_parent,  # never outlives a test run that is killed
     )
     try:
         wait_for(lambda: (tmp_path / "o" / "results.jsonl").exists() or proc.poll() is not None, 120, "first rows")

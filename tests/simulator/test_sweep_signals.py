@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from profiler.services import die_with_parent
 from tests.processes import descendants, wait_for, wait_gone
 from tests.simulator.toy_traces import seq, write_toy_trace
 
@@ -49,6 +50,7 @@ def _start(trace: str, out: Path) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        preexec_fn=die_with_parent,  # never outlives a test run that is killed
     )
 
 
