@@ -57,6 +57,7 @@ from profiler.reader import read_trace  # noqa: E402
 from simulator.load_validation import (  # noqa: E402
     FORWARD_FITS,
     calibrate_batch1,
+    pass_breakdown,
     pass_time_ratios,
     serving_config,
     summarize_run,
@@ -198,6 +199,7 @@ class Setup:
         self.alone = read_trace(capture(name, work / f"{name}-alone", "test", n))
         self._alone = {0: self.alone}
         self.ratios: list[np.ndarray] = []  # per load run: (requests in a pass, measured / predicted pass time)
+        self.breakdowns: list[np.ndarray] = []  # per load run: `pass_breakdown` rows
         self.model = ModelSpec.from_trace_meta(self.cal.meta)
         self.hw = trace_hardware(self.cal.meta)
         self.cost = calibrate_batch1(self.cal, self.hw, self.model, rows_sweep, forward_fit)
@@ -266,6 +268,7 @@ def measured_run(setup: Setup, out: Path, rate: float, seed: int, n: int) -> dic
     lv = validate_one(trace, cost, setup.hw, setup.model, **setup.slo)
     same = texts_equal(trace, setup.alone_for(seed)) if lv["preemptions_measured"] == 0 else None
     setup.ratios.append(pass_time_ratios(trace, cost))
+    setup.breakdowns.append(pass_breakdown(trace, cost))
     return {
         "measured": {**lv["measured"], "preemptions": lv["preemptions_measured"]},
         "simulated": {**lv["simulated"], "preemptions": lv["preemptions_simulated"]},
@@ -413,6 +416,63 @@ def ratios_by_batch(setups: dict) -> dict:
     return out
 
 
+def breakdown_by_batch(setups: dict) -> dict:
+    """Per system, by requests in a pass, over every load run that times the forward alone
+    (`pass_breakdown`): the median measured / predicted forward, and the medians of the requests'
+    host work and of the server's own work per pass, measured and predicted (us)."""
+    out = {}
+    for name, s in setups.items():
+        b = np.vstack(s.breakdowns) if s.breakdowns else np.zeros((0, 7))
+        out[name] = {
+            int(n): {
+                "passes": int(m.sum()),
+                "forward_ratio": float(np.median(b[m, 1] / b[m, 2])),
+                "host_us": [float(np.median(b[m, 3]) * 1e6), float(np.median(b[m, 4]) * 1e6)],
+                "server_us": [float(np.median(b[m, 5]) * 1e6), float(np.median(b[m, 6]) * 1e6)],
+            }
+            for n in np.unique(b[:, 0])
+            if (m := b[:, 0] == n).sum() >= 10
+        }
+    return out
+
+
+def sweep_fit(setups: dict) -> dict:
+    """Per system, how its (first) calibration's forward predicts the rows sweep it was fitted on:
+    measured / predicted, median and [min, max] over the sweep's shapes, and at one row."""
+    out = {}
+    for name, s in setups.items():
+        sw = sweep_passes(s.cal.meta)
+        if not len(sw):
+            continue
+        r = sw[:, 2] / np.asarray(s.cost.forward_s(sw[:, 0], sw[:, 1], sw[:, 3]), float)
+        one = sw[:, 0] == 1
+        out[name] = {
+            "median": float(np.median(r)),
+            "range": [float(r.min()), float(r.max())],
+            "one_row_median": float(np.median(r[one])) if one.any() else None,
+        }
+    return out
+
+
+def print_breakdown(by: dict, fit: dict) -> None:
+    if fit:
+        print("the calibration's forward on its own rows sweep, measured / predicted: median [min, max], at 1 row:")
+        for name, v in fit.items():
+            print(
+                f"  {name:10s} {v['median']:.2f} [{v['range'][0]:.2f}, {v['range'][1]:.2f}], {v['one_row_median']:.2f}"
+            )
+    if any(by.values()):
+        print("by requests in the pass (median over every load run): forward measured / predicted;")
+        print("  requests' host work and the server's own work per pass, measured/predicted us:")
+        for name, rows in by.items():
+            cells = [
+                f"{n}: {v['forward_ratio']:.2f} {v['host_us'][0]:.0f}/{v['host_us'][1]:.0f} "
+                f"{v['server_us'][0]:.0f}/{v['server_us'][1]:.0f}"
+                for n, v in rows.items()
+            ]
+            print(f"  {name:10s} " + "  ".join(cells))
+
+
 def print_ratios(ratios: dict) -> None:
     print("measured / predicted pass time by requests in the pass (p10 / median over every load run):")
     for name, by in ratios.items():
@@ -514,6 +574,8 @@ def main() -> None:
     print_table(rows)
     ratios = ratios_by_batch(setups) if measured else {}
     print_ratios(ratios)
+    breakdown, fit = (breakdown_by_batch(setups), sweep_fit(setups)) if measured else ({}, {})
+    print_breakdown(breakdown, fit)
     speed, tip = comparisons(rows)
     equal = [e for r in rows for e in r["equal_alone"] if e is not None]
     out = {
@@ -550,6 +612,8 @@ def main() -> None:
         "batched_equals_alone": (all(equal) if equal else None),
         "batched_equals_alone_runs": len(equal),
         "pass_time_ratio_by_batch": ratios,
+        "pass_breakdown_by_batch": breakdown,
+        "forward_fit_on_rows_sweep": fit,
         "rows": rows,
         "wall_s": time.perf_counter() - t0,
     }

@@ -13,10 +13,13 @@ from profiler.reader import read_trace
 from simulator.cost import CostModel, CostParams
 from simulator.hardware import host_cpu_spec
 from simulator.load_validation import (
+    BREAKDOWN_COLUMNS,
     HostCost,
     calibrate_batch1,
     host_line,
+    host_terms,
     pass_arrays,
+    pass_breakdown,
     serving_config,
     size_medians,
     sweep_passes,
@@ -28,7 +31,7 @@ from simulator.simtrace import write_simulated_trace
 from simulator.validation import PASS_COLUMNS, pass_frame
 from simulator.workload import load_workload
 from solm.cli import main
-from tests.simulator.toy_traces import BLOCK_BYTES, MODEL_META, pasta, seq, write_toy_trace
+from tests.simulator.toy_traces import BLOCK_BYTES, MODEL_META, LinearCost, pasta, seq, write_toy_trace
 
 MODEL = ModelSpec.from_trace_meta(MODEL_META)
 HW = host_cpu_spec(2)
@@ -228,3 +231,43 @@ def test_a_rows_sweep_teaches_the_fit_how_batched_passes_grow(tmp_path):
         return abs(cost.forward_s(*probe) / slow.step_time_s(*probe) - 1)
 
     assert error(with_sweep) < 0.1 < error(without)
+
+
+def test_pass_breakdown_splits_a_pass_into_forward_host_and_the_servers_own_work():
+    """Each pass: 2 requests, 1 row each; forward 2 ms, host 0.1 ms per request, 0.05 ms of the server's own."""
+    rows = []
+    for b in range(4):
+        for rid in (0, 1):
+            rows.append(
+                {
+                    "request_id": rid,
+                    "batch_index": b,
+                    "start_s": b * 0.00225,
+                    "duration_s": 0.0021,
+                    "forward_s": 0.002,
+                    "host_s": 0.0001,
+                    "query_tokens": 1,
+                    "batch_query_tokens": 2,
+                    "attention_kv_tokens": 64,
+                    "active_streams": 1,
+                    "chunk": False,
+                }
+            )
+    trace = type("T", (), {"steps": pd.DataFrame(rows)})()
+    cost = HostCost(LinearCost(), per_pass_s=5e-5, per_stream_s=0.0, per_request_s=1e-4)
+    b = pass_breakdown(trace, cost)
+    assert b.shape == (3, len(BREAKDOWN_COLUMNS))  # the last pass has no next one
+    assert np.allclose(b[:, 0], 2) and np.allclose(b[:, 1], 0.002) and np.allclose(b[:, 3], 0.0002)
+    assert np.allclose(b[:, 5], 0.00005) and np.allclose(b[:, 6], 5e-5) and np.allclose(b[:, 4], 2e-4)
+    assert np.allclose(b[:, 2], LinearCost().step_time_s(2, 128, 2))
+    no_forward = type("T", (), {"steps": pd.DataFrame(rows).assign(forward_s=np.nan)})()
+    assert pass_breakdown(no_forward, cost).shape == (0, len(BREAKDOWN_COLUMNS))
+
+
+def test_host_work_is_fitted_on_each_size_once_so_a_stall_does_not_carry_it():
+    rows = np.array([1.0] * 200 + [12.0, 20.0, 30.0])
+    host = 1e-4 + 5e-6 * rows  # a fixed part and a part per row
+    host[7] = 0.035  # a 35 ms stall of one decode pass
+    per_request, per_row, per_stream = host_terms(rows, np.ones_like(rows), host)
+    assert per_request + per_stream + per_row == pytest.approx(1.05e-4, rel=1e-6)
+    assert per_row == pytest.approx(5e-6, rel=1e-6)
