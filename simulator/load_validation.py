@@ -5,20 +5,23 @@ capture --rate R | --concurrency C`: many requests batched into each pass over o
 batch-1 trace of the same system and model (`solm capture`: one request at a time). Nothing is
 fitted to the serving traces. From the batch-1 trace only:
 
-1. the forward cost (`fit_cost_params_to_steps`: compute and memory efficiency, per-pass
-   overhead) fitted on its passes, whose sizes differ: sequential prefills of 10-40 rows next to
-   1-row decodes, PASTA passes of 1-5 thread rows, Planned Diffusion denoise passes of up to ~160
-   rows. That is how a pass's time grows with its rows (and its KV reads, streams). Each pass
-   size counts once (`size_medians`), so the few large passes are not outvoted by the many small
-   ones; where the trace records each pass's host work (`steps.host_s`), the forward is fitted
-   on the pass without it; where its capture recorded a rows sweep (`solm capture --rows-sweep`,
-   `runtime/rows_sweep.py`: batched decode passes of 1-32 rows over pools of 64-1024 slots),
-   on those passes too (`sweep_passes`). A pass's KV read is the keys its attention scored
+1. the forward cost, fitted on its passes (the forward alone where the trace times it,
+   `steps.forward_s`; else the pass less its host work, `steps.host_s`), whose sizes differ:
+   sequential prefills of 10-40 rows next to 1-row decodes, PASTA passes of 1-5 thread rows,
+   Planned Diffusion denoise passes of up to ~160 rows; and, where its capture recorded a rows
+   sweep (`solm capture --rows-sweep`, `runtime/rows_sweep.py`: batched decode passes of 1-32
+   rows over pools of 64-1024 slots), on those (`sweep_passes`). That is how a pass's time grows
+   with its rows (and its KV reads, streams). On a CPU the forward is taken as measured
+   (`simulator.measured_forward`: the sweep's grid carried by the trace's own passes, or a line
+   through them); otherwise the cost model's roofline rescaled (`fit_cost_params_to_steps`),
+   each pass size counting once (`size_medians`) so the few large passes are not outvoted by the
+   many small ones. A pass's KV read is the keys its attention scored
    (`steps.attention_kv_tokens`: with the runtime's mask attention, rows x the pool's span);
 2. the host work: per request and pass, `host_s` (the engine's own `inputs()` and `after()`) as
-   a fixed part, a part per row and a part per stream (`host_terms`), which a batched pass pays
-   once per request in it (`HostCost.per_request_s`, `per_row_s`, `per_stream_s`); between
-   passes, a line over the streams of the pass before each gap (`host_line`).
+   a fixed part, a part per row and a part per stream (`host_terms`, each size once), which a
+   batched pass pays once per request in it (`HostCost.per_request_s`, `per_row_s`,
+   `per_stream_s`); the server's own work per pass, what is left of a pass after both
+   (`pass_overhead_s`; before trace minor 3, a line over the gaps between passes, `host_line`).
 
 Each serving trace is then replayed with its own arrivals and its own batch settings (max
 sequences, batched tokens, KV pool, scheduler, chunked prefill, attention: read from its meta,
