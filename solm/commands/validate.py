@@ -110,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.calibrate_from is not None:
         return run_load(args)
+    if args.forward_fit != "auto":
+        raise UsageError("--forward-fit applies to validation under load (--calibrate-from BATCH1_TRACE)")
     if len(args.trace) > 1:
         raise UsageError("several traces need --calibrate-from (validation under load)")
     args.trace = args.trace[0]

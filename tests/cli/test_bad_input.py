@@ -215,3 +215,11 @@ def test_unwritable_out_is_a_usage_error(t, tmp_path, capsys):
         one_line_error(["export", str(t), "--perfetto", str(ro / "x.json")], capsys, "not writable")
     finally:
         ro.chmod(0o700)
+
+
+def test_forward_fit_without_a_calibration_trace_is_refused(t, capsys):
+    one_line_error(
+        ["validate", str(t), "--forward-fit", "line"], capsys, "--forward-fit applies to validation under load"
+    )
+    assert main(["validate", str(t), "--calibrate-from", str(t), "--forward-fit", "guess"]) == 2  # argparse's choices
+    capsys.readouterr()
