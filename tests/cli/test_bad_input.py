@@ -221,5 +221,6 @@ def test_forward_fit_without_a_calibration_trace_is_refused(t, capsys):
     one_line_error(
         ["validate", str(t), "--forward-fit", "line"], capsys, "--forward-fit applies to validation under load"
     )
-    assert main(["validate", str(t), "--calibrate-from", str(t), "--forward-fit", "guess"]) == 2  # argparse's choices
-    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # argparse's choices
+        main(["validate", str(t), "--calibrate-from", str(t), "--forward-fit", "guess"])
+    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
