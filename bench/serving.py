@@ -398,42 +398,41 @@ def comparisons(rows: list[dict]) -> tuple[list, dict]:
     return speed, tip
 
 
+def _by_requests(runs: list[np.ndarray], width: int, summarise) -> dict:
+    """Rows of every load run (first column: requests in the pass) grouped by that column, each
+    group of at least 10 passes summarised as `summarise(rows)` plus its count."""
+    r = np.vstack(runs) if runs else np.zeros((0, width))
+    return {
+        int(n): {"passes": int(m.sum()), **summarise(r[m])}
+        for n in np.unique(r[:, 0])
+        if (m := r[:, 0] == n).sum() >= 10
+    }
+
+
 def ratios_by_batch(setups: dict) -> dict:
     """Per system, by requests in a pass: p10 and median of measured / predicted pass time over every
     load run (`pass_time_ratios`). A flat row: the simulator knows how a pass grows with the batch."""
-    out = {}
-    for name, s in setups.items():
-        r = np.vstack(s.ratios) if s.ratios else np.zeros((0, 2))
-        out[name] = {
-            int(n): {
-                "passes": int(m.sum()),
-                "p10": float(np.percentile(r[m, 1], 10)),
-                "median": float(np.median(r[m, 1])),
-            }
-            for n in np.unique(r[:, 0])
-            if (m := r[:, 0] == n).sum() >= 10
-        }
-    return out
+    return {
+        name: _by_requests(
+            s.ratios, 2, lambda r: {"p10": float(np.percentile(r[:, 1], 10)), "median": float(np.median(r[:, 1]))}
+        )
+        for name, s in setups.items()
+    }
 
 
 def breakdown_by_batch(setups: dict) -> dict:
     """Per system, by requests in a pass, over every load run that times the forward alone
     (`pass_breakdown`): the median measured / predicted forward, and the medians of the requests'
     host work and of the server's own work per pass, measured and predicted (us)."""
-    out = {}
-    for name, s in setups.items():
-        b = np.vstack(s.breakdowns) if s.breakdowns else np.zeros((0, 7))
-        out[name] = {
-            int(n): {
-                "passes": int(m.sum()),
-                "forward_ratio": float(np.median(b[m, 1] / b[m, 2])),
-                "host_us": [float(np.median(b[m, 3]) * 1e6), float(np.median(b[m, 4]) * 1e6)],
-                "server_us": [float(np.median(b[m, 5]) * 1e6), float(np.median(b[m, 6]) * 1e6)],
-            }
-            for n in np.unique(b[:, 0])
-            if (m := b[:, 0] == n).sum() >= 10
+
+    def summarise(b: np.ndarray) -> dict:
+        return {
+            "forward_ratio": float(np.median(b[:, 1] / b[:, 2])),
+            "host_us": [float(np.median(b[:, 3]) * 1e6), float(np.median(b[:, 4]) * 1e6)],
+            "server_us": [float(np.median(b[:, 5]) * 1e6), float(np.median(b[:, 6]) * 1e6)],
         }
-    return out
+
+    return {name: _by_requests(s.breakdowns, 7, summarise) for name, s in setups.items()}
 
 
 def sweep_fit(setups: dict) -> dict:
