@@ -11,6 +11,7 @@ final tables, marks meta.json complete and removes `parts/`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -216,6 +217,8 @@ def _holds_default(table: pa.Table, field: pa.Field, value) -> bool:
         return value[1] in table.column_names and col.equals(table.column(value[1]).cast(field.type))
     if table.num_rows == 0:
         return True
+    if isinstance(value, float) and math.isnan(value):  # NaN never equals itself: "not recorded" throughout
+        return col.null_count == 0 and pc.all(pc.is_nan(col)).as_py()
     return col.null_count == 0 and pc.all(pc.equal(col, pa.scalar(value, field.type))).as_py()
 
 

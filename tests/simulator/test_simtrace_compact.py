@@ -64,12 +64,14 @@ def test_default_columns_left_out_and_read_back(tmp_path):
     out = write_simulated_trace(res, tmp_path / "sim")
     stored = pq.read_table(out / "steps.parquet")
     assert "attention_kv_tokens" not in stored.column_names  # a copy of kv_tokens_read
+    assert "host_s" not in stored.column_names and "forward_s" not in stored.column_names  # NaN: not recorded
     assert "batch_query_tokens" in stored.column_names  # differs from query_tokens when requests share a pass
     encodings = pq.ParquetFile(out / "steps.parquet").metadata.row_group(0).column(1).encodings
     assert "DELTA_BINARY_PACKED" in encodings  # step_index
     trace = read_trace(out)
     assert (trace.steps["attention_kv_tokens"] == trace.steps["kv_tokens_read"]).all()
     assert (trace.steps["recompute_tokens"] == 0).all() and (trace.steps["preempted_requests"] == 0).all()
+    assert trace.steps["host_s"].isna().all() and trace.steps["forward_s"].isna().all()
     full = read_trace(out)  # rewritten the old way: every column, default encodings
     for name in ("steps", "tokens", "requests"):
         pq.write_table(read_table(out / f"{name}.parquet", name), out / f"{name}.parquet")
