@@ -16,9 +16,10 @@ What it measures, each printed with how it was obtained:
   scaled to 100k requests. Aim <= 100 MB.
 - peak_rss_mb: this process's peak resident memory (VmHWM): the replay and writing its trace
   (also printed after each: `peak_rss_mb_after_replay`, `peak_rss_mb_after_writing`). Aim <= 2,000 MB.
-- trace_read_s: `profiler.reader.read_trace(tokens=False)` of that simulated trace (what the
-  dashboard loads for every page; per-token rows are left to the page that reads them), in a
-  process of its own (its memory, `trace_read_peak_rss_mb`, is the reader's, not the simulator's).
+- trace_read_s: what the dashboard loads of that simulated trace for every page
+  (`dashboard.data.load_traces`: the requests table and two steps columns; the other steps columns
+  and the per-token rows are left to the page that shows them), in a process of its own (its
+  memory, `trace_read_peak_rss_mb`, is the reader's, not the simulator's).
 - --fingerprint: sha256 figures of the replay's metrics and of each written table's contents, to
   check that a change leaves the replay's output alone (compare two runs' `fingerprint:` lines).
 - dashboard_page_open_s: each dashboard page driven by streamlit's AppTest (every file of
@@ -64,7 +65,6 @@ sys.path.insert(0, str(ROOT))
 
 from profiler.errors import UsageError
 from profiler.outdir import check_out_dir
-from profiler.reader import read_trace
 from simulator.cluster.run import ClusterConfig, simulate
 from simulator.cluster.workload_file import WORKLOADS_DIR, read_workload_file, stretch
 from simulator.comm import evaluate
@@ -146,9 +146,13 @@ def in_subprocess(flag: str, trace_dir: Path) -> dict:
 
 
 def read_back(trace_dir: Path) -> dict:
-    """`read_trace(tokens=False)` (what the dashboard loads for every page): seconds and peak RSS."""
+    """What the dashboard loads of a trace for every page: seconds and peak RSS."""
+    from dashboard.data import load_traces
+
     t = time.perf_counter()
-    read_trace(trace_dir, tokens=False)
+    traces, errors = load_traces([trace_dir])
+    if len(errors):
+        raise RuntimeError(f"{trace_dir}: {errors.iloc[0]['error']}")
     return {"read_s": round(time.perf_counter() - t, 2), "peak_rss_mb": _rss_mb()}
 
 
@@ -224,8 +228,8 @@ def replay_at_scale(
         shutil.rmtree(out, ignore_errors=True)
     print(
         f"simulated trace: {mb:.1f} MB for {n} requests (written in {write_s:.1f} s wall, {write_cpu_s:.1f} s CPU); "
-        f"peak RSS {rss_replayed} MB after the replay, {rss_written} MB after writing; read back without per-token "
-        f"rows in {read['read_s']} s (in its own process: peak RSS {read['peak_rss_mb']} MB)"
+        f"peak RSS {rss_replayed} MB after the replay, {rss_written} MB after writing; read back as the dashboard "
+        f"loads it in {read['read_s']} s (in its own process: peak RSS {read['peak_rss_mb']} MB)"
     )
     factor = 100_000 / n
     figures = {
