@@ -81,12 +81,32 @@ def signature(paths: list[Path]) -> tuple:
     return tuple(out)
 
 
+# The steps columns every page's figures aggregate (summary: mean live KV; diff: per request);
+# the Timeline reads one request's rows (`Trace.request_steps`), the Diff page the token texts
+# (`Trace.token_table`), when they are shown.
+STEPS_LOADED = ("request_id", "live_kv_tokens")
+TIMELINE_STEPS = (
+    "request_id",
+    "step_index",
+    "phase",
+    "start_s",
+    "duration_s",
+    "streams",
+    "query_tokens",
+    "live_kv_tokens",
+    "kv_bytes_allocated",
+    "evicted_tokens",
+)
+
+
 def load_traces(paths: list[str | Path]) -> tuple[list[Trace], pd.DataFrame]:
-    """(traces that read, error rows `path`, `error`)."""
+    """(traces that read, error rows `path`, `error`). Each trace holds its requests table and
+    only the `STEPS_LOADED` columns of its steps; per-token rows and the other steps columns are
+    read by the page that shows them."""
     traces, errors = [], []
     for p in paths:
         try:
-            traces.append(read_trace(p, tokens=False))  # per-token rows: read by the page that needs them
+            traces.append(read_trace(p, tokens=False, steps_columns=STEPS_LOADED))
         except TraceError as e:
             errors.append({"path": str(p), "error": str(e)})
         except Exception as e:  # a foreign file the reader did not anticipate: still one row
@@ -288,11 +308,18 @@ def request_ids(trace: Trace) -> list[int]:
     return [int(r) for r in trace.requests["request_id"].tolist()]
 
 
-def gantt_frame(trace: Trace, rid: int) -> pd.DataFrame:
-    """One row per (forward pass, stream with a query row): stream, start/end in ms, phase."""
-    s = trace.steps.loc[trace.steps["request_id"] == rid]
+def request_steps(trace: Trace, rid: int) -> pd.DataFrame:
+    """The `TIMELINE_STEPS` columns of one request's passes, by start (what `gantt_frame`,
+    `kv_frame` and `counters_frame` draw): read from steps.parquet when the trace holds fewer columns."""
+    s = trace.request_steps(rid, TIMELINE_STEPS)
+    return s.sort_values(["start_s", "step_index"], kind="stable").reset_index(drop=True)
+
+
+def gantt_frame(steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per (forward pass, stream with a query row) of a request's `steps`: stream, start/end
+    in ms, phase."""
     rows = []
-    for r in s.itertuples(index=False):
+    for r in steps.itertuples(index=False):
         for stream in str(r.streams).split(","):
             if stream.strip() == "":
                 continue
@@ -314,9 +341,9 @@ def gantt_frame(trace: Trace, rid: int) -> pd.DataFrame:
     )
 
 
-def kv_frame(trace: Trace, rid: int) -> pd.DataFrame:
-    """Live KV tokens and bytes held after each pass of a request, against time (ms)."""
-    s = trace.steps.loc[trace.steps["request_id"] == rid].sort_values("start_s")
+def kv_frame(steps: pd.DataFrame) -> pd.DataFrame:
+    """Live KV tokens and bytes held after each pass of a request's `steps`, against time (ms)."""
+    s = steps.sort_values("start_s")
     return pd.DataFrame(
         {
             "t_ms": (s["start_s"] + s["duration_s"]).to_numpy() * 1e3,
@@ -327,15 +354,14 @@ def kv_frame(trace: Trace, rid: int) -> pd.DataFrame:
     )
 
 
-def counters_frame(trace: Trace, rid: int | None = None) -> pd.DataFrame:
-    """Counter samples in long form (t_ms, counter, value), within the request's window if given."""
+def counters_frame(trace: Trace, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Counter samples in long form (t_ms, counter, value), within the window of a request's
+    `steps` if given."""
     c = trace.counters
-    if rid is not None and len(c):
-        s = trace.steps.loc[trace.steps["request_id"] == rid]
-        if len(s):
-            lo, hi = s["start_s"].min(), (s["start_s"] + s["duration_s"]).max()
-            pad = max(0.05, 0.1 * (hi - lo))
-            c = c.loc[(c["t_s"] >= lo - pad) & (c["t_s"] <= hi + pad)]
+    if steps is not None and len(c) and len(steps):
+        lo, hi = steps["start_s"].min(), (steps["start_s"] + steps["duration_s"]).max()
+        pad = max(0.05, 0.1 * (hi - lo))
+        c = c.loc[(c["t_s"] >= lo - pad) & (c["t_s"] <= hi + pad)]
     cols = [k for k in COUNTER_COLUMNS if k in c and c[k].notna().any()]
     if not cols:
         return pd.DataFrame(columns=["t_ms", "counter", "value"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -234,16 +235,46 @@ def graph_figure(nodes: pd.DataFrame, edges: pd.DataFrame, title: str = "chunk d
     )
 
 
+MAX_BARS = 1000  # bars per series: a figure is narrower than that many pixels
+
+
+def _latency_bars(g: pd.DataFrame, per_bar: int) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """(x labels, heights, the largest latency of each bar) of one series: a bar per request, or
+    with `per_bar` > 1 the mean of that many consecutive requests (labelled first-last id)."""
+    if per_bar == 1:
+        return g["request_id"].astype(str), g["e2e_ms"], g["e2e_ms"]
+    grouped = g.reset_index(drop=True).groupby(np.arange(len(g)) // per_bar)
+    ids = grouped["request_id"]
+    labels = ids.first().astype(str) + "-" + ids.last().astype(str)
+    return labels, grouped["e2e_ms"].mean(), grouped["e2e_ms"].max()
+
+
 def latency_figure(requests: pd.DataFrame, title: str = "end-to-end latency per request") -> go.Figure:
-    """Grouped bars: `requests` has request_id, e2e_ms and series (e.g. measured / simulated)."""
+    """Grouped bars: `requests` has request_id, e2e_ms and series (e.g. measured / simulated). A
+    series of more than `MAX_BARS` requests is drawn as `MAX_BARS` bars or fewer, each the mean of
+    consecutive requests (said in the title; hover shows the largest of them)."""
     fig = go.Figure()
+    longest = int(requests.groupby("series", sort=False).size().max()) if len(requests) else 0
+    per_bar = -(-longest // MAX_BARS) if longest > MAX_BARS else 1
     for i, (series, g) in enumerate(requests.groupby("series", sort=False)):
+        x, y, peak = _latency_bars(g, per_bar)
         fig.add_trace(
-            go.Bar(x=g["request_id"].astype(str), y=g["e2e_ms"], name=series, marker_color=PALETTE[i % len(PALETTE)])
+            go.Bar(
+                x=x,
+                y=y,
+                name=series,
+                marker_color=PALETTE[i % len(PALETTE)],
+                customdata=peak,
+                hovertemplate="requests %{x}: mean %{y:.4g} ms, largest %{customdata:.4g} ms<extra></extra>"
+                if per_bar > 1
+                else None,
+            )
         )
-    fig.update_xaxes(title="request")
+    fig.update_xaxes(title="request" if per_bar == 1 else f"requests (each bar: the mean of {per_bar} in a row)")
     fig.update_yaxes(title="end-to-end latency (ms)", type="log", dtick=1)
     fig.update_layout(barmode="group")
+    if per_bar > 1:
+        title += f" ({longest} requests: each bar the mean of {per_bar} consecutive ones)"
     return _layout(fig, title, height=340)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pyarrow.parquet as pq
 
 from profiler.errors import TraceError
 from profiler.outdir import PARTS
-from profiler.schema import KINDS, META_REQUIRED, SCHEMA_VERSION, TABLES, fill_defaults
+from profiler.schema import KINDS, META_REQUIRED, MINOR_COLUMNS, SCHEMA_VERSION, TABLES, fill_defaults
 
 __all__ = ["Trace", "TraceError", "load_json_file", "read_meta", "read_parts", "read_table", "read_trace"]
 
@@ -31,10 +32,30 @@ class Trace:
     graphs: dict[int, dict]
     complete: bool
     tokens_loaded: bool = True  # False: read with tokens=False, `tokens` is empty (not the trace's)
+    steps_columns: tuple[str, ...] | None = None  # None: `steps` holds every column; else only these
 
     @property
     def name(self) -> str:
         return self.path.name
+
+    def request_steps(self, request_id: int, columns: Sequence[str] | None = None) -> pd.DataFrame:
+        """One request's rows of the steps table (`columns`, default all): from `steps` when it holds
+        those columns, else read from steps.parquet (only the row groups that can hold the request:
+        one or two of a simulated trace, whose rows are sorted by request)."""
+        cols = list(TABLES["steps"].names) if columns is None else list(columns)
+        if self.steps_columns is None or set(cols) <= set(self.steps_columns):
+            s = self.steps
+            return s.loc[s["request_id"] == request_id, cols].reset_index(drop=True)
+        return _frame(read_table(self.path / "steps.parquet", "steps", cols, [("request_id", "=", int(request_id))]))
+
+    def token_table(self, columns: Sequence[str] | None = None) -> pa.Table:
+        """The per-token rows (`columns`, default all) as an Arrow table: from `tokens` when they were
+        read, else read now from tokens.parquet (only those columns)."""
+        cols = list(TABLES["tokens"].names) if columns is None else list(columns)
+        if self.tokens_loaded:
+            schema = pa.schema([TABLES["tokens"].field(c) for c in cols])
+            return pa.Table.from_pandas(self.tokens[cols], schema=schema, preserve_index=False)
+        return read_table(self.path / "tokens.parquet", "tokens", cols)
 
     @property
     def kind(self) -> str:
@@ -143,20 +164,35 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
-def read_table(file: Path, name: str) -> pa.Table:
+def read_table(
+    file: Path, name: str, columns: Sequence[str] | None = None, filters: list[tuple] | None = None
+) -> pa.Table:
+    """Table `name` from `file`, checked against the schema and cast to it, the columns of later
+    minor revisions it lacks filled with their defaults. `columns`: only these, in this order, and
+    only their data is read (None: every column of the schema); `filters` (pyarrow's, e.g.
+    `[("request_id", "=", 3)]`): only the matching rows, and row groups whose statistics rule them
+    out are not read."""
     if not file.is_file():
         raise TraceError(f"{file.parent}: missing {file.name}")
+    expected = TABLES[name]
+    want = list(expected.names) if columns is None else list(columns)
+    unknown = [c for c in want if c not in expected.names]
+    if unknown:
+        raise KeyError(f"table {name} has no column {', '.join(unknown)}")
     try:
-        table = pq.read_table(file)
+        present = set(pq.read_schema(file).names)
+        # a minor column the file lacks may default to a copy of another one: read that instead
+        copied = [v[1] for f, v in MINOR_COLUMNS.get(name, []) if f.name in want and isinstance(v, tuple)]
+        read = [c for c in dict.fromkeys(want + copied) if c in present]
+        table = pq.read_table(file, columns=read, filters=filters)
     except (pa.ArrowException, OSError) as e:
         raise TraceError(f"{file}: unreadable Parquet ({str(e).splitlines()[0]})") from None
-    expected = TABLES[name]
-    table = fill_defaults(name, table)  # columns of later minor revisions
-    missing = [f.name for f in expected if f.name not in table.column_names]
+    table = fill_defaults(name, table, want)  # columns of later minor revisions
+    missing = [c for c in want if c not in table.column_names]
     if missing:
         raise TraceError(f"{file}: missing columns {', '.join(missing)}")
     try:
-        return table.select(expected.names).cast(expected)
+        return table.select(want).cast(pa.schema([expected.field(c) for c in want]))
     except (pa.ArrowException, ValueError) as e:
         raise TraceError(
             f"{file}: column types do not match schema v{SCHEMA_VERSION} ({str(e).splitlines()[0]})"
@@ -212,9 +248,12 @@ def _graphs_by_id(graphs: dict) -> dict[int, dict]:
     return {int(k): v for k, v in graphs.items()}
 
 
-def read_trace(path: str | Path, tokens: bool = True) -> Trace:
+def read_trace(path: str | Path, tokens: bool = True, steps_columns: Sequence[str] | None = None) -> Trace:
     """Read a trace directory. `tokens=False` skips the per-token table (the largest of a
-    simulated trace at scale) for views that need only requests, steps and graphs."""
+    simulated trace at scale) for views that need only requests, steps and graphs;
+    `steps_columns` reads only those columns of the steps table (21 million rows for a
+    100k-request simulated trace); `Trace.request_steps` and `Trace.token_table` read the rest
+    when asked. An unfinished trace (committed parts only) is read whole."""
     p = Path(path)
     if not p.exists():
         raise TraceError(f"{p}: no such directory")
@@ -224,12 +263,10 @@ def read_trace(path: str | Path, tokens: bool = True) -> Trace:
     complete = bool(meta.get("complete", True)) and (p / "requests.parquet").exists()
     if complete:
         tables = {
-            name: read_table(p / f"{name}.parquet", name)
-            for name in ("requests", "steps", "tokens")
-            if tokens or name != "tokens"
+            "requests": read_table(p / "requests.parquet", "requests"),
+            "steps": read_table(p / "steps.parquet", "steps", steps_columns),
+            "tokens": read_table(p / "tokens.parquet", "tokens") if tokens else TABLES["tokens"].empty_table(),
         }
-        if not tokens:
-            tables["tokens"] = TABLES["tokens"].empty_table()
         graphs = _read_json(p / "graph.json")
     elif (p / PARTS).is_dir():
         tables, graphs = read_parts(p)
@@ -253,4 +290,5 @@ def read_trace(path: str | Path, tokens: bool = True) -> Trace:
         graphs=graphs_by_id,
         complete=complete,
         tokens_loaded=tokens or not complete,
+        steps_columns=tuple(steps_columns) if complete and steps_columns is not None else None,
     )

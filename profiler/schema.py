@@ -15,6 +15,8 @@ ids and indices are plain integers.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
@@ -136,10 +138,11 @@ TABLES: dict[str, pa.Schema] = {
 }
 
 
-def fill_defaults(name: str, table: pa.Table) -> pa.Table:
-    """`table` with every minor-revision column it lacks, filled with that column's default."""
+def fill_defaults(name: str, table: pa.Table, columns: Collection[str] | None = None) -> pa.Table:
+    """`table` with every minor-revision column it lacks (of `columns` only, when given), filled with
+    that column's default."""
     for field, value in MINOR_COLUMNS.get(name, []):
-        if field.name in table.column_names:
+        if field.name in table.column_names or (columns is not None and field.name not in columns):
             continue
         if isinstance(value, tuple):
             arr = (

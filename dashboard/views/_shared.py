@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data
+from profiler.diff import TraceDiff, diff_traces
 from profiler.reader import Trace
 
 
@@ -17,6 +18,28 @@ from profiler.reader import Trace
 @st.cache_resource(show_spinner="reading traces…", max_entries=16)
 def _load(signature: tuple) -> tuple[list[Trace], pd.DataFrame]:
     return data.load_traces([p for p, _ in signature])
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _request_steps(signature: tuple, rid: int, _trace: Trace) -> pd.DataFrame:
+    return data.request_steps(_trace, rid)
+
+
+def request_steps(trace: Trace, rid: int) -> pd.DataFrame:
+    """One request's passes (the Timeline's columns), read once per trace and request."""
+    return _request_steps(data.signature([trace.path]), rid, trace)
+
+
+# the diff holds both traces: keyed by the objects too (a reloaded trace is a new one), few kept
+@st.cache_resource(show_spinner="diffing…", max_entries=2)
+def _diff(signature: tuple, ids: tuple[int, int], _a: Trace, _b: Trace) -> TraceDiff:
+    return diff_traces(_a, _b)
+
+
+def diff(a: Trace, b: Trace) -> TraceDiff:
+    """`profiler.diff.diff_traces(a, b)`, computed once per pair of loaded traces (it reads their
+    token texts: the page that needs per-token rows)."""
+    return _diff(data.signature([a.path, b.path]), (id(a), id(b)), a, b)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

@@ -5,7 +5,6 @@ import streamlit as st
 
 from dashboard import data, figures
 from dashboard.views import _shared
-from profiler.diff import diff_traces
 from profiler.reader import TraceError
 
 st.title("Diff")
@@ -17,7 +16,7 @@ if _shared.need_traces(traces):
     with c2:
         b = _shared.pick_trace(traces, "B", key="diff_b", index=1)
     try:
-        d = diff_traces(a, b)
+        d = _shared.diff(a, b)
     except TraceError as e:
         st.error(str(e))
         st.stop()

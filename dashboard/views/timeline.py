@@ -22,13 +22,14 @@ if _shared.need_traces(traces):
         m[2].metric("forward passes", int(row["steps"]))
         m[3].metric("output tokens", int(row["output_tokens"]))
         m[4].metric("peak live KV", f"{int(row['peak_live_kv_tokens'])} tokens")
-        gantt = data.gantt_frame(trace, rid)
+        steps = _shared.request_steps(trace, rid)
+        gantt = data.gantt_frame(steps)
         span = (gantt["start_ms"].min(), gantt["end_ms"].max()) if len(gantt) else None
         st.plotly_chart(figures.gantt_figure(gantt), key="timeline_gantt")
-        st.plotly_chart(figures.kv_figure(data.kv_frame(trace, rid), x_range=span), key="timeline_kv")
+        st.plotly_chart(figures.kv_figure(data.kv_frame(steps), x_range=span), key="timeline_kv")
         source = trace.meta.get("counters_source", "?")
         st.plotly_chart(
-            figures.counters_figure(data.counters_frame(trace, rid), title=f"counters ({source})"),
+            figures.counters_figure(data.counters_frame(trace, steps), title=f"counters ({source})"),
             key="timeline_counters",
         )
         with st.expander("Output text"):

@@ -10,6 +10,8 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+from profiler.diff import diff_paths  # noqa: E402
+
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 PAGES = ("pareto", "timeline", "graph", "whatif", "diff")
 
@@ -94,3 +96,19 @@ def test_whatif_deployment_controls_show_gpus_and_memory(app):
     _ok(app, "What-if")
     assert not app.error, [e.value for e in app.error]
     assert {m.label: m.value for m in app.metric}["GPUs"] == "16"
+
+
+def test_diff_page_reads_the_token_texts_it_shows(app, trace_folder):
+    """The traces are loaded without their per-token rows; the Diff page reads them, so outputs
+    that differ are not counted identical (its token diff shows the texts)."""
+    app.switch_page("views/diff.py").run()
+    labels = app.selectbox(key="diff_a").options
+    index = {name: next(i for i, lab in enumerate(labels) if lab.endswith(f"· {name}")) for name in ("seq", "pasta")}
+    app.selectbox(key="diff_a").set_value(index["seq"])
+    app.selectbox(key="diff_b").set_value(index["pasta"]).run()
+    _ok(app, "Diff")
+    want = diff_paths(trace_folder / "seq", trace_folder / "pasta").overall["text_identical_requests"]
+    metrics = {m.label: m.value for m in app.metric}
+    assert metrics["identical outputs"] == str(want) and want < int(metrics["matched requests"])
+    ops = app.dataframe[2].value  # the token diff of the first request: its text
+    assert ops["op"].tolist() == ["equal"] and len(ops["a"].iloc[0]) == 12

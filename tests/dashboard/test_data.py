@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from dashboard import data
+from dashboard import data, figures
+from profiler.diff import diff_traces
 from profiler.reader import read_trace
 
 
@@ -27,12 +28,13 @@ def test_pareto_front():
 
 def test_timeline_frames(trace_folder):
     t = read_trace(trace_folder / "pasta")
-    g = data.gantt_frame(t, 0)
+    g = data.gantt_frame(data.request_steps(t, 0))
     # pass 0 is the prefill of stream 0; passes 1..3 carry the main stream and 2 threads
     assert len(g) == 1 + 3 * 3 and set(g["stream"]) == {"stream 0", "stream 1", "stream 2"}
-    kv = data.kv_frame(t, 0)
+    kv = data.kv_frame(data.request_steps(t, 0))
     assert kv["live_kv_tokens"].is_monotonic_increasing and len(kv) == 4
-    c = data.counters_frame(read_trace(trace_folder / "seq"), 0)
+    seq = read_trace(trace_folder / "seq")
+    c = data.counters_frame(seq, data.request_steps(seq, 0))
     assert {"power_w", "cpu_percent"} <= set(c["counter"])
 
 
@@ -73,3 +75,35 @@ def test_sweep_tables_become_points(trace_folder):
         "sequential on h100-sxm (tiny-2l) seqs=8 rate=None",
     ]
     assert p["e2e_ms_mean"].tolist() == [12.0, 9.0]
+
+
+def test_load_keeps_aggregated_columns_and_reads_the_rest_when_shown(trace_folder):
+    """The dashboard holds requests and two steps columns; a page reads one request's steps or
+    the token texts when it shows them, and gets what a full read has."""
+    lean, _ = data.load_traces(data.find_trace_dirs([trace_folder]))
+    full = [read_trace(t.path) for t in lean]
+    for t, f in zip(lean, full):
+        assert list(t.steps.columns) == list(data.STEPS_LOADED) and not t.tokens_loaded and len(t.tokens) == 0
+        for rid in data.request_ids(t):
+            assert data.request_steps(t, rid).equals(data.request_steps(f, rid))
+    assert data.overview_table(lean, pd.DataFrame()).equals(data.overview_table(full, pd.DataFrame()))
+    assert data.pareto_points(lean).equals(data.pareto_points(full))
+    by_name = {t.name: t for t in lean}
+    d = diff_traces(by_name["seq"], by_name["pasta"])  # token texts read now, from the files
+    want = diff_traces(*(f for name in ("seq", "pasta") for f in full if f.name == name))
+    assert d.text == want.text
+    # the same letters in both; requests 0 and 1 are 12 tokens long in both, request 2 is 12 vs 8
+    assert [d.text[r]["identical"] for r in (0, 1, 2)] == [True, True, False] and d.text[2]["b_tokens"] == 8
+    assert not by_name["seq"].tokens_loaded  # read for the diff, not kept in the trace
+
+
+def test_latency_figure_draws_means_of_consecutive_requests_past_max_bars():
+    n = 3 * (figures.MAX_BARS - 1)  # 3 requests a bar
+    df = pd.DataFrame({"request_id": range(n), "e2e_ms": [float(i) for i in range(n)], "series": "A"})
+    fig = figures.latency_figure(df)
+    bar = fig.data[0]
+    assert len(bar.x) == n // 3 and bar.x[0] == "0-2" and bar.x[-1] == f"{n - 3}-{n - 1}"
+    assert list(bar.y[:2]) == [1.0, 4.0] and list(bar.customdata[:2]) == [2.0, 5.0]  # means; largest on hover
+    assert "mean of 3" in fig.layout.title.text
+    small = figures.latency_figure(df.head(5))
+    assert list(small.data[0].x) == ["0", "1", "2", "3", "4"] and "mean" not in small.layout.title.text

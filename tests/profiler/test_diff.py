@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import math
 
+import pandas as pd
 import pytest
 
-from profiler.diff import diff_paths, graph_diff, text_diff
-from profiler.reader import TraceError
+from profiler.diff import diff_paths, graph_diff, text_diff, text_diffs
+from profiler.reader import TraceError, read_trace
 from tests.dashboard.traces import make_trace
 
 
@@ -94,3 +95,30 @@ def test_text_and_graph_diff_units():
         {"chunk": "m", "a_depends_on": ["p"], "b_depends_on": ["t"]}
     ]
     assert g["edges_added"] == 1 and g["edges_removed"] == 1
+
+
+def test_text_diffs_of_all_pairs_equal_text_diff_of_each(tmp_path):
+    """The vectorised identity check gives what `text_diff` gives request by request: outputs equal,
+    equal in length but different, of other lengths, and empty; token rows out of order; the
+    per-token rows read from the file when the trace was read without them."""
+    a = make_trace(tmp_path / "a", e2e_s=[1.0, 1.0, 1.0, 1.0], passes=6)
+    b = make_trace(tmp_path / "b", e2e_s=[1.0, 1.0, 1.0, 1.0], threads=[0, 0, 1, 0], passes=6)
+    ta, tb = read_trace(a), read_trace(b)
+    tok = tb.tokens
+    tok.loc[(tok["request_id"] == 1) & (tok["token_index"] == 2), "token_text"] = "X"  # same length, one differs
+    tb.tokens = tok[tok["request_id"] != 3].sample(frac=1.0, random_state=0)  # request 3 empty in B; shuffled
+    ta.tokens = ta.tokens[ta.tokens["request_id"] != 2]  # request 2: empty in A, 12 tokens in B
+    pairs = pd.DataFrame({"a_id": [0, 1, 2, 3], "b_id": [0, 1, 2, 3]})
+
+    def texts(t, rid):
+        rows = t.tokens[t.tokens["request_id"] == rid].sort_values("token_index")
+        return rows["token_text"].tolist()
+
+    want = {r: text_diff(texts(ta, r), texts(tb, r)) for r in range(4)}
+    got = text_diffs(ta, tb, pairs)
+    assert got == want
+    assert [got[r]["identical"] for r in range(4)] == [True, False, False, False]
+    assert got[2]["b_tokens"] == 12 and got[3]["a_tokens"] == 6 and got[3]["b_tokens"] == 0
+    assert got[0]["ops"] == [("equal", "".join(texts(ta, 0)), "".join(texts(ta, 0)))]
+    lean, full = read_trace(a, tokens=False), read_trace(a)
+    assert text_diffs(lean, lean, pairs) == {r: text_diff(texts(full, r), texts(full, r)) for r in range(4)}
