@@ -139,13 +139,6 @@ class GemmParams:
     overlap_p: float = 3.0  # a wave's compute and memory overlap as a p-norm (large p: max)
     choice_q: float = 0.0  # 0: the fastest kernel; q > 0: a power mean (exponent -q) of all
     tail_share: float = 0.0  # share of a partial last wave's idle SM time recovered (0: pure waves)
-    # Experiments of the tail pass (docs/cost_model.md), neutral at these defaults:
-    fill_clocks: float = 0.0  # pipeline fill latency per tile in SM clocks, whatever the tile's size
-    occupancy_exp: float = 0.0  # j < ctas_per_sm CTAs on an SM take j^(1-a) C^a tile-times (less latency hidden)
-    smem_bytes_per_clock: float = 1e9  # operand bytes the warps of one SM read from shared memory per clock
-    shared_eff: float = 1.0  # tensor rate of tiles sharing an SM (ctas_per_sm > 1) relative to 1-CTA tiles
-    tail_waves: float = 0.0  # tail share x (w + 1) / (w + 1 + tail_waves), w full waves before the last
-    second_weight: float = 0.0  # time x (second-fastest tile shape / fastest) ^ second_weight
 
     def __post_init__(self) -> None:
         bounds = {
@@ -157,23 +150,8 @@ class GemmParams:
             "overlap_p": (None, None),
             "choice_q": (None, None),
             "tail_share": (None, 1),
-            "fill_clocks": (None, None),
-            "occupancy_exp": (None, 1),
-            "smem_bytes_per_clock": (0, None),
-            "shared_eff": (0, None),
-            "tail_waves": (None, None),
-            "second_weight": (None, 1),
         }
-        minimum = {
-            "fill_iters": 0.0,
-            "overlap_p": 1.0,
-            "choice_q": 0.0,
-            "tail_share": 0.0,
-            "fill_clocks": 0.0,
-            "occupancy_exp": 0.0,
-            "tail_waves": 0.0,
-            "second_weight": 0.0,
-        }
+        minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0, "tail_share": 0.0}
         for name, (low, high) in bounds.items():
             value = getattr(self, name)
             ok = isinstance(value, (int, float)) and not math.isnan(value)
@@ -217,27 +195,20 @@ def _kernel(
     last = tiles - full_waves * per_wave  # tiles of the last, partial wave
     iters = np.ceil(np.ceil(k / split) / tile.tk)
     clock = hw.sustained_clock_hz
-    shared = p.shared_eff if tile.ctas_per_sm > 1 else 1.0
     iter_s = max(
-        2.0 * tile.tm * tile.tn * tile.tk / (hw.sm_peak_flops_per_s * p.tensor_eff * shared),
+        2.0 * tile.tm * tile.tn * tile.tk / (hw.sm_peak_flops_per_s * p.tensor_eff),
         (tile.tm + tile.tn) * tile.tk * dtype_bytes / tile.operand_share / (p.feed_bytes_per_clock * clock),
-        _smem_bytes(tile, dtype_bytes) / (p.smem_bytes_per_clock * clock),
     )
     # busiest SM of each wave: ctas_per_sm tiles in a full wave, ceil(last / SMs) in the last
-    last_busiest = np.ceil(last / sms)
-    busiest = full_waves * tile.ctas_per_sm + last_busiest
+    busiest = full_waves * tile.ctas_per_sm + np.ceil(last / sms)
     # Pipeline fill: a CTA's prologue and epilogue overlap the main loop of the other CTAs
     # resident on its SM, so an SM pays the fill once per ctas_per_sm tiles (1-CTA tiles: per tile).
-    fill = p.fill_iters + p.fill_clocks / clock / iter_s  # in k-iterations of this tile
-    held = full_waves * tile.ctas_per_sm + _occupied(last_busiest, tile.ctas_per_sm, p.occupancy_exp)
-    quantized = held * iters + np.ceil(busiest / tile.ctas_per_sm) * fill
+    quantized = busiest * iters + np.ceil(busiest / tile.ctas_per_sm) * p.fill_iters
     # A partial last wave recovers `tail_share` of its idle SMs' time: the compute blends the
     # quantized waves with the fluid time of the same tiles spread evenly over every SM, but no
     # kernel is faster than one tile-time (fewer tiles than SMs: only split-K spreads the work).
-    fluid = _occupied(np.maximum(tiles / sms, 1.0), tile.ctas_per_sm, p.occupancy_exp) * iters
-    fluid = fluid + np.maximum(tiles / sms, 1.0) * fill / tile.ctas_per_sm
-    share = p.tail_share * (full_waves + 1.0) / (full_waves + 1.0 + p.tail_waves)
-    compute = ((1.0 - share) * quantized + share * fluid) * iter_s
+    fluid = np.maximum(tiles / sms, 1.0) * (iters + p.fill_iters / tile.ctas_per_sm)
+    compute = ((1.0 - p.tail_share) * quantized + p.tail_share * fluid) * iter_s
     bandwidth = hw.hbm_bytes_per_s * p.memory_eff
     memory = _hbm_bytes(m, k, n, rows, cols, tile, per_wave, split, hw, dtype_bytes) / bandwidth
     # Every full wave streams the same share of the bytes per tile, so summing the waves'
@@ -250,21 +221,6 @@ def _kernel(
         time = time + m * n * (split * PARTIAL_BYTES + dtype_bytes) / bandwidth
     waves = full_waves + (last > 0)
     return time, tiles, waves, compute, memory
-
-
-def _occupied(load: np.ndarray, ctas: int, a: float) -> np.ndarray:
-    """Tile-times an SM takes for `load` tiles when it could hold `ctas` at once: fewer resident
-    CTAs hide less latency, load^(1 - a) ctas^a below ctas (a = 0: each tile at the SM's full rate)."""
-    if ctas == 1 or a == 0:
-        return load
-    return np.where((load > 0) & (load < ctas), np.maximum(load, 1e-30) ** (1.0 - a) * ctas**a, load)
-
-
-def _smem_bytes(tile: Tile, dtype_bytes: int) -> float:
-    """Shared-memory operand bytes the warps of one tile read per k-iteration: each warp computes a
-    wm x wn piece (64x64, halved on a side under 128) and reads its (wm + wn) x tk operands."""
-    wm, wn = min(64, tile.tm / 2), min(64, tile.tn / 2)
-    return tile.tm * tile.tn / (wm * wn) * (wm + wn) * tile.tk * dtype_bytes
 
 
 def _pnorm(a: np.ndarray, b: np.ndarray, power: float) -> np.ndarray:
@@ -329,12 +285,6 @@ def gemm_kernel(
     chosen = times[best, cols]
     if p.choice_q > 0:  # heuristics pick roughly, not exactly, the fastest tile shape
         chosen = chosen * _tile_power_mean(times / chosen, [tile for tile, _, _ in choices], p.choice_q)
-    if p.second_weight > 0:  # lean towards the second-fastest tile shape
-        shapes = [tile for tile, _, _ in choices]
-        per_shape = np.stack(
-            [np.min(times[[i for i, t in enumerate(shapes) if t == s]], axis=0) for s in dict.fromkeys(shapes)]
-        )
-        chosen = chosen * (np.sort(per_shape, axis=0)[1] / times[best, cols]) ** p.second_weight
 
     def pick(index: int) -> np.ndarray:
         return np.stack([np.broadcast_to(terms[index], m_arr.shape) for _, _, terms in choices])[best, cols]
