@@ -87,6 +87,8 @@ TILES: dict[str, tuple[Tile, ...]] = {
         Tile(256, 128, 32),
         Tile(128, 256, 32),
         Tile(128, 128, 32, 2),
+        Tile(128, 64, 32, 2),
+        Tile(64, 128, 32, 2),
         Tile(64, 64, 64, 2),
         *_SMALL_M,
     ),
