@@ -139,7 +139,6 @@ class GemmParams:
     overlap_p: float = 3.0  # a wave's compute and memory overlap as a p-norm (large p: max)
     choice_q: float = 0.0  # 0: the fastest kernel; q > 0: a power mean (exponent -q) of all
     tail_share: float = 0.0  # share of a partial last wave's idle SM time recovered (0: pure waves)
-    streamk_fixup: float = -1.0  # stream-K kernels' fix-up per SM in k-iterations (< 0: no stream-K kernels)
 
     def __post_init__(self) -> None:
         bounds = {
@@ -151,7 +150,6 @@ class GemmParams:
             "overlap_p": (None, None),
             "choice_q": (None, None),
             "tail_share": (None, 1),
-            "streamk_fixup": (-2, None),
         }
         minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0, "tail_share": 0.0}
         for name, (low, high) in bounds.items():
@@ -225,27 +223,6 @@ def _kernel(
     return time, tiles, waves, compute, memory
 
 
-def _streamk(m: np.ndarray, k: float, n: float, tile: Tile, hw: HardwareSpec, p: GemmParams, dtype_bytes: int):
-    """Stream-K: the k-iterations of all tiles spread evenly over the SMs, a fill per tile segment
-    and a fix-up (partial tiles' reduction) per SM."""
-    sms = float(hw.num_sms)
-    rows, cols = np.ceil(m / tile.tm), np.ceil(n / tile.tn)
-    tiles = rows * cols
-    iters = np.ceil(k / tile.tk)
-    clock = hw.sustained_clock_hz
-    iter_s = max(
-        2.0 * tile.tm * tile.tn * tile.tk / (hw.sm_peak_flops_per_s * p.tensor_eff),
-        (tile.tm + tile.tn) * tile.tk * dtype_bytes / tile.operand_share / (p.feed_bytes_per_clock * clock),
-    )
-    work = np.maximum(tiles * iters / sms, MIN_SPLIT_ITERS)
-    compute = (work + (tiles / sms / tile.ctas_per_sm + 1.0) * p.fill_iters + p.streamk_fixup) * iter_s
-    bandwidth = hw.hbm_bytes_per_s * p.memory_eff
-    memory = _hbm_bytes(m, k, n, rows, cols, tile, sms * tile.ctas_per_sm, 1, hw, dtype_bytes) / bandwidth
-    time = _pnorm(compute, memory, p.overlap_p) + p.launch_overheads * hw.launch_overhead_s
-    waves = np.ceil(tiles / (sms * tile.ctas_per_sm))
-    return time, tiles, waves, compute, memory
-
-
 def _pnorm(a: np.ndarray, b: np.ndarray, power: float) -> np.ndarray:
     """(a^p + b^p)^(1/p): between max(a, b) (p large) and a + b (p = 1), monotone in both."""
     top = np.maximum(np.maximum(a, b), 1e-30)
@@ -302,8 +279,6 @@ def gemm_kernel(
             if split > 1 and iters / split < MIN_SPLIT_ITERS:
                 break
             choices.append((tile, split, _kernel(m_arr, k, n, tile, split, hw, p, dtype_bytes)))
-        if p.streamk_fixup >= 0:
-            choices.append((tile, 0, _streamk(m_arr, k, n, tile, hw, p, dtype_bytes)))
     times = np.stack([terms[0] for _, _, terms in choices])  # (choices, M)
     best = np.argmin(times, axis=0)
     cols = np.arange(m_arr.size)
