@@ -22,7 +22,9 @@ Last line: {"bench": "cost_model", "a100_unseen_median_ape_percent", "a100_unsee
 `--dev` scores the tile model on the dev split on which its modelling choices were made (not the
 folds above): the (K, N) shapes shuffled (seeds 0 and 1) and halved, fit on one half (every 8th
 token count), score the other and the reverse; `--fix NAME=VALUE` and `--min NAME=VALUE` (either
-repeated) fix a tile parameter or set its lower bound there, to compare variants.
+repeated) fix a tile parameter or set its lower bound there, to compare variants. It also
+prints the error left once each shape's (and each shape and token band's) median error is taken
+out: what a level per shape could fix at best, against the steps within a shape.
 
 `--transfer` prints only what the two models predict on other parts (no measurement: there is
 no public GEMM data for them here): achieved TFLOP/s and TB/s of Llama-3-8B's GEMMs at 1, 300
@@ -56,6 +58,7 @@ from simulator.gemm_fit import (  # noqa: E402
     dev_split_predictions,
     gemm_rows,
     holdout_predictions,
+    level_removed_ape,
     summary,
     unseen_keys,
 )
@@ -132,6 +135,12 @@ def dev(fixed: dict[str, float], lower: dict[str, float]) -> dict:
     print(f"  all: median {np.median(ape):.2f}  p90 {np.percentile(ape, 90):.2f}")
     for band, values in bands:
         print(f"  {str(band):18s} median {np.median(values):5.2f}  p90 {np.percentile(values, 90):5.2f}")
+    # Where the error is: left once a level per shape (per fit: seed and half), or per shape and
+    # token band, is taken out (the model could at best remove a level; what is left is steps).
+    held = held.assign(band=pd.cut(held["num_tokens"], TOKEN_BINS).astype(str))
+    for label, keys in (("shape", ["seed", "K", "N"]), ("shape and token band", ["seed", "K", "N", "band"])):
+        median, p90 = level_removed_ape(held, keys)
+        print(f"  left once each {label}'s median error is removed: median {median:.2f}  p90 {p90:.2f}")
     for params in held.attrs["params"]:
         print("  fitted:", ", ".join(f"{name} {getattr(params, name):.3g}" for name in FIT_FIELDS))
     return {

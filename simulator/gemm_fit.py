@@ -201,6 +201,16 @@ def ape_percent(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
     return np.abs(np.asarray(predicted) / np.asarray(measured) - 1.0) * 100.0
 
 
+def level_removed_ape(held: pd.DataFrame, keys: list[str]) -> tuple[float, float]:
+    """Median and p90 APE of `tiles_s` against `time_s` once each group's (rows equal on `keys`)
+    median log error is taken out: how much of the error a level per group could remove, and how
+    much is left as the group's own shape (steps placed elsewhere than the data's)."""
+    log_error = pd.Series(np.log(held["tiles_s"].to_numpy(float) / held["time_s"].to_numpy(float)), index=held.index)
+    level = log_error.groupby([held[key] for key in keys], observed=True).transform("median")
+    ape = ape_percent(np.exp((log_error - level).to_numpy()), np.ones(len(held)))
+    return float(np.median(ape)), float(np.percentile(ape, 90))
+
+
 def unseen_keys(report: dict[str, Any]) -> dict[str, float]:
     """The issue's target keys from `summary`: pooled unseen-shape APE of the tile model, the old
     model's beside it (bench/cost_model.py and bench/simulator.py print them)."""

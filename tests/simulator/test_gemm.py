@@ -259,6 +259,24 @@ def test_dev_split_holds_out_whole_shapes() -> None:
     np.testing.assert_allclose(held["tiles_s"], held["time_s"], rtol=0.03)
 
 
+def test_level_removed_ape_takes_out_each_groups_median_error() -> None:
+    """Shape A is 10% slow throughout but one row, shape B 20% fast: a level per shape leaves only
+    that row's 5% (p90 of [0, 0, 5, 0, 0] by linear interpolation: 3.0); as one group, only the
+    median ratio 1.1 comes out."""
+    import pandas as pd
+
+    from simulator.gemm_fit import level_removed_ape
+
+    ratio = [1.1, 1.1, 1.1 * 1.05, 0.8, 0.8]
+    held = pd.DataFrame({"K": [1, 1, 1, 2, 2], "N": 8, "time_s": 2.0, "tiles_s": [2.0 * r for r in ratio]})
+    median, p90 = level_removed_ape(held, ["K", "N"])
+    assert median == pytest.approx(0.0, abs=1e-9)
+    assert p90 == pytest.approx(3.0, rel=1e-9)
+    median, p90 = level_removed_ape(held.assign(K=1), ["K"])  # one group: its median ratio 1.1 comes out
+    assert median == pytest.approx(5.0, rel=1e-9)  # APEs 0, 0, 5, 27.3, 27.3
+    assert p90 == pytest.approx(100 * (1 - 0.8 / 1.1), rel=1e-9)
+
+
 def test_shipped_tile_fit_reproduces_its_recorded_error() -> None:
     from simulator.calibrate import CALIBRATION_PATH, load_vidur
     from simulator.gemm_fit import gemm_rows, predict_tiles
