@@ -116,6 +116,7 @@ class HostCost:
     per_stream_s: float
     per_request_s: float = 0.0
     per_row_s: float = 0.0
+    admission_s: float = 0.0  # the server's work to take in an arrival, before the next pass (the replay adds it)
 
     @property
     def source(self) -> str:
@@ -181,13 +182,24 @@ def calibrate_batch1(
         forward_fit = "sweep" if len(np.unique(sweep[:, 0])) >= 2 else "line"
     cost: CostModel | LineForward | SweepForward
     if forward_fit == "sweep":
-        cost = SweepForward.fit(sweep, sizes if host is not None else None)
+        cost = SweepForward.fit(sweep, steps if host is not None else None)  # every pass: a median of many
     elif forward_fit == "line":
         cost = LineForward.fit(fit, f"line fitted to {len(fit)} pass sizes")
     else:
         cost = CostModel(hw, model, fit_cost_params_to_steps(hw, model, fit))
     per_pass, per_stream = (pass_overhead_s(trace), 0.0) if timed else host_line(trace)
-    return HostCost(cost, per_pass, per_stream + host_per_stream, per_request, per_row)
+    admission = admission_s(trace, per_pass) if timed else 0.0
+    return HostCost(cost, per_pass, per_stream + host_per_stream, per_request, per_row, admission)
+
+
+def admission_s(trace: Trace, per_pass_s: float) -> float:
+    """The server's work to take in an arrival (tokenising its prompt, building its state), from a
+    serving calibration at concurrency 1: a request arrives as the one before finishes and waits
+    (`requests.queue_s`) for that work and the server's own work of one pass; the median, less
+    the latter. 0 where the trace records no queue (an engine capture)."""
+    queue = trace.requests["queue_s"].to_numpy(float) if "queue_s" in trace.requests else np.zeros(0)
+    queue = queue[np.isfinite(queue)]
+    return float(max(np.median(queue) - per_pass_s, 0.0)) if len(queue) else 0.0
 
 
 def pass_overhead_s(trace: Trace) -> float:

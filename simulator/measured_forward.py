@@ -17,10 +17,12 @@ profiles its operators on a grid and interpolates:
   interpolated linearly, beyond the largest extrapolated along the last two (never falling); both
   are made non-decreasing in rows (more rows never run faster). The sweep times decode rows in a
   tight loop, where a server's pass runs after its host work has cooled the caches: two factors,
-  the median of the calibration's own passes (timed alone, `steps.forward_s`) over the grid's
-  prediction, carry the grid to a server's passes, one for decode passes (a row per stream) and
-  one for passes with a multi-row stream (a prefill, a denoise span), whose rows differ from
-  decode rows (causal visibility, one KV write each).
+  the median over the calibration's own passes (timed alone, `steps.forward_s`) of measured over
+  the grid's prediction, carry the grid to a server's passes, one for decode passes (a row per
+  stream) and one for passes with a multi-row stream (a prefill, a denoise span), whose rows
+  differ from decode rows (causal visibility, one KV write each). Medians over passes, not over
+  pass sizes: a TIP calibration has two prefill sizes, one of them the process's first pass (35%
+  slower than the rest, a warm-up), and a median of two is their mean.
 - `LineForward.fit(passes)`: where a trace has no rows sweep, `fixed + per_row * rows + per_span
   * keys / rows + per_key * keys` (each >= 0) fitted on its passes.
 

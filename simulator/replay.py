@@ -405,8 +405,13 @@ class Replay(ArrivalStream):
     # ---- the engine ------------------------------------------------------------------
     def engine(self):
         env = self.env
+        admission_s = getattr(self.cost, "admission_s", 0.0)  # a server's work to take in an arrival
+        taken_in = 0  # arrivals whose admission work is paid
         while self.n_done < self.w.n_requests:
             self.pull_arrivals(upto=env.now)
+            if admission_s and self._next_arrival > taken_in:  # at the top of the loop, as the runtime's
+                new, taken_in = self._next_arrival - taken_in, self._next_arrival
+                yield env.timeout(admission_s * new)
             batch = self.scheduler.schedule(self)
             if not batch:
                 if self.running:

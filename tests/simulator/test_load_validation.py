@@ -15,6 +15,7 @@ from simulator.hardware import host_cpu_spec
 from simulator.load_validation import (
     BREAKDOWN_COLUMNS,
     HostCost,
+    admission_s,
     calibrate_batch1,
     host_line,
     host_terms,
@@ -31,7 +32,7 @@ from simulator.simtrace import write_simulated_trace
 from simulator.validation import PASS_COLUMNS, pass_frame
 from simulator.workload import load_workload
 from solm.cli import main
-from tests.simulator.toy_traces import BLOCK_BYTES, MODEL_META, LinearCost, pasta, seq, write_toy_trace
+from tests.simulator.toy_traces import BLOCK_BYTES, MODEL_META, LinearCost, pasta, seq, toy_part, write_toy_trace
 
 MODEL = ModelSpec.from_trace_meta(MODEL_META)
 HW = host_cpu_spec(2)
@@ -271,3 +272,28 @@ def test_host_work_is_fitted_on_each_size_once_so_a_stall_does_not_carry_it():
     per_request, per_row, per_stream = host_terms(rows, np.ones_like(rows), host)
     assert per_request + per_stream + per_row == pytest.approx(1.05e-4, rel=1e-6)
     assert per_row == pytest.approx(5e-6, rel=1e-6)
+
+
+class _Admitting(LinearCost):
+    """1 s a pass + 0.25 s a row, and 0.5 s of the server's work to take in each arrival."""
+
+    admission_s = 0.5
+
+
+def test_each_arrival_pays_its_admission_before_the_next_pass(tmp_path):
+    # two requests far apart (an idle server each time), then two arriving together
+    reqs, arrivals = [seq(4, 3)] * 4, [0.0, 100.0, 200.0, 200.0]
+    w = load_workload(write_toy_trace(tmp_path / "t", reqs, [4] * 4, arrivals=list(arrivals)))
+    part = toy_part()
+    plain = replay(w, part, MODEL, ReplayConfig(max_seqs=4), cost=LinearCost()).requests
+    admitted = replay(w, part, MODEL, ReplayConfig(max_seqs=4), cost=_Admitting()).requests
+    gain = (admitted["ttft_s"] - plain["ttft_s"]).to_numpy()
+    assert np.allclose(gain, [0.5, 0.5, 1.0, 1.0])  # the two that came together are taken in one after the other
+    assert np.allclose((admitted["e2e_s"] - plain["e2e_s"]).to_numpy(), gain)
+
+
+def test_admission_is_the_calibrations_queue_less_one_passs_own_work():
+    requests = pd.DataFrame({"queue_s": [0.0004, 0.0005, 0.0006, np.nan]})
+    trace = type("T", (), {"requests": requests})()
+    assert admission_s(trace, per_pass_s=0.0001) == pytest.approx(0.0004)
+    assert admission_s(type("T", (), {"requests": pd.DataFrame({"queue_s": [np.nan]})})(), 0.0001) == 0.0
