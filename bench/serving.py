@@ -426,13 +426,16 @@ def breakdown_by_batch(setups: dict) -> dict:
     host work and of the server's own work per pass, measured and predicted (us)."""
 
     def summarise(b: np.ndarray) -> dict:
+        multi = b[:, 7] > 0
         return {
             "forward_ratio": float(np.median(b[:, 1] / b[:, 2])),
+            "multi_row_passes": int(multi.sum()),
+            "multi_row_forward_ratio": float(np.median(b[multi, 1] / b[multi, 2])) if multi.sum() >= 3 else None,
             "host_us": [float(np.median(b[:, 3]) * 1e6), float(np.median(b[:, 4]) * 1e6)],
             "server_us": [float(np.median(b[:, 5]) * 1e6), float(np.median(b[:, 6]) * 1e6)],
         }
 
-    return {name: _by_requests(s.breakdowns, 7, summarise) for name, s in setups.items()}
+    return {name: _by_requests(s.breakdowns, 8, summarise) for name, s in setups.items()}
 
 
 def sweep_fit(setups: dict) -> dict:
@@ -468,6 +471,14 @@ def print_breakdown(by: dict, fit: dict) -> None:
                 f"{n}: {v['forward_ratio']:.2f} {v['host_us'][0]:.0f}/{v['host_us'][1]:.0f} "
                 f"{v['server_us'][0]:.0f}/{v['server_us'][1]:.0f}"
                 for n, v in rows.items()
+            ]
+            print(f"  {name:10s} " + "  ".join(cells))
+        print(
+            "forward measured / predicted of the passes with a multi-row stream (a prefill), by requests in the pass:"
+        )
+        for name, rows in by.items():
+            cells = [
+                f"{n}: {v['multi_row_forward_ratio']:.2f}" for n, v in rows.items() if v["multi_row_forward_ratio"]
             ]
             print(f"  {name:10s} " + "  ".join(cells))
 

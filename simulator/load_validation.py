@@ -431,14 +431,15 @@ def pass_time_ratios(trace: Trace, cost: HostCost) -> np.ndarray:
     return np.column_stack([p[ok, 4], total[ok] / pred[ok]])
 
 
-BREAKDOWN_COLUMNS = ("requests", "forward", "forward_pred", "host", "host_pred", "other", "other_pred")
+BREAKDOWN_COLUMNS = ("requests", "forward", "forward_pred", "host", "host_pred", "other", "other_pred", "multi_row")
 
 
 def pass_breakdown(trace: Trace, cost: HostCost) -> np.ndarray:
     """Where a pass's time goes, measured beside predicted (seconds; `BREAKDOWN_COLUMNS`), for every
     pass the next one followed at once, on a trace that times the forward alone (minor 3; else no
     rows): the forward (`forward_s`), the requests' host work (the sum of their `host_s`) and the
-    server's own work (the rest, start to next start)."""
+    server's own work (the rest, start to next start); `multi_row` 1 for a pass with a multi-row
+    stream (a prefill, a denoise span)."""
     timed = _back_to_back(trace, cost)
     if timed is None:
         return np.zeros((0, len(BREAKDOWN_COLUMNS)))
@@ -450,7 +451,16 @@ def pass_breakdown(trace: Trace, cost: HostCost) -> np.ndarray:
     host_pred = cost.per_stream_s * p[:, 3] + cost.per_row_s * p[:, 0] + cost.per_request_s * p[:, 4]
     other = total[ok] - forward[ok] - host[ok]
     return np.column_stack(
-        [p[:, 4], forward[ok], forward_pred, host[ok], host_pred, other, np.full(len(p), cost.per_pass_s)]
+        [
+            p[:, 4],
+            forward[ok],
+            forward_pred,
+            host[ok],
+            host_pred,
+            other,
+            np.full(len(p), cost.per_pass_s),
+            p[:, 0] > p[:, 3],
+        ]
     )
 
 
