@@ -278,6 +278,7 @@ class Replay(ArrivalStream):
         self.pass_costs: dict[tuple[int, int, int, int], float] = {}  # exact pass shape -> seconds
         self._scalar_exact = getattr(getattr(cost, "par", None), "pp", 1) == 1
         self.n_done = 0
+        self.n_arrived = 0  # arrivals so far (the engine pays each one's admission work, `HostCost.admission_s`)
         self.n_pass = 0
         self._wakeup: simpy.Event | None = None
         self.done = [self.env.event() for _ in range(n)] if config.arrival == "closed" else []
@@ -333,6 +334,7 @@ class Replay(ArrivalStream):
     # ---- request lifecycle ------------------------------------------------------------
     def arrive(self, r: int, t: float) -> None:
         self.arrival_s[r] = t
+        self.n_arrived += 1
         self.events.append((r, "arrive", t))
         problem = self._admissible(r)
         if problem:
@@ -406,11 +408,11 @@ class Replay(ArrivalStream):
     def engine(self):
         env = self.env
         admission_s = getattr(self.cost, "admission_s", 0.0)  # a server's work to take in an arrival
-        taken_in = 0  # arrivals whose admission work is paid
+        taken_in = 0  # arrivals whose admission work is paid (open loop or closed)
         while self.n_done < self.w.n_requests:
             self.pull_arrivals(upto=env.now)
-            if admission_s and self._next_arrival > taken_in:  # at the top of the loop, as the runtime's
-                new, taken_in = self._next_arrival - taken_in, self._next_arrival
+            if admission_s and self.n_arrived > taken_in:  # at the top of the loop, as the runtime's
+                new, taken_in = self.n_arrived - taken_in, self.n_arrived
                 yield env.timeout(admission_s * new)
             batch = self.scheduler.schedule(self)
             if not batch:

@@ -290,6 +290,11 @@ def test_each_arrival_pays_its_admission_before_the_next_pass(tmp_path):
     gain = (admitted["ttft_s"] - plain["ttft_s"]).to_numpy()
     assert np.allclose(gain, [0.5, 0.5, 1.0, 1.0])  # the two that came together are taken in one after the other
     assert np.allclose((admitted["e2e_s"] - plain["e2e_s"]).to_numpy(), gain)
+    # a closed loop (each request sent as the last one ends) pays it for every request too
+    closed = [
+        replay(w, part, MODEL, ReplayConfig(concurrency=1), cost=c).requests for c in (LinearCost(), _Admitting())
+    ]
+    assert np.allclose((closed[1]["ttft_s"] - closed[0]["ttft_s"]).to_numpy(), 0.5)
 
 
 def test_admission_is_the_calibrations_queue_less_one_passs_own_work():
