@@ -29,6 +29,11 @@ batch-1 trace replayed at Poisson rates, one seed per repeat), measured figures 
 `pass_time_ratio_by_batch`: per system and batch size, measured / predicted pass time over every
 load run (p10, median): flat when the simulator knows how a pass grows with the batch, whatever
 the machine's load does to the level.
+`pass_breakdown_by_batch`: the same passes split into the forward (`steps.forward_s`), the
+requests' host work and the server's own work, measured beside predicted, and the forward of the
+passes that carry a prefill apart; `forward_fit_on_rows_sweep`: how each calibration's forward
+predicts the rows sweep it was fitted on. `--forward-fit` picks how the calibration costs the
+forward (default: on a CPU the rows sweep's grid, `simulator.measured_forward`).
 
     .venv/bin/python bench/serving.py [--quick] [--repeats 3] [--n 24] [--work DIR] [--calibration server|engine] [--calibrate-once] [--no-rows-sweep] [--forward-fit auto|sweep|line|roofline]
 
