@@ -84,8 +84,10 @@ class LineForward:
         self, query_tokens: Number, kv_tokens_read: Number, query_groups: Number = 1, logit_tokens: Number | None = None
     ) -> Number:
         if isinstance(query_tokens, np.ndarray) or isinstance(kv_tokens_read, np.ndarray):
-            q, kv = np.asarray(query_tokens, float), np.asarray(kv_tokens_read, float)
-            return self.fixed_s + self.per_row_s * q + self.per_span_s * kv / np.maximum(q, 1.0) + self.per_key_s * kv
+            qa, kva = np.asarray(query_tokens, float), np.asarray(kv_tokens_read, float)
+            return (
+                self.fixed_s + self.per_row_s * qa + self.per_span_s * kva / np.maximum(qa, 1.0) + self.per_key_s * kva
+            )
         q, kv = float(query_tokens), float(kv_tokens_read)
         return self.fixed_s + self.per_row_s * q + self.per_span_s * kv / max(q, 1.0) + self.per_key_s * kv
 
