@@ -17,6 +17,12 @@ shows both, on the same machine and model, without serving more than one request
 The KV slots hold zeros (a pass's time does not depend on the values) and no engine work runs:
 what is timed is the forward the server times for a pass, nothing else.
 
+`idle_sweep(model)`: the same forward right after the process slept for 2-200 ms against the
+same forward back to back. A server between arrivals sleeps; on this CPU the pass that follows
+runs slower the longer it slept (about 1.1x after 50 ms, 1.2x after 200 ms: the cores clock down
+and the caches go cold), and a closed-loop calibration, whose next request arrives as the last
+one ends, never sleeps. Recorded beside the sweep (`meta["rows_sweep"]["after_idle"]`).
+
     from runtime.rows_sweep import rows_sweep
     rows_sweep(model, page_size=16)   # [{"rows": 1, "slots": 80, "keys": 80, "duration_s": ...}, ...]
 
@@ -38,6 +44,44 @@ ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 SLOTS = (64, 128, 256, 512, 1024)
 REPS = 5
 WARMUP = 5  # untimed passes before the first shape
+IDLE_SHAPES = ((1, 64), (24, 512))  # (rows, slots): a lone decode, and a prefill-sized pass over a full pool
+IDLE_SLEEPS_S = (0.002, 0.01, 0.05, 0.2)
+IDLE_REPS = 7
+
+
+def idle_sweep(
+    model,
+    page_size: int = 16,
+    attention: str = "mask",
+    shapes: tuple[tuple[int, int], ...] = IDLE_SHAPES,
+    sleeps_s: tuple[float, ...] = IDLE_SLEEPS_S,
+    reps: int = IDLE_REPS,
+) -> list[dict]:
+    """Per shape and sleep: rows, slots, the sleep, and the median seconds of the forward back to
+    back (`busy_s`: after two passes of the shape) and right after the sleep (`after_idle_s`)."""
+    out = []
+    for r, s in shapes:
+        kv = model.new_kv_store(page_size=page_size)
+        context = [kv.allocate(max(s // r, 1), owner=i) for i in range(r)]
+        for _ in range(WARMUP):
+            timed_pass(model, kv, context, attention)
+        for idle in sleeps_s:
+            busy, after = [], []
+            for _ in range(reps):
+                timed_pass(model, kv, context, attention)
+                busy.append(timed_pass(model, kv, context, attention)[0])
+                time.sleep(idle)
+                after.append(timed_pass(model, kv, context, attention)[0])
+            out.append(
+                {
+                    "rows": r,
+                    "slots": s,
+                    "idle_s": idle,
+                    "busy_s": statistics.median(busy),
+                    "after_idle_s": statistics.median(after),
+                }
+            )
+    return out
 
 
 def rows_sweep(
@@ -59,17 +103,25 @@ def rows_sweep(
             times, keys, span = [], 0, 0
             warm = 1 if out else WARMUP  # the process's first passes are slower still
             for rep in range(warm + reps):
-                inputs = decode_rows(kv, context)
-                t0 = time.perf_counter()
-                logits, _, scored = forward_batch(model, kv, inputs, attention)
-                if logits.device.type == "cuda":
-                    torch.cuda.synchronize()
+                dt, keys, span = timed_pass(model, kv, context, attention)
                 if rep >= warm:  # the first pass of a shape warms its buffers
-                    times.append(time.perf_counter() - t0)
-                keys, span = sum(scored), kv.num_slots
-                kv.free([slot for inp in inputs for slot in inp.slots])
+                    times.append(dt)
             out.append({"rows": r, "slots": int(span), "keys": int(keys), "duration_s": statistics.median(times)})
     return out
+
+
+def timed_pass(model, kv, context: list[list[int]], attention: str) -> tuple[float, int, int]:
+    """One batched decode pass (a row per request of `context`), its new slots freed after:
+    (forward seconds, keys scored, the pool's slot span)."""
+    inputs = decode_rows(kv, context)
+    t0 = time.perf_counter()
+    logits, _, scored = forward_batch(model, kv, inputs, attention)
+    if logits.device.type == "cuda":
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    keys, span = sum(scored), kv.num_slots
+    kv.free([slot for inp in inputs for slot in inp.slots])
+    return dt, keys, span
 
 
 def decode_rows(kv, context: list[list[int]]) -> list[PassInputs]:

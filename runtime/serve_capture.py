@@ -229,13 +229,14 @@ def load_arrivals(load: LoadConfig, prompts: list[str], seed: int):
 
 def rows_sweep_meta(model, page_size: int, attention: str) -> dict:
     """meta.json `rows_sweep` (`--rows-sweep`): the forward timed over rows x pool sizes."""
-    from runtime.rows_sweep import REPS, rows_sweep
+    from runtime.rows_sweep import REPS, idle_sweep, rows_sweep
 
     return {
         "what": "batched decode passes of R requests over a pool of S slots: forward only, median of reps",
         "reps": REPS,
         "attention": attention,
         "passes": rows_sweep(model, page_size, attention),
+        "after_idle": idle_sweep(model, page_size, attention),
     }
 
 

@@ -117,6 +117,15 @@ class HostCost:
     per_request_s: float = 0.0
     per_row_s: float = 0.0
     admission_s: float = 0.0  # the server's work to take in an arrival, before the next pass (the replay adds it)
+    wake_idle_s: tuple[float, ...] = ()  # idle times the rows sweep slept before a pass (`wake_factor`)
+    wake_factor: tuple[float, ...] = ()  # that pass's time over the same pass back to back
+
+    def after_idle(self, idle_s: float) -> float:
+        """How much slower the first pass after `idle_s` of idle runs: 1 with no sweep of it, else
+        linear between the slept times (1 at no idle), the longest's beyond it."""
+        if not self.wake_idle_s or idle_s <= 0:
+            return 1.0
+        return float(np.interp(idle_s, (0.0, *self.wake_idle_s), (1.0, *self.wake_factor)))
 
     @property
     def source(self) -> str:
@@ -189,7 +198,21 @@ def calibrate_batch1(
         cost = CostModel(hw, model, fit_cost_params_to_steps(hw, model, fit))
     per_pass, per_stream = (pass_overhead_s(trace), 0.0) if timed else host_line(trace)
     admission = admission_s(trace, per_pass) if timed else 0.0
-    return HostCost(cost, per_pass, per_stream + host_per_stream, per_request, per_row, admission)
+    idle, factor = wake_factors(trace.meta)
+    return HostCost(cost, per_pass, per_stream + host_per_stream, per_request, per_row, admission, idle, factor)
+
+
+def wake_factors(meta: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """From a calibration's idle sweep (`runtime.rows_sweep.idle_sweep`, `meta["rows_sweep"]
+    ["after_idle"]`): per slept time, the median over its shapes of a pass right after the sleep
+    over the same pass back to back, at least 1 and never falling with the time slept; () where
+    the capture has none."""
+    rows = (meta.get("rows_sweep") or {}).get("after_idle") or []
+    sleeps = sorted({float(r["idle_s"]) for r in rows})
+    factors = [
+        float(np.median([r["after_idle_s"] / r["busy_s"] for r in rows if float(r["idle_s"]) == s])) for s in sleeps
+    ]
+    return tuple(sleeps), tuple(np.maximum.accumulate(np.maximum(factors, 1.0)).tolist()) if factors else ()
 
 
 def admission_s(trace: Trace, per_pass_s: float) -> float:

@@ -408,7 +408,9 @@ class Replay(ArrivalStream):
     def engine(self):
         env = self.env
         admission_s = getattr(self.cost, "admission_s", 0.0)  # a server's work to take in an arrival
+        after_idle = getattr(self.cost, "after_idle", None)  # the first pass after idling runs slower
         taken_in = 0  # arrivals whose admission work is paid (open loop or closed)
+        idle_s = 0.0  # how long the engine idled before the pass it plans next
         while self.n_done < self.w.n_requests:
             self.pull_arrivals(upto=env.now)
             if admission_s and self.n_arrived > taken_in:  # at the top of the loop, as the runtime's
@@ -419,9 +421,16 @@ class Replay(ArrivalStream):
                 if self.running:
                     raise RuntimeError(f"scheduler returned an empty batch with {len(self.running)} running (a bug)")
                 self._wakeup = env.event()
+                slept = env.now
                 yield self._wakeup
+                idle_s += env.now - slept
                 continue
             stretch = self.plan(batch)
+            if after_idle is not None and idle_s > 0:
+                extra = float(stretch.durations_s[0]) * (after_idle(idle_s) - 1.0)
+                stretch.durations_s[0] += extra
+                stretch.starts_s[1:] += extra
+            idle_s = 0.0
             yield from self.device.run(float(stretch.durations_s.sum()), len(stretch.durations_s))
             self.commit(stretch)
             if self.done:  # closed loop: clients of finished requests send their next first

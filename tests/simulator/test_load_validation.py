@@ -25,6 +25,7 @@ from simulator.load_validation import (
     size_medians,
     sweep_passes,
     validate_load,
+    wake_factors,
 )
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
@@ -302,3 +303,34 @@ def test_admission_is_the_calibrations_queue_less_one_passs_own_work():
     trace = type("T", (), {"requests": requests})()
     assert admission_s(trace, per_pass_s=0.0001) == pytest.approx(0.0004)
     assert admission_s(type("T", (), {"requests": pd.DataFrame({"queue_s": [np.nan]})})(), 0.0001) == 0.0
+
+
+def test_the_first_pass_after_the_server_idled_runs_as_much_slower_as_the_sweep_measured(tmp_path):
+    meta = {
+        "rows_sweep": {
+            "after_idle": [
+                {"rows": r, "slots": 64, "idle_s": idle, "busy_s": 1.0, "after_idle_s": f}
+                for r, pairs in ((1, ((0.01, 1.1), (0.1, 1.3))), (24, ((0.01, 0.9), (0.1, 1.5))))
+                for idle, f in pairs
+            ]
+        }
+    }
+    idle, factor = wake_factors(meta)
+    assert idle == (0.01, 0.1) and factor == pytest.approx((1.0, 1.4))  # medians, at least 1, never falling
+    assert wake_factors({}) == ((), ())
+    cost = HostCost(LinearCost(), 0.0, 0.0, wake_idle_s=(0.01, 0.1), wake_factor=(1.2, 1.4))
+    assert cost.after_idle(0.0) == 1.0 and cost.after_idle(0.005) == pytest.approx(1.1)
+    assert cost.after_idle(0.055) == pytest.approx(1.3) and cost.after_idle(10.0) == pytest.approx(1.4)
+
+    class Waking(LinearCost):
+        def after_idle(self, idle_s):
+            return 2.0 if idle_s > 0 else 1.0
+
+    # one request at 0 (the engine had not idled), one at 100 s (after an idle wait): only its first pass doubles
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3)] * 2, [4] * 2, arrivals=[0.0, 100.0]))
+    plain = replay(w, toy_part(), MODEL, ReplayConfig(), cost=LinearCost()).requests
+    woken = replay(w, toy_part(), MODEL, ReplayConfig(), cost=Waking()).requests
+    first = LinearCost().step_time_s(4, 0)  # the 4-row prefill: 1 s + 4 x 0.25 s
+    assert woken["ttft_s"].iloc[0] == pytest.approx(plain["ttft_s"].iloc[0])
+    assert woken["ttft_s"].iloc[1] == pytest.approx(plain["ttft_s"].iloc[1] + first)
+    assert woken["e2e_s"].iloc[1] == pytest.approx(plain["e2e_s"].iloc[1] + first)
