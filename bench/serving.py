@@ -35,7 +35,7 @@ passes that carry a prefill apart; `forward_fit_on_rows_sweep`: how each calibra
 predicts the rows sweep it was fitted on. `--forward-fit` picks how the calibration costs the
 forward (default: on a CPU the rows sweep's grid, `simulator.measured_forward`).
 
-    .venv/bin/python bench/serving.py [--quick] [--repeats 3] [--n 24] [--work DIR] [--calibration server|engine] [--calibrate-once] [--no-rows-sweep] [--forward-fit auto|sweep|line|roofline]
+    .venv/bin/python bench/serving.py [--quick] [--repeats 3] [--n 24] [--work DIR] [--calibration server|engine] [--calibrate-once] [--no-rows-sweep] [--idle-sweep] [--forward-fit auto|sweep|line|roofline]
 
 `--work DIR` keeps every capture in DIR and reuses the ones already there: the same measurements
 re-predicted by another simulator (run it again with the same flags).
@@ -196,10 +196,11 @@ class Setup:
         calibration: str = "server",
         rows_sweep: bool = True,
         forward_fit: str = "auto",
+        idle_sweep: bool = False,
     ) -> None:
         self.name = name
         self.work, self.n, self.n_cal, self.calibration, self.rows_sweep = work, n, n_cal, calibration, rows_sweep
-        self.forward_fit = forward_fit
+        self.forward_fit, self.idle_sweep = forward_fit, idle_sweep
         self.cal = self.calibration_trace(0)
         self.alone = read_trace(capture(name, work / f"{name}-alone", "test", n))
         self._alone = {0: self.alone}
@@ -207,7 +208,7 @@ class Setup:
         self.breakdowns: list[np.ndarray] = []  # per load run: `pass_breakdown` rows
         self.model = ModelSpec.from_trace_meta(self.cal.meta)
         self.hw = trace_hardware(self.cal.meta)
-        self.cost = calibrate_batch1(self.cal, self.hw, self.model, rows_sweep, forward_fit)
+        self.cost = calibrate_batch1(self.cal, self.hw, self.model, rows_sweep, forward_fit, idle_sweep)
         self.costs = {0: self.cost}  # per repeat: the calibration captured just before its load runs
         self.sweep_passes = len(sweep_passes(self.cal.meta)) if rows_sweep else 0
         self.slo = slo_of(self.cal)
@@ -226,7 +227,7 @@ class Setup:
         """Capture and fit repeat `rep`'s own calibration (the first repeat's is the setup's)."""
         if rep not in self.costs:
             self.costs[rep] = calibrate_batch1(
-                self.calibration_trace(rep), self.hw, self.model, self.rows_sweep, self.forward_fit
+                self.calibration_trace(rep), self.hw, self.model, self.rows_sweep, self.forward_fit, self.idle_sweep
             )
 
     def cost_for(self, rep: int):
@@ -548,6 +549,12 @@ def main() -> None:
         help="calibrate on the batch-1 passes alone, without the rows sweep the server calibration records",
     )
     ap.add_argument(
+        "--idle-sweep",
+        action="store_true",
+        help="predict with the calibration's idle sweep too: the first pass after the server slept runs as much "
+        "slower as the capture measured (off by default)",
+    )
+    ap.add_argument(
         "--forward-fit",
         choices=FORWARD_FITS,
         default="auto",
@@ -575,7 +582,8 @@ def main() -> None:
         work = args.work or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="solm-serving-")))
         work.mkdir(parents=True, exist_ok=True)
         setups = {
-            name: Setup(name, work, n, n, args.calibration, not args.no_rows_sweep, args.forward_fit) for name in names
+            name: Setup(name, work, n, n, args.calibration, not args.no_rows_sweep, args.forward_fit, args.idle_sweep)
+            for name in names
         }
         capacity = {}
         for name, s in setups.items():
@@ -613,6 +621,7 @@ def main() -> None:
         "calibration_rows_sweep_passes": {name: s.sweep_passes for name, s in setups.items()},
         "calibration_per_repeat": not args.calibrate_once,
         "forward_fit": args.forward_fit,
+        "idle_sweep": args.idle_sweep,
         "forward_source": {name: s.cost.source for name, s in setups.items()},
         "slo_rule": f"TTFT <= {SLO_TTFT_X:g}x and TPOT <= {SLO_TPOT_X:g}x the system's batch-1 medians",
         "e2e_p50_mape_percent": mape(rows, LOW, "e2e_p50_ms"),

@@ -164,13 +164,21 @@ FORWARD_FITS = ("auto", "sweep", "line", "roofline")
 
 
 def calibrate_batch1(
-    trace: Trace, hw: HardwareSpec, model: ModelSpec, rows_sweep: bool = True, forward_fit: str = "auto"
+    trace: Trace,
+    hw: HardwareSpec,
+    model: ModelSpec,
+    rows_sweep: bool = True,
+    forward_fit: str = "auto",
+    idle_sweep: bool = False,
 ) -> HostCost:
     """The cost of a pass, fitted on a batch-1 trace only (see the module docstring); with the rows
     sweep its capture recorded unless `rows_sweep` is False. `forward_fit` (`simulator.measured_forward`):
     "sweep" interpolates the rows sweep's grid, "line" fits a line in rows, span and keys,
     "roofline" rescales the cost model's priors (`fit_cost_params_to_steps`); "auto", for a trace
-    captured on a CPU, the sweep where there is one and the line otherwise, else the roofline."""
+    captured on a CPU, the sweep where there is one and the line otherwise, else the roofline.
+    `idle_sweep` True also slows the first pass after the server idled by what the capture's idle
+    sweep measured (off by default: on the dev captures it helped the full run's TTFT and hurt the
+    quick run's, docs/serving.md)."""
     if forward_fit not in FORWARD_FITS:
         raise UsageError(f"forward fit {forward_fit!r}: choose one of {', '.join(FORWARD_FITS)}")
     frame = pass_frame(trace.steps)
@@ -198,7 +206,7 @@ def calibrate_batch1(
         cost = CostModel(hw, model, fit_cost_params_to_steps(hw, model, fit))
     per_pass, per_stream = (pass_overhead_s(trace), 0.0) if timed else host_line(trace)
     admission = admission_s(trace, per_pass) if timed else 0.0
-    idle, factor = wake_factors(trace.meta)
+    idle, factor = wake_factors(trace.meta) if idle_sweep else ((), ())
     return HostCost(cost, per_pass, per_stream + host_per_stream, per_request, per_row, admission, idle, factor)
 
 
