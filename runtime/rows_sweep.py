@@ -19,14 +19,15 @@ what is timed is the forward the server times for a pass, nothing else.
 
 `idle_sweep(model)`: the same forward right after the process slept for 2-200 ms against the
 same forward back to back. A server between arrivals sleeps; on this CPU the pass that follows
-runs slower the longer it slept (about 1.1x after 50 ms, 1.2x after 200 ms: the cores clock down
-and the caches go cold), and a closed-loop calibration, whose next request arrives as the last
-one ends, never sleeps. Recorded beside the sweep (`meta["rows_sweep"]["after_idle"]`).
+runs slower the longer it slept (`python -m runtime.rows_sweep --model tip-tiny --idle` printed
+1.19-1.30x after 50 ms on the idle machine: the cores clock down and the caches go cold), and a
+closed-loop calibration, whose next request arrives as the last one ends, never sleeps. Recorded beside the sweep (`meta["rows_sweep"]["after_idle"]`).
 
     from runtime.rows_sweep import rows_sweep
     rows_sweep(model, page_size=16)   # [{"rows": 1, "slots": 80, "keys": 80, "duration_s": ...}, ...]
 
     .venv/bin/python -m runtime.rows_sweep --model tip-tiny   # the sweep as a table (ms), rows x pool
+    .venv/bin/python -m runtime.rows_sweep --model tip-tiny --idle   # a pass after sleeping / back to back
 """
 
 from __future__ import annotations
@@ -144,9 +145,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--attention", default="mask", choices=("mask", "gather"))
     ap.add_argument("--reps", type=int, default=REPS, help=f"timings per shape, the median kept (default {REPS})")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as solm capture)")
+    ap.add_argument("--idle", action="store_true", help="the idle sweep instead: a pass after sleeping vs back to back")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, _ = load_model(args.model, "cpu")
+    if args.idle:
+        print(
+            f"{args.model}, {args.attention} attention: forward after sleeping / back to back (median of {IDLE_REPS})"
+        )
+        print("rows slots " + "".join(f"{s * 1e3:>8g}ms" for s in IDLE_SLEEPS_S))
+        idle = idle_sweep(model, attention=args.attention)
+        for r, s in IDLE_SHAPES:
+            cells = [p["after_idle_s"] / p["busy_s"] for p in idle if p["rows"] == r and p["slots"] == s]
+            print(f"{r:4d} {s:5d} " + "".join(f"{c:10.3f}" for c in cells))
+        return
     out = rows_sweep(model, attention=args.attention, reps=args.reps)
     print(f"{args.model}, {args.attention} attention: forward ms (median of {args.reps}) by rows x pool slots asked")
     print("rows " + "".join(f"{s:>8d}" for s in SLOTS))
