@@ -59,14 +59,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from profiler.reader import read_trace  # noqa: E402
+from simulator.load_calibration import FORWARD_FITS, calibrate_batch1, sweep_passes  # noqa: E402
 from simulator.load_validation import (  # noqa: E402
-    FORWARD_FITS,
-    calibrate_batch1,
     pass_breakdown,
     pass_time_ratios,
     serving_config,
     summarize_run,
-    sweep_passes,
     validate_one,
 )
 from simulator.models import ModelSpec  # noqa: E402

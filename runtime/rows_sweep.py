@@ -5,7 +5,7 @@ requests (one query row each, R in `ROWS`) over a pool of S slots (S in `SLOTS`;
 holds S // R of them), with the server's attention (`mask`: every row scores the whole pool;
 `gather`: each request its own slots). Per shape: rows, keys the attention scored, the median of
 `reps` timings. `solm capture --concurrency 1 --rows-sweep` records it in the calibration trace's
-meta (`meta["rows_sweep"]`), and `simulator.load_validation.calibrate_batch1` fits the forward on
+meta (`meta["rows_sweep"]`), and `simulator.load_calibration.calibrate_batch1` fits the forward on
 it beside the trace's own passes.
 
 Why: a batch-1 trace of a sequential or TIP model has passes of 1 row (decodes) and of 10-40

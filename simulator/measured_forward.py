@@ -27,7 +27,7 @@ profiles its operators on a grid and interpolates:
   * keys / rows + per_key * keys` (each >= 0) fitted on its passes.
 
 Both answer `step_time_s` as `CostModel` does (floats or arrays), so a replay takes them in its
-place (`load_validation.HostCost.forward`). `keys / rows` is the span a row sees: under mask
+place (`load_calibration.HostCost.forward`). `keys / rows` is the span a row sees: under mask
 attention the pool's slots, with per-request gathers the mean visible KV.
 """
 

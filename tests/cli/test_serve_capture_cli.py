@@ -97,7 +97,7 @@ def test_rows_sweep_is_kept_in_the_meta(tmp_path):
     """`--rows-sweep`: the forward timed over rows x pool sizes after serving, in meta.json, what
     `solm validate --calibrate-from` fits beside the passes."""
     from runtime.rows_sweep import ROWS, SLOTS
-    from simulator.load_validation import sweep_passes
+    from simulator.load_calibration import sweep_passes
 
     out = tmp_path / "t"
     r = solm(

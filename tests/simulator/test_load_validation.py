@@ -12,21 +12,18 @@ import pytest
 from profiler.reader import read_trace
 from simulator.cost import CostModel, CostParams
 from simulator.hardware import host_cpu_spec
-from simulator.load_validation import (
-    BREAKDOWN_COLUMNS,
+from simulator.load_calibration import (
     HostCost,
     admission_s,
     calibrate_batch1,
     host_line,
     host_terms,
     pass_arrays,
-    pass_breakdown,
-    serving_config,
     size_medians,
     sweep_passes,
-    validate_load,
     wake_factors,
 )
+from simulator.load_validation import BREAKDOWN_COLUMNS, pass_breakdown, serving_config, validate_load
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
 from simulator.simtrace import write_simulated_trace

@@ -10,7 +10,7 @@ import pytest
 from profiler.errors import UsageError
 from profiler.reader import read_trace
 from simulator.cost import CostModel
-from simulator.load_validation import calibrate_batch1
+from simulator.load_calibration import calibrate_batch1
 from simulator.measured_forward import LineForward, SweepForward
 from tests.simulator.test_load_validation import HW, MODEL, TRUTH, _requests
 from tests.simulator.toy_traces import write_toy_trace
