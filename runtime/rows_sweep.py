@@ -21,7 +21,8 @@ what is timed is the forward the server times for a pass, nothing else.
 same forward back to back. A server between arrivals sleeps; on this CPU the pass that follows
 runs slower the longer it slept (`python -m runtime.rows_sweep --model tip-tiny --idle` printed
 1.19-1.30x after 50 ms on the idle machine: the cores clock down and the caches go cold), and a
-closed-loop calibration, whose next request arrives as the last one ends, never sleeps. Recorded beside the sweep (`meta["rows_sweep"]["after_idle"]`).
+closed-loop calibration, whose next request arrives as the last one ends, never sleeps. Recorded
+beside the sweep (`meta["rows_sweep"]["after_idle"]`).
 
     from runtime.rows_sweep import rows_sweep
     rows_sweep(model, page_size=16)   # [{"rows": 1, "slots": 80, "keys": 80, "duration_s": ...}, ...]
@@ -62,8 +63,7 @@ def idle_sweep(
     back (`busy_s`: after two passes of the shape) and right after the sleep (`after_idle_s`)."""
     out = []
     for r, s in shapes:
-        kv = model.new_kv_store(page_size=page_size)
-        context = [kv.allocate(max(s // r, 1), owner=i) for i in range(r)]
+        kv, context = decode_context(model, page_size, r, s)
         for _ in range(WARMUP):
             timed_pass(model, kv, context, attention)
         for idle in sleeps_s:
@@ -99,8 +99,7 @@ def rows_sweep(
     out = []
     for s in slots:
         for r in rows:
-            kv = model.new_kv_store(page_size=page_size)
-            context = [kv.allocate(max(s // r, 1), owner=i) for i in range(r)]
+            kv, context = decode_context(model, page_size, r, s)
             times, keys, span = [], 0, 0
             warm = 1 if out else WARMUP  # the process's first passes are slower still
             for rep in range(warm + reps):
@@ -109,6 +108,12 @@ def rows_sweep(
                     times.append(dt)
             out.append({"rows": r, "slots": int(span), "keys": int(keys), "duration_s": statistics.median(times)})
     return out
+
+
+def decode_context(model, page_size: int, rows: int, slots: int):
+    """A fresh KV store and `rows` requests' contexts in it, each holding `slots // rows` slots."""
+    kv = model.new_kv_store(page_size=page_size)
+    return kv, [kv.allocate(max(slots // rows, 1), owner=i) for i in range(rows)]
 
 
 def timed_pass(model, kv, context: list[list[int]], attention: str) -> tuple[float, int, int]:

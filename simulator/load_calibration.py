@@ -55,10 +55,11 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return 0.0, float(np.median(y) / np.median(x))
 
 
-def pass_host_s(trace: Trace) -> np.ndarray | None:
-    """Per forward pass (the rows of `pass_arrays`), the engine's own host work (`steps.host_s`: building
-    rows, sampling, bookkeeping), or None where the trace does not record it (schema_minor < 2)."""
-    host = pass_frame(trace.steps)["host_s"].to_numpy(float)
+def pass_host_s(frame) -> np.ndarray | None:
+    """Per forward pass of `frame` (`simulator.validation.pass_frame`), the engine's own host work
+    (`steps.host_s`: building rows, sampling, bookkeeping), or None where the trace does not record
+    it (schema_minor < 2)."""
+    host = frame["host_s"].to_numpy(float)
     return host if len(host) and np.isfinite(host).all() else None
 
 
@@ -93,7 +94,12 @@ class HostCost:
     def step_time_s(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None):
         t = self.forward_s(query_tokens, kv_tokens_read, query_groups, logit_tokens)
         groups = np.asarray(query_groups, float) if isinstance(t, np.ndarray) else float(query_groups)
-        return t + self.per_pass_s + self.per_stream_s * groups + self.per_row_s * query_tokens
+        return t + self.per_pass_s + self.host_work_s(query_tokens, groups)
+
+    def host_work_s(self, query_tokens, query_groups, requests=0):
+        """The requests' own host work in a pass of these rows and streams: the per-row and per-stream
+        terms, plus the per-request one for `requests` (the replay adds that one itself: 0)."""
+        return self.per_stream_s * query_groups + self.per_row_s * query_tokens + self.per_request_s * requests
 
     def forward_s(self, query_tokens, kv_tokens_read, query_groups, logit_tokens=None):
         """The forward pass alone (no host work)."""
@@ -142,7 +148,7 @@ def calibrate_batch1(
     steps = frame[PASS_COLUMNS].to_numpy(float)[:, :4]
     if len(steps) < 4:
         raise UsageError(f"{trace.path}: the calibration trace has {len(steps)} forward passes; need >= 4")
-    host = pass_host_s(trace)
+    host = pass_host_s(frame)
     forward = frame["forward_s"].to_numpy(float)
     timed = host is not None and np.isfinite(forward).all()  # minor 3: each pass's forward timed apart
     per_request = per_row = host_per_stream = 0.0

@@ -258,7 +258,7 @@ def pass_time_ratios(trace: Trace, cost: HostCost) -> np.ndarray:
     f, total, ok = timed
     p = f[PASS_COLUMNS].to_numpy(float)
     # the cost's forward and host terms (`HostCost.step_time_s`) plus the requests' own, as the replay adds
-    pred = np.asarray(cost.step_time_s(p[:, 0], p[:, 1], p[:, 3]), float) + cost.per_request_s * p[:, 4]
+    pred = np.asarray(cost.step_time_s(p[:, 0], p[:, 1], p[:, 3]), float) + cost.host_work_s(0, 0, p[:, 4])
     return np.column_stack([p[ok, 4], total[ok] / pred[ok]])
 
 
@@ -279,7 +279,7 @@ def pass_breakdown(trace: Trace, cost: HostCost) -> np.ndarray:
     ok &= np.isfinite(forward) & np.isfinite(host)
     p = f[PASS_COLUMNS].to_numpy(float)[ok]
     forward_pred = np.asarray(cost.forward_s(p[:, 0], p[:, 1], p[:, 3]), float)
-    host_pred = cost.per_stream_s * p[:, 3] + cost.per_row_s * p[:, 0] + cost.per_request_s * p[:, 4]
+    host_pred = cost.host_work_s(p[:, 0], p[:, 3], p[:, 4])
     other = total[ok] - forward[ok] - host[ok]
     return np.column_stack(
         [
