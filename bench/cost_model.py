@@ -26,11 +26,12 @@ repeated) fix a tile parameter or set its lower bound there, to compare variants
 prints the error left once each shape's (and each shape and token band's) median error is taken
 out: what a level per shape could fix at best, against the steps within a shape.
 
-`--transfer` prints only what the two models predict on other parts (no measurement: there is
-no public GEMM data for them here): achieved TFLOP/s and TB/s of Llama-3-8B's GEMMs at 1, 300
-and 4096 tokens on every GPU of the catalog.
+`--transfer` checks both models on parts they were never fitted on: the error on XLA's measured
+bf16 GEMM tables for an H100 SXM and a B200 (simulator/data/xla-gemm, 125 GEMMs each, with a
+datasheet roofline beside them), then what the two models predict for Llama-3-8B's up
+projection at 1, 300 and 4096 tokens on every GPU of the catalog.
 
-    .venv/bin/python bench/cost_model.py [--quick | --transfer | --dev [--fix NAME=VALUE] [--min NAME=VALUE]]
+    .venv/bin/python bench/cost_model.py [--quick | --transfer [--half dev|test] | --dev [--fix NAME=VALUE] [--min NAME=VALUE]]
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from simulator.gemm_fit import (  # noqa: E402
     summary,
     unseen_keys,
 )
+from simulator.gemm_transfer import transfer_errors, transfer_keys  # noqa: E402
 from simulator.hardware import HARDWARE  # noqa: E402
 from simulator.models import get_model  # noqa: E402
 
@@ -72,6 +74,24 @@ def _row(name: str, entry: dict) -> str:
         f"  {name:26s} {tiles['n']:6d}  {tiles['median']:6.1f} {tiles['p90']:6.1f}"
         f"   {old['median']:6.1f} {old['p90']:6.1f}"
     )
+
+
+def measured_transfer(half: str | None) -> dict:
+    """Error of both models (and a datasheet roofline) on XLA's measured H100 and B200 GEMMs."""
+    report = transfer_errors(half=half)
+    print(
+        "Measured GEMMs on parts never fitted (simulator/data/xla-gemm: XLA's bf16 tables, m, n, k in "
+        f"256..4096{f'; the {half} half' if half else ''}): APE % median / p90 (signed median), every GEMM "
+        "and those above 10 us"
+    )
+    for part, models in report.items():
+        for name, entry in models.items():
+            every, kernel = entry["all"], entry["kernel"]
+            print(
+                f"  {part:9s} {name:9s} all ({every['n']:3d}) {every['median']:5.1f} / {every['p90']:5.1f} ({every['signed_median']:+5.1f})"
+                f"   > 10 us ({kernel['n']:3d}) {kernel['median']:5.1f} / {kernel['p90']:5.1f} ({kernel['signed_median']:+5.1f})"
+            )
+    return report
 
 
 def transfer() -> dict:
@@ -156,22 +176,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fit on every 8th token count")
     parser.add_argument(
-        "--transfer", action="store_true", help="only print both models' predictions on the catalog's GPUs"
+        "--transfer",
+        action="store_true",
+        help="only the check on parts never fitted and both models' predictions on the catalog's GPUs",
     )
     parser.add_argument("--dev", action="store_true", help="score the tile model on the dev split of shapes")
     parser.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE", help="with --dev: fix a parameter")
     parser.add_argument(
         "--min", action="append", default=[], metavar="NAME=VALUE", help="with --dev: set a lower bound"
     )
+    parser.add_argument(
+        "--half",
+        choices=("dev", "test"),
+        help="with --transfer: score one seeded half of each measured table (choose on dev, report test)",
+    )
     args = parser.parse_args()
+    if args.half and not args.transfer:
+        parser.error("--half goes with --transfer")
     if args.dev:
         print(json.dumps(dev(_settings(parser, args.fix), _settings(parser, args.min))))
         return
     if args.fix or args.min:
         parser.error("--fix and --min go with --dev")
     if args.transfer:
+        measured = measured_transfer(args.half)
         rows = transfer()
-        print(json.dumps({"bench": "cost_model_transfer", "llama_3_8b_up_proj": rows}))
+        print(
+            json.dumps(
+                {
+                    "bench": "cost_model_transfer",
+                    **transfer_keys(measured),
+                    "measured": measured,
+                    "llama_3_8b_up_proj": rows,
+                }
+            )
+        )
         return
     thin = 8 if args.quick else 2
     start = time.perf_counter()

@@ -19,6 +19,9 @@ What it measures:
 - `a100_unseen_median_ape_percent`, `a100_unseen_p90_ape_percent`: the tile-and-wave GEMM model on
   A100 shapes held out from its fit, with `old_model_unseen_*` beside them (bench/cost_model.py's
   evaluation; `--quick` fits on every 8th token count, else every 2nd).
+- `h100_sxm_tiles_median_ape_percent`, `..._p90_...`, `b200_tiles_*`, and `*_old_*` beside them: the
+  same models on parts never fitted, XLA's measured bf16 GEMM tables (simulator/data/xla-gemm),
+  over the GEMMs above 10 us (`simulator.gemm_transfer`; bench/cost_model.py --transfer).
 - `gpu_cross_check`: for every measured GPU trace in traces/ (bench/gpu_capture.py), the trace
   predicted from its structure and the catalog part alone (`simulator.validation.cross_check`,
   nothing fitted to it) and `validate` on it (calibrated on half); empty until a GPU trace is
@@ -242,9 +245,18 @@ def unseen_gemm_errors(thin: int) -> dict[str, float | int]:
     figures (that bench prints them per op family, token count and fold)."""
     from simulator.calibrate import load_vidur
     from simulator.gemm_fit import holdout_predictions, summary, unseen_keys
+    from simulator.gemm_transfer import transfer_errors, transfer_keys
 
     report = summary(holdout_predictions(load_vidur(), thin=thin))
-    figures: dict[str, float | int] = {**unseen_keys(report), "gemm_fit_every_nth_token_count": thin}
+    measured = transfer_keys(transfer_errors())
+    figures: dict[str, float | int] = {**unseen_keys(report), "gemm_fit_every_nth_token_count": thin, **measured}
+    print(
+        "GEMMs above 10 us on parts never fitted (XLA's H100 SXM and B200 tables), tile model median / p90 APE: "
+        f"H100 {measured['h100_sxm_tiles_median_ape_percent']}% / {measured['h100_sxm_tiles_p90_ape_percent']}%, "
+        f"B200 {measured['b200_tiles_median_ape_percent']}% / {measured['b200_tiles_p90_ape_percent']}% "
+        f"(old model H100 {measured['h100_sxm_old_median_ape_percent']}% / {measured['h100_sxm_old_p90_ape_percent']}%, "
+        f"B200 {measured['b200_old_median_ape_percent']}% / {measured['b200_old_p90_ape_percent']}%)"
+    )
     print(
         f"A100 GEMMs on unseen shapes (tile model fitted on every {thin}th token count): median "
         f"{figures['a100_unseen_median_ape_percent']}%, p90 {figures['a100_unseen_p90_ape_percent']}% "

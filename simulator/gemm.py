@@ -53,6 +53,12 @@ class Tile:
 
     `operand_share` > 1: SMs that compute one MMA together (Blackwell's 2-SM CTA pair) each load
     1/share of its operands from L2 (the label then names the pair's tile).
+    `cluster` > 1: a thread-block cluster of that many CTAs on as many SMs computes tiles that
+    neighbour across the tile's shorter side, so they need the same operand slab along its longer
+    side, which TMA multicast reads from L2 once for all of them (Hopper and later): each SM reads
+    its own shorter-side slab and 1/cluster of the longer side's (label suffix `c2`).
+    `persistent`: the kernel keeps its CTAs resident and walks the tiles, each tile's prologue and
+    epilogue hidden behind the others' main loops, so an SM pays `fill_iters` once per kernel.
     """
 
     tm: int
@@ -60,12 +66,21 @@ class Tile:
     tk: int
     ctas_per_sm: int = 1
     operand_share: int = 1
+    cluster: int = 1
+    persistent: bool = False
 
     @property
     def label(self) -> str:
+        suffix = f"c{self.cluster}" if self.cluster > 1 else ""
         if self.operand_share > 1:
-            return f"{self.tm * self.operand_share}x{self.tn}x{self.tk}/{self.operand_share}sm"
-        return f"{self.tm}x{self.tn}x{self.tk}"
+            return f"{self.tm * self.operand_share}x{self.tn}x{self.tk}/{self.operand_share}sm{suffix}"
+        return f"{self.tm}x{self.tn}x{self.tk}{suffix}"
+
+    @property
+    def feed_bytes_per_k(self) -> float:
+        """Operand elements one SM reads from L2 per element of K (times the dtype's bytes)."""
+        long_side, short_side = max(self.tm, self.tn), min(self.tm, self.tn)
+        return (short_side + long_side / self.cluster) / self.operand_share
 
 
 # Tile shapes per architecture family, from the kernels the vendor libraries ship:
@@ -124,6 +139,7 @@ TILES["ada"] = TILES["ampere"]
 # small M x N, then reduces the fp32 partials in a second kernel).
 SPLITS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_SPLIT_ITERS = 4  # a split-K slice keeps at least this many k-iterations
+IN_KERNEL_SPLIT_K: frozenset[str] = frozenset()  # families whose split-K needs no second kernel
 PARTIAL_BYTES = 4  # split-K partial sums are fp32
 
 
@@ -197,17 +213,21 @@ def _kernel(
     clock = hw.sustained_clock_hz
     iter_s = max(
         2.0 * tile.tm * tile.tn * tile.tk / (hw.sm_peak_flops_per_s * p.tensor_eff),
-        (tile.tm + tile.tn) * tile.tk * dtype_bytes / tile.operand_share / (p.feed_bytes_per_clock * clock),
+        tile.feed_bytes_per_k * tile.tk * dtype_bytes / (p.feed_bytes_per_clock * clock),
     )
     # busiest SM of each wave: ctas_per_sm tiles in a full wave, ceil(last / SMs) in the last
     busiest = full_waves * tile.ctas_per_sm + np.ceil(last / sms)
     # Pipeline fill: a CTA's prologue and epilogue overlap the main loop of the other CTAs
-    # resident on its SM, so an SM pays the fill once per ctas_per_sm tiles (1-CTA tiles: per tile).
-    quantized = busiest * iters + np.ceil(busiest / tile.ctas_per_sm) * p.fill_iters
+    # resident on its SM, so an SM pays the fill once per ctas_per_sm tiles (1-CTA tiles: per tile);
+    # a persistent kernel once in all.
+    fills = 1.0 if tile.persistent else np.ceil(busiest / tile.ctas_per_sm)
+    quantized = busiest * iters + fills * p.fill_iters
     # A partial last wave recovers `tail_share` of its idle SMs' time: the compute blends the
     # quantized waves with the fluid time of the same tiles spread evenly over every SM, but no
     # kernel is faster than one tile-time (fewer tiles than SMs: only split-K spreads the work).
-    fluid = np.maximum(tiles / sms, 1.0) * (iters + p.fill_iters / tile.ctas_per_sm)
+    fluid = np.maximum(tiles / sms, 1.0) * iters + (
+        p.fill_iters if tile.persistent else np.maximum(tiles / sms, 1.0) * p.fill_iters / tile.ctas_per_sm
+    )
     compute = ((1.0 - p.tail_share) * quantized + p.tail_share * fluid) * iter_s
     bandwidth = hw.hbm_bytes_per_s * p.memory_eff
     memory = _hbm_bytes(m, k, n, rows, cols, tile, per_wave, split, hw, dtype_bytes) / bandwidth
@@ -215,9 +235,10 @@ def _kernel(
     # overlapped times equals overlapping the sums (up to the last wave), and the sum stays
     # monotone in M: the overlap is taken once, over the kernel.
     time = _pnorm(compute, memory, p.overlap_p)
-    launches = 1.0 if split == 1 else 2.0  # split-K reduces its partials in a second kernel
+    # Split-K reduces its partials in a second kernel, or (IN_KERNEL_SPLIT_K) inside the GEMM one.
+    launches = 1.0 if split == 1 or hw.arch in IN_KERNEL_SPLIT_K else 2.0
     time = time + launches * p.launch_overheads * hw.launch_overhead_s
-    if split > 1:  # the reduction kernel reads every partial and writes the output
+    if split > 1:  # the reduction reads every partial and writes the output
         time = time + m * n * (split * PARTIAL_BYTES + dtype_bytes) / bandwidth
     waves = full_waves + (last > 0)
     return time, tiles, waves, compute, memory

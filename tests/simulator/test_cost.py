@@ -100,8 +100,10 @@ def test_faster_parts_are_faster() -> None:
     base = CostModel(get_hardware("h100-sxm"), model)
     wide = CostModel(override("h100-sxm", hbm_bytes_per_s=6.7e12), model, base.params)
     # 2x the bandwidth: the streaming part halves, ~1.2 ms of kernel launches per step stays
-    assert wide.step_time_s(1, 2048) < 0.7 * base.step_time_s(1, 2048)
-    assert wide.step_time_s(4096, causal_kv(4096)) > 0.9 * base.step_time_s(4096, causal_kv(4096))
+    decode_gain = 1 - wide.step_time_s(1, 2048) / base.step_time_s(1, 2048)
+    prefill_gain = 1 - wide.step_time_s(4096, causal_kv(4096)) / base.step_time_s(4096, causal_kv(4096))
+    assert decode_gain > 0.3
+    assert 0 < prefill_gain < 0.5 * decode_gain  # compute-bound GEMMs gain only their memory share
 
 
 def test_tensor_parallel_shards_the_work() -> None:

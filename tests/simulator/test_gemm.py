@@ -60,6 +60,42 @@ def test_five_tiles_take_two_waves_four_tiles_one() -> None:
     assert (kernel.tiles, kernel.waves, kernel.tile) == (5, 2, ["128x128x32"])
 
 
+def test_cluster_multicast_halves_the_longer_operand_slab() -> None:
+    """A 2-CTA cluster reads the slab its tiles share once: a feed-bound tile runs faster."""
+    assert Tile(128, 256, 64).feed_bytes_per_k == 384
+    assert Tile(128, 256, 64, cluster=2).feed_bytes_per_k == 128 + 256 / 2
+    assert Tile(256, 128, 64, cluster=2).feed_bytes_per_k == 128 + 256 / 2
+    assert Tile(128, 128, 64, operand_share=2).feed_bytes_per_k == 128
+    part = _four_sm_part()
+    params = GemmParams(fill_iters=0.0, choice_q=0.0, feed_bytes_per_clock=8.0)  # L2-bound tiles
+
+    def time_s(tile: Tile) -> float:
+        return gemm_kernel(512, 4096, 512, part, params, tiles=(tile,), splits=(1,)).time_s
+
+    alone, clustered = time_s(Tile(128, 128, 32)), time_s(Tile(128, 128, 32, cluster=2))
+    assert clustered == pytest.approx(alone * (128 + 64) / 256, rel=1e-12)
+    assert Tile(128, 128, 32, cluster=2).label == "128x128x32c2"
+
+
+def test_persistent_kernel_pays_the_pipeline_fill_once() -> None:
+    part = _four_sm_part()
+    params = GemmParams(fill_iters=5.0, choice_q=0.0)
+    plain, persistent = Tile(128, 128, 32), Tile(128, 128, 32, persistent=True)
+
+    def iterations(tile: Tile, n_tiles: int) -> float:  # in units of one k-iteration's time
+        one_iter = (
+            gemm_kernel(
+                128, 32 * 1000, 128 * 4, part, dataclasses.replace(params, fill_iters=0.0), tiles=(tile,), splits=(1,)
+            ).time_s
+            / 1000
+        )
+        return gemm_kernel(128, 4096, 128 * n_tiles, part, params, tiles=(tile,), splits=(1,)).time_s / one_iter
+
+    assert iterations(plain, 12) == pytest.approx(3 * (128 + 5), rel=1e-9)  # three waves, a fill each
+    assert iterations(persistent, 12) == pytest.approx(3 * 128 + 5, rel=1e-9)
+    assert iterations(persistent, 4) == pytest.approx(iterations(plain, 4), rel=1e-12)
+
+
 def test_tail_share_recovers_part_of_the_last_waves_idle_time() -> None:
     """tail_share s: the compute is (1 - s) x the quantized waves + s x the tiles spread evenly,
     never less than one tile-time."""

@@ -1,0 +1,34 @@
+"""The GEMM cost model on parts it was never fitted on: XLA's measured H100 and B200 tables are
+shipped whole, and the tile model beats the old per-family model and a datasheet roofline there."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator.gemm_transfer import XLA_DIR, XLA_PARTS, load_xla, transfer_errors, transfer_keys
+
+SIZES = (256, 512, 1024, 2048, 4096)
+
+
+@pytest.mark.parametrize("part", sorted(XLA_PARTS))
+def test_tables_hold_the_whole_grid(part: str) -> None:
+    raw = pd.read_csv(XLA_DIR / XLA_PARTS[part])
+    assert sorted(map(tuple, raw[["m", "n", "k"]].to_numpy())) == sorted(itertools.product(SIZES, SIZES, SIZES))
+    rows = load_xla(part)
+    assert (rows["time_s"] > 0).all() and len(rows) == 125
+    flops = 2 * rows["M"] * rows["N"] * rows["K"] / rows["time_s"]
+    np.testing.assert_allclose(flops, raw["bf16_flops_per_s"], rtol=1e-12)
+    assert (XLA_DIR / "README.md").exists() and (XLA_DIR / "LICENSE").exists()
+
+
+def test_transfer_keys_are_the_kernel_figures() -> None:
+    report = transfer_errors()
+    keys = transfer_keys(report)
+    assert keys["h100_sxm_tiles_median_ape_percent"] == report["h100-sxm"]["tiles"]["kernel"]["median"]
+    assert set(keys) == {
+        f"{p}_{m}_{s}_ape_percent" for p in ("h100_sxm", "b200") for m in ("tiles", "old") for s in ("median", "p90")
+    }
