@@ -25,8 +25,13 @@ def test_tables_hold_the_whole_grid(part: str) -> None:
     assert (XLA_DIR / "README.md").exists() and (XLA_DIR / "LICENSE").exists()
 
 
-def test_transfer_keys_are_the_kernel_figures() -> None:
+def test_tile_model_beats_the_old_model_and_the_roofline_on_unfitted_parts() -> None:
     report = transfer_errors()
+    for part, models in report.items():
+        tiles, old, roofline = (models[name]["kernel"] for name in ("tiles", "old", "roofline"))
+        assert tiles["n"] == old["n"] >= 40, part
+        assert tiles["median"] < old["median"] and tiles["median"] < roofline["median"], (part, models)
+        assert np.isfinite([tiles["p90"], tiles["signed_median"]]).all()
     keys = transfer_keys(report)
     assert keys["h100_sxm_tiles_median_ape_percent"] == report["h100-sxm"]["tiles"]["kernel"]["median"]
     assert set(keys) == {
