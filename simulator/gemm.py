@@ -90,8 +90,12 @@ class Tile:
 # - hopper (wgmma, TMA): cuBLAS sm90 kernels tilesize128x256x64, 256x128x64, 128x128x64,
 #   64x256x64, 64x128x64 (warpgroup M granularity is 64), in clusters of 2 CTAs whose shared
 #   operand slab TMA multicasts (the cluster shape 2x1x1 / 1x2x1 in CUTLASS 3's sm90 kernel names;
-#   the Hopper whitepaper's thread block clusters and TMA multicast). Chosen on the dev half of
-#   XLA's H100 table (bench/cost_model.py --transfer --half dev); the A100 fit never sees it.
+#   the Hopper whitepaper's thread block clusters and TMA multicast), run as persistent
+#   warp-specialized kernels (CUTLASS 3's sm90 TMA warp-specialized cooperative and ping-pong
+#   kernels: the resident CTAs walk the tiles, a tile's prologue and epilogue overlapping the
+#   next one's main loop), so an SM pays the pipeline fill once per kernel. Both chosen on the dev
+#   half of XLA's H100 table (bench/cost_model.py --transfer --half dev) and reported on its test
+#   half (docs/cost_model.md); the A100 fit never sees them.
 # - blackwell (tcgen05): CUTLASS sm100 2-SM tiles 256x256 and 256x128 (a CTA pair computes one
 #   MMA, each SM holding 128 rows and loading half of each operand: the Blackwell technical
 #   brief's "2-SM" UMMA) and 1-SM tiles 128x256, 256x128, 128x128, 64x256 (minimum M 64).
@@ -111,11 +115,11 @@ TILES: dict[str, tuple[Tile, ...]] = {
         *_SMALL_M,
     ),
     "hopper": (
-        Tile(128, 256, 64, cluster=2),
-        Tile(256, 128, 64, cluster=2),
-        Tile(128, 128, 64, cluster=2),
-        Tile(64, 256, 64, cluster=2),
-        Tile(64, 128, 64, 2, cluster=2),
+        Tile(128, 256, 64, cluster=2, persistent=True),
+        Tile(256, 128, 64, cluster=2, persistent=True),
+        Tile(128, 128, 64, cluster=2, persistent=True),
+        Tile(64, 256, 64, cluster=2, persistent=True),
+        Tile(64, 128, 64, 2, cluster=2, persistent=True),
         *_SMALL_M,
     ),
     "blackwell": (
