@@ -146,7 +146,10 @@ TILES["ada"] = TILES["ampere"]
 # small M x N, then reduces the fp32 partials in a second kernel).
 SPLITS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_SPLIT_ITERS = 4  # a split-K slice keeps at least this many k-iterations
-IN_KERNEL_SPLIT_K: frozenset[str] = frozenset()  # families whose split-K needs no second kernel
+# Families whose split-K reduces its partials inside the GEMM kernel, with no second launch:
+# cuBLAS sm90 kernels' "segment_k" variants and CUTLASS 3's split-K / stream-K fix-up through a
+# workspace (Hopper and Blackwell); cuBLAS on Ampere launches a separate splitKreduce kernel.
+IN_KERNEL_SPLIT_K: frozenset[str] = frozenset({"hopper", "blackwell"})
 PARTIAL_BYTES = 4  # split-K partial sums are fp32
 
 

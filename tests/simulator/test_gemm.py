@@ -96,6 +96,18 @@ def test_persistent_kernel_pays_the_pipeline_fill_once() -> None:
     assert iterations(persistent, 4) == pytest.approx(iterations(plain, 4), rel=1e-12)
 
 
+def test_split_k_reduces_in_kernel_on_hopper_and_later() -> None:
+    """Ampere's split-K launches a second, reduction kernel; Hopper's and Blackwell's do not."""
+    params = GemmParams(choice_q=0.0)
+    ampere = override("a100-80g", name="ampere-part", launch_overhead_s=4e-6)
+    hopper = dataclasses.replace(ampere, name="hopper-part", arch="hopper")
+    tile = (Tile(128, 128, 32),)
+    times = [gemm_kernel(64, 8192, 256, part, params, tiles=tile, splits=(4,)).time_s for part in (ampere, hopper)]
+    assert times[0] - times[1] == pytest.approx(params.launch_overheads * 4e-6, rel=1e-9)
+    whole = [gemm_kernel(64, 8192, 256, part, params, tiles=tile, splits=(1,)).time_s for part in (ampere, hopper)]
+    assert whole[0] == pytest.approx(whole[1], rel=1e-12)  # without split-K, one kernel on both
+
+
 def test_tail_share_recovers_part_of_the_last_waves_idle_time() -> None:
     """tail_share s: the compute is (1 - s) x the quantized waves + s x the tiles spread evenly,
     never less than one tile-time."""
