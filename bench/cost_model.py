@@ -63,7 +63,7 @@ from simulator.gemm_fit import (  # noqa: E402
     summary,
     unseen_keys,
 )
-from simulator.gemm_transfer import transfer_errors, transfer_keys  # noqa: E402
+from simulator.gemm_transfer import KERNEL_MIN_S, per_gemm, transfer_errors, transfer_keys  # noqa: E402
 from simulator.hardware import HARDWARE  # noqa: E402
 from simulator.models import get_model  # noqa: E402
 
@@ -76,7 +76,7 @@ def _row(name: str, entry: dict) -> str:
     )
 
 
-def measured_transfer(half: str | None) -> dict:
+def measured_transfer(half: str | None, worst: int = 3) -> dict:
     """Error of both models (and a datasheet roofline) on XLA's measured H100 and B200 GEMMs."""
     report = transfer_errors(half=half)
     print(
@@ -90,6 +90,21 @@ def measured_transfer(half: str | None) -> dict:
             print(
                 f"  {part:9s} {name:9s} all ({every['n']:3d}) {every['median']:5.1f} / {every['p90']:5.1f} ({every['signed_median']:+5.1f})"
                 f"   > 10 us ({kernel['n']:3d}) {kernel['median']:5.1f} / {kernel['p90']:5.1f} ({kernel['signed_median']:+5.1f})"
+            )
+    for part in report:
+        table = per_gemm(part)
+        table = table.assign(flops=2 * table["M"] * table["K"] * table["N"])
+        largest = table.loc[table["flops"].idxmax()]
+        print(
+            f"  {part}: largest GEMM {largest.M:.0f} x {largest.N:.0f} x {largest.K:.0f} (m x n x k) measured "
+            f"{largest.flops / largest.time_s / 1e12:.0f} TFLOP/s, tile model {largest.flops / largest.tiles_s / 1e12:.0f} "
+            f"({largest.tile}, split {largest.split}); worst above 10 us:"
+        )
+        kernel = table[table["time_s"] > KERNEL_MIN_S]
+        for row in kernel.loc[kernel["error_percent"].abs().nlargest(worst).index].itertuples():
+            print(
+                f"    {row.M:5.0f} x {row.N:5.0f} x {row.K:5.0f}  measured {row.time_s * 1e6:6.1f} us  "
+                f"predicted {row.tiles_s * 1e6:6.1f} us ({row.error_percent:+5.1f}%)  {row.tile}, split {row.split}"
             )
     return report
 

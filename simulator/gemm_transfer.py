@@ -56,6 +56,22 @@ def predictions(rows: pd.DataFrame, hw: HardwareSpec, params: CostParams) -> dic
     return {"tiles": tiles, "old": old, "roofline": roofline}
 
 
+def per_gemm(part: str) -> pd.DataFrame:
+    """One part's table with the tile model's prediction and chosen kernel for every GEMM:
+    columns M, K, N, time_s, tiles_s, error_percent (signed), tile, split."""
+    rows, hw = load_xla(part), HARDWARE[part]
+    params = default_params(hw).gemm
+    assert params is not None, "GPU params carry the tile model"
+    kernels = [gemm_kernel(r.M, r.K, r.N, hw, params) for r in rows.itertuples()]
+    predicted = np.array([float(k.time_s) for k in kernels])
+    return rows.assign(
+        tiles_s=predicted,
+        error_percent=(predicted / rows["time_s"].to_numpy(float) - 1.0) * 100.0,
+        tile=[k.tile[0] for k in kernels],
+        split=[int(k.split) for k in kernels],
+    )
+
+
 def _stats(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
     error = predicted / measured - 1.0
     ape = np.abs(error) * 100.0

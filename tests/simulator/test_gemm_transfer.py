@@ -9,7 +9,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.gemm_transfer import XLA_DIR, XLA_PARTS, load_xla, transfer_errors, transfer_keys
+from simulator.gemm_transfer import (
+    KERNEL_MIN_S,
+    XLA_DIR,
+    XLA_PARTS,
+    load_xla,
+    per_gemm,
+    transfer_errors,
+    transfer_keys,
+)
 
 SIZES = (256, 512, 1024, 2048, 4096)
 
@@ -37,3 +45,11 @@ def test_tile_model_beats_the_old_model_and_the_roofline_on_unfitted_parts() -> 
     assert set(keys) == {
         f"{p}_{m}_{s}_ape_percent" for p in ("h100_sxm", "b200") for m in ("tiles", "old") for s in ("median", "p90")
     }
+
+
+def test_per_gemm_rows_agree_with_the_summary() -> None:
+    report = transfer_errors(parts=("b200",))
+    table = per_gemm("b200")
+    assert len(table) == 125 and table["tile"].str.contains("2sm").any()
+    kernel = table[table["time_s"] > KERNEL_MIN_S]
+    assert round(float(kernel["error_percent"].abs().median()), 2) == report["b200"]["tiles"]["kernel"]["median"]
