@@ -244,7 +244,7 @@ def _kernel(
     # Every full wave streams the same share of the bytes per tile, so summing the waves'
     # overlapped times equals overlapping the sums (up to the last wave), and the sum stays
     # monotone in M: the overlap is taken once, over the kernel.
-    time = np.maximum(compute, memory) if tile.persistent else _pnorm(compute, memory, p.overlap_p)
+    time = _pnorm(compute, memory, p.overlap_p)
     # Split-K reduces its partials in a second kernel, or (IN_KERNEL_SPLIT_K) inside the GEMM one.
     launches = 1.0 if split == 1 or hw.arch in IN_KERNEL_SPLIT_K else 2.0
     time = time + launches * p.launch_overheads * hw.launch_overhead_s
