@@ -91,7 +91,7 @@ def measured_transfer(half: str | None, worst: int = 3) -> dict:
                 f"  {part:9s} {name:9s} all ({every['n']:3d}) {every['median']:5.1f} / {every['p90']:5.1f} ({every['signed_median']:+5.1f})"
                 f"   > 10 us ({kernel['n']:3d}) {kernel['median']:5.1f} / {kernel['p90']:5.1f} ({kernel['signed_median']:+5.1f})"
             )
-    for part in report:
+    for part in report if half is None else ():  # the whole tables only
         table = per_gemm(part)
         table = table.assign(flops=2 * table["M"] * table["K"] * table["N"])
         largest = table.loc[table["flops"].idxmax()]

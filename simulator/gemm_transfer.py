@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.cost import CostParams, default_params, op_time_s
-from simulator.gemm import GemmParams, gemm_kernel
+from simulator.gemm import GemmParams, KernelTimes, gemm_kernel
 from simulator.hardware import HARDWARE, HardwareSpec
 
 XLA_DIR = Path(__file__).resolve().parent / "data" / "xla-gemm"
@@ -44,10 +44,15 @@ def load_xla(part: str, data_dir: Path | None = None) -> pd.DataFrame:
     )
 
 
+def _tile_kernels(rows: pd.DataFrame, hw: HardwareSpec, params: CostParams) -> list[KernelTimes]:
+    """The tile model's kernel for every row."""
+    assert params.gemm is not None, "GPU params carry the tile model"
+    return [gemm_kernel(r.M, r.K, r.N, hw, params.gemm) for r in rows.itertuples()]
+
+
 def predictions(rows: pd.DataFrame, hw: HardwareSpec, params: CostParams) -> dict[str, np.ndarray]:
     """Seconds each model predicts for every row: tile model, old per-family roofline, datasheet."""
-    assert params.gemm is not None, "GPU params carry the tile model"
-    tiles = np.array([float(gemm_kernel(r.M, r.K, r.N, hw, params.gemm).time_s) for r in rows.itertuples()])
+    tiles = np.array([float(kernel.time_s) for kernel in _tile_kernels(rows, hw, params)])
     flops = (2.0 * rows["M"] * rows["K"] * rows["N"]).to_numpy(float)
     hbm = (2.0 * (rows["M"] * rows["K"] + rows["K"] * rows["N"] + rows["M"] * rows["N"])).to_numpy(float)
     work = (flops, hbm, np.ones(len(rows)))
@@ -60,9 +65,7 @@ def per_gemm(part: str) -> pd.DataFrame:
     """One part's table with the tile model's prediction and chosen kernel for every GEMM:
     columns M, K, N, time_s, tiles_s, error_percent (signed), tile, split."""
     rows, hw = load_xla(part), HARDWARE[part]
-    params = default_params(hw).gemm
-    assert params is not None, "GPU params carry the tile model"
-    kernels = [gemm_kernel(r.M, r.K, r.N, hw, params) for r in rows.itertuples()]
+    kernels = _tile_kernels(rows, hw, default_params(hw))
     predicted = np.array([float(k.time_s) for k in kernels])
     return rows.assign(
         tiles_s=predicted,
