@@ -165,7 +165,6 @@ class GemmParams:
     overlap_p: float = 3.0  # a wave's compute and memory overlap as a p-norm (large p: max)
     choice_q: float = 0.0  # 0: the fastest kernel; q > 0: a power mean (exponent -q) of all
     tail_share: float = 0.0  # share of a partial last wave's idle SM time recovered (0: pure waves)
-    tail_share_shared: float = float("nan")  # the same for tiles sharing an SM with others (nan: tail_share)
 
     def __post_init__(self) -> None:
         bounds = {
@@ -239,8 +238,7 @@ def _kernel(
     fluid = np.maximum(tiles / sms, 1.0) * iters + (
         p.fill_iters if tile.persistent else np.maximum(tiles / sms, 1.0) * p.fill_iters / tile.ctas_per_sm
     )
-    share = p.tail_share if tile.ctas_per_sm == 1 or math.isnan(p.tail_share_shared) else p.tail_share_shared
-    compute = ((1.0 - share) * quantized + share * fluid) * iter_s
+    compute = ((1.0 - p.tail_share) * quantized + p.tail_share * fluid) * iter_s
     bandwidth = hw.hbm_bytes_per_s * p.memory_eff
     memory = _hbm_bytes(m, k, n, rows, cols, tile, per_wave, split, hw, dtype_bytes) / bandwidth
     # Every full wave streams the same share of the bytes per tile, so summing the waves'

@@ -48,11 +48,10 @@ FIT_FIELDS: tuple[str, ...] = (
     "overlap_p",
     "choice_q",
     "tail_share",
-    "tail_share_shared",
 )
-_LOWER = np.array([0.3, 0.0, 8.0, 0.3, 0.05, 1.0, 10.0, 0.0, 0.0])
-_UPPER = np.array([1.0, 20.0, 256.0, 1.0, 10.0, 20.0, 100.0, 1.0, 1.0])
-_START = np.array([0.8, 2.0, 48.0, 0.9, 1.0, 2.0, 12.0, 0.3, 0.3])
+_LOWER = np.array([0.3, 0.0, 8.0, 0.3, 0.05, 1.0, 10.0, 0.0])
+_UPPER = np.array([1.0, 20.0, 256.0, 1.0, 10.0, 20.0, 100.0, 1.0])
+_START = np.array([0.8, 2.0, 48.0, 0.9, 1.0, 2.0, 12.0, 0.3])
 # Not fitted: the L2 -> SM operand feed, from the A100 whitepaper's L2 read bandwidth of 5,120
 # bytes per clock over its 108 SMs (assumed the same bytes per SM-clock on every part).
 FIXED_FROM_DATASHEETS: dict[str, float] = {"feed_bytes_per_clock": 5120 / 108}
