@@ -436,9 +436,10 @@ class Replay(ArrivalStream):
             if self.done:  # closed loop: clients of finished requests send their next first
                 yield env.timeout(0)
 
-    def _pass_times(self, q, kv, g, lg, n_requests: int) -> np.ndarray:
+    def _pass_times(self, q, kv, g, lg, n_requests: int, until: float = math.inf) -> np.ndarray:
         """Seconds of each pass of `n_requests` requests from its summed shape: the cost's time plus
-        its host work per request, if any (0 for a pass without query rows)."""
+        its host work per request, if any (0 for a pass without query rows). Costed one by one, the
+        passes after the first to end at or after `until` (simulated time) may be left out."""
         step, per_request = self.cost.step_time_s, getattr(self.cost, "per_request_s", 0.0) * n_requests
         # one by one, each exact shape costed once: the same floats as one array call up to the GEMM
         # tables' 8192 tokens (tests/simulator/test_cost.py); wider passes, and pipeline stages (their
@@ -446,22 +447,31 @@ class Replay(ArrivalStream):
         if len(q) < SCALAR_COST_BELOW or (
             len(q) < VECTOR_COST_FROM and self._scalar_exact and max(q) <= GEMM_TABLE_TOKENS
         ):
-            cache, times = self.pass_costs, []
-            for key in zip(*(np.asarray(x).tolist() for x in (q, kv, g, lg))):
-                t = cache.get(key)
-                if t is None:
-                    t = step(*key) if key[0] > 0 else 0.0
-                    if len(cache) >= PASS_COST_CACHE:
-                        cache.clear()
-                    cache[key] = t
-                times.append(t + per_request if key[0] > 0 else 0.0)
-            return np.array(times, float)
+            return self._scalar_pass_times(zip(*(np.asarray(x).tolist() for x in (q, kv, g, lg))), per_request, until)
         out = np.zeros(len(q))
         on = q > 0
         if on.any():
             out[on] = step(q[on].astype(float), kv[on].astype(float), g[on].astype(float), lg[on].astype(float))
             out[on] += per_request
         return out
+
+    def _scalar_pass_times(self, keys, per_request: float, until: float) -> np.ndarray:
+        """`_pass_times` one pass shape at a time, each exact shape costed once (`pass_costs`), up to
+        the first pass that ends at or after `until`: `plan` cuts the stretch there (the same sums
+        as its cumulative ends, so the same cut)."""
+        cache, times, step, now, elapsed = self.pass_costs, [], self.cost.step_time_s, self.env.now, 0.0
+        for key in keys:
+            t = cache.get(key)
+            if t is None:
+                t = step(*key) if key[0] > 0 else 0.0
+                if len(cache) >= PASS_COST_CACHE:
+                    cache.clear()
+                cache[key] = t
+            times.append(t + per_request if key[0] > 0 else 0.0)
+            elapsed += times[-1]
+            if now + elapsed >= until and until < math.inf:
+                break
+        return np.array(times, float)
 
     def _scored_kv(self, q: np.ndarray, kv: np.ndarray, blocks: np.ndarray) -> np.ndarray:
         """KV tokens each pass's attention scores (`ReplayConfig.attention`): the rows' visible KV
@@ -500,6 +510,7 @@ class Replay(ArrivalStream):
                     w.query_groups[idx[:, :probe]].sum(0),
                     w.logit_tokens[idx[:, :probe]].sum(0),
                     len(R),
+                    until=t_next,
                 )
                 ends = self.env.now + np.cumsum(dur)
                 hit = np.flatnonzero(ends >= t_next)

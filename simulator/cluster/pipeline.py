@@ -22,6 +22,7 @@ at a time (`Replay.one_pass_at_a_time`): an interleaved replay costs one SimPy e
 from __future__ import annotations
 
 import dataclasses
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -121,8 +122,9 @@ class VirtualEngine(ReplicaReplay):
             problem += f" (its engine's 1/{n} of the replica's pool: {n} batches in flight, as vLLM V0 splits it)"
         return problem
 
-    def _pass_times(self, q, kv, g, lg, n_requests: int) -> np.ndarray:
-        """The planned pass's time alone in the pipeline (its stages are kept for the device)."""
+    def _pass_times(self, q, kv, g, lg, n_requests: int, until: float = math.inf) -> np.ndarray:
+        """The planned pass's time alone in the pipeline (its stages are kept for the device; one
+        pass, so `until` leaves nothing out)."""
         assert len(q) == 1, "a virtual engine plans one pass at a time"
         key = tuple(float(np.asarray(x).ravel()[0]) for x in (q, kv, g, lg))
         if key[0] <= 0:
