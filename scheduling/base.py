@@ -74,7 +74,8 @@ class Scheduler:
         if not running:
             return {}, self.max_batch_tokens, 0
         full, blocks = state.next_tokens_and_blocks(running)
-        take = [int(x) for x in full]
+        whole = np.asarray(full, np.int64).tolist()  # Python ints (numpy scalars are slow one by one)
+        take = list(whole)
         if self.chunked_prefill and sum(take) > self.max_batch_tokens:  # cut prefills, in running order
             fixed = state.next_tokens_and_blocks(running, [0] * len(running))[0]  # what a zero budget cannot cut
             budget = self.max_batch_tokens
@@ -83,8 +84,8 @@ class Scheduler:
                 budget -= take[i]
             _, blocks = state.next_tokens_and_blocks(running, take)
         # a prefill cut to nothing sits this pass out; a pass with no rows of its own (a sync) still runs
-        batch = {r: t for r, t, f in zip(running, take, full.tolist()) if t > 0 or f == 0}
-        return batch, self.max_batch_tokens - sum(take), int(np.sum(blocks))
+        batch = {r: t for r, t, f in zip(running, take, whole) if t > 0 or f == 0}
+        return batch, self.max_batch_tokens - sum(take), int(np.asarray(blocks).sum())
 
     def schedule(self, state: ServingState) -> dict[int, int]:
         """Preempt until the next pass fits, admit while caps allow.

@@ -195,7 +195,7 @@ class KVPool:
         self.peak_blocks = 0
 
     def note(self, blocks_per_pass: np.ndarray | int) -> None:
-        self.peak_blocks = max(self.peak_blocks, int(np.max(blocks_per_pass)))
+        self.peak_blocks = max(self.peak_blocks, int(np.asarray(blocks_per_pass).max()))
 
 
 def arrivals(env: simpy.Environment, sim: Replay):
@@ -490,14 +490,15 @@ class Replay(ArrivalStream):
         """The longest stretch of passes the batch runs before the scheduler could decide otherwise."""
         R = np.fromiter(batch, np.int64, len(batch))
         limits = np.fromiter(batch.values(), np.int64, len(batch))
-        if not self._whole_passes(R, limits):  # a chunk, a recompute or a request sitting out: one pass
+        idx0 = self.off[R] + self.ptr[R]  # each request's next workload pass
+        if not self._whole_passes(R, limits, idx0):  # a chunk, a recompute or a request sitting out: one pass
             d = next_demand(self, R, limits)
             blocks = np.array([d.blocks.sum()])
             q = np.array([d.query.sum()])
             kv = self._scored_kv(q, np.array([d.kv_read.sum()]), blocks)
             self.pool.note(blocks)
             return self._stretch(R, d.flat, self._pass_times(q, kv, [d.groups.sum()], [d.logits.sum()], len(R)), d)
-        m, q, blocks, idx = self._stretch_length(R)
+        m, q, blocks, idx = self._stretch_length(R, idx0)
         w = self.w
         idx = idx[:, :m]
         t_next = self.next_arrival_s()
@@ -530,29 +531,29 @@ class Replay(ArrivalStream):
         self.pool.note(blocks[:m])
         return self._stretch(R, idx[:, 0].copy(), durations)  # a copy: a view would keep all of idx alive
 
-    def _whole_passes(self, R: np.ndarray, limits: np.ndarray) -> bool:
+    def _whole_passes(self, R: np.ndarray, limits: np.ndarray, idx0: np.ndarray) -> bool:
         """Every running request runs its whole next workload pass (no chunk, recompute or request
         sitting out): `next_demand`'s test, without building the demand when it holds."""
         if len(R) < len(self.running) or not self.all_usual(R):
             return False
-        if (limits >= self.w.query_tokens[self.off[R] + self.ptr[R]]).all():
+        if (limits >= self.w.query_tokens[idx0]).all():
             return True
         return bool(next_demand(self, R, limits).final.all())
 
-    def _stretch_length(self, R: np.ndarray):
+    def _stretch_length(self, R: np.ndarray, idx0: np.ndarray):
         """Passes the whole batch R runs unchanged: stop before a pass that overflows the pool, that the
         token budget would chunk, or after which the waiting head would be admitted."""
         cap, cfg, w = self.pool_capacity_blocks, self.config, self.w
-        idx0 = self.off[R] + self.ptr[R]
-        m = int(min(self.remaining_passes(R).min(), 1 if self.one_pass_at_a_time else MAX_STRETCH_PASSES))
+        m = int(min((self.npass[R] - self.ptr[R]).min(), 1 if self.one_pass_at_a_time else MAX_STRETCH_PASSES))
         idx = idx0[:, None] + np.arange(m)[None, :]  # (R, m)
         blocks = self.blocks[idx].sum(0)
         q = w.query_tokens[idx].sum(0)
         if m == 1:  # nothing to stop before
             return m, q, blocks, idx
         stop = blocks > cap  # the scheduler preempts there
-        if cfg.chunked_prefill:  # the scheduler would cut a prefill of that pass to the budget
-            stop |= (q > cfg.max_batch_tokens) & (w.phase[idx] == PREFILL).any(0)
+        wide = q > cfg.max_batch_tokens
+        if cfg.chunked_prefill and wide.any():  # the scheduler would cut a prefill of that pass to the budget
+            stop |= wide & (w.phase[idx] == PREFILL).any(0)
         over = np.flatnonzero(stop[1:])
         if len(over):
             m = int(over[0]) + 1
