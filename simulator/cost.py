@@ -408,6 +408,23 @@ class CostModel:
         """logit rows -> lm_head + final norm."""
         return functools.lru_cache(maxsize=16384)(self._head_s)
 
+    @functools.cached_property
+    def _attention_terms(self) -> dict[str, tuple[float, ...]]:
+        """op -> the constants `_attention_scalar_s` reads: the model's per-shard attention shape
+        (`attention_work`) and the op's roofline (`roofline_s`, `op_time_s`), each the same float
+        those compute on every call."""
+        m, tp, hw, p = self.model, self.tensor_parallel, self.hardware, self.params.smooth_p
+        heads = m.n_heads / tp
+        kv_bytes = m.kv_bytes_per_token_per_layer * (max(m.n_kv_heads // tp, 1) / m.n_kv_heads)
+        shape = (heads, m.head_dim, m.dtype_bytes, kv_bytes, self.params.q_tile_tokens)
+        out: dict[str, tuple[float, ...]] = {}
+        for op in ("attn_prefill", "attn_decode"):
+            eff = self._eff(op)
+            fixed_s = 1.0 * hw.launch_overhead_s * eff.overhead_launches
+            roof = (eff.compute_eff_max, eff.compute_half_tokens, hw.peak_flops_per_s)
+            out[op] = (*shape, *roof, hw.hbm_bytes_per_s * eff.memory_eff, fixed_s, p, 1.0 / p)
+        return out
+
     # ---- per-op breakdowns -------------------------------------------------------------
     def _eff(self, op: str) -> OpEfficiency:
         return self.params.families[OP_FAMILY[op]]
@@ -508,6 +525,18 @@ class CostModel:
         )
         return op_time_s(work, num_tokens, self._eff(op), self.hardware, self.params.smooth_p)
 
+    def _attention_scalar_s(self, n: float, kv_tokens_read: float, query_groups: float, op: str) -> float:
+        """`_attention_s` of one pass's counts (builtins): `attention_work`, `roofline_s` and `op_time_s`
+        inlined, the same operations in the same order (the same float), without their calls and
+        look-ups; the replay costs every pass it plans this way."""
+        heads, head_dim, b, kv_bytes, tile, eff_max, half, peak, mem_rate, fixed_s, p, inv_p = self._attention_terms[op]
+        rows_per_group = min(max(n / query_groups, 1.0), tile)
+        flops = 4 * kv_tokens_read * head_dim * heads
+        bytes_ = 2 * n * heads * head_dim * b + n * kv_bytes + kv_tokens_read * kv_bytes / rows_per_group
+        compute_s = flops / (peak * (eff_max * n / (n + half)))
+        memory_s = bytes_ / mem_rate
+        return fixed_s + (compute_s**p + memory_s**p) ** inv_p
+
     def _dense_time_s(self, num_tokens: Number, logit_tokens: Number) -> Number:
         """All layers' non-attention ops + all-reduces + per-pass ops, in seconds."""
         per_layer: Number = 0.0
@@ -556,8 +585,9 @@ class CostModel:
                 _check(query_tokens, kv_tokens_read, query_groups)  # raises with a clear line
             dense = self._dense_cache(query_tokens, query_tokens if logit_tokens is None else logit_tokens)
             op = "attn_decode" if query_tokens <= query_groups else "attn_prefill"
-            attn = self._attention_s(query_tokens, kv_tokens_read, query_groups, op)
-            return dense + self.model.n_layers * attn
+            return dense + self.model.n_layers * self._attention_scalar_s(
+                query_tokens, kv_tokens_read, query_groups, op
+            )
         query_tokens, kv_tokens_read, query_groups = _check(query_tokens, kv_tokens_read, query_groups)
         logit = query_tokens if logit_tokens is None else np.asarray(logit_tokens, dtype=float)
         dense_s = self._dense_time_s(query_tokens, logit)

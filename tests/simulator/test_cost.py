@@ -393,3 +393,16 @@ def test_dense_parts_sum_to_the_dense_time_bitwise(hardware: str, tp: int) -> No
     rng = np.random.default_rng(5)
     for q, lg in zip(rng.integers(1, 9000, 300).tolist(), rng.integers(1, 9000, 300).tolist()):
         assert cost._dense_scalar_s(q, lg) == cost._dense_time_s(q, lg), (q, lg)
+
+
+@pytest.mark.parametrize(("hardware", "model", "tp"), [("h100-sxm", "llama-3-8b", 1), ("a100-80g", "llama-3-70b", 4)])
+def test_inlined_scalar_attention_is_bitwise_the_general_one(hardware: str, model: str, tp: int) -> None:
+    """`_attention_scalar_s` (the replay's per-pass path) is `_attention_s` inlined: the same floats."""
+    cost = CostModel(get_hardware(hardware), get_model(model), tensor_parallel=tp)
+    rng = np.random.default_rng(11)
+    q = rng.integers(1, 9000, 300)
+    g = np.minimum(q, rng.integers(1, 300, 300))
+    kv = q * rng.integers(0, 4000, 300)
+    for shape in zip(q.tolist(), kv.tolist(), g.tolist()):
+        for op in ("attn_prefill", "attn_decode"):
+            assert cost._attention_scalar_s(*shape, op) == cost._attention_s(*shape, op), (shape, op)
