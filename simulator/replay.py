@@ -255,9 +255,7 @@ class Replay(ArrivalStream):
         self.capacity_bytes = kv_capacity_bytes(hardware, model, config)
         self.pool = KVPool(self.capacity_bytes, config.block_size, model.kv_bytes_per_token)
         self.scheduler = config.make_scheduler()
-        bs = config.block_size
-        self.blocks = -(-workload.alloc_kv_tokens // bs)  # (P,) blocks held after each pass
-        self.peak_blocks = -(-workload.peak_alloc_tokens() // bs)  # (R,)
+        self.blocks, self.peak_blocks = self._page_counts(workload, config.block_size)
         self.off, self.npass = workload.pass_starts, workload.n_passes
         self.ptr = np.zeros(n, np.int64)  # passes done
         self.chunk_done = np.zeros(n, np.int64)  # tokens of the current pass computed by earlier chunks
@@ -275,6 +273,7 @@ class Replay(ArrivalStream):
         self.running: list[int] = []
         self.events: list[tuple[int, str, float]] = []
         self.stretches: list[Stretch] = []
+        self.planned_ends_s = np.zeros(0)  # end of each pass of the stretch planned last (`_stretch`)
         self.pass_costs: dict[tuple[int, int, int, int], float] = {}  # exact pass shape -> seconds
         self._scalar_exact = getattr(getattr(cost, "par", None), "pp", 1) == 1
         self.n_done = 0
@@ -295,6 +294,10 @@ class Replay(ArrivalStream):
             self._arrival_order = np.argsort(times, kind="stable")
             self.arrival_sorted_s = times[self._arrival_order]
         self._next_arrival = 0
+
+    def _page_counts(self, workload: Workload, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(P,) KV blocks held after each pass, (R,) each request's peak blocks."""
+        return -(-workload.alloc_kv_tokens // block_size), -(-workload.peak_alloc_tokens() // block_size)
 
     # ---- scheduling.ServingState (running, waiting: attributes above) -------------------
     @property
@@ -482,9 +485,16 @@ class Replay(ArrivalStream):
         slots = np.maximum.accumulate(np.maximum(blocks, self.pool.peak_blocks)) * self.config.block_size
         return np.asarray(q, np.int64) * slots
 
-    def _stretch(self, R, idx0, durations, demand=None) -> Stretch:
-        starts = self.env.now + np.concatenate([[0.0], np.cumsum(durations[:-1])])
-        return Stretch(R, idx0, starts, np.asarray(durations, float), self.n_pass, demand)
+    def _stretch(self, R, idx0, durations, demand=None, ends=None) -> Stretch:
+        """The planned Stretch; its passes' ends (now + the durations' running sum, `ends` where the
+        caller has them) are kept in `planned_ends_s`, each pass's start the previous one's end."""
+        durations = np.asarray(durations, float)
+        now = self.env.now
+        self.planned_ends_s = now + np.add.accumulate(durations) if ends is None else ends
+        starts = np.empty(len(durations))
+        starts[:1] = now
+        starts[1:] = self.planned_ends_s[:-1]
+        return Stretch(R, idx0, starts, durations, self.n_pass, demand)
 
     def plan(self, batch: dict[int, int]) -> Stretch:
         """The longest stretch of passes the batch runs before the scheduler could decide otherwise."""
@@ -513,14 +523,15 @@ class Replay(ArrivalStream):
                     len(R),
                     until=t_next,
                 )
-                ends = self.env.now + np.cumsum(dur)
-                hit = np.flatnonzero(ends >= t_next)
+                ends = self.env.now + np.add.accumulate(dur)
+                hit = (ends >= t_next).nonzero()[0]
                 if len(hit) or probe == m:
                     m = int(hit[0]) + 1 if len(hit) else m
                     break
                 probe = min(m, probe * 4)
-            durations = dur[:m]
+            durations, ends = dur[:m], ends[:m]
         else:
+            ends = None
             durations = self._pass_times(
                 q[:m],
                 self._scored_kv(q[:m], w.kv_tokens_read[idx].sum(0), blocks[:m]),
@@ -529,7 +540,7 @@ class Replay(ArrivalStream):
                 len(R),
             )
         self.pool.note(blocks[:m])
-        return self._stretch(R, idx[:, 0].copy(), durations)  # a copy: a view would keep all of idx alive
+        return self._stretch(R, idx[:, 0].copy(), durations, ends=ends)  # a copy: a view would keep all of idx alive
 
     def _whole_passes(self, R: np.ndarray, limits: np.ndarray, idx0: np.ndarray) -> bool:
         """Every running request runs its whole next workload pass (no chunk, recompute or request

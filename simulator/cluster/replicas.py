@@ -64,12 +64,10 @@ class ReplicaReplay(Replay):
     def __init__(
         self, workload: Workload, cost, model, hardware, config: ReplayConfig, cluster: Cluster, index: int
     ) -> None:
-        super().__init__(workload, cost, model, hardware, config)
-        if cluster.replicas:  # one (passes,) blocks array for all replicas, not one copy each
-            self.blocks = cluster.replicas[0].blocks
-            if cost is cluster.replicas[0].cost:  # and one cache of pass costs
-                self.pass_costs = cluster.replicas[0].pass_costs
         self.cluster, self.index = cluster, index
+        super().__init__(workload, cost, model, hardware, config)
+        if cluster.replicas and cost is cluster.replicas[0].cost:  # one cache of pass costs
+            self.pass_costs = cluster.replicas[0].pass_costs
         self.env = cluster.env
         self.device = CuttableDevice(self.env, self)
         self.done = cluster.done
@@ -78,6 +76,12 @@ class ReplicaReplay(Replay):
         self._cut = self.env.event()
         self._cut_m: int | None = None
         self.on_finish: Callable[[int, float], None] | None = None  # disaggregation sends the KV on
+
+    def _page_counts(self, workload: Workload, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Replica 0's arrays (one workload, one block size): one (passes,) copy for all replicas."""
+        if self.cluster.replicas:
+            return self.cluster.replicas[0].blocks, self.cluster.replicas[0].peak_blocks
+        return super()._page_counts(workload, block_size)
 
     def pull_arrivals(self, upto: float) -> None:
         self.cluster.pull_arrivals(upto)
@@ -90,7 +94,7 @@ class ReplicaReplay(Replay):
     def plan(self, batch: dict[int, int]) -> Stretch:
         out = super().plan(batch)
         self._durations = out.durations_s
-        self._ends = self.env.now + np.cumsum(self._durations)
+        self._ends = self.planned_ends_s
         self._cut, self._cut_m = self.env.event(), None
         return out
 
