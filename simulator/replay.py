@@ -373,7 +373,7 @@ class Replay(ArrivalStream):
     def admit(self, r: int) -> None:
         self.waiting.remove(r)
         self.running.append(r)
-        if np.isnan(self.start_s[r]):
+        if math.isnan(self.start_s[r]):
             self.start_s[r] = self.env.now
         self.events.append((r, "admit", float(self.env.now)))
 
@@ -565,7 +565,7 @@ class Replay(ArrivalStream):
         wide = q > cfg.max_batch_tokens
         if cfg.chunked_prefill and wide.any():  # the scheduler would cut a prefill of that pass to the budget
             stop |= wide & (w.phase[idx] == PREFILL).any(0)
-        over = np.flatnonzero(stop[1:])
+        over = stop[1:].nonzero()[0]
         if len(over):
             m = int(over[0]) + 1
         head = self.scheduler.head(self) if len(R) < cfg.max_seqs and m > 1 else None
@@ -583,7 +583,7 @@ class Replay(ArrivalStream):
             room = np.full(m - 1, self.peak_blocks[R].sum() + self.peak_blocks[head] <= cap)
         else:
             room = blocks[1:m] + hb <= cap
-        fits = np.flatnonzero((hq > 0) & (q[1:m] + hq <= cfg.max_batch_tokens) & room)
+        fits = ((hq > 0) & (q[1:m] + hq <= cfg.max_batch_tokens) & room).nonzero()[0]
         return int(fits[0]) + 1 if len(fits) else m
 
     def commit(self, s: Stretch) -> None:
