@@ -434,7 +434,7 @@ class Replay(ArrivalStream):
                 stretch.durations_s[0] += extra
                 stretch.starts_s[1:] += extra
             idle_s = 0.0
-            yield from self.device.run(float(stretch.durations_s.sum()), len(stretch.durations_s))
+            yield from self.device.run(float(np.add.reduce(stretch.durations_s)), len(stretch.durations_s))
             self.commit(stretch)
             if self.done:  # closed loop: clients of finished requests send their next first
                 yield env.timeout(0)
@@ -463,6 +463,7 @@ class Replay(ArrivalStream):
         the first pass that ends at or after `until`: `plan` cuts the stretch there (the same sums
         as its cumulative ends, so the same cut)."""
         cache, times, step, now, elapsed = self.pass_costs, [], self.cost.step_time_s, self.env.now, 0.0
+        horizon = until < math.inf
         for key in keys:
             t = cache.get(key)
             if t is None:
@@ -470,9 +471,10 @@ class Replay(ArrivalStream):
                 if len(cache) >= PASS_COST_CACHE:
                     cache.clear()
                 cache[key] = t
-            times.append(t + per_request if key[0] > 0 else 0.0)
-            elapsed += times[-1]
-            if now + elapsed >= until and until < math.inf:
+            t = t + per_request if key[0] > 0 else 0.0
+            times.append(t)
+            elapsed += t
+            if horizon and now + elapsed >= until:
                 break
         return np.array(times, float)
 

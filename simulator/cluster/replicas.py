@@ -101,7 +101,7 @@ class ReplicaReplay(Replay):
     def arrive(self, r: int, t: float) -> None:
         super().arrive(r, t)
         if self._ends is not None and self._cut_m is None:
-            m = int(np.searchsorted(self._ends, t, side="left")) + 1  # the pass it lands in ends the stretch
+            m = int(self._ends.searchsorted(t, side="left")) + 1  # the pass it lands in ends the stretch
             if m < len(self._ends):
                 self._cut_m = m
                 self._cut.succeed()
