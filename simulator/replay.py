@@ -511,20 +511,12 @@ class Replay(ArrivalStream):
             self.pool.note(blocks)
             return self._stretch(R, d.flat, self._pass_times(q, kv, [d.groups.sum()], [d.logits.sum()], len(R)), d)
         m, q, blocks, idx = self._stretch_length(R, idx0)
-        w = self.w
         idx = idx[:, :m]
         t_next = self.next_arrival_s()
         if math.isfinite(t_next) and m > 1:  # passes that start before the next arrival, plus the one it lands in
             probe = min(m, SCALAR_COST_BELOW)
             while True:
-                dur = self._pass_times(
-                    q[:probe],
-                    self._scored_kv(q[:probe], w.kv_tokens_read[idx[:, :probe]].sum(0), blocks[:probe]),
-                    w.query_groups[idx[:, :probe]].sum(0),
-                    w.logit_tokens[idx[:, :probe]].sum(0),
-                    len(R),
-                    until=t_next,
-                )
+                dur = self._cost_passes(len(R), q, blocks, idx, probe, until=t_next)
                 ends = self.env.now + np.add.accumulate(dur)
                 hit = (ends >= t_next).nonzero()[0]
                 if len(hit) or probe == m:
@@ -533,16 +525,16 @@ class Replay(ArrivalStream):
                 probe = min(m, probe * 4)
             durations, ends = dur[:m], ends[:m]
         else:
-            ends = None
-            durations = self._pass_times(
-                q[:m],
-                self._scored_kv(q[:m], w.kv_tokens_read[idx].sum(0), blocks[:m]),
-                w.query_groups[idx].sum(0),
-                w.logit_tokens[idx].sum(0),
-                len(R),
-            )
+            durations, ends = self._cost_passes(len(R), q, blocks, idx, m), None
         self.pool.note(blocks[:m])
         return self._stretch(R, idx[:, 0].copy(), durations, ends=ends)  # a copy: a view would keep all of idx alive
+
+    def _cost_passes(self, n_requests: int, q, blocks, idx: np.ndarray, n: int, until: float = math.inf) -> np.ndarray:
+        """`_pass_times` of the first n passes of the (requests, passes) workload indices `idx`
+        (`q`, `blocks`: their sums per pass)."""
+        w, cols, q = self.w, idx[:, :n], q[:n]
+        kv = self._scored_kv(q, w.kv_tokens_read[cols].sum(0), blocks[:n])
+        return self._pass_times(q, kv, w.query_groups[cols].sum(0), w.logit_tokens[cols].sum(0), n_requests, until)
 
     def _whole_passes(self, R: np.ndarray, limits: np.ndarray, idx0: np.ndarray) -> bool:
         """Every running request runs its whole next workload pass (no chunk, recompute or request

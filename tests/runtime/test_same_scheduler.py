@@ -4,6 +4,8 @@ query row: the replay's `LinearCost`, the server's `FakeClock`)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from runtime.engines import GenerationConfig, Request, SequentialEngine
@@ -91,9 +93,9 @@ def test_pool_attention_scores_the_keys_the_runtime_scores(tiny_model, tok, tmp_
     seen = []
     timed = replay_mod.Replay._pass_times
 
-    def record(self, q, kv, g, lg, n):
+    def record(self, q, kv, g, lg, n, until=math.inf):
         seen.extend(zip(map(int, q), map(int, kv)))
-        return timed(self, q, kv, g, lg, n)
+        return timed(self, q, kv, g, lg, n, until)
 
     monkeypatch.setattr(replay_mod, "MAX_STRETCH_PASSES", 1)  # every pass costed once, in order
     monkeypatch.setattr(replay_mod.Replay, "_pass_times", record)
