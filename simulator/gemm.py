@@ -235,9 +235,9 @@ def _kernel(
     # A partial last wave recovers `tail_share` of its idle SMs' time: the compute blends the
     # quantized waves with the fluid time of the same tiles spread evenly over every SM, but no
     # kernel is faster than one tile-time (fewer tiles than SMs: only split-K spreads the work).
-    fluid = np.maximum(tiles / sms, 1.0) * iters + (
-        p.fill_iters if tile.persistent else np.maximum(tiles / sms, 1.0) * p.fill_iters / tile.ctas_per_sm
-    )
+    spread = np.maximum(tiles / sms, 1.0)  # tile-times per SM with the tiles spread evenly
+    fluid_fill = p.fill_iters if tile.persistent else spread * p.fill_iters / tile.ctas_per_sm
+    fluid = spread * iters + fluid_fill
     compute = ((1.0 - p.tail_share) * quantized + p.tail_share * fluid) * iter_s
     bandwidth = hw.hbm_bytes_per_s * p.memory_eff
     memory = _hbm_bytes(m, k, n, rows, cols, tile, per_wave, split, hw, dtype_bytes) / bandwidth

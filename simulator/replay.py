@@ -549,7 +549,7 @@ class Replay(ArrivalStream):
         """Passes the whole batch R runs unchanged: stop before a pass that overflows the pool, that the
         token budget would chunk, or after which the waiting head would be admitted."""
         cap, cfg, w = self.pool_capacity_blocks, self.config, self.w
-        m = int(min((self.npass[R] - self.ptr[R]).min(), 1 if self.one_pass_at_a_time else MAX_STRETCH_PASSES))
+        m = int(min(self.remaining_passes(R).min(), 1 if self.one_pass_at_a_time else MAX_STRETCH_PASSES))
         idx = idx0[:, None] + np.arange(m)[None, :]  # (R, m)
         blocks = self.blocks[idx].sum(0)
         q = w.query_tokens[idx].sum(0)
