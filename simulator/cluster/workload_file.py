@@ -66,8 +66,10 @@ def read_workload_file(path: str | Path, columns: str | None = None, time_scale:
     if not (time_scale > 0 and np.isfinite(time_scale)):
         raise UsageError(f"--time-scale must be a positive number, got {time_scale!r}")
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise UsageError(f"workload file {path} does not exist")
+    if not path.is_file():
+        raise UsageError(f"workload file {path}: not a regular file")
     mapping = parse_columns(columns)
     try:
         frame = pd.read_csv(path)

@@ -84,3 +84,17 @@ def test_stretch_keeps_threads_and_live_fraction(tmp_path):
         else:  # TIP: the generated part stays bounded by the evictions, not the whole output
             assert w.live_kv_tokens[hi - 1] < 12 + 30
     assert abs(int(w.output_tokens.mean()) - 30) <= 3
+
+
+def test_workload_path_that_is_not_a_file(tmp_path):
+    """A missing path and a directory or FIFO each get their own reason (never a read that blocks)."""
+    import os
+
+    with pytest.raises(ValueError, match="does not exist"):
+        read_workload_file(tmp_path / "absent.csv")
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_workload_file(tmp_path)
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_workload_file(fifo)
