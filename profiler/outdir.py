@@ -228,6 +228,8 @@ def check_out_file(
     if p.is_dir():
         raise UsageError(f"{flag} {out} is a directory; give a file path")
     for item in inputs:
+        if item and p == resolved(item):
+            raise UsageError(f"{flag} {out} is the input {item}; write it elsewhere")
         if item and _inside(p, resolved(item)):
             raise UsageError(f"{flag} {out} lies inside the input {item}; write it elsewhere")
     if not p.parent.is_dir():
