@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SEQ = ROOT / "traces" / "sequential-reverse_words"
 PD = ROOT / "traces" / "planned_diffusion-word_facts"
+XLA_H100 = ROOT / "simulator" / "data" / "xla-gemm" / "h100-sxm.csv"
 CKPT = ROOT / "checkpoints" / "sequential-tiny"
 LOCK = ".solm.lock"
 
@@ -362,6 +363,22 @@ def cases() -> list[Case]:
             ["diff", "runs/a", "t"],
             timeout_s=30,
             setup=_replace_meta(lambda p: p.symlink_to("/dev/zero")),
+        ),
+        Case(
+            "calibrate a FIFO GEMM table",
+            ["calibrate", "g.csv", "--hardware", "h100-sxm", "--out", "cal.json"],
+            timeout_s=30,
+            setup=lambda base: os.mkfifo(base / "g.csv"),
+        ),
+        Case(
+            "calibrate --out its own table --force",
+            ["calibrate", "g.csv", "--hardware", "h100-sxm", "--out", "g.csv", "--force"],
+            setup=lambda base: shutil.copy(XLA_H100, base / "g.csv"),
+        ),
+        Case(
+            "cost --gemm-calibration /dev/zero",
+            ["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gemm-calibration", "/dev/zero"],
+            timeout_s=30,
         ),
         Case(
             "export with a FIFO meta.json",

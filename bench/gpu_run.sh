@@ -4,11 +4,13 @@
 # so the SmolLM2 architecture runs as arch:smollm2-135m), CUDA-event timing and NVML counters at
 # 20 Hz (bench/gpu_capture.py); batch-1 decode bandwidth efficiency of the engine path, the static
 # path and its torch.compile / CUDA-graph versions (bench/decode_efficiency.py); `solm validate`
-# and `solm validate --uncalibrated` on every trace. Each step has its own time limit, and one
+# and `solm validate --uncalibrated` on every trace; the part's own GEMM times (bench/gemm_profile.py)
+# and the GEMM tile model calibrated on them (solm calibrate). Each step has its own time limit, and one
 # failing step does not stop the others; everything lands under $OUT with a log per step.
 #
 #   GPU:        bash bench/gpu_run.sh                      (OUT=traces/gpu-h200, about 8 minutes)
 #   CPU check:  DEVICE=cpu ARCH=tiny-llama SMALL=tiny-qwen2 N=1 MAX_TOKENS=6 CONTEXT=32 PASSES=8 \
+#               GEMM_ARGS="--m 1,8 --n 64,128 --k 64,128 --iters 2 --trials 2" \
 #               OUT=/tmp/gpu-run-check bash bench/gpu_run.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -22,6 +24,8 @@ MAX_TOKENS=${MAX_TOKENS:-64}
 CONTEXT=${CONTEXT:-512}
 PASSES=${PASSES:-64}
 STEP_LIMIT=${STEP_LIMIT:-240}
+HARDWARE=${HARDWARE:-h200}  # the catalog part this machine is, for solm calibrate
+GEMM_ARGS=${GEMM_ARGS:-}    # bench/gemm_profile.py grid flags (default: its LLM grid, 160 GEMMs)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
 status=0
@@ -39,6 +43,10 @@ for arch in "$ARCH" "$SMALL"; do
   step "capture-$arch" "$PY" bench/gpu_capture.py --arch "$arch" --device "$DEVICE" --n "$N" \
     --max-tokens "$MAX_TOKENS" --counters-hz 20 --out "$OUT/$arch" --force
 done
+# the part's own GEMM times, and the tile model calibrated on them (solm calibrate; docs/cost_model.md)
+step gemm_profile "$PY" bench/gemm_profile.py --device "$DEVICE" $GEMM_ARGS --out "$OUT/gemms.csv" --force
+step gemm_calibrate "$PY" -m solm calibrate "$OUT/gemms.csv" --hardware "$HARDWARE" \
+  --out "$OUT/gemm-calibration.json" --force
 step decode_efficiency "$PY" bench/decode_efficiency.py --arch "$ARCH" --device "$DEVICE" \
   --context "$CONTEXT" --passes "$PASSES"
 for arch in "$ARCH" "$SMALL"; do

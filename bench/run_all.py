@@ -12,7 +12,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SKIP = {"run_all.py", "demo.py", "gpu_capture.py", "decode_efficiency.py"}  # GPU scripts: bench/gpu_run.sh
+SKIP = {
+    "run_all.py",
+    "demo.py",
+    "gpu_capture.py",
+    "decode_efficiency.py",
+    "gemm_profile.py",
+}  # GPU tools: bench/gpu_run.sh
 
 
 def main() -> int:

@@ -221,13 +221,20 @@ def load_a100_params() -> CostParams:
 
 
 def default_params(hardware: HardwareSpec) -> CostParams:
-    """A100 calibration carried to any GPU (`CostParams.scaled_to`); priors for CPUs."""
+    """A100 calibration carried to any GPU (`CostParams.scaled_to`), with the part's own GEMM
+    calibration (`HardwareSpec.gemm_fit`) when it has one; priors for CPUs."""
     if hardware.kind != "gpu":
         return CostParams.prior(hardware)
     reference = HARDWARE["a100-80g"]
     if hardware == reference:
         return load_a100_params()
-    return load_a100_params().scaled_to(hardware, reference)
+    params = load_a100_params().scaled_to(hardware, reference)
+    if hardware.gemm_fit is not None:  # the part's own GEMM calibration (solm calibrate)
+        gemm = GemmParams(**dict(hardware.gemm_fit))
+        params = dataclasses.replace(
+            params, gemm=gemm, source=f"{params.source}; GEMMs: a calibration on measured GEMMs"
+        )
+    return params
 
 
 # (flops, bytes, launches) of one op; arrays when the token counts are arrays.

@@ -105,7 +105,9 @@ def fit_gemm(
     """Least-squares fit of the tile parameters to measured GEMM rows (every `thin`-th token
     count of each shape, to bound the time); `fixed` holds fields not fitted, `lower` other
     lower bounds than `_LOWER` (the start moves up to a raised bound)."""
-    rows = rows[rows.groupby(["model", "tp", "op"]).cumcount() % thin == 0].reset_index(drop=True)
+    if thin > 1:  # the vidur profiles: every thin-th token count of each (model, TP, op) profile
+        rows = rows[rows.groupby(["model", "tp", "op"]).cumcount() % thin == 0]
+    rows = rows.reset_index(drop=True)
     measured = rows["time_s"].to_numpy(float)
     fixed = dict(fixed or {})
     free = [i for i, name in enumerate(FIT_FIELDS) if name not in fixed]

@@ -60,6 +60,9 @@ class HardwareSpec:
     sustained_clock_hz: float | None = None  # the clock its tensor peak is rated at (see _CHIP)
     l2_bytes: int | None = None  # last-level on-chip cache shared by all SMs
     arch: str | None = None  # GEMM kernel family: its tile shapes (simulator.gemm.TILES)
+    # The tile model's parameters fitted on this part's own measured GEMMs (`solm calibrate`,
+    # simulator/gemm_calibration.py) as (field, value) pairs; None: the A100 fit carried by physics.
+    gemm_fit: tuple[tuple[str, float], ...] | None = None
     # ---- interconnect and price (simulator/comm.py, simulator/cluster/; see _LINKS below) ----
     nvlink_generation: int | None = None  # None: no NVLink / Infinity Fabric between GPUs
     pcie_generation: int = 4
@@ -139,6 +142,22 @@ def _validate(spec: HardwareSpec) -> None:
         and spec.sustained_clock_hz > spec.boost_clock_hz * 1.0001
     ):
         raise ValueError(f"hardware {spec.name!r}: sustained_clock_hz exceeds boost_clock_hz")
+    if spec.gemm_fit is not None and not (
+        spec.has_chip_layout
+        and isinstance(spec.gemm_fit, tuple)
+        and all(
+            isinstance(pair, tuple)
+            and len(pair) == 2
+            and isinstance(pair[0], str)
+            and isinstance(pair[1], (int, float))
+            and not isinstance(pair[1], bool)
+            for pair in spec.gemm_fit
+        )
+    ):
+        raise ValueError(
+            f"hardware {spec.name!r}: gemm_fit takes (field, number) pairs from a GEMM calibration "
+            f"(solm calibrate), on a part with a chip layout"
+        )
 
 
 TOPOLOGIES = ("nvswitch", "nvlink_pairs", "pcie", "mesh")  # node topologies (simulator.comm)

@@ -137,6 +137,14 @@ def grid(
     arrivals += [(None, c) for c in concurrency if c is not None]
     arrivals = arrivals or [(None, None)]
     fixed = {**CLUSTER_DEFAULTS, **(cluster or {})}
+    # a part's own GEMM calibration (solm calibrate): {part: its GemmParams as JSON}, per config
+    calibrations = fixed.pop("gemm_calibrations", None) or {}
+    stray = sorted(set(calibrations) - set(hardware))
+    if stray:
+        raise UsageError(
+            f"--gemm-calibration: fitted on {stray[0]}, which is not among --hardware {','.join(hardware)} "
+            f"(a calibration serves the part it was fitted on)"
+        )
     shapes = list(
         itertools.product(
             *(
@@ -164,6 +172,8 @@ def grid(
             "replicas": k,
             **(options or {}),
         }
+        if h in calibrations:
+            cfg["gemm_calibration"] = calibrations[h]
         _replay_config(cfg)  # ValueError for a bad setting, before any work
         _cluster_config(cfg)
         configs.append(cfg)
@@ -219,10 +229,10 @@ def config_key(cfg: dict) -> str:
     """The identity of a configuration: its settings, the trace by its resolved path (a resumed
     sweep finds its rows however the trace's path is spelled: ./t, t/, a symlink)."""
     keys = dict.fromkeys((*SETTINGS, *OPTIONS, *CLUSTER_SETTINGS))
-    return json.dumps(
-        {**{k: cfg.get(k, CLUSTER_DEFAULTS.get(k)) for k in keys}, "trace": os.path.realpath(cfg["trace"])},
-        sort_keys=True,
-    )
+    key = {**{k: cfg.get(k, CLUSTER_DEFAULTS.get(k)) for k in keys}, "trace": os.path.realpath(cfg["trace"])}
+    if cfg.get("gemm_calibration"):  # only when given: sweeps written before it keep their keys
+        key["gemm_calibration"] = cfg["gemm_calibration"]
+    return json.dumps(key, sort_keys=True)
 
 
 def run_one(cfg: dict, workloads: dict[str, Workload]) -> dict:
@@ -237,6 +247,9 @@ def run_one(cfg: dict, workloads: dict[str, Workload]) -> dict:
         hardware = get_hardware(cfg["hardware"])
         if cfg.get("price_per_gpu_hour") is not None:
             hardware = dataclasses.replace(hardware, price_per_gpu_hour=cfg["price_per_gpu_hour"])
+        if cfg.get("gemm_calibration"):
+            fit = json.loads(cfg["gemm_calibration"])
+            hardware = dataclasses.replace(hardware, gemm_fit=tuple((k, float(v)) for k, v in fit.items()))
         res = simulate(w, hardware, model, _replay_config(cfg), _cluster_config(cfg))
         row.update(res.metrics)
         row["quality_mean"] = w.quality_mean  # from the trace (NaN: not scored), never from the simulation

@@ -1,3 +1,15 @@
 """One module per `solm` subcommand, each with `add_parser(subparsers)` and `run(args) -> int`."""
 
-COMMANDS = ("capture", "inspect", "train", "cost", "diff", "export", "dashboard", "simulate", "validate", "sweep")
+COMMANDS = (
+    "capture",
+    "inspect",
+    "train",
+    "cost",
+    "calibrate",
+    "diff",
+    "export",
+    "dashboard",
+    "simulate",
+    "validate",
+    "sweep",
+)

@@ -84,6 +84,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "scales with the SMs) or hbm_bytes_per_s=6e12 (repeatable)",
     )
     parser.add_argument(
+        "--gemm-calibration",
+        default=None,
+        metavar="CAL.json",
+        help="GEMM tile-model parameters fitted on the part's own measured GEMMs (solm calibrate)",
+    )
+    parser.add_argument(
         "--calibrate-from",
         default=None,
         metavar="TRACE",
@@ -184,6 +190,10 @@ def _hardware(args: argparse.Namespace) -> Any:
             hardware = dataclasses.replace(hardware, topology=args.topology)
     except (ValueError, TypeError) as error:
         raise UsageError(f"--set/--topology: {error}") from None
+    if getattr(args, "gemm_calibration", None):
+        from simulator.gemm_calibration import with_gemm_calibration
+
+        hardware = with_gemm_calibration(hardware, args.gemm_calibration)
     return hardware
 
 

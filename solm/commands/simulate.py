@@ -126,6 +126,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="FIELD=VALUE",
         help="override a field of the part, e.g. hbm_bytes_per_s=6e12 (repeatable)",
     )
+    p.add_argument(
+        "--gemm-calibration",
+        default=None,
+        metavar="CAL.json",
+        help="GEMM tile-model parameters fitted on --hardware's own measured GEMMs (solm calibrate)",
+    )
     p.add_argument("--model", default="", help="catalog model (default: the trace's own)")
     p.add_argument("--max-seqs", type=int, default=256, help="cap on sequences in one pass (default 256)")
     arrival = p.add_mutually_exclusive_group()
@@ -157,6 +163,12 @@ def simulate(args: argparse.Namespace) -> tuple[dict, object]:
 
     fields = parse_set(args.set)
     hardware = with_links(override(args.hardware, **fields) if fields else get_hardware(args.hardware), args)
+    calibrated_on = None
+    if args.gemm_calibration:
+        from simulator.gemm_calibration import read_calibration, with_gemm_calibration
+
+        hardware = with_gemm_calibration(hardware, args.gemm_calibration)
+        calibrated_on = read_calibration(args.gemm_calibration)[0]
     cluster = cluster_config(args)
     config = ReplayConfig(
         max_seqs=args.max_seqs,
@@ -183,6 +195,8 @@ def simulate(args: argparse.Namespace) -> tuple[dict, object]:
             "workload": args.workload,
             "system": trace.system,
             "hardware": hardware.name,
+            "gemm_calibration": args.gemm_calibration,
+            "gemm_calibration_part": calibrated_on,
             "model": model.name,
             "arrival": config.arrival,
             "rate": args.rate,
@@ -214,6 +228,11 @@ def run(args: argparse.Namespace) -> int:
             f"{f['scheduler']}{' (oracle)' if f['sjf_oracle'] else ''}, chunked prefill "
             f"{'on' if f['chunked_prefill'] else 'off'}, reserve {f['reserve']})"
         )
+        if f["gemm_calibration"]:
+            print(
+                f"  GEMMs           the tile model fitted on GEMMs measured on {f['gemm_calibration_part']}: "
+                f"{f['gemm_calibration']}"
+            )
         print(
             f"  requests        {f['completed']} completed, {f['failed']} failed; {f['passes']} passes, "
             f"{f['preemptions']} preemptions ({f['recomputed_tokens']} tokens recomputed), "

@@ -65,6 +65,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--time-scale", type=float, default=1.0, help="with --workload: arrivals this many times faster")
     g.add_argument("--price-per-gpu-hour", type=float, default=None, help="USD per GPU-hour: cost per million tokens")
+    g.add_argument(
+        "--gemm-calibration",
+        action="append",
+        metavar="CAL.json",
+        help="GEMM tile-model parameters fitted on one part's own GEMMs (solm calibrate); applies to that "
+        "part of --hardware (repeatable, one per part)",
+    )
     p.add_argument("--backend", default="local", choices=("local", "ray"), help="process pool (default) or Ray")
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local one on loopback)")
     p.add_argument("--workers", type=int, default=None, help="parallel workers (default: one per core)")
@@ -72,8 +79,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print only the JSON line")
 
 
+def _gemm_calibrations(paths: list[str] | None) -> dict[str, str]:
+    """{part: its fitted GemmParams as JSON} from each --gemm-calibration file (UsageError if bad)."""
+    from simulator.gemm_calibration import read_calibration
+
+    found: dict[str, str] = {}
+    for path in paths or []:
+        part, params = read_calibration(path)
+        if part in found:
+            raise UsageError(f"--gemm-calibration: two calibrations for {part}; give one per part")
+        found[part] = json.dumps(params.to_json(), sort_keys=True)
+    return found
+
+
 def _cluster(args: argparse.Namespace) -> dict:
+    calibrations = _gemm_calibrations(args.gemm_calibration)
     return {
+        **({"gemm_calibrations": calibrations} if calibrations else {}),
         "tp": _list(args.tp, "--tp", int),
         "pp": _list(args.pp, "--pp", int),
         "pp_schedule": args.pp_schedule,

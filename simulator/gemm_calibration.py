@@ -1,0 +1,222 @@
+"""A part's own GEMM calibration: the tile model fitted on GEMM times measured on that part.
+
+What: `read_gemm_table` reads a CSV of measured GEMMs (columns m, n, k and one of time_s,
+time_ms, time_us or an achieved FLOP/s column such as bf16_flops_per_s, and optionally dtype,
+which must be a 16-bit type; `bench/gemm_profile.py` writes one on any GPU with PyTorch);
+`calibrate` fits the tile-and-wave model's parameters (`simulator.gemm_fit.fit_gemm`, the same
+fields and bounds as the shipped A100 fit) to it and scores the fit honestly first: the table's
+distinct (K, N) shapes are shuffled (seed 0) and halved, the model fitted on one half and scored
+on the other and the reverse, beside the A100 fit carried by physics (what the simulator uses
+without a calibration) on the same rows; then the parameters are refitted on every row.
+`GemmCalibration.to_json` is the file `solm calibrate` writes, `read_calibration` reads it back
+(one UsageError line for anything else), and `with_gemm_calibration` attaches its parameters to a
+part (`HardwareSpec.gemm_fit`), so every GEMM the simulator costs on that part uses them (`solm
+cost` / `solm simulate --gemm-calibration`).
+Why: the A100 fit carried by physics is the answer for a part nobody has measured; a user who
+can time a few dozen GEMMs on their part gets that part's own kernels' efficiencies, launch cost
+and choice spread instead, and the held-out figures say how much that buys before they trust it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profiler.errors import UsageError
+from simulator.gemm import GemmParams
+from simulator.hardware import HardwareSpec
+
+FORMAT = "solm-gemm-calibration"
+VERSION = 1
+TIME_COLUMNS: dict[str, float] = {"time_s": 1.0, "time_ms": 1e-3, "time_us": 1e-6}  # column -> seconds
+SIXTEEN_BIT = {"bfloat16", "bf16", "float16", "fp16", "half"}  # accepted values of an optional dtype column
+MIN_ROWS = 8  # fewer measured GEMMs than this cannot pin seven parameters
+MIN_SHAPES_FOR_SPLIT = 4  # (K, N) shapes needed to hold half of them out
+
+
+def read_gemm_table(path: str | Path) -> pd.DataFrame:
+    """The measured GEMMs as rows of num_tokens (M), K, N and time_s (UsageError, one line, for
+    anything malformed)."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"GEMM table {path} does not exist")
+    if not path.is_file():
+        raise UsageError(f"GEMM table {path}: not a regular file")
+    try:
+        table = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+        raise UsageError(f"{path}: not a CSV table of GEMMs ({str(error).splitlines()[0]})") from None
+    columns = {str(c).strip().lower(): c for c in table.columns}
+    missing = [c for c in ("m", "n", "k") if c not in columns]
+    times = [c for c in TIME_COLUMNS if c in columns]
+    rates = [c for c in columns if c.endswith("flops_per_s")]
+    if missing or not (times or rates):
+        raise UsageError(
+            f"{path}: needs columns m, n, k and one of {', '.join(TIME_COLUMNS)} or an achieved "
+            f"FLOP/s column (e.g. bf16_flops_per_s); found {', '.join(map(str, table.columns)) or 'none'}"
+        )
+    if not len(table):
+        raise UsageError(f"{path}: no GEMMs")
+    if "dtype" in columns:
+        kinds = sorted({str(v).strip().lower() for v in table[columns["dtype"]]} - SIXTEEN_BIT)
+        if kinds:
+            raise UsageError(
+                f"{path}: dtype {kinds[0]}: the tile model is fitted on 16-bit GEMMs (bfloat16, float16); "
+                f"time those (bench/gemm_profile.py --dtype bfloat16)"
+            )
+    values: dict[str, np.ndarray] = {}
+    for name in ("m", "n", "k", *(times[:1] or rates[:1])):
+        col = pd.to_numeric(table[columns[name]], errors="coerce").to_numpy(float)
+        bad = np.flatnonzero(~(np.isfinite(col) & (col > 0)))
+        if len(bad):
+            raise UsageError(
+                f"{path}: row {bad[0] + 1}: {columns[name]} must be a positive number, got {table[columns[name]].iloc[bad[0]]!r}"
+            )
+        if name in ("m", "n", "k"):
+            bad = np.flatnonzero((col != np.round(col)) | (col > 1 << 24))
+            if len(bad):
+                raise UsageError(f"{path}: row {bad[0] + 1}: {columns[name]} must be a whole number up to 2^24")
+        values[name] = col
+    m, n, k = values["m"], values["n"], values["k"]
+    if times:
+        time_s = values[times[0]] * TIME_COLUMNS[times[0]]
+    else:
+        time_s = 2.0 * m * n * k / values[rates[0]]
+    if len(table) < MIN_ROWS:
+        raise UsageError(f"{path}: {len(table)} GEMMs; a calibration needs at least {MIN_ROWS}")
+    return pd.DataFrame({"num_tokens": m, "K": k, "N": n, "time_s": time_s})
+
+
+@dataclass(frozen=True)
+class GemmCalibration:
+    """Fitted parameters and the figures that judge them."""
+
+    hardware: str
+    params: GemmParams
+    rows: int
+    shapes: int
+    source: str
+    heldout: dict[str, Any]  # {"fitted": {median, p90, n}, "carried": {...}, "split": str}
+    in_sample: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "hardware": self.hardware,
+            "params": self.params.to_json(),
+            "rows": self.rows,
+            "shapes": self.shapes,
+            "source": self.source,
+            "heldout": self.heldout,
+            "in_sample": self.in_sample,
+        }
+
+
+def _ape_stats(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
+    ape = np.abs(np.asarray(predicted) / np.asarray(measured) - 1.0) * 100.0
+    return {"median": round(float(np.median(ape)), 2), "p90": round(float(np.percentile(ape, 90)), 2), "n": len(ape)}
+
+
+def _halves(rows: pd.DataFrame, seed: int) -> tuple[np.ndarray, str]:
+    """A boolean mask of one half: whole (K, N) shapes when there are enough of them, else rows."""
+    shapes = sorted(set(zip(rows["K"], rows["N"])))
+    rng = np.random.default_rng(seed)
+    if len(shapes) >= MIN_SHAPES_FOR_SPLIT:
+        order = [shapes[i] for i in rng.permutation(len(shapes))]
+        half = set(order[::2])
+        return np.array([(k, n) in half for k, n in zip(rows["K"], rows["N"])]), "(K, N) shapes halved"
+    mask = np.zeros(len(rows), bool)
+    mask[rng.permutation(len(rows))[::2]] = True
+    return mask, "rows halved (too few shapes to hold whole ones out)"
+
+
+def calibrate(rows: pd.DataFrame, hardware: HardwareSpec, source: str = "", seed: int = 0) -> GemmCalibration:
+    """Held-out figures (two-fold over halves), then the parameters refitted on every row."""
+    from simulator.cost import default_params
+    from simulator.gemm_fit import FIXED_FROM_DATASHEETS, fit_gemm, predict_tiles
+
+    if not hardware.has_chip_layout:
+        raise UsageError(f"hardware {hardware.name!r} has no chip layout (num_sms, clocks, L2, arch) to calibrate")
+    uncalibrated = dataclasses.replace(hardware, gemm_fit=None)
+    carried = default_params(uncalibrated).gemm
+    assert carried is not None, "a part with a chip layout has tile parameters"
+    rows = rows.reset_index(drop=True)
+    half, split = _halves(rows, seed)
+    fitted = np.empty(len(rows))
+    for train in (half, ~half):
+        params = fit_gemm(rows[train], uncalibrated, fixed=FIXED_FROM_DATASHEETS)
+        fitted[~train] = predict_tiles(rows[~train].reset_index(drop=True), params, uncalibrated)
+    measured = rows["time_s"].to_numpy(float)
+    heldout = {
+        "split": f"{split}, seed {seed}: fitted on one half, scored on the other, and the reverse",
+        "fitted": _ape_stats(fitted, measured),
+        "carried": _ape_stats(predict_tiles(rows, carried, uncalibrated), measured),
+    }
+    final = fit_gemm(rows, uncalibrated, fixed=FIXED_FROM_DATASHEETS)
+    in_sample = _ape_stats(predict_tiles(rows, final, uncalibrated), measured)
+    return GemmCalibration(
+        hardware=hardware.name,
+        params=final,
+        rows=len(rows),
+        shapes=len(set(zip(rows["K"], rows["N"]))),
+        source=source,
+        heldout=heldout,
+        in_sample=in_sample,
+    )
+
+
+def read_calibration(path: str | Path) -> tuple[str, GemmParams]:
+    """(part it was fitted on, parameters) from a file `solm calibrate` wrote (UsageError if not one)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"GEMM calibration {path}: " + ("not a regular file" if path.exists() else "does not exist"))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"GEMM calibration {path}: not JSON ({error})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise UsageError(f"GEMM calibration {path}: not a solm GEMM calibration (write one with `solm calibrate`)")
+    if data.get("version") != VERSION:
+        raise UsageError(f"GEMM calibration {path}: version {data.get('version')!r}, this solm reads {VERSION}")
+    raw = data.get("params")
+    fields = {f.name for f in dataclasses.fields(GemmParams)}
+    if not isinstance(raw, dict) or set(raw) != fields:
+        raise UsageError(f"GEMM calibration {path}: params must name exactly {', '.join(sorted(fields))}")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in raw.values()):
+        raise UsageError(f"GEMM calibration {path}: params must be finite numbers")
+    try:
+        params = GemmParams.from_json(raw)
+    except ValueError as error:
+        raise UsageError(f"GEMM calibration {path}: {error}") from None
+    return str(data.get("hardware", "")), params
+
+
+def with_gemm_calibration(hardware: HardwareSpec, path: str | Path) -> HardwareSpec:
+    """The part with the calibration's parameters attached (`HardwareSpec.gemm_fit`). A calibration
+    serves the parts of the kernel family it was fitted on (an H100's serves an H200, the same die),
+    not another family's."""
+    if not hardware.has_chip_layout:
+        raise UsageError(f"--gemm-calibration: hardware {hardware.name!r} has no chip layout for the GEMM tile model")
+    fitted_on, params = read_calibration(path)
+    from simulator.hardware import HARDWARE
+
+    origin = HARDWARE.get(fitted_on)
+    if origin is None or origin.arch != hardware.arch:
+        family = f" ({origin.arch})" if origin is not None else " (not a catalog part)"
+        raise UsageError(
+            f"--gemm-calibration {path}: fitted on {fitted_on or '?'}{family}; its tile efficiencies describe "
+            f"that kernel family, not {hardware.name}'s ({hardware.arch})"
+        )
+    return dataclasses.replace(
+        hardware,
+        gemm_fit=tuple((k, float(v)) for k, v in params.to_json().items()),
+        source=f"{hardware.source}; GEMM tile model calibrated on {fitted_on} ({path})",
+    )

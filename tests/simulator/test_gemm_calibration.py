@@ -1,0 +1,245 @@
+"""A part's own GEMM calibration: `solm calibrate` fits the tile model to measured GEMMs (here
+XLA's measured H100 table), the held-out figures judge it, and `--gemm-calibration` makes `solm
+cost` and `solm simulate` use it; bad tables and files are one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simulator.cost import CostModel, default_params
+from simulator.gemm import GemmParams, gemm_kernel
+from simulator.gemm_calibration import MIN_ROWS, read_calibration, read_gemm_table, with_gemm_calibration
+from simulator.gemm_transfer import XLA_DIR
+from simulator.hardware import get_hardware
+from simulator.models import get_model
+from solm.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+H100_TABLE = XLA_DIR / "h100-sxm.csv"
+GOOD_HEADER = "m,n,k,time_us\n"
+
+
+def _good_rows(count: int = 8) -> str:
+    return "".join(f"{64 * (i + 1)},4096,4096,{10 + 3 * i}\n" for i in range(count))
+
+
+@pytest.fixture(scope="module")
+def h100_calibration(tmp_path_factory) -> tuple[Path, dict]:
+    """`solm calibrate` on XLA's H100 table, run once: (file written, the command's JSON line)."""
+    out = tmp_path_factory.mktemp("cal") / "h100.json"
+    code = main(["calibrate", str(H100_TABLE), "--hardware", "h100-sxm", "--out", str(out), "--json"])
+    assert code == 0 and out.is_file()
+    return out, json.loads(out.read_text())
+
+
+def test_calibration_beats_the_carried_fit_on_shapes_it_did_not_see(h100_calibration):
+    out, data = h100_calibration
+    held = data["heldout"]
+    assert data["format"] == "solm-gemm-calibration" and data["hardware"] == "h100-sxm"
+    assert data["rows"] == 125 and data["shapes"] == 25
+    assert held["fitted"]["n"] == held["carried"]["n"] == 125
+    # fitted on half of the (K, N) shapes, scored on the other half: better than the A100 fit the
+    # simulator carries to the part by physics, on the median and the p90
+    assert held["fitted"]["median"] < held["carried"]["median"]
+    assert held["fitted"]["p90"] < held["carried"]["p90"]
+    assert 0 < data["in_sample"]["median"] <= held["fitted"]["median"] + 1.0
+    hardware, params = read_calibration(out)
+    assert hardware == "h100-sxm" and params == GemmParams.from_json(data["params"])
+
+
+def test_cost_and_simulate_use_the_calibration(h100_calibration, capsys, tmp_path):
+    out, data = h100_calibration
+    params = GemmParams.from_json(data["params"])
+    base = get_hardware("h100-sxm")
+    calibrated = with_gemm_calibration(base, out)
+    assert default_params(calibrated).gemm == params and default_params(base).gemm != params
+    model = get_model("llama-3-8b")
+    ops = CostModel(calibrated, model).op_times_s(4096, 4096 * 4097 // 2, 1)
+    k, n = 4096, 2 * 14336
+    assert ops["mlp_up_proj"] == pytest.approx(float(gemm_kernel(4096, k, n, base, params).time_s))
+
+    def up_proj_ms(extra: list[str]) -> float:
+        args = ["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--tokens", "4096", "--json", *extra]
+        assert main(args) == 0
+        result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        return next(op["time_ms"] for op in result["ops"] if op["op"] == "mlp_up_proj")
+
+    assert up_proj_ms(["--gemm-calibration", str(out)]) == pytest.approx(ops["mlp_up_proj"] * 1e3)
+    assert up_proj_ms([]) != pytest.approx(ops["mlp_up_proj"] * 1e3)
+
+    trace = ROOT / "traces" / "sequential-reverse_words"
+    args = ["simulate", str(trace), "--hardware", "h100-sxm", "--model", "llama-3-8b", "--rate", "8"]
+    assert main([*args, "--num-requests", "20", "--gemm-calibration", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "GEMMs           the tile model fitted on GEMMs measured on h100-sxm: " in text
+    figures = json.loads(text.strip().splitlines()[-1])
+    assert figures["gemm_calibration"] == str(out) and figures["gemm_calibration_part"] == "h100-sxm"
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("m,n,k\n" + "64,64,64\n" * 8, "needs columns m, n, k and one of"),
+        ("m,n,time_us\n" + "64,64,5\n" * 8, "needs columns m, n, k"),
+        (GOOD_HEADER + _good_rows(7).replace("10\n", "x\n", 1), "row 1: time_us must be a positive number"),
+        (GOOD_HEADER + "-64,4096,4096,10\n" + _good_rows(7), "row 1: m must be a positive number"),
+        (GOOD_HEADER + "64.5,4096,4096,10\n" + _good_rows(7), "row 1: m must be a whole number"),
+        (GOOD_HEADER + _good_rows(7).replace(",10\n", ",inf\n"), "row 1: time_us must be a positive number"),
+        (GOOD_HEADER + _good_rows(MIN_ROWS - 1), f"a calibration needs at least {MIN_ROWS}"),
+        (GOOD_HEADER, "no GEMMs"),
+        ("", "not a CSV table of GEMMs"),
+        ("m,n,k,time_s,dtype\n" + "64,64,64,1e-5,float32\n" * 8, "dtype float32: the tile model is fitted on 16-bit"),
+    ],
+)
+def test_bad_tables_are_one_line_exit_2(tmp_path, capsys, text, needle):
+    table = tmp_path / "gemms.csv"
+    table.write_text(text)
+    before = table.read_bytes()
+    out = tmp_path / "cal.json"
+    code = main(["calibrate", str(table), "--hardware", "h100-sxm", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("solm calibrate: error:"), err
+    assert needle in err[0]
+    assert not out.exists() and table.read_bytes() == before
+
+
+def test_table_path_that_is_not_a_file(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        read_gemm_table(tmp_path / "absent.csv")
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_gemm_table(tmp_path)
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_gemm_table(fifo)
+
+
+def test_flops_column_and_time_units_agree(tmp_path):
+    """A table in achieved FLOP/s (XLA's) and the same GEMMs in us read to the same seconds."""
+    rows = read_gemm_table(H100_TABLE)
+    table = tmp_path / "us.csv"
+    us = rows["time_s"].to_numpy() * 1e6
+    lines = [
+        f"{int(m)},{int(n)},{int(k)},{float(t)!r}" for m, n, k, t in zip(rows["num_tokens"], rows["N"], rows["K"], us)
+    ]
+    table.write_text("M,N,K,time_us\n" + "\n".join(lines) + "\n")
+    again = read_gemm_table(table)
+    assert np.allclose(again["time_s"], rows["time_s"], rtol=1e-12)
+
+
+def test_out_is_never_an_existing_file_or_the_input(tmp_path, capsys):
+    table = tmp_path / "gemms.csv"
+    shutil.copy(H100_TABLE, table)
+    before = table.read_bytes()
+    existing = tmp_path / "cal.json"
+    existing.write_text("the user's notes\n")
+    for out in (table, existing):
+        code = main(["calibrate", str(table), "--hardware", "h100-sxm", "--out", str(out)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1, err
+        assert ("is the input" if out == table else "exists (pass --force") in err[0], err
+    assert table.read_bytes() == before and existing.read_text() == "the user's notes\n"
+
+
+def test_a_part_without_a_chip_layout_is_refused(tmp_path, capsys):
+    table = tmp_path / "gemms.csv"
+    table.write_text(GOOD_HEADER + _good_rows())
+    code = main(["calibrate", str(table), "--hardware", "host-cpu", "--out", str(tmp_path / "cal.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "has no chip layout" in err[0]
+
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ("not json", "not JSON"),
+        ('{"format": "something-else"}', "not a solm GEMM calibration"),
+        ('{"format": "solm-gemm-calibration", "version": 99, "params": {}}', "version 99"),
+        (
+            '{"format": "solm-gemm-calibration", "version": 1, "params": {"tensor_eff": 0.8}}',
+            "params must name exactly",
+        ),
+        ("BAD_RANGE", "GemmParams.tensor_eff out of range"),
+        ("BAD_NAN", "params must be finite numbers"),
+    ],
+)
+def test_bad_calibration_files_are_one_line_exit_2(tmp_path, capsys, content, needle):
+    good = GemmParams().to_json()
+    if content == "BAD_RANGE":
+        content = json.dumps({"format": "solm-gemm-calibration", "version": 1, "params": {**good, "tensor_eff": 2.0}})
+    if content == "BAD_NAN":
+        content = json.dumps({"format": "solm-gemm-calibration", "version": 1, "params": {**good, "memory_eff": None}})
+    cal = tmp_path / "cal.json"
+    cal.write_text(content)
+    for command in (
+        ["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gemm-calibration", str(cal)],
+        ["simulate", str(ROOT / "traces" / "sequential-reverse_words"), "--hardware", "h100-sxm"]
+        + ["--gemm-calibration", str(cal)],
+    ):
+        code = main(command)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and err[0].startswith(f"solm {command[0]}: error:"), err
+        assert needle in err[0]
+
+
+def test_gemm_fit_is_not_a_set_field(capsys):
+    code = main(["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--set", "gemm_fit=3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "gemm_fit takes (field, number) pairs" in err[0]
+
+
+def test_gemm_profile_writes_a_table_calibrate_reads(tmp_path):
+    """bench/gemm_profile.py's CPU path: every GEMM of the grid timed, in the format read back."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gemm_profile
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    out = tmp_path / "cpu.csv"
+    args = ["--m", "1,8", "--n", "64,128", "--k", "64,96", "--dtype", "bfloat16", "--device", "cpu"]
+    assert gemm_profile.main([*args, "--iters", "2", "--trials", "2", "--out", str(out)]) == 0
+    rows = read_gemm_table(out)
+    assert len(rows) == 8 and (rows["time_s"] > 0).all()
+    assert sorted(set(rows["num_tokens"])) == [1, 8] and sorted(set(rows["K"])) == [64, 96]
+    with pytest.raises(SystemExit, match="exists"):
+        gemm_profile.main([*args, "--out", str(out)])
+
+
+def test_a_calibration_serves_its_own_kernel_family_only(h100_calibration, capsys):
+    out, _ = h100_calibration
+    assert with_gemm_calibration(get_hardware("h200"), out).gemm_fit is not None  # the H100's die
+    code = main(["cost", "--model", "llama-3-8b", "--hardware", "b200", "--gemm-calibration", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "fitted on h100-sxm (hopper)" in err[0] and "b200's (blackwell)" in err[0]
+
+
+def test_sweep_applies_a_calibration_to_its_own_part(h100_calibration, capsys, tmp_path):
+    out, data = h100_calibration
+    trace = str(ROOT / "traces" / "sequential-reverse_words")
+    base = ["sweep", trace, "--hardware", "h100-sxm,h200", "--model", "llama-3-8b", "--rate", "8"]
+    base += ["--num-requests", "20", "--workers", "1", "--json"]
+
+    def rows(extra: list[str], folder: str) -> dict[str, dict]:
+        assert main([*base, *extra, "--out", str(tmp_path / folder)]) == 0
+        capsys.readouterr()
+        import pandas as pd
+
+        table = pd.read_parquet(tmp_path / folder / "sweep.parquet")
+        return {row["hardware"]: row for row in table.to_dict("records")}
+
+    plain = rows([], "plain")
+    calibrated = rows(["--gemm-calibration", str(out)], "cal")
+    assert json.loads(calibrated["h100-sxm"]["gemm_calibration"]) == data["params"]
+    assert not isinstance(calibrated["h200"].get("gemm_calibration"), str)  # missing: NaN in the table
+    assert calibrated["h100-sxm"]["mean_e2el_ms"] != pytest.approx(plain["h100-sxm"]["mean_e2el_ms"], rel=1e-9)
+    assert calibrated["h200"]["mean_e2el_ms"] == pytest.approx(plain["h200"]["mean_e2el_ms"], rel=1e-12)
+    code = main([*base[:3], "b200", *base[4:], "--gemm-calibration", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "fitted on h100-sxm, which is not among --hardware b200" in err[0]
