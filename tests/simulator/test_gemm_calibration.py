@@ -5,7 +5,6 @@ cost` and `solm simulate` use it; bad tables and files are one line and exit 2."
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from simulator.gemm_transfer import XLA_DIR
 from simulator.hardware import get_hardware
 from simulator.models import get_model
 from solm.cli import main
+from tests.paths import check_not_a_file
 
 ROOT = Path(__file__).resolve().parents[2]
 H100_TABLE = XLA_DIR / "h100-sxm.csv"
@@ -111,14 +111,7 @@ def test_bad_tables_are_one_line_exit_2(tmp_path, capsys, text, needle):
 
 
 def test_table_path_that_is_not_a_file(tmp_path):
-    with pytest.raises(ValueError, match="does not exist"):
-        read_gemm_table(tmp_path / "absent.csv")
-    with pytest.raises(ValueError, match="not a regular file"):
-        read_gemm_table(tmp_path)
-    fifo = tmp_path / "pipe.csv"
-    os.mkfifo(fifo)
-    with pytest.raises(ValueError, match="not a regular file"):
-        read_gemm_table(fifo)
+    check_not_a_file(read_gemm_table, tmp_path)
 
 
 def test_flops_column_and_time_units_agree(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 from simulator.cluster.workload_file import WORKLOADS_DIR, read_workload_file, stretch
 from simulator.workload import load_workload
 from solm.cli import main
+from tests.paths import check_not_a_file
 from tests.simulator.toy_traces import pasta, seq, tip, write_toy_trace
 
 GOOD = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,8,4\n0.5,16,2\n2.0,4,8\n"
@@ -87,14 +88,4 @@ def test_stretch_keeps_threads_and_live_fraction(tmp_path):
 
 
 def test_workload_path_that_is_not_a_file(tmp_path):
-    """A missing path and a directory or FIFO each get their own reason (never a read that blocks)."""
-    import os
-
-    with pytest.raises(ValueError, match="does not exist"):
-        read_workload_file(tmp_path / "absent.csv")
-    with pytest.raises(ValueError, match="not a regular file"):
-        read_workload_file(tmp_path)
-    fifo = tmp_path / "pipe.csv"
-    os.mkfifo(fifo)
-    with pytest.raises(ValueError, match="not a regular file"):
-        read_workload_file(fifo)
+    check_not_a_file(read_workload_file, tmp_path)
