@@ -29,9 +29,11 @@ out: what a level per shape could fix at best, against the steps within a shape.
 `--transfer` checks both models on parts they were never fitted on: the error on XLA's measured
 bf16 GEMM tables for an H100 SXM and a B200 (simulator/data/xla-gemm, 125 GEMMs each, with a
 datasheet roofline beside them), then what the two models predict for Llama-3-8B's up
-projection at 1, 300 and 4096 tokens on every GPU of the catalog.
+projection at 1, 300 and 4096 tokens on every GPU of the catalog. `--calibration` uses the same
+tables the other way: the tile model calibrated on each part's own GEMMs (`solm calibrate`),
+scored on the (K, N) shapes its fit did not see, beside the carried A100 fit.
 
-    .venv/bin/python bench/cost_model.py [--quick | --transfer [--half dev|test] | --dev [--fix NAME=VALUE] [--min NAME=VALUE]]
+    .venv/bin/python bench/cost_model.py [--quick | --transfer [--half dev|test] | --calibration | --dev [--fix NAME=VALUE] [--min NAME=VALUE]]
 """
 
 from __future__ import annotations
@@ -63,7 +65,14 @@ from simulator.gemm_fit import (  # noqa: E402
     summary,
     unseen_keys,
 )
-from simulator.gemm_transfer import KERNEL_MIN_S, per_gemm, transfer_errors, transfer_keys  # noqa: E402
+from simulator.gemm_transfer import (  # noqa: E402
+    KERNEL_MIN_S,
+    XLA_PARTS,
+    calibration_keys,
+    per_gemm,
+    transfer_errors,
+    transfer_keys,
+)
 from simulator.hardware import HARDWARE  # noqa: E402
 from simulator.models import get_model  # noqa: E402
 
@@ -201,6 +210,11 @@ def main() -> None:
         "--min", action="append", default=[], metavar="NAME=VALUE", help="with --dev: set a lower bound"
     )
     parser.add_argument(
+        "--calibration",
+        action="store_true",
+        help="only XLA's tables used the other way: the tile model calibrated on each part's own GEMMs (solm calibrate)",
+    )
+    parser.add_argument(
         "--half",
         choices=("dev", "test"),
         help="with --transfer: score one seeded half of each measured table (choose on dev, report test)",
@@ -213,6 +227,18 @@ def main() -> None:
         return
     if args.fix or args.min:
         parser.error("--fix and --min go with --dev")
+    if args.calibration:
+        keys = calibration_keys()
+        for part in XLA_PARTS:
+            name = part.replace("-", "_")
+            print(
+                f"{part}: calibrated on its own GEMMs, held out ((K, N) shapes halved, two-fold), median / p90 APE "
+                f"{keys[f'{name}_calibrated_heldout_median_ape_percent']} / "
+                f"{keys[f'{name}_calibrated_heldout_p90_ape_percent']}%; the A100 fit carried "
+                f"{keys[f'{name}_carried_heldout_median_ape_percent']} / {keys[f'{name}_carried_heldout_p90_ape_percent']}%"
+            )
+        print(json.dumps({"bench": "cost_model_calibration", **keys}))
+        return
     if args.transfer:
         measured = measured_transfer(args.half)
         rows = transfer()

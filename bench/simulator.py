@@ -245,11 +245,28 @@ def unseen_gemm_errors(thin: int) -> dict[str, float | int]:
     figures (that bench prints them per op family, token count and fold)."""
     from simulator.calibrate import load_vidur
     from simulator.gemm_fit import holdout_predictions, summary, unseen_keys
-    from simulator.gemm_transfer import transfer_errors, transfer_keys
+    from simulator.gemm_transfer import calibration_keys, transfer_errors, transfer_keys
 
     report = summary(holdout_predictions(load_vidur(), thin=thin))
     measured = transfer_keys(transfer_errors())
-    figures: dict[str, float | int] = {**unseen_keys(report), "gemm_fit_every_nth_token_count": thin, **measured}
+    calibrated = calibration_keys()
+    figures: dict[str, float | int] = {
+        **unseen_keys(report),
+        "gemm_fit_every_nth_token_count": thin,
+        **measured,
+        **calibrated,
+    }
+    print(
+        "The same tables used the other way, the tile model calibrated on each part's own GEMMs (solm calibrate) "
+        "and scored on held-out (K, N) shapes, median / p90 APE over every GEMM: "
+        f"H100 {calibrated['h100_sxm_calibrated_heldout_median_ape_percent']}% / "
+        f"{calibrated['h100_sxm_calibrated_heldout_p90_ape_percent']}%, B200 "
+        f"{calibrated['b200_calibrated_heldout_median_ape_percent']}% / "
+        f"{calibrated['b200_calibrated_heldout_p90_ape_percent']}% (the A100 fit carried: H100 "
+        f"{calibrated['h100_sxm_carried_heldout_median_ape_percent']}% / "
+        f"{calibrated['h100_sxm_carried_heldout_p90_ape_percent']}%, B200 "
+        f"{calibrated['b200_carried_heldout_median_ape_percent']}% / {calibrated['b200_carried_heldout_p90_ape_percent']}%)"
+    )
     print(
         "GEMMs above 10 us on parts never fitted (XLA's H100 SXM and B200 tables), tile model median / p90 APE: "
         f"H100 {measured['h100_sxm_tiles_median_ape_percent']}% / {measured['h100_sxm_tiles_p90_ape_percent']}%, "

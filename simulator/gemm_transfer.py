@@ -127,3 +127,21 @@ def transfer_keys(report: dict[str, Any]) -> dict[str, float]:
             for stat in ("median", "p90"):
                 keys[f"{part.replace('-', '_')}_{name}_{stat}_ape_percent"] = models[name]["kernel"][stat]
     return keys
+
+
+def calibration_keys(parts: tuple[str, ...] = tuple(XLA_PARTS)) -> dict[str, float]:
+    """Each table used the other way: the tile model calibrated on the part's own GEMMs
+    (`simulator.gemm_calibration.calibrate`, two-fold over seeded halves of its (K, N) shapes),
+    its held-out median and p90 APE over every GEMM beside the carried A100 fit's on the same rows,
+    e.g. `h100_sxm_calibrated_heldout_median_ape_percent` (about 20 s per part)."""
+    from simulator.gemm_calibration import calibrate
+
+    keys = {}
+    for part in parts:
+        rows = load_xla(part).rename(columns={"M": "num_tokens"})
+        held = calibrate(rows, HARDWARE[part]).heldout
+        name = part.replace("-", "_")
+        for which, label in (("fitted", "calibrated"), ("carried", "carried")):
+            for stat in ("median", "p90"):
+                keys[f"{name}_{label}_heldout_{stat}_ape_percent"] = held[which][stat]
+    return keys
