@@ -92,23 +92,34 @@ def load_vidur(data_dir: Path | str | None = None) -> pd.DataFrame:
     paths = sorted(data_dir.glob("*.mlp.csv"))
     if not paths:
         raise FileNotFoundError(f"no vidur CSV files in {data_dir}")
-    frames = []
-    for path in paths:
-        wide = pd.read_csv(path)
-        keys = ["num_tensor_parallel_workers", "num_tokens"]
-        dims = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp"]
-        cols = [f"time_stats.{op}.median" for op in VIDUR_OPS if f"time_stats.{op}.median" in wide.columns]
-        wide = wide.groupby(keys, as_index=False).agg({**{c: "median" for c in cols}, **{d: "first" for d in dims}})
-        long = wide.melt(id_vars=keys + dims, value_vars=cols, var_name="op", value_name="time_ms")
-        long["op"] = long["op"].str.removeprefix("time_stats.").str.removesuffix(".median")
-        long["model"] = path.name.split(".")[0]
-        # Phi-2 (parallel attention/MLP) has no post-attention norm column.
-        long["parallel_attn_mlp"] = "time_stats.post_attention_layernorm.median" not in cols
-        frames.append(long)
-    table = pd.concat(frames, ignore_index=True).rename(columns={"num_tensor_parallel_workers": "tp"})
-    table["time_s"] = table.pop("time_ms") / 1e3
-    table["family"] = table["op"].map(OP_FAMILY)
+    table = pd.concat([read_vidur_csv(path) for path in paths], ignore_index=True)
     return table.sort_values(["model", "tp", "op", "num_tokens"], ignore_index=True)
+
+
+VIDUR_KEYS = ("num_tensor_parallel_workers", "num_tokens")
+VIDUR_DIMS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp")
+
+
+def read_vidur_csv(path: Path | str, wide: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One vidur per-op profile (`<model>.mlp.csv` as vidur's profiler writes it) as the long
+    table `load_vidur` returns; `wide` is the file already read. KeyError naming a missing column."""
+    path = Path(path)
+    wide = pd.read_csv(path) if wide is None else wide
+    missing = [c for c in (*VIDUR_KEYS, *VIDUR_DIMS) if c not in wide.columns]
+    if missing:
+        raise KeyError(missing[0])
+    keys, dims = list(VIDUR_KEYS), list(VIDUR_DIMS)
+    cols = [f"time_stats.{op}.median" for op in VIDUR_OPS if f"time_stats.{op}.median" in wide.columns]
+    wide = wide.groupby(keys, as_index=False).agg({**{c: "median" for c in cols}, **{d: "first" for d in dims}})
+    long = wide.melt(id_vars=keys + dims, value_vars=cols, var_name="op", value_name="time_ms")
+    long["op"] = long["op"].str.removeprefix("time_stats.").str.removesuffix(".median")
+    long["model"] = path.name.split(".")[0]
+    # Phi-2 (parallel attention/MLP) has no post-attention norm column.
+    long["parallel_attn_mlp"] = "time_stats.post_attention_layernorm.median" not in cols
+    long = long.rename(columns={"num_tensor_parallel_workers": "tp"})
+    long["time_s"] = long.pop("time_ms") / 1e3
+    long["family"] = long["op"].map(OP_FAMILY)
+    return long
 
 
 def _spec_of(row: pd.Series) -> ModelSpec:

@@ -2,7 +2,8 @@
 
 What: `read_gemm_table` reads a CSV of measured GEMMs (columns m, n, k and one of time_s,
 time_ms, time_us or an achieved FLOP/s column such as bf16_flops_per_s, and optionally dtype,
-which must be a 16-bit type; `bench/gemm_profile.py` writes one on any GPU with PyTorch);
+which must be a 16-bit type; `bench/gemm_profile.py` writes one on any GPU with PyTorch), or a
+vidur per-op profile (`<model>.mlp.csv`, its projections' GEMMs);
 `calibrate` fits the tile-and-wave model's parameters (`simulator.gemm_fit.fit_gemm`, the same
 fields and bounds as the shipped A100 fit) to it and scores the fit honestly first: the table's
 distinct (K, N) shapes are shuffled (seed 0) and halved, the model fitted on one half and scored
@@ -53,6 +54,8 @@ def read_gemm_table(path: str | Path) -> pd.DataFrame:
         table = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
         raise UsageError(f"{path}: not a CSV table of GEMMs ({str(error).splitlines()[0]})") from None
+    if any(str(c).startswith("time_stats.") for c in table.columns):
+        return _vidur_gemms(path, table)
     columns = {str(c).strip().lower(): c for c in table.columns}
     missing = [c for c in ("m", "n", "k") if c not in columns]
     times = [c for c in TIME_COLUMNS if c in columns]
@@ -92,6 +95,31 @@ def read_gemm_table(path: str | Path) -> pd.DataFrame:
     if len(table) < MIN_ROWS:
         raise UsageError(f"{path}: {len(table)} GEMMs; a calibration needs at least {MIN_ROWS}")
     return pd.DataFrame({"num_tokens": m, "K": k, "N": n, "time_s": time_s})
+
+
+def _vidur_gemms(path: Path, wide: pd.DataFrame) -> pd.DataFrame:
+    """The GEMM rows (QKV, output, up and down projections) of a vidur per-op profile: each row's
+    (K, N) from the layer shape and TP degree the file records."""
+    from simulator.calibrate import read_vidur_csv
+    from simulator.gemm_fit import gemm_rows
+
+    try:
+        rows = gemm_rows(read_vidur_csv(path, wide))
+    except KeyError as error:
+        raise UsageError(f"{path}: a vidur profile without its column {error.args[0]!r}") from None
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"{path}: a vidur profile with an impossible layer shape ({error})") from None
+    rows = rows[np.isfinite(rows["time_s"].to_numpy(float))]
+    bad = rows[~((rows["time_s"] > 0) & (rows["num_tokens"] >= 1))]
+    if len(bad):
+        raise UsageError(
+            f"{path}: {bad.iloc[0]['op']} at {bad.iloc[0]['num_tokens']} tokens: time and tokens must be > 0"
+        )
+    if len(rows) < MIN_ROWS:
+        raise UsageError(
+            f"{path}: {len(rows)} GEMM timings in the vidur profile; a calibration needs at least {MIN_ROWS}"
+        )
+    return rows[["num_tokens", "K", "N", "time_s"]].astype(float).reset_index(drop=True)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 measured on one part.
 
 What: reads a CSV of measured GEMMs (columns m, n, k and time_s, time_ms or time_us, or an
-achieved FLOP/s column; `bench/gemm_profile.py` writes one on a GPU), scores a fit on half of its
+achieved FLOP/s column; `bench/gemm_profile.py` writes one on a GPU) or a vidur per-op profile
+(`<model>.mlp.csv`: the GEMMs of its projections), scores a fit on half of its
 (K, N) shapes against the other half beside the A100 fit the simulator would carry to the part,
 refits on every GEMM and writes the parameters. `solm cost`, `solm simulate` and `solm sweep` take
 the file with `--gemm-calibration CAL.json`, and every GEMM the simulator costs on that part then
@@ -29,7 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="fit the GEMM tile model to GEMM times measured on one part",
         description=__doc__.split("\n\n")[0],
     )
-    p.add_argument("table", metavar="GEMMS.csv", help="measured GEMMs: m, n, k and time_s / time_ms / time_us")
+    p.add_argument(
+        "table", metavar="GEMMS.csv", help="measured GEMMs (m, n, k and time_s / time_ms / time_us) or a vidur mlp.csv"
+    )
     p.add_argument("--hardware", required=True, help="catalog part the GEMMs were measured on")
     p.add_argument("--out", required=True, metavar="CAL.json", help="write the calibration here")
     p.add_argument("--force", action="store_true", help="overwrite CAL.json if it exists")
@@ -57,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
             f"({result.shapes} (K, N) shapes) from {args.table} -> {out}"
         )
         print(f"  held out ({held['split']}), APE:")
-        print(f"    fitted on this part       {_pct(held['fitted'])}")
-        print(f"    A100 fit carried (default) {_pct(held['carried'])}")
+        print(f"    fitted on this part          {_pct(held['fitted'])}")
+        print(f"    the default (shipped A100 fit) {_pct(held['carried'])}")
         print(f"  in sample (the refit on every GEMM, written): {_pct(result.in_sample)}")
         params = ", ".join(f"{k} {v:.3g}" for k, v in result.params.to_json().items())
         print(f"  params: {params}")

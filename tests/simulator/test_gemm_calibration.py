@@ -236,3 +236,42 @@ def test_sweep_applies_a_calibration_to_its_own_part(h100_calibration, capsys, t
     code = main([*base[:3], "b200", *base[4:], "--gemm-calibration", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "fitted on h100-sxm, which is not among --hardware b200" in err[0]
+
+
+def test_a_vidur_profile_calibrates(tmp_path, capsys):
+    """vidur's per-op profile format: its projections' GEMMs, each (K, N) from the layer shape and
+    TP degree in the file (phi-2 at TP 1: QKV, output, up and down, 259 token counts each)."""
+    profile = ROOT / "simulator" / "data" / "vidur-a100" / "phi-2.mlp.csv"
+    rows = read_gemm_table(profile)
+    assert len(rows) == 1036 and sorted(set(zip(rows["K"], rows["N"]))) == [
+        (2560.0, 2560.0),
+        (2560.0, 7680.0),
+        (2560.0, 10240.0),
+        (10240.0, 2560.0),
+    ]
+    out = tmp_path / "phi2.json"
+    assert main(["calibrate", str(profile), "--hardware", "a100-80g", "--out", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert data["shapes"] == 4 and data["heldout"]["fitted"]["n"] == 1036
+    assert data["heldout"]["fitted"]["median"] < 10 and data["in_sample"]["median"] < 10
+
+
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        (lambda w: w.drop(columns=["n_embd"]), "without its column 'n_embd'"),
+        (lambda w: w.assign(n_head=0), "impossible layer shape"),
+        (lambda w: w.head(1), "GEMM timings in the vidur profile; a calibration needs at least"),
+        (lambda w: w.assign(**{"time_stats.mlp_up_proj.median": -1.0}), "time and tokens must be > 0"),
+    ],
+)
+def test_bad_vidur_profiles_are_one_line_exit_2(tmp_path, capsys, edit, needle):
+    import pandas as pd
+
+    wide = pd.read_csv(ROOT / "simulator" / "data" / "vidur-a100" / "phi-2.mlp.csv")
+    profile = tmp_path / "phi-2.mlp.csv"
+    edit(wide).to_csv(profile, index=False)
+    code = main(["calibrate", str(profile), "--hardware", "a100-80g", "--out", str(tmp_path / "cal.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("solm calibrate: error:"), err
+    assert needle in err[0]
