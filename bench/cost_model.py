@@ -196,6 +196,59 @@ def dev(fixed: dict[str, float], lower: dict[str, float]) -> dict:
     }
 
 
+def calibration() -> dict:
+    """`--calibration`: each XLA table fitted per part and scored on its held-out shapes."""
+    keys = calibration_keys()
+    for part in XLA_PARTS:
+        name = part.replace("-", "_")
+        print(
+            f"{part}: calibrated on its own GEMMs, held out ((K, N) shapes halved, two-fold), median / p90 APE "
+            f"{keys[f'{name}_calibrated_heldout_median_ape_percent']} / "
+            f"{keys[f'{name}_calibrated_heldout_p90_ape_percent']}%; the A100 fit carried "
+            f"{keys[f'{name}_carried_heldout_median_ape_percent']} / {keys[f'{name}_carried_heldout_p90_ape_percent']}%"
+        )
+    return {"bench": "cost_model_calibration", **keys}
+
+
+def holdout(quick: bool) -> dict:
+    """The default run: both models refitted per fold, scored on the A100 shapes each fold never saw."""
+    thin = 8 if quick else 2
+    start = time.perf_counter()
+    held = holdout_predictions(load_vidur(), thin=thin)
+    report = summary(held)
+    elapsed = time.perf_counter() - start
+    print(
+        f"A100 GEMMs held out: {report['rows']} rows over 8 folds, {report['unseen_rows']} "
+        f"with a (K, N) shape absent from their fold's fit set (tile model fitted on every "
+        f"{ {2: '2nd', 8: '8th'}.get(thin, f'{thin}th') } token count; {elapsed:.0f} s)"
+    )
+    header = f"  {'unseen rows':26s} {'n':>6s}  {'tiles APE % median':>6s} {'p90':>4s}   {'old median':>6s} {'p90':>4s}"
+    print(header)
+    print(_row("all (pooled)", report))
+    for key, title in (("by_family", "op family"), ("by_tokens", "tokens"), ("by_fold", "fold")):
+        print(f"  -- per {title}")
+        for name, entry in sorted(report[key].items()):
+            print(_row(name, entry))
+    return {
+        "bench": "cost_model",
+        "quick": quick,
+        "fit_every_nth_token_count": thin,
+        **unseen_keys(report),
+        "unseen_rows": report["unseen_rows"],
+        "heldout_rows": report["rows"],
+        "by_family": {
+            name: {
+                "tiles_median": round(e["tiles"]["median"], 2),
+                "tiles_p90": round(e["tiles"]["p90"], 2),
+                "old_median": round(e["old"]["median"], 2),
+                "old_p90": round(e["old"]["p90"], 2),
+            }
+            for name, e in sorted(report["by_family"].items())
+        },
+        "elapsed_s": round(elapsed, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fit on every 8th token count")
@@ -222,72 +275,22 @@ def main() -> None:
     args = parser.parse_args()
     if args.half and not args.transfer:
         parser.error("--half goes with --transfer")
-    if args.dev:
-        print(json.dumps(dev(_settings(parser, args.fix), _settings(parser, args.min))))
-        return
-    if args.fix or args.min:
+    if (args.fix or args.min) and not args.dev:
         parser.error("--fix and --min go with --dev")
-    if args.calibration:
-        keys = calibration_keys()
-        for part in XLA_PARTS:
-            name = part.replace("-", "_")
-            print(
-                f"{part}: calibrated on its own GEMMs, held out ((K, N) shapes halved, two-fold), median / p90 APE "
-                f"{keys[f'{name}_calibrated_heldout_median_ape_percent']} / "
-                f"{keys[f'{name}_calibrated_heldout_p90_ape_percent']}%; the A100 fit carried "
-                f"{keys[f'{name}_carried_heldout_median_ape_percent']} / {keys[f'{name}_carried_heldout_p90_ape_percent']}%"
-            )
-        print(json.dumps({"bench": "cost_model_calibration", **keys}))
-        return
-    if args.transfer:
+    if args.dev:
+        figures = dev(_settings(parser, args.fix), _settings(parser, args.min))
+    elif args.calibration:
+        figures = calibration()
+    elif args.transfer:
         measured = measured_transfer(args.half)
-        rows = transfer()
-        print(
-            json.dumps(
-                {
-                    "bench": "cost_model_transfer",
-                    **transfer_keys(measured),
-                    "measured": measured,
-                    "llama_3_8b_up_proj": rows,
-                }
-            )
-        )
-        return
-    thin = 8 if args.quick else 2
-    start = time.perf_counter()
-    held = holdout_predictions(load_vidur(), thin=thin)
-    report = summary(held)
-    elapsed = time.perf_counter() - start
-    print(
-        f"A100 GEMMs held out: {report['rows']} rows over 8 folds, {report['unseen_rows']} "
-        f"with a (K, N) shape absent from their fold's fit set (tile model fitted on every "
-        f"{ {2: '2nd', 8: '8th'}.get(thin, f'{thin}th') } token count; {elapsed:.0f} s)"
-    )
-    header = f"  {'unseen rows':26s} {'n':>6s}  {'tiles APE % median':>6s} {'p90':>4s}   {'old median':>6s} {'p90':>4s}"
-    print(header)
-    print(_row("all (pooled)", report))
-    for key, title in (("by_family", "op family"), ("by_tokens", "tokens"), ("by_fold", "fold")):
-        print(f"  -- per {title}")
-        for name, entry in sorted(report[key].items()):
-            print(_row(name, entry))
-    figures = {
-        "bench": "cost_model",
-        "quick": args.quick,
-        "fit_every_nth_token_count": thin,
-        **unseen_keys(report),
-        "unseen_rows": report["unseen_rows"],
-        "heldout_rows": report["rows"],
-        "by_family": {
-            name: {
-                "tiles_median": round(e["tiles"]["median"], 2),
-                "tiles_p90": round(e["tiles"]["p90"], 2),
-                "old_median": round(e["old"]["median"], 2),
-                "old_p90": round(e["old"]["p90"], 2),
-            }
-            for name, e in sorted(report["by_family"].items())
-        },
-        "elapsed_s": round(elapsed, 1),
-    }
+        figures = {
+            "bench": "cost_model_transfer",
+            **transfer_keys(measured),
+            "measured": measured,
+            "llama_3_8b_up_proj": transfer(),
+        }
+    else:
+        figures = holdout(args.quick)
     print(json.dumps(figures))
 
 
