@@ -92,8 +92,6 @@ def read_gemm_table(path: str | Path) -> pd.DataFrame:
         time_s = values[times[0]] * TIME_COLUMNS[times[0]]
     else:
         time_s = 2.0 * m * n * k / values[rates[0]]
-    if len(table) < MIN_ROWS:
-        raise UsageError(f"{path}: {len(table)} GEMMs; a calibration needs at least {MIN_ROWS}")
     return pd.DataFrame({"num_tokens": m, "K": k, "N": n, "time_s": time_s})
 
 
@@ -115,10 +113,8 @@ def _vidur_gemms(path: Path, wide: pd.DataFrame) -> pd.DataFrame:
         raise UsageError(
             f"{path}: {bad.iloc[0]['op']} at {bad.iloc[0]['num_tokens']} tokens: time and tokens must be > 0"
         )
-    if len(rows) < MIN_ROWS:
-        raise UsageError(
-            f"{path}: {len(rows)} GEMM timings in the vidur profile; a calibration needs at least {MIN_ROWS}"
-        )
+    if not len(rows):
+        raise UsageError(f"{path}: no GEMM timings in the vidur profile")
     return rows[["num_tokens", "K", "N", "time_s"]].astype(float).reset_index(drop=True)
 
 
@@ -173,6 +169,8 @@ def calibrate(rows: pd.DataFrame, hardware: HardwareSpec, source: str = "", seed
 
     if not hardware.has_chip_layout:
         raise UsageError(f"hardware {hardware.name!r} has no chip layout (num_sms, clocks, L2, arch) to calibrate")
+    if len(rows) < MIN_ROWS:
+        raise UsageError(f"{len(rows)} GEMMs from {source or 'the tables'}; a calibration needs at least {MIN_ROWS}")
     uncalibrated = dataclasses.replace(hardware, gemm_fit=None)
     carried = default_params(uncalibrated).gemm
     assert carried is not None, "a part with a chip layout has tile parameters"

@@ -1,9 +1,9 @@
-"""`solm calibrate GEMMS.csv --hardware H --out CAL.json`: fit the GEMM tile model to GEMM times
+"""`solm calibrate GEMMS.csv... --hardware H --out CAL.json`: fit the GEMM tile model to GEMM times
 measured on one part.
 
 What: reads a CSV of measured GEMMs (columns m, n, k and time_s, time_ms or time_us, or an
 achieved FLOP/s column; `bench/gemm_profile.py` writes one on a GPU) or a vidur per-op profile
-(`<model>.mlp.csv`: the GEMMs of its projections), scores a fit on half of its
+(`<model>.mlp.csv`: the GEMMs of its projections), several of them pooled, scores a fit on half of its
 (K, N) shapes against the other half beside the A100 fit the simulator would carry to the part,
 refits on every GEMM and writes the parameters. `solm cost`, `solm simulate` and `solm sweep` take
 the file with `--gemm-calibration CAL.json`, and every GEMM the simulator costs on that part then
@@ -31,7 +31,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0],
     )
     p.add_argument(
-        "table", metavar="GEMMS.csv", help="measured GEMMs (m, n, k and time_s / time_ms / time_us) or a vidur mlp.csv"
+        "tables",
+        nargs="+",
+        metavar="GEMMS.csv",
+        help="measured GEMMs (m, n, k and time_s / time_ms / time_us) or vidur mlp.csv profiles, all from one part",
     )
     p.add_argument("--hardware", required=True, help="catalog part the GEMMs were measured on")
     p.add_argument("--out", required=True, metavar="CAL.json", help="write the calibration here")
@@ -47,17 +50,20 @@ def run(args: argparse.Namespace) -> int:
     from simulator.gemm_calibration import calibrate, read_gemm_table
     from solm.commands.cost import _lookup
 
-    out = check_out_file(args.out, [args.table], args.force)
+    import pandas as pd
+
+    out = check_out_file(args.out, args.tables, args.force)
     hardware = _lookup("hardware", args.hardware)
-    rows = read_gemm_table(args.table)
-    result = calibrate(rows, hardware, source=str(args.table))
+    rows = pd.concat([read_gemm_table(table) for table in args.tables], ignore_index=True)
+    source = ", ".join(map(str, args.tables))
+    result = calibrate(rows, hardware, source=source)
     summary = {**result.to_json(), "out": str(out)}
     write_file_atomic(out, json.dumps(result.to_json(), indent=1) + "\n")
     if not args.json:
         held = result.heldout
         print(
             f"calibrated the GEMM tile model for {result.hardware} on {result.rows} GEMMs "
-            f"({result.shapes} (K, N) shapes) from {args.table} -> {out}"
+            f"({result.shapes} (K, N) shapes) from {source} -> {out}"
         )
         print(f"  held out ({held['split']}), APE:")
         print(f"    fitted on this part          {_pct(held['fitted'])}")

@@ -261,7 +261,7 @@ def test_a_vidur_profile_calibrates(tmp_path, capsys):
     [
         (lambda w: w.drop(columns=["n_embd"]), "without its column 'n_embd'"),
         (lambda w: w.assign(n_head=0), "impossible layer shape"),
-        (lambda w: w.head(1), "GEMM timings in the vidur profile; a calibration needs at least"),
+        (lambda w: w.head(1), "4 GEMMs from "),
         (lambda w: w.assign(**{"time_stats.mlp_up_proj.median": -1.0}), "time and tokens must be > 0"),
     ],
 )
@@ -275,3 +275,25 @@ def test_bad_vidur_profiles_are_one_line_exit_2(tmp_path, capsys, edit, needle):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("solm calibrate: error:"), err
     assert needle in err[0]
+
+
+def test_several_tables_are_pooled(tmp_path, capsys):
+    """Two files of one part's GEMMs (here XLA's H100 table cut in two) calibrate as one table."""
+    import pandas as pd
+
+    table = pd.read_csv(H100_TABLE)
+    first, second = tmp_path / "a.csv", tmp_path / "b.csv"
+    table.iloc[:60].to_csv(first, index=False)
+    table.iloc[60:].assign(time_us=lambda t: 2e6 * t.m * t.n * t.k / t.bf16_flops_per_s).drop(
+        columns="bf16_flops_per_s"
+    ).to_csv(second, index=False)
+    out = tmp_path / "cal.json"
+    code = main(["calibrate", str(first), str(second), "--hardware", "h100-sxm", "--out", str(out), "--json"])
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and data["rows"] == 125 and data["shapes"] == 25 and data["source"] == f"{first}, {second}"
+    assert data["heldout"]["fitted"]["median"] < data["heldout"]["carried"]["median"]
+    small = tmp_path / "small.csv"
+    small.write_text(GOOD_HEADER + _good_rows(4))
+    code = main(["calibrate", str(small), str(small), "--hardware", "h100-sxm", "--out", str(tmp_path / "s.json")])
+    assert code == 0  # 4 + 4 GEMMs pooled reach the minimum of 8
+    capsys.readouterr()
