@@ -47,10 +47,10 @@ def _pct(stats: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from simulator.gemm_calibration import calibrate, read_gemm_table
     from solm.commands.cost import _lookup
-
-    import pandas as pd
 
     out = check_out_file(args.out, args.tables, args.force)
     hardware = _lookup("hardware", args.hardware)
