@@ -80,7 +80,7 @@ def read_gemm_table(path: str | Path) -> pd.DataFrame:
         bad = np.flatnonzero(~(np.isfinite(col) & (col > 0)))
         if len(bad):
             raise UsageError(
-                f"{path}: row {bad[0] + 1}: {columns[name]} must be a positive number, got {table[columns[name]].iloc[bad[0]]!r}"
+                f"{path}: row {bad[0] + 1}: {columns[name]} must be a positive number, got {str(table[columns[name]].iloc[bad[0]])!r}"
             )
         if name in ("m", "n", "k"):
             bad = np.flatnonzero((col != np.round(col)) | (col > 1 << 24))
@@ -98,15 +98,38 @@ def read_gemm_table(path: str | Path) -> pd.DataFrame:
 def _vidur_gemms(path: Path, wide: pd.DataFrame) -> pd.DataFrame:
     """The GEMM rows (QKV, output, up and down projections) of a vidur per-op profile: each row's
     (K, N) from the layer shape and TP degree the file records."""
-    from simulator.calibrate import read_vidur_csv
+    from simulator.calibrate import VIDUR_DIMS, VIDUR_KEYS, read_vidur_csv
     from simulator.gemm_fit import gemm_rows
 
+    wide = wide.copy()
+    for column in (*VIDUR_KEYS, *VIDUR_DIMS[:-1]):  # every dimension but use_gated_mlp is a count
+        if column not in wide.columns:
+            raise UsageError(f"{path}: a vidur profile without its column {column!r}")
+        values = pd.to_numeric(wide[column], errors="coerce")
+        bad = np.flatnonzero(~(np.isfinite(values) & (values >= 1) & (values == np.round(values))))
+        if len(bad):
+            raise UsageError(
+                f"{path}: row {bad[0] + 1}: {column} must be a whole number >= 1, got {str(wide[column].iloc[bad[0]])!r}"
+            )
+        wide[column] = values.astype(np.int64)
+    split = wide["n_head"] % wide["num_tensor_parallel_workers"] != 0
+    if split.any():
+        row = wide[split].iloc[0]
+        raise UsageError(
+            f"{path}: num_tensor_parallel_workers {row['num_tensor_parallel_workers']} does not divide n_head {row['n_head']}"
+        )
+    for column in [c for c in wide.columns if str(c).startswith("time_stats.")]:
+        values = pd.to_numeric(wide[column], errors="coerce")  # an empty cell drops its row below
+        bad = np.flatnonzero(values.isna() & wide[column].notna())
+        if len(bad):
+            raise UsageError(f"{path}: row {bad[0] + 1}: {column} is not a number ({str(wide[column].iloc[bad[0]])!r})")
+        wide[column] = values
     try:
         rows = gemm_rows(read_vidur_csv(path, wide))
     except KeyError as error:
         raise UsageError(f"{path}: a vidur profile without its column {error.args[0]!r}") from None
-    except (ValueError, TypeError) as error:
-        raise UsageError(f"{path}: a vidur profile with an impossible layer shape ({error})") from None
+    except (ValueError, TypeError, ZeroDivisionError) as error:
+        raise UsageError(f"{path}: a vidur profile whose layer shape or times cannot be read ({error})") from None
     rows = rows[np.isfinite(rows["time_s"].to_numpy(float))]
     bad = rows[~((rows["time_s"] > 0) & (rows["num_tokens"] >= 1))]
     if len(bad):
