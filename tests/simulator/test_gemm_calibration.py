@@ -236,6 +236,9 @@ def test_sweep_applies_a_calibration_to_its_own_part(h100_calibration, capsys, t
     code = main([*base[:3], "b200", *base[4:], "--gemm-calibration", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "fitted on h100-sxm, which is not among --hardware b200" in err[0]
+    code = main([*base, "--gemm-calibration", str(out), "--gemm-calibration", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "two calibrations for h100-sxm" in err[0]
 
 
 def test_a_vidur_profile_calibrates(tmp_path, capsys):
