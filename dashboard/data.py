@@ -457,16 +457,30 @@ def diff_graph_rows(d: TraceDiff, a_id: int) -> pd.DataFrame:
 
 
 # ---- what-if ---------------------------------------------------------------------------------
-def whatif_recost(trace: Trace, hardware: str, model: str | None = None) -> pd.DataFrame:
+def whatif_part(hardware: str, gemm_calibration: str | None = None):
+    """The catalog part, with a GEMM calibration (`solm calibrate`'s CAL.json) attached when one is
+    given (ValueError, one line, for a bad file or another kernel family's)."""
+    from simulator.hardware import get_hardware
+
+    part = get_hardware(hardware)
+    if gemm_calibration:
+        from simulator.gemm_calibration import with_gemm_calibration
+
+        part = with_gemm_calibration(part, gemm_calibration)
+    return part
+
+
+def whatif_recost(
+    trace: Trace, hardware: str, model: str | None = None, gemm_calibration: str | None = None
+) -> pd.DataFrame:
     """Every forward pass of `trace` re-costed on `hardware` (and `model`, default the trace's),
     keeping its structure: requests one after another as captured, no batching across requests.
     The What-if page uses it where the SimPy replay is not available. Per request: e2e, ttft."""
     from simulator.cost import CostModel
-    from simulator.hardware import get_hardware
     from simulator.models import ModelSpec, get_model
 
     spec = get_model(model) if model else ModelSpec.from_trace_meta(trace.meta)
-    cm = CostModel(get_hardware(hardware), spec)
+    cm = CostModel(whatif_part(hardware, gemm_calibration), spec)
     s = trace.steps.sort_values(["request_id", "step_index"])
     q = s["query_tokens"].clip(lower=1).to_numpy(dtype=float)
     groups = np.minimum(s["active_streams"].clip(lower=1).to_numpy(dtype=float), q)
@@ -529,25 +543,28 @@ def whatif_run(
     max_batch_tokens: int,
     rate: float | None,
     deployment: dict | None = None,
+    gemm_calibration: str | None = None,
 ) -> dict:
     """Simulate `trace` under the settings: the SimPy replay where it is available (batching across
     requests, arrivals at `rate` requests/s or the trace's own times, the KV pool), else every pass
     re-costed in place. Returns requests (request_id, e2e_s, ttft_s, ...), metrics and which engine.
 
     `deployment` (the what-if page's cluster controls; `whatif_deployment` reads them): TP, PP,
-    replicas and router, disaggregation, a workload file, SLOs and a price."""
+    replicas and router, disaggregation, a workload file, SLOs and a price. `gemm_calibration`: a
+    CAL.json from `solm calibrate` for the part's GEMMs (None: the shipped A100 fit carried)."""
     label = f"{trace.system} on {hardware}" + (f" ({model})" if model else "")
+    label += " (calibrated GEMMs)" if gemm_calibration else ""
+    part = whatif_part(hardware, gemm_calibration)
     if deployment and replay_available():
-        return whatif_deployment(trace, hardware, model, max_seqs, max_batch_tokens, rate, deployment, label)
+        return whatif_deployment(trace, hardware, model, max_seqs, max_batch_tokens, rate, deployment, label, part)
     if replay_available():
-        from simulator.hardware import get_hardware
         from simulator.models import ModelSpec, get_model
         from simulator.replay import ReplayConfig, replay
         from simulator.workload import from_trace
 
         spec = get_model(model) if model else ModelSpec.from_trace_meta(trace.meta)
         cfg = ReplayConfig(max_seqs=int(max_seqs), max_batch_tokens=int(max_batch_tokens), rate=rate)
-        result = replay(from_trace(trace), get_hardware(hardware), spec, cfg)
+        result = replay(from_trace(trace), part, spec, cfg)
         reqs = _replay_requests(result, trace)
         metrics = {
             k: v
@@ -556,7 +573,7 @@ def whatif_run(
         }
         engine = "SimPy replay (continuous batching)"
     else:
-        reqs = whatif_recost(trace, hardware, model)
+        reqs = whatif_recost(trace, hardware, model, gemm_calibration)
         metrics = {
             "mean_e2el_ms": float(reqs["e2e_s"].mean() * 1e3),
             "mean_ttft_ms": float(reqs["ttft_s"].mean() * 1e3),
@@ -579,10 +596,12 @@ def whatif_deployment(
     rate: float | None,
     d: dict,
     label: str,
+    part=None,
 ) -> dict:
     """The cluster what-if (simulator.cluster.run): keys tp, pp, pp_schedule, replicas, router, disaggregate
     ("P:D" or ""), workload (a CSV path or ""), time_scale, num_requests, slo_ttft_ms, slo_tpot_ms,
-    price_per_gpu_hour (0 or None: not set)."""
+    price_per_gpu_hour (0 or None: not set). `part`: the hardware spec to use (default: the catalog's
+    `hardware`)."""
     import dataclasses
 
     from simulator.cluster.cli import parse_disaggregate
@@ -595,7 +614,7 @@ def whatif_deployment(
     from simulator.workload import from_trace
 
     spec = get_model(model) if model else ModelSpec.from_trace_meta(trace.meta)
-    part = get_hardware(hardware)
+    part = get_hardware(hardware) if part is None else part
     if d.get("price_per_gpu_hour"):
         part = dataclasses.replace(part, price_per_gpu_hour=float(d["price_per_gpu_hour"]))
     workload = from_trace(trace)

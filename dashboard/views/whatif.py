@@ -1,5 +1,6 @@
-"""What-if: choose hardware, model size, batch settings and arrival rate, and the deployment (TP, PP,
-replicas and router, prefill/decode disaggregation, a production workload file, SLOs, a price);
+"""What-if: choose hardware (with its own GEMM calibration, if any), model size, batch settings and
+arrival rate, and the deployment (TP, PP, replicas and router, prefill/decode disaggregation, a
+production workload file, SLOs, a price);
 the simulator replays the chosen traces live (cached per setting), the Pareto and latency charts
 redraw, and the per-GPU memory, GPU count, goodput and cost of the deployment are shown."""
 
@@ -30,9 +31,18 @@ def simulate(
     max_batch_tokens: int,
     rate: float | None,
     deployment: tuple = (),
+    gemm_calibration: str = "",
+    calibration_signature: tuple = (),
 ) -> dict:
     return data.whatif_run(
-        read_trace(path), hardware, model, max_seqs, max_batch_tokens, rate, dict(deployment) or None
+        read_trace(path),
+        hardware,
+        model,
+        max_seqs,
+        max_batch_tokens,
+        rate,
+        dict(deployment) or None,
+        gemm_calibration or None,
     )
 
 
@@ -113,6 +123,14 @@ if _shared.need_traces(measured):
         "Traces to replay", list(labels), default=list(labels)[:6], format_func=labels.get, key="whatif_traces"
     )
     deployment = deployment_ui()
+    gemm_calibration = st.text_input(
+        "GEMM calibration of the part (a CAL.json from `solm calibrate`; empty: the A100 fit carried to it)",
+        "",
+        key="whatif_gemm_calibration",
+    ).strip()
+    # the file's size and time: an edited calibration is simulated again, not served from the cache
+    stat = Path(gemm_calibration).stat() if gemm_calibration and Path(gemm_calibration).is_file() else None
+    calibration_signature = (stat.st_size, stat.st_mtime_ns) if stat else ()
     model_arg = None if model == TRACE_MODEL else model
     serving = [labels[p] for p in chosen if load_data.is_serving(next(t for t in measured if str(t.path) == p))]
     if serving:
@@ -129,7 +147,16 @@ if _shared.need_traces(measured):
                 (
                     path,
                     simulate(
-                        path, sig, hardware, model_arg, int(max_seqs), int(max_tokens), float(rate) or None, deployment
+                        path,
+                        sig,
+                        hardware,
+                        model_arg,
+                        int(max_seqs),
+                        int(max_tokens),
+                        float(rate) or None,
+                        deployment,
+                        gemm_calibration,
+                        calibration_signature,
                     ),
                 )
             )

@@ -112,3 +112,31 @@ def test_diff_page_reads_the_token_texts_it_shows(app, trace_folder):
     assert metrics["identical outputs"] == str(want) and want < int(metrics["matched requests"])
     ops = app.dataframe[2].value  # the token diff of the first request: its text
     assert ops["op"].tolist() == ["equal"] and len(ops["a"].iloc[0]) == 12
+
+
+def test_whatif_gemm_calibration_changes_the_simulation(app, tmp_path):
+    """A CAL.json (as `solm calibrate` writes it) for the chosen part re-times its GEMMs; a bad file or
+    another kernel family's is one error line on the page."""
+    import json
+
+    from simulator.gemm import GemmParams
+
+    cal = tmp_path / "h100.json"
+    params = {**GemmParams().to_json(), "tensor_eff": 0.3, "memory_eff": 0.3}
+    cal.write_text(
+        json.dumps({"format": "solm-gemm-calibration", "version": 1, "hardware": "h100-sxm", "params": params})
+    )
+    app.switch_page("views/whatif.py").run()
+    app.selectbox(key="whatif_model").set_value("llama-3-8b")
+    app.selectbox(key="whatif_hardware").set_value("h100-sxm").run()
+    before = app.dataframe[0].value.copy()
+    app.text_input(key="whatif_gemm_calibration").set_value(str(cal)).run()
+    _ok(app, "What-if")
+    assert not app.error, [e.value for e in app.error]
+    after = app.dataframe[0].value
+    assert (after["mean_e2el_ms"] > before["mean_e2el_ms"]).all()  # a third of the efficiency: slower
+    app.selectbox(key="whatif_hardware").set_value("a100-80g").run()  # Ampere: not the calibration's family
+    assert app.error and "fitted on h100-sxm (hopper)" in app.error[0].value
+    app.text_input(key="whatif_gemm_calibration").set_value(str(tmp_path / "absent.json")).run()
+    assert app.error and "does not exist" in app.error[0].value
+    assert not app.exception
