@@ -168,20 +168,20 @@ class GemmCalibration:
 
 
 def _ape_stats(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
-    ape = np.abs(np.asarray(predicted) / np.asarray(measured) - 1.0) * 100.0
+    from simulator.gemm_fit import ape_percent
+
+    ape = ape_percent(predicted, measured)
     return {"median": round(float(np.median(ape)), 2), "p90": round(float(np.percentile(ape, 90)), 2), "n": len(ape)}
 
 
 def _halves(rows: pd.DataFrame, seed: int) -> tuple[np.ndarray, str]:
     """A boolean mask of one half: whole (K, N) shapes when there are enough of them, else rows."""
-    shapes = sorted(set(zip(rows["K"], rows["N"])))
-    rng = np.random.default_rng(seed)
-    if len(shapes) >= MIN_SHAPES_FOR_SPLIT:
-        order = [shapes[i] for i in rng.permutation(len(shapes))]
-        half = set(order[::2])
-        return np.array([(k, n) in half for k, n in zip(rows["K"], rows["N"])]), "(K, N) shapes halved"
+    from simulator.gemm_fit import shape_half
+
+    if len(set(zip(rows["K"], rows["N"]))) >= MIN_SHAPES_FOR_SPLIT:
+        return shape_half(rows, seed), "(K, N) shapes halved"
     mask = np.zeros(len(rows), bool)
-    mask[rng.permutation(len(rows))[::2]] = True
+    mask[np.random.default_rng(seed).permutation(len(rows))[::2]] = True
     return mask, "rows halved (too few shapes to hold whole ones out)"
 
 

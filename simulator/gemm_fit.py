@@ -137,6 +137,16 @@ def fit_gemm(
     return params_of(result.x)
 
 
+def shape_half(rows: pd.DataFrame, seed: int) -> np.ndarray:
+    """Rows (a mask) of one half of the distinct (K, N) shapes, shuffled with `seed`: whole shapes
+    held out, so the other half's fit never sees them."""
+    shapes = sorted(set(zip(rows["K"], rows["N"])))
+    order = list(shapes)
+    np.random.default_rng(seed).shuffle(order)
+    half = set(order[::2])
+    return np.array([(k, n) in half for k, n in zip(rows["K"], rows["N"])])
+
+
 def dev_split_predictions(
     rows: pd.DataFrame,
     seeds: tuple[int, ...] = (0, 1),
@@ -148,13 +158,9 @@ def dev_split_predictions(
     (K, N) shapes shuffled and halved; fit on one half (every `thin`-th token count), predict
     the other, then the reverse. The GEMM rows of every test half with a `tiles_s` column;
     `.attrs["params"]` lists the fitted parameters in the same order."""
-    shapes = sorted(set(zip(rows["K"], rows["N"])))
     frames, fitted = [], []
     for seed in seeds:
-        order = list(shapes)
-        np.random.default_rng(seed).shuffle(order)
-        half = set(order[::2])
-        in_half = np.array([(k, n) in half for k, n in zip(rows["K"], rows["N"])])
+        in_half = shape_half(rows, seed)
         for train_mask in (in_half, ~in_half):
             train, test = rows[train_mask].reset_index(drop=True), rows[~train_mask].reset_index(drop=True)
             params = fit_gemm(train, thin=thin, fixed={**FIXED_FROM_DATASHEETS, **(fixed or {})}, lower=lower)

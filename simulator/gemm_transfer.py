@@ -134,12 +134,11 @@ def calibration_keys(parts: tuple[str, ...] = tuple(XLA_PARTS)) -> dict[str, flo
     (`simulator.gemm_calibration.calibrate`, two-fold over seeded halves of its (K, N) shapes),
     its held-out median and p90 APE over every GEMM beside the carried A100 fit's on the same rows,
     e.g. `h100_sxm_calibrated_heldout_median_ape_percent` (about 20 s per part)."""
-    from simulator.gemm_calibration import calibrate
+    from simulator.gemm_calibration import calibrate, read_gemm_table
 
     keys = {}
     for part in parts:
-        rows = load_xla(part).rename(columns={"M": "num_tokens"})
-        held = calibrate(rows, HARDWARE[part]).heldout
+        held = calibrate(read_gemm_table(XLA_DIR / XLA_PARTS[part]), HARDWARE[part]).heldout
         name = part.replace("-", "_")
         for which, label in (("fitted", "calibrated"), ("carried", "carried")):
             for stat in ("median", "p90"):
