@@ -248,15 +248,20 @@ def read_calibration(path: str | Path) -> tuple[str, GemmParams]:
     return str(data.get("hardware", "")), params
 
 
-def with_gemm_calibration(hardware: HardwareSpec, path: str | Path) -> HardwareSpec:
-    """The part with the calibration's parameters attached (`HardwareSpec.gemm_fit`). A calibration
-    serves the parts of the kernel family it was fitted on (an H100's serves an H200, the same die),
-    not another family's."""
+def gemm_fit_of(params: GemmParams) -> tuple[tuple[str, float], ...]:
+    """`params` as `HardwareSpec.gemm_fit` holds them: (field, value) pairs."""
+    return tuple((k, float(v)) for k, v in params.to_json().items())
+
+
+def calibrated_part(hardware: HardwareSpec, path: str | Path) -> tuple[HardwareSpec, str]:
+    """(the part with the calibration file's parameters attached as `HardwareSpec.gemm_fit`, the part
+    the file was fitted on). A calibration serves the parts of the kernel family it was fitted on
+    (an H100's serves an H200, the same die), not another family's."""
+    from simulator.hardware import HARDWARE
+
     if not hardware.has_chip_layout:
         raise UsageError(f"--gemm-calibration: hardware {hardware.name!r} has no chip layout for the GEMM tile model")
     fitted_on, params = read_calibration(path)
-    from simulator.hardware import HARDWARE
-
     origin = HARDWARE.get(fitted_on)
     if origin is None or origin.arch != hardware.arch:
         family = f" ({origin.arch})" if origin is not None else " (not a catalog part)"
@@ -264,8 +269,14 @@ def with_gemm_calibration(hardware: HardwareSpec, path: str | Path) -> HardwareS
             f"--gemm-calibration {path}: fitted on {fitted_on or '?'}{family}; its tile efficiencies describe "
             f"that kernel family, not {hardware.name}'s ({hardware.arch})"
         )
-    return dataclasses.replace(
+    calibrated = dataclasses.replace(
         hardware,
-        gemm_fit=tuple((k, float(v)) for k, v in params.to_json().items()),
+        gemm_fit=gemm_fit_of(params),
         source=f"{hardware.source}; GEMM tile model calibrated on {fitted_on} ({path})",
     )
+    return calibrated, fitted_on
+
+
+def with_gemm_calibration(hardware: HardwareSpec, path: str | Path) -> HardwareSpec:
+    """The part with the calibration file's parameters attached (`calibrated_part`)."""
+    return calibrated_part(hardware, path)[0]

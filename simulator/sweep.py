@@ -248,8 +248,11 @@ def run_one(cfg: dict, workloads: dict[str, Workload]) -> dict:
         if cfg.get("price_per_gpu_hour") is not None:
             hardware = dataclasses.replace(hardware, price_per_gpu_hour=cfg["price_per_gpu_hour"])
         if cfg.get("gemm_calibration"):
-            fit = json.loads(cfg["gemm_calibration"])
-            hardware = dataclasses.replace(hardware, gemm_fit=tuple((k, float(v)) for k, v in fit.items()))
+            from simulator.gemm import GemmParams
+            from simulator.gemm_calibration import gemm_fit_of
+
+            params = GemmParams.from_json(json.loads(cfg["gemm_calibration"]))
+            hardware = dataclasses.replace(hardware, gemm_fit=gemm_fit_of(params))
         res = simulate(w, hardware, model, _replay_config(cfg), _cluster_config(cfg))
         row.update(res.metrics)
         row["quality_mean"] = w.quality_mean  # from the trace (NaN: not scored), never from the simulation

@@ -165,10 +165,9 @@ def simulate(args: argparse.Namespace) -> tuple[dict, object]:
     hardware = with_links(override(args.hardware, **fields) if fields else get_hardware(args.hardware), args)
     calibrated_on = None
     if args.gemm_calibration:
-        from simulator.gemm_calibration import read_calibration, with_gemm_calibration
+        from simulator.gemm_calibration import calibrated_part
 
-        hardware = with_gemm_calibration(hardware, args.gemm_calibration)
-        calibrated_on = read_calibration(args.gemm_calibration)[0]
+        hardware, calibrated_on = calibrated_part(hardware, args.gemm_calibration)
     cluster = cluster_config(args)
     config = ReplayConfig(
         max_seqs=args.max_seqs,
