@@ -14,7 +14,9 @@ and never its own input):
 - a writer of a trace or sweep holds an exclusive `flock` on `OUT/.solm.lock` for its whole run,
   so a second writer into the same folder stops at once with one line instead of mixing rows.
 
-Every refusal is a `UsageError` naming the path: one line, exit 2.
+Every refusal is a `UsageError` naming the path: one line, exit 2. `input_file` is the matching
+check of an input file a command reads whole (a workload, a GEMM table, a calibration): it exists
+and is a regular file, never a FIFO or a device that would block or never end.
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ TRACE_KINDS = ("measured", "simulated", "gpu_capture")  # meta.json kinds this p
 SWEEP_FILES = ("results.jsonl", "sweep.parquet")
 CHECKPOINT_FORMAT = "solm-tinylm-v1"
 MAX_MARKER_BYTES = 1 << 20  # a meta.json / config.json larger than this is not one of ours
+
+
+def input_file(path: str | Path, what: str) -> Path:
+    """`path` as a Path if it is a regular file; else a UsageError: "<what> <path> does not exist"
+    or "<what> <path>: not a regular file"."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"{what} {path} does not exist")
+    if not path.is_file():
+        raise UsageError(f"{what} {path}: not a regular file")
+    return path
 
 
 def resolved(path: str | Path) -> Path:

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from profiler.errors import UsageError
+from profiler.outdir import input_file
 from simulator.gemm import GemmParams
 from simulator.hardware import HardwareSpec
 
@@ -45,11 +46,7 @@ MIN_SHAPES_FOR_SPLIT = 4  # (K, N) shapes needed to hold half of them out
 def read_gemm_table(path: str | Path) -> pd.DataFrame:
     """The measured GEMMs as rows of num_tokens (M), K, N and time_s (UsageError, one line, for
     anything malformed)."""
-    path = Path(path)
-    if not path.exists():
-        raise UsageError(f"GEMM table {path} does not exist")
-    if not path.is_file():
-        raise UsageError(f"GEMM table {path}: not a regular file")
+    path = input_file(path, "GEMM table")
     try:
         table = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
@@ -224,9 +221,7 @@ def calibrate(rows: pd.DataFrame, hardware: HardwareSpec, source: str = "", seed
 
 def read_calibration(path: str | Path) -> tuple[str, GemmParams]:
     """(part it was fitted on, parameters) from a file `solm calibrate` wrote (UsageError if not one)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"GEMM calibration {path}: " + ("not a regular file" if path.exists() else "does not exist"))
+    path = input_file(path, "GEMM calibration")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from profiler.errors import UsageError
+from profiler.outdir import input_file
 from simulator.workload import Workload
 
 COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
@@ -65,11 +66,7 @@ def read_workload_file(path: str | Path, columns: str | None = None, time_scale:
 
     if not (time_scale > 0 and np.isfinite(time_scale)):
         raise UsageError(f"--time-scale must be a positive number, got {time_scale!r}")
-    path = Path(path)
-    if not path.exists():
-        raise UsageError(f"workload file {path} does not exist")
-    if not path.is_file():
-        raise UsageError(f"workload file {path}: not a regular file")
+    path = input_file(path, "workload file")
     mapping = parse_columns(columns)
     try:
         frame = pd.read_csv(path)
