@@ -24,11 +24,15 @@ import contextlib
 import json
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
 from profiler.errors import UsageError
 from profiler.outdir import claim_out_dir
 from profiler.services import terminate_on_signal
 from solm.commands.simulate import add_batch_args, scheduling_kwargs
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _list(text: str, flag: str, kind=str) -> list:
@@ -109,54 +113,60 @@ def _cluster(args: argparse.Namespace) -> dict:
     }
 
 
-def run(args: argparse.Namespace) -> int:
-    from simulator.sweep import sweep
+class _ProgressBar:
+    """The sweep's tqdm bar on stderr; it appears with the first finished chunk."""
 
-    models = _list(args.model, "--model") if args.model else [""]
-    rates = _list(args.rate, "--rate", float) if args.rate else []
-    conc = _list(args.concurrency, "--concurrency", int) if args.concurrency else []
-    bar = None
+    def __init__(self) -> None:
+        self.bar: Any = None
 
-    def progress(done: int, total: int) -> None:  # the bar appears with the first finished chunk
-        nonlocal bar
-        if bar is None:
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
             from tqdm import tqdm
 
-            bar = tqdm(desc="sweep", unit="config", total=total, file=sys.stderr, leave=False)
-        bar.n = done
-        bar.refresh()
+            self.bar = tqdm(desc="sweep", unit="config", total=total, file=sys.stderr, leave=False)
+        self.bar.n = done
+        self.bar.refresh()
 
-    t0 = time.perf_counter()
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _sweep_table(
+    args: argparse.Namespace, models: list, rates: list, conc: list, progress: _ProgressBar
+) -> pd.DataFrame:
+    """Run the grid under the --out lock (the remaining flags are parsed inside it, as before)."""
+    from simulator.sweep import sweep
+
     # one writer per --out; an existing sweep folder is resumed, anything else non-empty refused
     lock = claim_out_dir(args.out, args.traces, None, resume="sweep") if args.out else contextlib.nullcontext()
-    try:
-        with lock, terminate_on_signal():  # SIGTERM/SIGHUP: the pool stops, finished rows stay; exit 143/129
-            table = sweep(
-                args.traces,
-                _list(args.hardware, "--hardware"),
-                models,
-                _list(args.max_seqs, "--max-seqs", int),
-                rates or [None],
-                conc or [None],
-                args.max_batch_tokens,
-                args.num_requests,
-                args.scheduler,
-                args.seed,
-                args.backend,
-                args.address,
-                args.workers,
-                args.out,
-                None if args.json else progress,
-                options={k: v for k, v in scheduling_kwargs(args).items() if k != "scheduler"},
-                cluster=_cluster(args),
-            )
-    finally:
-        if bar is not None:
-            bar.close()
-    wall = time.perf_counter() - t0
+    with lock, terminate_on_signal():  # SIGTERM/SIGHUP: the pool stops, finished rows stay; exit 143/129
+        return sweep(
+            args.traces,
+            _list(args.hardware, "--hardware"),
+            models,
+            _list(args.max_seqs, "--max-seqs", int),
+            rates or [None],
+            conc or [None],
+            args.max_batch_tokens,
+            args.num_requests,
+            args.scheduler,
+            args.seed,
+            args.backend,
+            args.address,
+            args.workers,
+            args.out,
+            None if args.json else progress,
+            options={k: v for k, v in scheduling_kwargs(args).items() if k != "scheduler"},
+            cluster=_cluster(args),
+        )
+
+
+def _figures(table: pd.DataFrame, wall: float, args: argparse.Namespace) -> dict:
+    """The JSON line: how many configurations ran, failed and are on the front."""
     ok = table[table["status"] == "ok"] if len(table) else table
     front = table[table["pareto"]] if len(table) else table
-    figures = {
+    return {
         "configs": int(len(table)),
         "ok": int(len(ok)),
         "errors": int(len(table) - len(ok)),
@@ -165,43 +175,67 @@ def run(args: argparse.Namespace) -> int:
         "backend": args.backend,
         "out": f"{args.out}/sweep.parquet" if args.out else None,
     }
-    if not args.json:
-        print(
-            f"sweep: {figures['configs']} configurations ({figures['errors']} errors) in {wall:.1f} s on "
-            f"{args.backend}; {figures['pareto']} Pareto-optimal"
-        )
-        cols = [
-            "trace",
+
+
+def _front_columns(table: pd.DataFrame) -> list[str]:
+    """The columns printed for the Pareto front (a deployment sweep's when the GPU count varies)."""
+    if len(table) and "gpus" in table and table["gpus"].nunique() > 1:  # a deployment sweep
+        return [
             "hardware",
             "model",
-            "max_seqs",
-            "rate",
-            "concurrency",
-            "mean_e2el_ms",
-            "output_throughput",
-            "peak_kv_bytes",
-            "quality_mean",
+            "tp",
+            "pp",
+            "replicas",
+            "gpus",
+            "p99_ttft_ms",
             "request_goodput",
+            "output_throughput",
+            "gpu_hours",
+            "cost_per_million_output_tokens",
         ]
-        if len(table) and "gpus" in table and table["gpus"].nunique() > 1:  # a deployment sweep
-            cols = [
-                "hardware",
-                "model",
-                "tp",
-                "pp",
-                "replicas",
-                "gpus",
-                "p99_ttft_ms",
-                "request_goodput",
-                "output_throughput",
-                "gpu_hours",
-                "cost_per_million_output_tokens",
-            ]
-        if len(front):
-            print(front[[c for c in cols if c in front]].to_string(index=False, max_rows=20))
-        for err in table.loc[table["status"] == "error", "error"].drop_duplicates().head(3) if len(table) else []:
-            print(f"  error: {err}")
-        if args.out:
-            print(f"  table: {figures['out']}")
+    return [
+        "trace",
+        "hardware",
+        "model",
+        "max_seqs",
+        "rate",
+        "concurrency",
+        "mean_e2el_ms",
+        "output_throughput",
+        "peak_kv_bytes",
+        "quality_mean",
+        "request_goodput",
+    ]
+
+
+def _print_summary(table: pd.DataFrame, figures: dict, args: argparse.Namespace) -> None:
+    """The human-readable lines: counts, the front (at most 20 rows), the first distinct errors."""
+    print(
+        f"sweep: {figures['configs']} configurations ({figures['errors']} errors) in {figures['wall_s']:.1f} s on "
+        f"{args.backend}; {figures['pareto']} Pareto-optimal"
+    )
+    front = table[table["pareto"]] if len(table) else table
+    cols = _front_columns(table)
+    if len(front):
+        print(front[[c for c in cols if c in front]].to_string(index=False, max_rows=20))
+    for err in table.loc[table["status"] == "error", "error"].drop_duplicates().head(3) if len(table) else []:
+        print(f"  error: {err}")
+    if args.out:
+        print(f"  table: {figures['out']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    models = _list(args.model, "--model") if args.model else [""]
+    rates = _list(args.rate, "--rate", float) if args.rate else []
+    conc = _list(args.concurrency, "--concurrency", int) if args.concurrency else []
+    progress = _ProgressBar()
+    t0 = time.perf_counter()
+    try:
+        table = _sweep_table(args, models, rates, conc, progress)
+    finally:
+        progress.close()
+    figures = _figures(table, time.perf_counter() - t0, args)
+    if not args.json:
+        _print_summary(table, figures, args)
     print(json.dumps(figures))
     return 0
