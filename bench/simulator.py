@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from profiler.host import usable_cores  # noqa: E402
 from simulator.hardware import get_hardware  # noqa: E402
 from simulator.models import get_model  # noqa: E402
 from simulator.replay import ReplayConfig, replay  # noqa: E402
@@ -164,7 +164,7 @@ def main() -> None:
         burst_s = time_replay(float("inf"), reps)
         print(f"replay 1000 x 500 tokens: {replay_s:.2f} s (Poisson 20 req/s), {burst_s:.2f} s (all at t=0)")
 
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = usable_cores()
         t0 = time.perf_counter()
         table = sweep(
             [str(traces[0])],

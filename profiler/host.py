@@ -17,14 +17,19 @@ def _cpu_flops_per_cycle(flags: set[str]) -> int:
     return 8  # SSE: 4 lanes, separate add and multiply
 
 
+def usable_cores() -> int:
+    """The cores this process may use (its CPU affinity; all logical cores where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def read_host_cpu() -> dict:
     """This machine's CPU as a capture records it (`meta.json` `device.cpu`): model name, logical
     cores, the cores this process may use, the current clock (the fastest core's, MHz; None if
     unknown), fp32 FLOP per cycle per core from the ISA, and RAM."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        usable = os.cpu_count() or 1
+    usable = usable_cores()
     flags: set[str] = set()
     clocks_mhz: list[float] = []
     model = ""

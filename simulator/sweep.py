@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from profiler.errors import UsageError
+from profiler.host import usable_cores
 from profiler.services import die_with_parent
 from profiler.stats import non_dominated
 from simulator.hardware import get_hardware
@@ -349,8 +350,7 @@ def sweep(
     """Run the grid; return the table (and write it under `out`). See the module docstring."""
     if backend not in ("local", "ray"):
         raise UsageError(f"unknown backend {backend!r}; valid: local, ray")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    workers = workers or max(1, cores)
+    workers = workers or max(1, usable_cores())
     if workers < 1:
         raise UsageError(f"workers must be >= 1, got {workers}")
     configs = grid(
@@ -376,15 +376,24 @@ def sweep(
     out_dir = Path(out) if out is not None else None
     done: list[dict] = []
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        finished = read_results(out_dir)
-        keys = set(finished["key"]) if len(finished) else set()
-        rows = finished.drop(columns="pareto").to_dict("records") if len(finished) else []
-        done = [r for r in rows if r["key"] in order]
-        configs = [c for c in configs if config_key(c) not in keys]
+        done, configs = _resume(out_dir, configs, order)
+    return _run_and_write(configs, done, order, workloads, backend, address, workers, out_dir, progress)
+
+
+def _run_and_write(
+    configs: list[dict],
+    done: list[dict],
+    order: dict[str, int],
+    workloads: dict[str, Workload],
+    backend: str,
+    address: str | None,
+    workers: int,
+    out_dir: Path | None,
+    progress: Callable[[int, int], None] | None,
+) -> pd.DataFrame:
+    """Run `configs` after the `done` rows, appending each finished chunk to results.jsonl; the
+    table of every finished row, also written as Parquet, even when the run is interrupted."""
     total = len(configs) + len(done)
-    size = max(1, min(25, math.ceil(len(configs) / (workers * 8)))) if configs else 1
-    chunks = _chunks(configs, size)
 
     def finished_chunk(rows: list[dict]) -> None:
         done.extend(rows)
@@ -394,20 +403,48 @@ def sweep(
             progress(len(done), total)
 
     try:
-        if not chunks:
-            pass
-        elif backend == "ray":
-            _run_ray(chunks, workloads, address, workers, finished_chunk)
-        elif workers == 1:
-            for chunk in chunks:
-                finished_chunk(run_chunk(chunk, workloads))
-        else:
-            _run_pool(chunks, workloads, workers, finished_chunk)
+        chunks = _chunks(configs, _chunk_size(len(configs), workers))
+        _dispatch(chunks, workloads, backend, address, workers, finished_chunk)
     finally:
         table = _table(done, order)
         if out_dir is not None:
             _write_parquet(table, out_dir)
     return table
+
+
+def _resume(out_dir: Path, configs: list[dict], order: dict[str, int]) -> tuple[list[dict], list[dict]]:
+    """(rows already in `out_dir`'s results that belong to this grid, the configurations still to run)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    finished = read_results(out_dir)
+    keys = set(finished["key"]) if len(finished) else set()
+    rows = finished.drop(columns="pareto").to_dict("records") if len(finished) else []
+    done = [r for r in rows if r["key"] in order]
+    return done, [c for c in configs if config_key(c) not in keys]
+
+
+def _chunk_size(n_configs: int, workers: int) -> int:
+    """Configurations per task: about 8 tasks per worker, 1..25 each."""
+    return max(1, min(25, math.ceil(n_configs / (workers * 8)))) if n_configs else 1
+
+
+def _dispatch(
+    chunks: list[list[dict]],
+    workloads: dict[str, Workload],
+    backend: str,
+    address: str | None,
+    workers: int,
+    finished_chunk: Callable[[list[dict]], None],
+) -> None:
+    """Run every chunk on the chosen backend (in this process with one local worker)."""
+    if not chunks:
+        pass
+    elif backend == "ray":
+        _run_ray(chunks, workloads, address, workers, finished_chunk)
+    elif workers == 1:
+        for chunk in chunks:
+            finished_chunk(run_chunk(chunk, workloads))
+    else:
+        _run_pool(chunks, workloads, workers, finished_chunk)
 
 
 def _run_pool(
