@@ -22,11 +22,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from profiler.outdir import write_file_atomic
 from profiler.reader import Trace
 from profiler.schema import COUNTERS
 from profiler.validate import read_valid_trace
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 US = 1e6
 PID_BLOCK = 1_000_000  # process ids of trace i: i * PID_BLOCK + ...
@@ -65,6 +69,11 @@ def _streams(cell: str) -> list[int]:
     return [int(s) for s in str(cell).split(",") if s.strip() not in ("", "nan")]
 
 
+def _event(ph: str, cat: str, name: str, ts: float, dur: float, pid: int, tid: int, args: dict) -> dict:
+    """One trace event, its keys in the order every exported event has them."""
+    return {"ph": ph, "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": args}
+
+
 def trace_events(trace: Trace, index: int = 0) -> list[dict]:
     """Events of one trace under process ids `index * PID_BLOCK + ...`."""
     base = index * PID_BLOCK
@@ -72,91 +81,48 @@ def trace_events(trace: Trace, index: int = 0) -> list[dict]:
     events: list[dict] = []
     steps = trace.steps.sort_values(["request_id", "start_s", "step_index"])
     for rid, group in steps.groupby("request_id", sort=True):
-        pid = base + int(rid) + 1
-        events += _meta_event("process_name", pid, STEPS_TID, f"{label} request {int(rid)}", pid)
-        events += _meta_event("thread_name", pid, STEPS_TID, "forward passes", 0)
-        seen_streams: set[int] = set()
-        for s in group.itertuples(index=False):
-            ts, dur = _us(s.start_s), _us(s.duration_s)
-            args = {k: int(getattr(s, k)) for k in STEP_ARGS}
-            args["streams"] = s.streams
-            if s.note:
-                args["note"] = s.note
-            events.append(
-                {
-                    "ph": "X",
-                    "cat": "step",
-                    "name": s.phase,
-                    "ts": ts,
-                    "dur": dur,
-                    "pid": pid,
-                    "tid": STEPS_TID,
-                    "args": args,
-                }
-            )
-            for stream in _streams(s.streams):
-                tid = stream + 1
-                if stream not in seen_streams:
-                    seen_streams.add(stream)
-                    events += _meta_event("thread_name", pid, tid, f"stream {stream}", tid)
-                events.append(
-                    {
-                        "ph": "X",
-                        "cat": "stream",
-                        "name": f"{s.phase} s{stream}",
-                        "ts": ts,
-                        "dur": dur,
-                        "pid": pid,
-                        "tid": tid,
-                        "args": {"stream": stream, "step_index": int(s.step_index)},
-                    }
-                )
-            end = _us(s.start_s + s.duration_s)
-            events.append(
-                {
-                    "ph": "C",
-                    "cat": "kv",
-                    "name": "live KV",
-                    "ts": end,
-                    "dur": 0,
-                    "pid": pid,
-                    "tid": STEPS_TID,
-                    "args": {"live_kv_tokens": int(s.live_kv_tokens)},
-                }
-            )
-            events.append(
-                {
-                    "ph": "C",
-                    "cat": "kv",
-                    "name": "KV bytes held",
-                    "ts": end,
-                    "dur": 0,
-                    "pid": pid,
-                    "tid": STEPS_TID,
-                    "args": {"kv_bytes_allocated": int(s.kv_bytes_allocated)},
-                }
-            )
-    counters = trace.counters
-    if len(counters):
-        pid = base + COUNTER_PID
-        source = ",".join(sorted(set(counters["source"].dropna()))) or "?"
-        events += _meta_event("process_name", pid, 0, f"{label} counters ({source})", pid)
-        for col in COUNTER_COLUMNS:
-            for t, v in zip(counters["t_s"], counters[col]):
-                if v is None or (isinstance(v, float) and math.isnan(v)):
-                    continue
-                events.append(
-                    {
-                        "ph": "C",
-                        "cat": "counter",
-                        "name": col,
-                        "ts": _us(t),
-                        "dur": 0,
-                        "pid": pid,
-                        "tid": 0,
-                        "args": {col: float(v)},
-                    }
-                )
+        events += _request_events(group, base + int(rid) + 1, f"{label} request {int(rid)}")
+    if len(trace.counters):
+        events += _counter_events(trace.counters, base + COUNTER_PID, label)
+    return events
+
+
+def _request_events(group: pd.DataFrame, pid: int, name: str) -> list[dict]:
+    """One request's process: its forward-pass track, a track per stream, its KV counter tracks."""
+    events = _meta_event("process_name", pid, STEPS_TID, name, pid)
+    events += _meta_event("thread_name", pid, STEPS_TID, "forward passes", 0)
+    seen_streams: set[int] = set()
+    for s in group.itertuples(index=False):
+        ts, dur = _us(s.start_s), _us(s.duration_s)
+        args = {k: int(getattr(s, k)) for k in STEP_ARGS}
+        args["streams"] = s.streams
+        if s.note:
+            args["note"] = s.note
+        events.append(_event("X", "step", s.phase, ts, dur, pid, STEPS_TID, args))
+        for stream in _streams(s.streams):
+            tid = stream + 1
+            if stream not in seen_streams:
+                seen_streams.add(stream)
+                events += _meta_event("thread_name", pid, tid, f"stream {stream}", tid)
+            stream_args = {"stream": stream, "step_index": int(s.step_index)}
+            events.append(_event("X", "stream", f"{s.phase} s{stream}", ts, dur, pid, tid, stream_args))
+        end = _us(s.start_s + s.duration_s)
+        live = {"live_kv_tokens": int(s.live_kv_tokens)}
+        events.append(_event("C", "kv", "live KV", end, 0, pid, STEPS_TID, live))
+        held = {"kv_bytes_allocated": int(s.kv_bytes_allocated)}
+        events.append(_event("C", "kv", "KV bytes held", end, 0, pid, STEPS_TID, held))
+    return events
+
+
+def _counter_events(counters: pd.DataFrame, pid: int, label: str) -> list[dict]:
+    """The "counters" process: one counter event per sample and column (missing values skipped)."""
+    source = ",".join(sorted(set(counters["source"].dropna()))) or "?"
+    events = _meta_event("process_name", pid, 0, f"{label} counters ({source})", pid)
+    for col in COUNTER_COLUMNS:
+        for t, v in zip(counters["t_s"], counters[col]):
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                continue
+            events.append(_event("C", "counter", col, _us(t), 0, pid, 0, {col: float(v)}))
     return events
 
 
