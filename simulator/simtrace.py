@@ -82,12 +82,21 @@ def _stats(name: str, values_s: np.ndarray, scratch: bool = False) -> dict:
     }
 
 
-def collect(sim) -> ReplayResult:
-    """Flatten a finished `simulator.replay.Replay` into rows, per-request figures and metrics."""
-    w: Workload = sim.w
+@dataclass
+class _Latencies:
+    """Per-request latencies in seconds (NaN where a request has none) and who counts for which."""
+
+    errored: np.ndarray  # bool: the request got an error row
+    ok: np.ndarray  # bool: it completed
+    ttft: np.ndarray
+    itl: np.ndarray  # the gaps between token-emitting passes, all requests together
+    e2e: np.ndarray
+    tpot: np.ndarray
+    multi: np.ndarray  # bool: completed with more than one output token and a first token (has a TPOT)
+
+
+def _latencies(sim, w: Workload, rows: PassRows) -> _Latencies:
     n = w.n_requests
-    rows = build_rows(sim)
-    counts = rows.counts
     arrival = sim.arrival_s
     errored = np.array([r in sim.error for r in range(n)], bool)
     ok = ~errored
@@ -97,18 +106,22 @@ def collect(sim) -> ReplayResult:
     multi = ok & (out_tokens > 1) & ~np.isnan(ttft)
     tpot = np.full(n, np.nan)
     tpot[multi] = (e2e[multi] - ttft[multi]) / (out_tokens[multi] - 1)
+    return _Latencies(errored, ok, ttft, itl, e2e, tpot, multi)
 
+
+def _metrics(sim, w: Workload, rows: PassRows, lat: _Latencies) -> dict:
+    """The run's `vllm bench serve` metrics (the ITLs in `lat` are reordered in place)."""
+    ok, ttft, tpot = lat.ok, lat.ttft, lat.tpot
     bpb = sim.pool.bytes_per_block
-    peak_blocks = -(-w.peak_alloc_tokens() // sim.config.block_size)
     duration = float(np.nanmax(sim.finish_s[ok])) if ok.any() else 0.0
     completed = int(ok.sum())
-    total_out = int(out_tokens[ok].sum())
+    total_out = int(w.output_tokens[ok].sum())
     total_in = int(w.prompt_tokens[ok].sum())
     per_s = lambda x: x / duration if duration > 0 else None  # noqa: E731
     q = w.quality_score[ok & ~np.isnan(w.quality_score)]
-    metrics = {
+    return {
         "completed": completed,
-        "failed": int(errored.sum()),
+        "failed": int(lat.errored.sum()),
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
         "duration_s": duration,
@@ -116,9 +129,9 @@ def collect(sim) -> ReplayResult:
         "output_throughput": per_s(total_out),
         "total_token_throughput": per_s(total_in + total_out),
         **_stats("ttft", ttft[ok & ~np.isnan(ttft)]),
-        **_stats("tpot", tpot[multi]),
-        **_stats("itl", itl, scratch=True),
-        **_stats("e2el", e2e[ok]),
+        **_stats("tpot", tpot[lat.multi]),
+        **_stats("itl", lat.itl, scratch=True),
+        **_stats("e2el", lat.e2e[ok]),
         "peak_kv_bytes": int(sim.pool.peak_blocks * bpb),
         "kv_capacity_bytes": int(sim.pool.capacity_blocks * bpb),
         "passes": int(sim.n_pass),
@@ -130,29 +143,42 @@ def collect(sim) -> ReplayResult:
         "quality_mean": float(q.mean()) if len(q) else None,
         **goodput(ttft, tpot, ok, duration, sim.config.slo_ttft_ms, sim.config.slo_tpot_ms),
     }
-    requests = pd.DataFrame(
+
+
+def _requests_frame(sim, w: Workload, rows: PassRows, lat: _Latencies) -> pd.DataFrame:
+    """One row per simulated request: its times, passes, tokens, KV peak, quality and status."""
+    n = w.n_requests
+    peak_blocks = -(-w.peak_alloc_tokens() // sim.config.block_size)
+    return pd.DataFrame(
         {
             "request_id": w.request_ids,
             "source_request_id": w.source_ids(),
-            "arrival_s": arrival,
+            "arrival_s": sim.arrival_s,
             "start_s": sim.start_s,
-            "ttft_s": ttft,
-            "tpot_s": tpot,
-            "e2e_s": e2e,
-            "steps": counts,
+            "ttft_s": lat.ttft,
+            "tpot_s": lat.tpot,
+            "e2e_s": lat.e2e,
+            "steps": rows.counts,
             "preemptions": sim.preemptions,
             "prompt_tokens": w.prompt_tokens,
-            "output_tokens": out_tokens,
+            "output_tokens": w.output_tokens,
             "peak_live_kv_tokens": w.per_request_max(w.live_kv_tokens),
-            "peak_kv_bytes": peak_blocks * bpb,
+            "peak_kv_bytes": peak_blocks * sim.pool.bytes_per_block,
             "quality_score": w.quality_score,
-            "status": [("error" if errored[r] else w.status[r]) for r in range(n)],
+            "status": [("error" if lat.errored[r] else w.status[r]) for r in range(n)],
             "error": [sim.error.get(r, "") for r in range(n)],
         }
     )
+
+
+def collect(sim) -> ReplayResult:
+    """Flatten a finished `simulator.replay.Replay` into rows, per-request figures and metrics."""
+    w: Workload = sim.w
+    rows = build_rows(sim)
+    lat = _latencies(sim, w, rows)
     return ReplayResult(
-        metrics,
-        requests,
+        _metrics(sim, w, rows, lat),
+        _requests_frame(sim, w, rows, lat),
         rows,
         list(sim.events),
         w,
@@ -160,7 +186,7 @@ def collect(sim) -> ReplayResult:
         sim.hardware,
         sim.model,
         int(sim.capacity_bytes),
-        bpb,
+        sim.pool.bytes_per_block,
         getattr(getattr(sim.cost, "params", None), "source", ""),
     )
 
