@@ -31,7 +31,8 @@ from simulator.cluster.parallel import ParallelCost, memory_plan
 from simulator.cluster.passes import leading_prefill_passes, slice_passes
 from simulator.cluster.replicas import Cluster
 from simulator.comm import collective_time_s
-from simulator.replay import resize, run_env
+from simulator.hardware import HardwareSpec
+from simulator.replay import ReplayConfig, resize, run_env
 from simulator.workload import Workload
 
 
@@ -62,79 +63,30 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
 
     n_p, n_d = cluster.disaggregate
     par = cluster.parallelism
-    w = resize(workload, config)
-    n_pre = leading_prefill_passes(w)
-    if np.any(n_pre == 0):
-        raise UsageError("--disaggregate: some requests do not start with a prefill pass")
-    pre_w, pre_shift = slice_passes(w, np.zeros_like(n_pre), n_pre)
-    dec_w, dec_shift = slice_passes(w, n_pre, w.n_passes)
-    decode_hw = cluster.decode_hardware or hardware
-    decode_cost = cost if decode_hw is hardware else ParallelCost(decode_hw, model, par, params)
-    decode_plan = (
-        plan
-        if decode_hw is hardware
-        else memory_plan(decode_hw, model, par, config.memory_utilization, config.kv_capacity_bytes)
-    )
+    w, n_pre, (pre_w, pre_shift), (dec_w, dec_shift) = _split_at_prefill(workload, config)
+    decode_hw, decode_cost, decode_plan = _decode_side(cluster, hardware, model, config, cost, plan, params)
     env = simpy.Environment()
     pre_cfg = dataclasses.replace(config, num_requests=None, kv_capacity_bytes=plan.kv_capacity_bytes)
     dec_cfg = dataclasses.replace(pre_cfg, rate=None, concurrency=None, kv_capacity_bytes=decode_plan.kv_capacity_bytes)
-    prefill: Cluster
-    decode: DecodeCluster
-    if par.interleaved:  # each replica's batches in flight through its stages
-        from simulator.cluster.pipeline import PipelinedCluster, PipelinedDecodeCluster
-
-        prefill = PipelinedCluster(
-            pre_w, cost, model, hardware, pre_cfg, plan.kv_capacity_bytes, n_p, cluster.router, env
-        )
-        decode = PipelinedDecodeCluster(
-            dec_w, decode_cost, model, decode_hw, dec_cfg, decode_plan.kv_capacity_bytes, n_d, cluster.router, env
-        )
-    else:
-        prefill = Cluster(
-            pre_w, [cost] * n_p, model, hardware, pre_cfg, [plan.kv_capacity_bytes] * n_p, cluster.router, env=env
-        )
-        decode = DecodeCluster(
-            dec_w,
-            [decode_cost] * n_d,
-            model,
-            decode_hw,
-            dec_cfg,
-            [decode_plan.kv_capacity_bytes] * n_d,
-            cluster.router,
-            env=env,
-        )
-    for replica in prefill.replicas:
-        replica.done = []  # a request is done when its decode ends
-    for replica in decode.replicas:
-        replica.done = prefill.done
-    links = [simpy.Resource(env, capacity=1) for _ in range(n_p)]
+    prefill, decode = _clusters(
+        par.interleaved,
+        model,
+        cluster.router,
+        env,
+        _Side(pre_w, cost, hardware, pre_cfg, plan.kv_capacity_bytes, n_p),
+        _Side(dec_w, decode_cost, decode_hw, dec_cfg, decode_plan.kv_capacity_bytes, n_d),
+    )
     kv_bytes = w.live_kv_tokens[w.pass_starts + n_pre - 1].astype(float) * model.kv_bytes_per_token
     across = (n_p + n_d) * par.gpus > hardware.gpus_per_node
     seconds = np.asarray(collective_time_s("send_recv", kv_bytes / par.gpus, 2, hardware, across_nodes=across))
     log: list[tuple[int, float, float]] = []
     no_decode = dec_w.n_passes == 0
-
-    def prefilled(replica, r: int, t: float) -> None:
-        if no_decode[r] or r in replica.error:  # the prefill's token was the whole answer, or it failed
-            for d in decode.replicas:
-                d.not_mine()
-            decode.owner[r] = -1
-            prefill.done and prefill.done[r].succeed()
-            return
-        link = links[int(prefill.replica_of(np.array([replica.index]))[0])]  # the replica's, shared by its engines
-        env.process(_transfer(env, link, decode, r, float(seconds[r]), log))
-
-    for replica in prefill.replicas:
-        replica.on_finish = functools.partial(prefilled, replica)
+    _connect(env, prefill, decode, n_p, seconds, log, no_decode)
     engines = prefill.start() + [env.process(d.engine()) for d in decode.replicas]
     run_env(env, env.all_of(engines))
     res = collect(_merge(w, prefill, decode, pre_shift, dec_shift, no_decode))
     pipelines = getattr(prefill, "pipelines", []) + getattr(decode, "pipelines", [])
-    res.requests["replica"] = prefill.replica_of(prefill.owner)
-    res.requests["decode_replica"] = decode.replica_of(decode.owner)
-    if par.interleaved:
-        res.requests["virtual_engine"] = np.where(prefill.owner >= 0, prefill.owner % par.micro, -1)
-        res.requests["decode_virtual_engine"] = np.where(decode.owner >= 0, decode.owner % par.micro, -1)
+    _label_replicas(res, prefill, decode, par)
     res.extra["kv_transfers"] = log
     extra = {
         "disaggregate": [n_p, n_d],
@@ -148,6 +100,120 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     if decode_hw.price_per_gpu_hour != hardware.price_per_gpu_hour:
         extra.update(_split_cost(res.metrics, n_p, n_d, par.gpus, hardware, decode_hw))
     return res, extra, pipelines or None
+
+
+def _split_at_prefill(workload: Workload, config) -> tuple[Workload, np.ndarray, tuple, tuple]:
+    """(the workload resized to the run, each request's leading prefill passes, (prefill workload,
+    its index shift), (decode workload, its index shift)); UsageError if a request starts otherwise."""
+    w = resize(workload, config)
+    n_pre = leading_prefill_passes(w)
+    if np.any(n_pre == 0):
+        raise UsageError("--disaggregate: some requests do not start with a prefill pass")
+    return w, n_pre, slice_passes(w, np.zeros_like(n_pre), n_pre), slice_passes(w, n_pre, w.n_passes)
+
+
+def _decode_side(cluster, hardware, model, config, cost: ParallelCost, plan, params):
+    """(part, cost model, memory plan) of the decode replicas: the prefill side's on the same part."""
+    par = cluster.parallelism
+    decode_hw = cluster.decode_hardware or hardware
+    decode_cost = cost if decode_hw is hardware else ParallelCost(decode_hw, model, par, params)
+    decode_plan = (
+        plan
+        if decode_hw is hardware
+        else memory_plan(decode_hw, model, par, config.memory_utilization, config.kv_capacity_bytes)
+    )
+    return decode_hw, decode_cost, decode_plan
+
+
+@dataclasses.dataclass
+class _Side:
+    """What one side (prefill or decode) of the deployment replays, on which part, with how many replicas."""
+
+    workload: Workload
+    cost: ParallelCost
+    hardware: HardwareSpec
+    config: ReplayConfig
+    kv_capacity_bytes: int
+    replicas: int
+
+
+def _clusters(interleaved: bool, model, router, env: simpy.Environment, pre: _Side, dec: _Side):
+    """The prefill and decode clusters in one environment (pipelined ones: batches in flight)."""
+    prefill: Cluster
+    decode: DecodeCluster
+    if interleaved:  # each replica's batches in flight through its stages
+        from simulator.cluster.pipeline import PipelinedCluster, PipelinedDecodeCluster
+
+        prefill = PipelinedCluster(
+            pre.workload, pre.cost, model, pre.hardware, pre.config, pre.kv_capacity_bytes, pre.replicas, router, env
+        )
+        decode = PipelinedDecodeCluster(
+            dec.workload, dec.cost, model, dec.hardware, dec.config, dec.kv_capacity_bytes, dec.replicas, router, env
+        )
+    else:
+        n_p, n_d = pre.replicas, dec.replicas
+        prefill = Cluster(
+            pre.workload,
+            [pre.cost] * n_p,
+            model,
+            pre.hardware,
+            pre.config,
+            [pre.kv_capacity_bytes] * n_p,
+            router,
+            env=env,
+        )
+        decode = DecodeCluster(
+            dec.workload,
+            [dec.cost] * n_d,
+            model,
+            dec.hardware,
+            dec.config,
+            [dec.kv_capacity_bytes] * n_d,
+            router,
+            env=env,
+        )
+    return prefill, decode
+
+
+def _connect(
+    env: simpy.Environment,
+    prefill: Cluster,
+    decode: DecodeCluster,
+    n_p: int,
+    seconds: np.ndarray,
+    log: list[tuple[int, float, float]],
+    no_decode: np.ndarray,
+) -> None:
+    """A request is done when its decode ends; a finished prefill sends its KV over its prefill
+    replica's one link (shared by its engines) to the decode side, or, with nothing left to
+    decode (or when it failed), finishes there."""
+    for replica in prefill.replicas:
+        replica.done = []  # a request is done when its decode ends
+    for replica in decode.replicas:
+        replica.done = prefill.done
+    links = [simpy.Resource(env, capacity=1) for _ in range(n_p)]
+
+    def prefilled(replica, r: int, t: float) -> None:
+        if no_decode[r] or r in replica.error:  # the prefill's token was the whole answer, or it failed
+            for d in decode.replicas:
+                d.not_mine()
+            decode.owner[r] = -1
+            prefill.done and prefill.done[r].succeed()
+            return
+        link = links[int(prefill.replica_of(np.array([replica.index]))[0])]  # the replica's, shared by its engines
+        env.process(_transfer(env, link, decode, r, float(seconds[r]), log))
+
+    for replica in prefill.replicas:
+        replica.on_finish = functools.partial(prefilled, replica)
+
+
+def _label_replicas(res, prefill: Cluster, decode: DecodeCluster, par) -> None:
+    """Each request's prefill and decode replica (and virtual engines under the interleaved schedule)."""
+    res.requests["replica"] = prefill.replica_of(prefill.owner)
+    res.requests["decode_replica"] = decode.replica_of(decode.owner)
+    if par.interleaved:
+        res.requests["virtual_engine"] = np.where(prefill.owner >= 0, prefill.owner % par.micro, -1)
+        res.requests["decode_virtual_engine"] = np.where(decode.owner >= 0, decode.owner % par.micro, -1)
 
 
 def _transfer_figures(log: list[tuple[int, float, float]], kv_bytes: np.ndarray) -> dict:
