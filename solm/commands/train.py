@@ -35,24 +35,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
 
 
-def run(args: argparse.Namespace) -> int:
+def _recipe_and_config(args: argparse.Namespace):
+    """The system's recipe (at --stage) and its training settings with the flags applied; UsageError if bad."""
     import dataclasses
-    import time
 
-    import torch
-
-    from runtime.checkpoint import load_model, save_checkpoint
-    from runtime.evaluate import evaluate
-    from runtime.model import ModelConfig, TinyLM
-    from runtime.tokenizer import Tokenizer
     from runtime.train.recipes import get_recipe
-    from runtime.train.sft import loss_of, train
 
-    check_out_dir(args.out, [args.init], args.force, kinds=("checkpoint",))  # before hours of training
-    if args.threads < 0:
-        raise UsageError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     recipe = get_recipe(args.system)
     if args.stage:
         if not hasattr(recipe, "for_stage"):
@@ -65,7 +53,67 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--steps, --batch-size and --lr must be finite numbers > 0")
     if args.lam is not None and not abs(args.lam) < float("inf"):
         raise UsageError(f"--lambda must be a finite number, got {args.lam}")
-    cfg = dataclasses.replace(recipe.train, seed=args.seed, **overrides)
+    return recipe, dataclasses.replace(recipe.train, seed=args.seed, **overrides)
+
+
+def _command(args: argparse.Namespace, cfg) -> str:
+    """The `solm train` command that reproduces this checkpoint (recorded in its config.json)."""
+    extra = "".join(
+        f" {flag} {v}"
+        for flag, v in (
+            ("--stage", args.stage),
+            ("--init", args.init),
+            ("--lambda", args.lam),
+            ("--threads", args.threads),
+        )
+        if v
+    )
+    return (
+        f"solm train --system {args.system}{extra} --steps {cfg.steps} --batch-size {cfg.batch_size} --lr {cfg.lr} "
+        f"--seed {args.seed} --out {args.out}"
+    )
+
+
+def _checkpoint_info(
+    args: argparse.Namespace, recipe, cfg, log: dict, quality: dict, eval_system: str, t0: float
+) -> dict:
+    """The checkpoint's `info`: what was trained, how, for how long, and its held-out quality."""
+    import dataclasses
+    import time
+
+    return {
+        "system": args.system,
+        "trained": True,
+        "tasks": list(recipe.tasks),
+        "preset": recipe.preset,
+        "train": dataclasses.asdict(cfg),
+        "final_loss": round(log["final_loss"], 4),
+        "train_s": round(time.perf_counter() - t0, 1),
+        "heldout_quality": {k: round(v, 4) for k, v in quality.items()},
+        "command": _command(args, cfg),
+        "eval_system": eval_system,
+        **({"stage": args.stage} if args.stage else {}),
+        **({"preference": recipe.extra["pairs"]} if "pairs" in getattr(recipe, "extra", {}) else {}),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from runtime.checkpoint import load_model, save_checkpoint
+    from runtime.evaluate import evaluate
+    from runtime.model import ModelConfig, TinyLM
+    from runtime.tokenizer import Tokenizer
+    from runtime.train.sft import loss_of, train
+
+    check_out_dir(args.out, [args.init], args.force, kinds=("checkpoint",))  # before hours of training
+    if args.threads < 0:
+        raise UsageError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    recipe, cfg = _recipe_and_config(args)
     tok = Tokenizer()
     if args.init:
         model, _ = load_model(args.init)
@@ -80,31 +128,7 @@ def run(args: argparse.Namespace) -> int:
     save_checkpoint(model, args.out, {"system": args.system, "trained": True, "note": "saved before evaluation"})
     eval_system = recipe.extra.get("eval_system", args.system)
     quality = evaluate(model, tok, eval_system, recipe.tasks, recipe.eval_examples, recipe.max_tokens)
-    extra = "".join(
-        f" {flag} {v}"
-        for flag, v in (
-            ("--stage", args.stage),
-            ("--init", args.init),
-            ("--lambda", args.lam),
-            ("--threads", args.threads),
-        )
-        if v
-    )
-    info = {
-        "system": args.system,
-        "trained": True,
-        "tasks": list(recipe.tasks),
-        "preset": recipe.preset,
-        "train": dataclasses.asdict(cfg),
-        "final_loss": round(log["final_loss"], 4),
-        "train_s": round(time.perf_counter() - t0, 1),
-        "heldout_quality": {k: round(v, 4) for k, v in quality.items()},
-        "command": f"solm train --system {args.system}{extra} --steps {cfg.steps} --batch-size {cfg.batch_size} --lr {cfg.lr} "
-        f"--seed {args.seed} --out {args.out}",
-        "eval_system": eval_system,
-        **({"stage": args.stage} if args.stage else {}),
-        **({"preference": recipe.extra["pairs"]} if "pairs" in getattr(recipe, "extra", {}) else {}),
-    }
+    info = _checkpoint_info(args, recipe, cfg, log, quality, eval_system, t0)
     save_checkpoint(model, args.out, info)
     if not args.json:
         print(
