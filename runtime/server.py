@@ -301,6 +301,37 @@ class Server:
             self._unblock()
             return None
         start = self.clock.now()
+        entries, inputs = self._pass_inputs(batch)
+        forward_start = self.clock.now()
+        logits, attn, scored = self.forward(inputs)
+        for e, k in zip(entries, scored):
+            e.attention_kv_tokens = k
+        if logits.device.type == "cuda":
+            torch.cuda.synchronize()  # the pass ends when the device is done, not when it was queued
+        self.clock.passed(sum(inp.rows for inp in inputs))
+        end = self.clock.now()
+        forward_s = end - forward_start
+        rows = self._after_pass(entries, inputs, logits, attn, end, forward_s)
+        rec = PassRecord(
+            self.passes,
+            start,
+            end,
+            rows,
+            sum(scored),
+            entries,
+            self._preempted,
+            self._admitted,
+            self.store.pages_held,
+            forward_s,
+        )
+        self.passes += 1
+        if self.on_pass:
+            self.on_pass(rec)
+        return rec
+
+    def _pass_inputs(self, batch: dict[int, int]) -> tuple[list[Entry], list[PassInputs]]:
+        """Each scheduled request's rows for this pass (a chunk of `q` rows when `q` is short of its
+        whole next pass) and its entry in the pass record."""
         entries, inputs = [], []
         for rid, q in batch.items():
             st = self._state(rid)
@@ -321,16 +352,19 @@ class Server:
                     host_s=built,
                 )
             )
-        forward_start = self.clock.now()
-        logits, attn, scored = self.forward(inputs)
-        for e, k in zip(entries, scored):
-            e.attention_kv_tokens = k
-        scored = sum(scored)
-        if logits.device.type == "cuda":
-            torch.cuda.synchronize()  # the pass ends when the device is done, not when it was queued
-        self.clock.passed(sum(inp.rows for inp in inputs))
-        end = self.clock.now()
-        forward_s = end - forward_start
+        return entries, inputs
+
+    def _after_pass(
+        self,
+        entries: list[Entry],
+        inputs: list[PassInputs],
+        logits: torch.Tensor,
+        attn: torch.Tensor | None,
+        end: float,
+        forward_s: float,
+    ) -> int:
+        """Hand each non-chunk request its logits rows (its `Step`, first-token and finish times);
+        returns the pass's rows."""
         r = 0
         for e, inp in zip(entries, inputs):
             t = self.tracked[e.request_id]
@@ -345,22 +379,7 @@ class Server:
                 if t.state.done:
                     self._finish(e.request_id, end)
             r += inp.rows
-        rec = PassRecord(
-            self.passes,
-            start,
-            end,
-            r,
-            scored,
-            entries,
-            self._preempted,
-            self._admitted,
-            self.store.pages_held,
-            forward_s,
-        )
-        self.passes += 1
-        if self.on_pass:
-            self.on_pass(rec)
-        return rec
+        return r
 
     def _unblock(self) -> None:
         """Nothing runs and the head of the queue does not fit the empty pool: it never will."""
