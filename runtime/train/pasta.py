@@ -309,9 +309,6 @@ def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, p
     lambda, so with the candidate's own quality alone both lambdas learn the same policy. The
     expected term is what a high lambda can act on: it keeps the structures that are right on
     average for a task and drops those that are right only by luck."""
-    from runtime.engines import GenerationConfig, Request
-    from runtime.sampling import SamplingConfig
-
     rng = random.Random(f"pasta-pref:{seed}")
     flat = r.pools(seed + 1)
     prompts = rng.sample(flat, min(r.pref_prompts, len(flat)))
@@ -319,33 +316,7 @@ def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, p
     sync_id = tok.token_id(SYNC)
     t0, per_prompt = time.perf_counter(), []
     for i, (t, ex) in enumerate(prompts):
-        task, cands = get_task(t), []
-        for k in range(1 + r.structure_samples + r.samples_per_prompt):
-            if k <= r.structure_samples:  # k = 0: the greedy answer
-                cfg = GenerationConfig(max_tokens=r.max_tokens)
-                engine = (
-                    PastaEngine(model, tok, cfg)
-                    if k == 0
-                    else StructureSampler(model, tok, cfg, r.structure_temperature, seed * 7919 + 1000 * i + k)
-                )
-            else:
-                cfg = GenerationConfig(
-                    max_tokens=r.max_tokens, sampling=SamplingConfig(r.pref_temperature, 1.0, seed * 7919 + k)
-                )
-                engine = PastaEngine(model, tok, cfg)
-            c = engine.generate(Request(i, ex.prompt))
-            if c.status != "ok" or any(e["event"] in ("max_threads", "chunk_cut") for e in c.events):
-                continue
-            q = reward_quality(task.score(ex, c.text), ex.answer, c.text)
-            cands.append(
-                {
-                    "structure": structure_of(c, len(ex.meta["parts"]), sync_id),
-                    "q": q,
-                    "speedup": c.theoretical_speedup,
-                    "ids": c.output_ids,
-                }
-            )
-        per_prompt.append((t, ex, cands))
+        per_prompt.append((t, ex, _candidates(r, model, tok, seed, i, t, ex, sync_id)))
         if progress and i % 32 == 0:
             print(f"preference sampling {i}/{len(prompts)} ({time.perf_counter() - t0:.0f} s)", flush=True)
     best_worst, expected, counts = rank_candidates(per_prompt, r.lam, r.structure_weight)
@@ -368,6 +339,45 @@ def preference_pairs(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, p
         "expected_quality": {f"{t}/{st}": [round(expected[(t, st)], 4), counts[(t, st)]] for t, st in sorted(expected)},
     }
     return pairs, stats
+
+
+def _candidate_engine(r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, i: int, k: int):
+    """The engine of prompt i's k-th candidate: k = 0 the greedy answer, 1..structure_samples a
+    `StructureSampler`, the rest whole samples at `pref_temperature`."""
+    from runtime.engines import GenerationConfig
+    from runtime.sampling import SamplingConfig
+
+    if k <= r.structure_samples:
+        cfg = GenerationConfig(max_tokens=r.max_tokens)
+        if k == 0:
+            return PastaEngine(model, tok, cfg)
+        return StructureSampler(model, tok, cfg, r.structure_temperature, seed * 7919 + 1000 * i + k)
+    cfg = GenerationConfig(max_tokens=r.max_tokens, sampling=SamplingConfig(r.pref_temperature, 1.0, seed * 7919 + k))
+    return PastaEngine(model, tok, cfg)
+
+
+def _candidates(
+    r: PastaRecipe, model: TinyLM, tok: Tokenizer, seed: int, i: int, t: str, ex: Example, sync_id: int
+) -> list[dict]:
+    """Prompt i's scored candidates (structure, soft quality, speedup, output ids); those that hit
+    the thread limit or cut a chunk are left out."""
+    from runtime.engines import Request
+
+    task, cands = get_task(t), []
+    for k in range(1 + r.structure_samples + r.samples_per_prompt):
+        c = _candidate_engine(r, model, tok, seed, i, k).generate(Request(i, ex.prompt))
+        if c.status != "ok" or any(e["event"] in ("max_threads", "chunk_cut") for e in c.events):
+            continue
+        q = reward_quality(task.score(ex, c.text), ex.answer, c.text)
+        cands.append(
+            {
+                "structure": structure_of(c, len(ex.meta["parts"]), sync_id),
+                "q": q,
+                "speedup": c.theoretical_speedup,
+                "ids": c.output_ids,
+            }
+        )
+    return cands
 
 
 RECIPE = PastaRecipe(
