@@ -93,6 +93,11 @@ def _gemm_calibrations(paths: list[str] | None) -> dict[str, str]:
 
 
 def _cluster(args: argparse.Namespace) -> dict:
+    from simulator.cluster.cli import with_links
+    from simulator.hardware import get_hardware
+
+    for part in _list(args.hardware, "--hardware"):  # the price once, not an error row per configuration
+        with_links(get_hardware(part), args)
     calibrations = _gemm_calibrations(args.gemm_calibration)
     return {
         **({"gemm_calibrations": calibrations} if calibrations else {}),
