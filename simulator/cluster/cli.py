@@ -124,6 +124,10 @@ def load_structure_and_workload(args: argparse.Namespace):
 
     if not structure_path:
         raise UsageError("--workload needs --structure-from TRACE (whose request structures it stretches)")
+    if args.trace and args.structure_from:  # one would be silently ignored
+        raise UsageError(
+            f"with --workload, give the structure trace once: {args.trace} or --structure-from {args.structure_from}"
+        )
     log = read_workload_file(args.workload, args.columns, args.time_scale)
     trace = read_trace(structure_path)
     return trace, stretch(from_trace(trace), log, seed=args.seed)
