@@ -34,10 +34,9 @@ import numpy as np
 from profiler.errors import UsageError
 from profiler.outdir import input_file
 from simulator.replay import MAX_REQUESTS, MIN_RATE
-from simulator.workload import Workload
+from simulator.workload import MAX_CONTEXT_TOKENS, Workload
 
 COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
-MAX_REQUEST_TOKENS = 1 << 20  # a prompt or an answer longer than a 1M-token context is not a request
 # the latest arrival a --rate replay reaches (MAX_REQUESTS at MIN_RATE); later, float64 seconds
 # lose the microseconds latencies are made of (arrivals at 1e300 s gave latencies of 0 ms)
 MAX_ARRIVAL_S = MAX_REQUESTS / MIN_RATE
@@ -103,10 +102,10 @@ def read_workload_file(path: str | Path, columns: str | None = None, time_scale:
         values[want] = col
     for want in COLUMNS[1:]:
         col = values[want]
-        bad = np.flatnonzero((col < 1) | (col > MAX_REQUEST_TOKENS) | (col != np.round(col)))
+        bad = np.flatnonzero((col < 1) | (col > MAX_CONTEXT_TOKENS) | (col != np.round(col)))
         if len(bad):
             raise UsageError(
-                f"{path}: row {bad[0] + 1}: {mapping[want]} must be a whole number in 1..{MAX_REQUEST_TOKENS}, "
+                f"{path}: row {bad[0] + 1}: {mapping[want]} must be a whole number in 1..{MAX_CONTEXT_TOKENS}, "
                 f"got {col[bad[0]]:g}"
             )
     arrival = values["arrived_at"]

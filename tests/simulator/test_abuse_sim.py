@@ -199,3 +199,31 @@ def test_sweep_resumes_twice_after_a_torn_row(home, capsys):
     _sweep_into(home)
     _sweep_into(home)
     assert sum(line.endswith("}") for line in results.read_text().splitlines()) == 2
+
+
+def _edit_steps(t: Path, col: str, value) -> None:
+    steps = pd.read_parquet(t / "steps.parquet")
+    steps.loc[0, col] = value
+    steps.to_parquet(t / "steps.parquet", index=False)
+
+
+@pytest.mark.parametrize("duration", [float("nan"), float("inf"), -1.0])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["validate", "t"],
+        ["validate", "t", "--uncalibrated"],
+        ["cost", "--model", "llama-3-8b", "--hardware", "host-cpu", "--calibrate-from", "t"],
+    ],
+)
+def test_a_pass_of_no_finite_duration_is_a_trace_error(argv, duration, home, capsys):
+    """Was: internal error (a bug): scipy's ValueError ('Initial guess is outside of provided bounds',
+    'Residuals are not finite') or calibrate's own bare ValueError."""
+    _edit_steps(home / "t", "duration_s", duration)
+    refused(argv, home, capsys, f"steps.parquet: pass 0 took {duration:g} s")
+
+
+def test_a_pass_wider_than_any_context_is_a_trace_error(home, capsys):
+    """Was: 1e12 query tokens in one pass, chunked into 1e8 prefill chunks: simulate never ended."""
+    _edit_steps(home / "t", "query_tokens", 10**12)
+    refused(SIM, home, capsys, "a pass of 1000000000000 query tokens")
