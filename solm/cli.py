@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from profiler.errors import SolmError
+from profiler.errors import SolmError, UsageError
 from profiler.services import received_signal
 from solm.commands import COMMANDS
 
@@ -93,6 +93,18 @@ def _message(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
+OUTPUT_FLAGS = ("out", "perfetto", "html")  # the flags that name what a command writes
+
+
+def _check_outputs_named(args: argparse.Namespace) -> None:
+    """An output flag given an empty string (`--out "$DIR"` with DIR unset) is refused: simulate and
+    sweep took it for no --out and wrote nothing, calibrate called it the working directory."""
+    for flag in OUTPUT_FLAGS:
+        value = getattr(args, flag, None)
+        if isinstance(value, str) and not value.strip():
+            raise UsageError(f"--{flag} is empty; give the path to write")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser, modules = build_parser()
     args, extra = parser.parse_known_args(argv)  # argparse's own errors: one line, exit 2
@@ -102,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        _check_outputs_named(args)
         return int(modules[args.command].run(args) or 0)
     except KeyboardInterrupt:
         print(f"solm {args.command}: interrupted", file=sys.stderr)

@@ -227,3 +227,15 @@ def test_a_pass_wider_than_any_context_is_a_trace_error(home, capsys):
     """Was: 1e12 query tokens in one pass, chunked into 1e8 prefill chunks: simulate never ended."""
     _edit_steps(home / "t", "query_tokens", 10**12)
     refused(SIM, home, capsys, "a pass of 1000000000000 query tokens")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [*SIM, "--out", ""],  # was: exit 0 and no trace written (taken for no --out)
+        ["sweep", "t", "--hardware", "h100-sxm", "--num-requests", "4", "--workers", "1", "--out", " "],
+        ["calibrate", "g.csv", "--hardware", "h100-sxm", "--out", ""],  # was: "--out  is a directory"
+    ],
+)
+def test_an_empty_output_path_is_refused(argv, home, capsys):
+    refused(argv, home, capsys, "--out is empty")
