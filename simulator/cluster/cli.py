@@ -95,8 +95,11 @@ def cluster_config(args: argparse.Namespace):
         if not args.disaggregate:
             raise UsageError("--decode-hardware needs --disaggregate P:D")
         decode = with_links(get_hardware(args.decode_hardware), args)
+    schedule = getattr(args, "pp_schedule", "drain")
+    if args.pp == 1 and (args.micro_batches is not None or schedule == "interleave"):  # was: silently ignored
+        raise UsageError("--micro-batches and --pp-schedule apply to a pipeline: give --pp 2 or more")
     return ClusterConfig(
-        Parallelism(args.tp, args.pp, args.micro_batches, getattr(args, "pp_schedule", "drain")),
+        Parallelism(args.tp, args.pp, args.micro_batches, schedule),
         replicas=args.replicas,
         router=args.router,
         disaggregate=parse_disaggregate(args.disaggregate),

@@ -239,3 +239,9 @@ def test_a_pass_wider_than_any_context_is_a_trace_error(home, capsys):
 )
 def test_an_empty_output_path_is_refused(argv, home, capsys):
     refused(argv, home, capsys, "--out is empty")
+
+
+@pytest.mark.parametrize("flags", [["--micro-batches", "4"], ["--pp-schedule", "interleave"]])
+def test_pipeline_flags_without_a_pipeline_are_refused(flags, home, capsys):
+    """Was: exit 0 with the flag silently ignored (one stage: no micro-batches, no schedule)."""
+    refused([*SIM, "--model", "llama-3-8b", *flags], home, capsys, "apply to a pipeline: give --pp 2 or more")
