@@ -109,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
     from simulator.validation import cross_check, validate
 
     if args.calibrate_from is not None:
+        if args.uncalibrated or args.run is not None:  # was: silently ignored under load
+            raise UsageError("--uncalibrated and --run apply to one trace's validation, not with --calibrate-from")
         return run_load(args)
     if args.forward_fit != "auto":
         raise UsageError("--forward-fit applies to validation under load (--calibrate-from BATCH1_TRACE)")

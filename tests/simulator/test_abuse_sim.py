@@ -245,3 +245,9 @@ def test_an_empty_output_path_is_refused(argv, home, capsys):
 def test_pipeline_flags_without_a_pipeline_are_refused(flags, home, capsys):
     """Was: exit 0 with the flag silently ignored (one stage: no micro-batches, no schedule)."""
     refused([*SIM, "--model", "llama-3-8b", *flags], home, capsys, "apply to a pipeline: give --pp 2 or more")
+
+
+@pytest.mark.parametrize("flags", [["--uncalibrated"], ["--run", "0"]])
+def test_validate_under_load_refuses_single_trace_flags(flags, home, capsys):
+    """Was: `validate T --calibrate-from B --run 0` (or --uncalibrated) ran the load validation, flag ignored."""
+    refused(["validate", "t", "--calibrate-from", "t", *flags], home, capsys, "not with --calibrate-from")
