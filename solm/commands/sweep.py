@@ -36,9 +36,13 @@ def _list(text: str, flag: str, kind=str) -> list:
     if not items:
         raise UsageError(f"{flag} needs a comma-separated list, got {text!r}")
     try:
-        return [kind(x) for x in items]
+        values = [kind(x) for x in items]
     except ValueError:
         raise UsageError(f"{flag} must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:  # was: the same configurations run twice, their rows doubled in the table
+        raise UsageError(f"{flag} names {twice[0]} twice, got {text!r}")
+    return values
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -115,7 +119,14 @@ def _cluster(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
     from simulator.sweep import sweep
+
+    seen = [os.path.realpath(t) for t in args.traces]
+    twice = [t for i, t in enumerate(args.traces) if seen[i] in seen[:i]]
+    if twice:  # however spelled: the same configurations twice
+        raise UsageError(f"trace {twice[0]} is given twice")
 
     models = _list(args.model, "--model") if args.model else [""]
     rates = _list(args.rate, "--rate", float) if args.rate else []

@@ -251,3 +251,16 @@ def test_pipeline_flags_without_a_pipeline_are_refused(flags, home, capsys):
 def test_validate_under_load_refuses_single_trace_flags(flags, home, capsys):
     """Was: `validate T --calibrate-from B --run 0` (or --uncalibrated) ran the load validation, flag ignored."""
     refused(["validate", "t", "--calibrate-from", "t", *flags], home, capsys, "not with --calibrate-from")
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["sweep", "t", "./t/", "--hardware", "h100-sxm"], "trace ./t/ is given twice"),
+        (["sweep", "t", "--hardware", "h100-sxm,h200,h100-sxm"], "--hardware names h100-sxm twice"),
+        (["sweep", "t", "--hardware", "h100-sxm", "--rate", "1,inf,1.0"], "--rate names 1.0 twice"),
+    ],
+)
+def test_sweep_refuses_a_configuration_given_twice(argv, needle, home, capsys):
+    """Was: exit 0 with each such configuration run twice and its rows doubled in the table."""
+    refused(argv, home, capsys, needle)
