@@ -182,6 +182,24 @@ def _halves(rows: pd.DataFrame, seed: int) -> tuple[np.ndarray, str]:
     return mask, "rows halved (too few shapes to hold whole ones out)"
 
 
+MAX_PEAK_SHARE = 2.0  # a GEMM faster than twice the part's dense tensor peak was not timed on it
+
+
+def _check_below_peak(rows: pd.DataFrame, hardware: HardwareSpec, source: str) -> None:
+    """UsageError naming the first GEMM whose time implies more than MAX_PEAK_SHARE x the part's peak
+    (another part's times, or times in another unit: a fit to them wrote absurd parameters)."""
+    m, k, n, t = (rows[c].to_numpy(float) for c in ("num_tokens", "K", "N", "time_s"))
+    achieved = 2.0 * m * k * n / t
+    bad = np.flatnonzero(achieved > MAX_PEAK_SHARE * hardware.peak_flops_per_s)
+    if len(bad):
+        i = bad[0]
+        raise UsageError(
+            f"{source or 'the tables'}: the {m[i]:.0f}x{k[i]:.0f}x{n[i]:.0f} GEMM (M x K x N) in {t[i]:.3g} s runs at "
+            f"{achieved[i] / 1e12:.3g} TFLOP/s, over {MAX_PEAK_SHARE:g}x {hardware.name}'s {hardware.peak_flops_per_s / 1e12:.0f} "
+            f"TFLOP/s peak; these times are not from this part (or not in the unit their column names)"
+        )
+
+
 def calibrate(rows: pd.DataFrame, hardware: HardwareSpec, source: str = "", seed: int = 0) -> GemmCalibration:
     """Held-out figures (two-fold over halves), then the parameters refitted on every row."""
     from simulator.cost import default_params
@@ -191,6 +209,7 @@ def calibrate(rows: pd.DataFrame, hardware: HardwareSpec, source: str = "", seed
         raise UsageError(f"hardware {hardware.name!r} has no chip layout (num_sms, clocks, L2, arch) to calibrate")
     if len(rows) < MIN_ROWS:
         raise UsageError(f"{len(rows)} GEMMs from {source or 'the tables'}; a calibration needs at least {MIN_ROWS}")
+    _check_below_peak(rows, hardware, source)
     uncalibrated = dataclasses.replace(hardware, gemm_fit=None)
     carried = default_params(uncalibrated).gemm
     assert carried is not None, "a part with a chip layout has tile parameters"

@@ -29,6 +29,7 @@ Run `python -m simulator.hardware` to print the table.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,8 +177,8 @@ def _validate_links(spec: HardwareSpec) -> None:
     if not isinstance(spec.gpus_per_node, int) or spec.gpus_per_node < 1:
         raise ValueError(f"hardware {spec.name!r}: gpus_per_node must be a positive int, got {spec.gpus_per_node!r}")
     price = spec.price_per_gpu_hour
-    if price is not None and (not isinstance(price, (int, float)) or not price >= 0):
-        raise ValueError(f"hardware {spec.name!r}: price_per_gpu_hour must be >= 0, got {price!r}")
+    if price is not None and (not isinstance(price, (int, float)) or not 0 <= price < math.inf):
+        raise ValueError(f"hardware {spec.name!r}: price_per_gpu_hour must be a finite number >= 0, got {price!r}")
 
 
 # Priors shared by the NVIDIA data-centre parts. Matmul 0.70: the vidur A100 data reaches about

@@ -101,6 +101,8 @@ class ReplayConfig:
             raise UsageError(f"concurrency must be a positive integer, got {self.concurrency!r}")
         if self.rate is not None and self.concurrency is not None:
             raise UsageError("give a rate or a concurrency, not both")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+            raise UsageError(f"seed must be an integer >= 0, got {self.seed!r}")  # numpy's generators take no negatives
         if self.num_requests is not None and not 1 <= self.num_requests <= MAX_REQUESTS:
             raise UsageError(f"num-requests must be in 1..{MAX_REQUESTS}, got {self.num_requests!r}")
         if self.reserve not in RESERVE_MODES:

@@ -35,6 +35,7 @@ import pandas as pd
 
 from profiler.errors import UsageError
 from profiler.host import usable_cores
+from profiler.outdir import input_file
 from profiler.services import die_with_parent
 from profiler.stats import non_dominated
 from simulator.hardware import get_hardware
@@ -43,6 +44,7 @@ from simulator.replay import ReplayConfig
 from simulator.workload import Workload, load_workload
 
 RESULTS_JSONL = "results.jsonl"
+LOCAL_WORKERS_PER_CORE = 4  # a process-pool worker holds every trace; beyond this it only thrashes
 RESULTS_PARQUET = "sweep.parquet"
 SETTINGS = (
     "trace",
@@ -293,8 +295,21 @@ def _chunks(items: list, n: int) -> list[list]:
     return [items[i : i + n] for i in range(0, len(items), n)]
 
 
+def _torn(path: Path) -> bool:
+    """True when the file ends in a row cut short (a sweep killed mid-write): no newline at its end."""
+    try:
+        with path.open("rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:  # missing or empty
+        return False
+
+
 def _append(path: Path, rows: Iterable[dict]) -> None:
+    torn = _torn(path)
     with path.open("a", encoding="utf-8") as f:
+        if torn:  # end the torn row's line: was glued to the next row, and the next resume could not read it
+            f.write("\n")
         for row in rows:
             f.write(json.dumps(row, default=_jsonable) + "\n")
         f.flush()
@@ -312,9 +327,16 @@ def _jsonable(x):
 def read_results(out: str | Path) -> pd.DataFrame:
     """The rows finished so far (results.jsonl), with Pareto marks; empty if none."""
     path = Path(out) / RESULTS_JSONL
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return pd.DataFrame()
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip().endswith("}")]
+    input_file(path, "sweep results")  # a FIFO there blocked the resume for ever
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        rows = [json.loads(line) for line in lines if line.strip().endswith("}")]  # a torn last line: skipped
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"{path}: not a sweep's results ({error}); choose another --out") from None
+    if not all(isinstance(row, dict) and "key" in row for row in rows):
+        raise UsageError(f"{path}: a line that is not a sweep's result row; choose another --out")
     table = pd.DataFrame(rows).drop_duplicates("key", keep="last").reset_index(drop=True) if rows else pd.DataFrame()
     if len(table):
         table["pareto"] = pareto_mask(table, objectives_for(table))
@@ -350,9 +372,15 @@ def sweep(
     """Run the grid; return the table (and write it under `out`). See the module docstring."""
     if backend not in ("local", "ray"):
         raise UsageError(f"unknown backend {backend!r}; valid: local, ray")
-    workers = workers or max(1, usable_cores())
-    if workers < 1:
+    cores = usable_cores()
+    if workers is not None and workers < 1:  # 0 was taken as "the default"
         raise UsageError(f"workers must be >= 1, got {workers}")
+    workers = workers or max(1, cores)
+    if backend == "local" and workers > LOCAL_WORKERS_PER_CORE * cores:  # was: 10000 spawned 2500+ processes
+        raise UsageError(
+            f"--workers {workers}: a local pool of more than {LOCAL_WORKERS_PER_CORE} processes per core (this machine "
+            f"has {cores}) only thrashes; use --backend ray --address for more"
+        )
     configs = grid(
         traces,
         hardware,
@@ -417,6 +445,12 @@ def _resume(out_dir: Path, configs: list[dict], order: dict[str, int]) -> tuple[
     out_dir.mkdir(parents=True, exist_ok=True)
     finished = read_results(out_dir)
     keys = set(finished["key"]) if len(finished) else set()
+    foreign = keys - set(order)
+    if foreign:  # was: its rows kept in results.jsonl but its sweep.parquet replaced by this grid's
+        raise UsageError(
+            f"--out {out_dir} holds {len(foreign)} finished configuration(s) of another sweep (other traces or "
+            f"settings); resume it with its own command, or choose another --out"
+        )
     rows = finished.drop(columns="pareto").to_dict("records") if len(finished) else []
     done = [r for r in rows if r["key"] in order]
     return done, [c for c in configs if config_key(c) not in keys]
@@ -444,7 +478,7 @@ def _dispatch(
         for chunk in chunks:
             finished_chunk(run_chunk(chunk, workloads))
     else:
-        _run_pool(chunks, workloads, workers, finished_chunk)
+        _run_pool(chunks, workloads, min(workers, len(chunks)), finished_chunk)  # no idle processes
 
 
 def _run_pool(

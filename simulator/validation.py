@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from profiler.errors import UnknownName, UsageError
+from profiler.errors import TraceError, UnknownName, UsageError
 from profiler.reader import Trace, read_trace
 from simulator.calibrate import fit_cost_params_to_steps
 from simulator.cost import CostModel
@@ -93,6 +93,17 @@ def pass_frame(steps) -> pd.DataFrame:
     the keys its attention actually scored (`attention_kv_tokens`: with the runtime's mask attention
     every row times the pool's slots; a batch-1 trace copies `kv_tokens_read` there), its duration
     once. Otherwise (a batch-1 trace) every row with query tokens is its own pass."""
+    frame = _pass_frame(steps)
+    bad = np.flatnonzero(~(np.isfinite(frame["duration_s"].to_numpy(float)) & (frame["duration_s"] > 0)))
+    if len(bad):  # was: a fit to them ended in scipy's ValueError, an internal error
+        raise TraceError(
+            f"steps.parquet: pass {bad[0]} took {float(frame['duration_s'].iloc[bad[0]]):g} s; a measured pass takes a "
+            f"finite time > 0 (solm inspect --validate lists the trace's problems)"
+        )
+    return frame
+
+
+def _pass_frame(steps) -> pd.DataFrame:
     b = steps["batch_index"].to_numpy(np.int64) if len(steps) else np.zeros(0, np.int64)
     if len(b) and (b >= 0).all() and len(np.unique(b)) < len(b):
         chunk = steps["chunk"].astype(bool) if "chunk" in steps else pd.Series(False, index=steps.index)

@@ -43,6 +43,7 @@ from profiler.reader import Trace, read_trace
 from profiler.schema import PHASES, linear_graph
 
 PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
+MAX_CONTEXT_TOKENS = 1 << 20  # the most tokens one pass or one request's prompt or answer may have (a 1M context)
 RECOMPUTE_NOTE = "recompute after preemption"  # steps.note of a pass that re-prefilled KV lost to a preemption
 CHUNK_NOTE = "prefill chunk"  # steps.note of a chunk of a prefill that is not its last
 PASS_FIELDS = (  # the per-pass arrays of a Workload (taken or sliced together)
@@ -283,6 +284,11 @@ def from_trace(trace: Trace) -> Workload:
     groups = np.where(q > 0, np.clip(col("active_streams"), 1, np.maximum(q, 1)), 0)  # a sync pass may have no rows
     if np.any(q < 0) or np.any(kv < 0):
         raise TraceError(f"{trace.path}: negative query_tokens or kv_tokens_read in steps.parquet")
+    if len(q) and q.max() > MAX_CONTEXT_TOKENS:  # was: 1e12 query tokens chunked into 1e8 passes, for ever
+        raise TraceError(
+            f"{trace.path}: a pass of {q.max()} query tokens in steps.parquet, more than a {MAX_CONTEXT_TOKENS}-token "
+            f"context holds"
+        )
     unknown = set(steps["phase"]) - set(PHASES)
     if unknown:
         raise TraceError(f"{trace.path}: unknown phases {sorted(unknown)}; known: {', '.join(PHASES)}")

@@ -13,23 +13,39 @@ JSON line only). Two kinds of failure, told apart by type (`profiler/errors.py`)
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
-from profiler.errors import SolmError
+from profiler.errors import SolmError, UsageError
 from profiler.services import received_signal
 from solm.commands import COMMANDS
 
 EXIT_USAGE = 2  # bad input: the user can fix it
 EXIT_BUG = 1  # anything else: a bug in solm
 PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+# other OSErrors that are about the path the user gave, not about solm: a name too long, a loop of
+# symlinks, a read-only file system, a full disk or quota
+PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    parser = argparse.ArgumentParser(
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's own errors (an unknown flag, a value of the wrong type, a missing argument) as
+    one line `solm <command>: error: ...` and exit 2, like every other bad input, instead of the
+    command's whole usage block first (`--help` still prints it)."""
+
+    commands: dict[str, argparse.ArgumentParser]  # the top-level parser's: each command's own, by name
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> tuple[OneLineParser, dict]:
+    parser = OneLineParser(
         prog="solm", description="self-orchestrating language models: capture, inspect, simulate and compare runs"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -43,6 +59,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
             raise
         mod.add_parser(sub)
         modules[name] = mod
+    parser.commands = dict(sub.choices)
     return parser, modules
 
 
@@ -60,7 +77,7 @@ def is_user_path_error(e: BaseException, args: argparse.Namespace) -> bool:
     """A path error is the user's when solm raised it itself with a message (no filename: our own
     checks, which name the path), or when the failing file is a path the user gave, lies inside
     one (a file written under --out), or is a missing folder above one (creating --out's parents)."""
-    if not isinstance(e, PATH_ERRORS):
+    if not isinstance(e, PATH_ERRORS) and not (isinstance(e, OSError) and e.errno in PATH_ERRNOS):
         return False
     if e.filename is None:
         return True
@@ -76,13 +93,28 @@ def _message(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
+OUTPUT_FLAGS = ("out", "perfetto", "html")  # the flags that name what a command writes
+
+
+def _check_outputs_named(args: argparse.Namespace) -> None:
+    """An output flag given an empty string (`--out "$DIR"` with DIR unset) is refused: simulate and
+    sweep took it for no --out and wrote nothing, calibrate called it the working directory."""
+    for flag in OUTPUT_FLAGS:
+        value = getattr(args, flag, None)
+        if isinstance(value, str) and not value.strip():
+            raise UsageError(f"--{flag} is empty; give the path to write")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser, modules = build_parser()
-    args = parser.parse_args(argv)  # argparse's own errors: usage line, exit 2
+    args, extra = parser.parse_known_args(argv)  # argparse's own errors: one line, exit 2
+    if extra:  # said by the command's own parser, so the line names the command (`solm sweep: error: ...`)
+        parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not args.command:
         parser.print_help()
         return EXIT_USAGE
     try:
+        _check_outputs_named(args)
         return int(modules[args.command].run(args) or 0)
     except KeyboardInterrupt:
         print(f"solm {args.command}: interrupted", file=sys.stderr)

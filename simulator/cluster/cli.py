@@ -95,8 +95,11 @@ def cluster_config(args: argparse.Namespace):
         if not args.disaggregate:
             raise UsageError("--decode-hardware needs --disaggregate P:D")
         decode = with_links(get_hardware(args.decode_hardware), args)
+    schedule = getattr(args, "pp_schedule", "drain")
+    if args.pp == 1 and (args.micro_batches is not None or schedule == "interleave"):  # was: silently ignored
+        raise UsageError("--micro-batches and --pp-schedule apply to a pipeline: give --pp 2 or more")
     return ClusterConfig(
-        Parallelism(args.tp, args.pp, args.micro_batches, getattr(args, "pp_schedule", "drain")),
+        Parallelism(args.tp, args.pp, args.micro_batches, schedule),
         replicas=args.replicas,
         router=args.router,
         disaggregate=parse_disaggregate(args.disaggregate),
@@ -124,6 +127,10 @@ def load_structure_and_workload(args: argparse.Namespace):
 
     if not structure_path:
         raise UsageError("--workload needs --structure-from TRACE (whose request structures it stretches)")
+    if args.trace and args.structure_from:  # one would be silently ignored
+        raise UsageError(
+            f"with --workload, give the structure trace once: {args.trace} or --structure-from {args.structure_from}"
+        )
     log = read_workload_file(args.workload, args.columns, args.time_scale)
     trace = read_trace(structure_path)
     return trace, stretch(from_trace(trace), log, seed=args.seed)

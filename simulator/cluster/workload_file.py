@@ -3,7 +3,8 @@
 What: `read_workload_file` reads a CSV in the layout of the public Azure/Splitwise traces
 (`arrived_at,num_prefill_tokens,num_decode_tokens`, one row per request in arrival order; the
 copies in `simulator/data/workloads/` with their README and licence), validated: a missing
-column, a length below 1 or an arrival before the previous one is one UsageError line.
+column, a length outside 1..2^20 tokens, an arrival before the previous one, more requests than a
+replay takes (`MAX_REQUESTS`) or arrivals spanning more than `MAX_ARRIVAL_S` is one UsageError line.
 `--columns arrived_at=ts,...` reads a file whose columns are named otherwise.
 
 `stretch` gives each request of the file a structure sampled (seeded) from a trace's requests and
@@ -32,9 +33,13 @@ import numpy as np
 
 from profiler.errors import UsageError
 from profiler.outdir import input_file
-from simulator.workload import Workload
+from simulator.replay import MAX_REQUESTS, MIN_RATE
+from simulator.workload import MAX_CONTEXT_TOKENS, Workload
 
 COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+# the latest arrival a --rate replay reaches (MAX_REQUESTS at MIN_RATE); later, float64 seconds
+# lose the microseconds latencies are made of (arrivals at 1e300 s gave latencies of 0 ms)
+MAX_ARRIVAL_S = MAX_REQUESTS / MIN_RATE
 PAGE_TOKENS = 16
 WORKLOADS_DIR = Path(__file__).resolve().parents[1] / "data" / "workloads"
 
@@ -84,6 +89,10 @@ def read_workload_file(path: str | Path, columns: str | None = None, time_scale:
         )
     if not len(frame):
         raise UsageError(f"{path}: no requests")
+    if len(frame) > MAX_REQUESTS:
+        raise UsageError(
+            f"{path}: {len(frame)} requests; the simulator replays at most {MAX_REQUESTS} (split the file)"
+        )
     values = {}
     for want, have in mapping.items():
         col = pd.to_numeric(frame[have], errors="coerce").to_numpy(float)
@@ -93,10 +102,11 @@ def read_workload_file(path: str | Path, columns: str | None = None, time_scale:
         values[want] = col
     for want in COLUMNS[1:]:
         col = values[want]
-        bad = np.flatnonzero((col < 1) | (col != np.round(col)))
+        bad = np.flatnonzero((col < 1) | (col > MAX_CONTEXT_TOKENS) | (col != np.round(col)))
         if len(bad):
             raise UsageError(
-                f"{path}: row {bad[0] + 1}: {mapping[want]} must be a whole number >= 1, got {col[bad[0]]:g}"
+                f"{path}: row {bad[0] + 1}: {mapping[want]} must be a whole number in 1..{MAX_CONTEXT_TOKENS}, "
+                f"got {col[bad[0]]:g}"
             )
     arrival = values["arrived_at"]
     back = np.flatnonzero(np.diff(arrival) < 0)
@@ -107,8 +117,15 @@ def read_workload_file(path: str | Path, columns: str | None = None, time_scale:
         )
     if arrival[0] < 0:
         raise UsageError(f"{path}: row 1: negative arrival {arrival[0]:g}")
+    with np.errstate(over="ignore"):  # an overflow to inf is refused below, not warned about
+        arrival_s = (arrival - arrival[0]) / time_scale
+    if not arrival_s[-1] <= MAX_ARRIVAL_S:  # also inf: a tiny --time-scale overflows
+        raise UsageError(
+            f"{path}: the arrivals span {arrival_s[-1]:g} s (after --time-scale {time_scale:g}); at most "
+            f"{MAX_ARRIVAL_S:g} s, beyond which the simulated clock loses the microseconds latencies are made of"
+        )
     return RequestLog(
-        (arrival - arrival[0]) / time_scale,
+        arrival_s,
         values["num_prefill_tokens"].astype(np.int64),
         values["num_decode_tokens"].astype(np.int64),
         str(path),

@@ -238,8 +238,9 @@ def _comm_table(result: dict[str, Any]) -> str:
         from simulator.comm import traffic_bytes
 
         traffic = traffic_bytes(row["collective"], row["bytes"], row["workers"])
-        bus = traffic / (row["time_ms"] * 1e-3) / 1e9 if row["time_ms"] > 0 else float("nan")
-        lines.append(f"{row['collective']:12s}{row['workers']:8d}{row['bytes']:12d}{row['time_ms']:12.4f}{bus:12.1f}")
+        # one worker moves nothing in no time: its bus bandwidth is undefined (was printed as nan)
+        bus = f"{traffic / (row['time_ms'] * 1e-3) / 1e9:12.1f}" if row["time_ms"] > 0 else f"{'n/a':>12s}"
+        lines.append(f"{row['collective']:12s}{row['workers']:8d}{row['bytes']:12d}{row['time_ms']:12.4f}{bus}")
     return "\n".join(lines)
 
 

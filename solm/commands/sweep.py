@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -40,9 +41,13 @@ def _list(text: str, flag: str, kind=str) -> list:
     if not items:
         raise UsageError(f"{flag} needs a comma-separated list, got {text!r}")
     try:
-        return [kind(x) for x in items]
+        values = [kind(x) for x in items]
     except ValueError:
         raise UsageError(f"{flag} must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:  # was: the same configurations run twice, their rows doubled in the table
+        raise UsageError(f"{flag} names {twice[0]} twice, got {text!r}")
+    return values
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -97,6 +102,11 @@ def _gemm_calibrations(paths: list[str] | None) -> dict[str, str]:
 
 
 def _cluster(args: argparse.Namespace) -> dict:
+    from simulator.cluster.cli import with_links
+    from simulator.hardware import get_hardware
+
+    for part in _list(args.hardware, "--hardware"):  # the price once, not an error row per configuration
+        with_links(get_hardware(part), args)
     calibrations = _gemm_calibrations(args.gemm_calibration)
     return {
         **({"gemm_calibrations": calibrations} if calibrations else {}),
@@ -225,6 +235,10 @@ def _print_summary(table: pd.DataFrame, figures: dict, args: argparse.Namespace)
 
 
 def run(args: argparse.Namespace) -> int:
+    seen = [os.path.realpath(t) for t in args.traces]
+    twice = [t for i, t in enumerate(args.traces) if seen[i] in seen[:i]]
+    if twice:  # however spelled: the same configurations twice
+        raise UsageError(f"trace {twice[0]} is given twice")
     models = _list(args.model, "--model") if args.model else [""]
     rates = _list(args.rate, "--rate", float) if args.rate else []
     conc = _list(args.concurrency, "--concurrency", int) if args.concurrency else []

@@ -109,9 +109,17 @@ def run(args: argparse.Namespace) -> int:
     from simulator.validation import cross_check, validate
 
     if args.calibrate_from is not None:
+        if args.uncalibrated or args.run is not None:  # was: silently ignored under load
+            raise UsageError("--uncalibrated and --run apply to one trace's validation, not with --calibrate-from")
         return run_load(args)
     if args.forward_fit != "auto":
         raise UsageError("--forward-fit applies to validation under load (--calibrate-from BATCH1_TRACE)")
+    from solm.commands.simulate import scheduling_kwargs
+
+    given = scheduling_kwargs(args)  # the replay of one trace runs it as captured: these would be ignored
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise UsageError(f"{flags}: scheduling settings apply to validation under load (--calibrate-from BATCH1_TRACE)")
     if len(args.trace) > 1:
         raise UsageError("several traces need --calibrate-from (validation under load)")
     args.trace = args.trace[0]

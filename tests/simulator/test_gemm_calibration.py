@@ -305,8 +305,9 @@ def test_several_tables_are_pooled(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and data["rows"] == 20 and data["shapes"] == 4 and data["source"] == f"{first}, {second}"
     assert data["heldout"]["fitted"]["n"] == 20
-    small = tmp_path / "small.csv"
+    small, other = tmp_path / "small.csv", tmp_path / "other.csv"  # one file twice is refused (test_abuse_sim)
     small.write_text(GOOD_HEADER + _good_rows(4))
-    code = main(["calibrate", str(small), str(small), "--hardware", "h100-sxm", "--out", str(tmp_path / "s.json")])
+    other.write_text(GOOD_HEADER + _good_rows(4))
+    code = main(["calibrate", str(small), str(other), "--hardware", "h100-sxm", "--out", str(tmp_path / "s.json")])
     assert code == 0  # 4 + 4 GEMMs pooled reach the minimum of 8
     capsys.readouterr()

@@ -1,0 +1,266 @@
+"""Bad input to `solm simulate`, `validate`, `cost`, `calibrate` and `sweep` that used to end in a
+traceback, a multi-line error, a silently ignored flag or a NaN/inf/absurd figure: now one line
+`solm <command>: error: ...` and exit 2 (or, for `cost --comm --workers 1`, no NaN printed), with
+every file of the user's folder untouched. Each case says what it did before."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from solm.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "traces" / "sequential-reverse_words"
+XLA_H100 = REPO / "simulator" / "data" / "xla-gemm" / "h100-sxm.csv"
+HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+
+
+def digest(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != ".solm.lock"
+    }
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """The user's folder, the working directory: a trace `t`, a workload, a GEMM table, notes."""
+    shutil.copytree(SHIPPED, tmp_path / "t")
+    (tmp_path / "w.csv").write_text(HEADER + "0,10,5\n0.5,12,6\n1.0,8,4\n")
+    shutil.copy(XLA_H100, tmp_path / "g.csv")
+    (tmp_path / "notes.txt").write_text("the user's notes\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def refused(argv: list[str], home: Path, capsys, needle: str) -> str:
+    """Exit 2, one stderr line `solm <command>: error: ...` containing `needle`, nothing changed."""
+    before = digest(home)
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors leave through parser.exit
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"solm {argv[0]}: error: ") and err.count("\n") == 1 and needle in err, err
+    assert digest(home) == before
+    return err
+
+
+SIM = ["simulate", "t", "--hardware", "h100-sxm", "--num-requests", "4"]
+WORKLOAD = ["simulate", "--workload", "w.csv", "--structure-from", "t", "--hardware", "h100-sxm"]
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        # was: the command's 21-line usage block, then the error
+        ([*SIM, "--max-seqs", "abc"], "argument --max-seqs: invalid int value: 'abc'"),
+        (["simulate", "t"], "the following arguments are required: --hardware"),
+        (["sweep", "t", "--hardware", "h100-sxm", "--bogus"], "unrecognized arguments: --bogus"),
+        (["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--json", "x"], "unrecognized arguments: x"),
+    ],
+)
+def test_argparse_errors_are_one_line(argv, needle, home, capsys):
+    refused(argv, home, capsys, needle)
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        # was: exit 0 with "cost_usd": Infinity and "cost per 1M output tokens inf"
+        ([*SIM, "--price-per-gpu-hour", "inf"], "price_per_gpu_hour must be a finite number >= 0, got inf"),
+        ([*SIM, "--set", "price_per_gpu_hour=1e400"], "finite"),
+        # was: internal error (a bug): ValueError: expected non-negative integer (numpy's generator)
+        ([*SIM, "--rate", "1", "--seed", "-1"], "seed must be an integer >= 0, got -1"),
+        ([*WORKLOAD, "--seed", "-1"], "seed must be an integer >= 0, got -1"),
+        (
+            ["sweep", "t", "--hardware", "h100-sxm", "--rate", "1", "--seed", "-1", "--workers", "1"],
+            "seed must be an integer >= 0",
+        ),
+        # was: the positional trace silently ignored, the --structure-from one replayed instead
+        (["simulate", "t", "--workload", "w.csv", "--structure-from", "t2", "--hardware", "h100-sxm"], "once"),
+        # was: internal error (a bug): OSError: [Errno 36] File name too long
+        ([*SIM, "--out", "x" * 300], "File name too long"),
+    ],
+)
+def test_simulate_settings_refused(argv, needle, home, capsys):
+    shutil.copytree(home / "t", home / "t2")
+    refused(argv, home, capsys, needle)
+    assert not (home / ("x" * 255)).exists()
+
+
+@pytest.mark.parametrize(
+    "rows,flags,needle",
+    [
+        # was: killed for memory after ~50 s (a billion decode passes stretched)
+        ("0,10,1000000000\n", [], "num_decode_tokens must be a whole number in 1..1048576, got 1e+09"),
+        ("0,0x10,5\n", [], "num_prefill_tokens is not a number"),
+        # was: "duration 1e300 s", GPU-hours 2.8e296 and the second request's e2e 0 ms
+        ("0,10,5\n1e300,10,5\n", [], "the arrivals span 1e+300 s"),
+        # was: arrivals overflowed to inf: "duration inf s", "GPU-hours inf", a RuntimeWarning
+        ("0,10,5\n1e10,10,5\n", ["--time-scale", "1e-300"], "the arrivals span inf s (after --time-scale 1e-300)"),
+    ],
+)
+def test_workload_files_refused(rows, flags, needle, home, capsys):
+    (home / "x.csv").write_text(HEADER + rows)
+    argv = ["simulate", "--workload", "x.csv", "--structure-from", "t", "--hardware", "h100-sxm", *flags]
+    refused(argv, home, capsys, needle)
+
+
+def test_workload_file_longer_than_a_replay_is_refused(home, capsys, monkeypatch):
+    """Was: 2 million rows replayed for minutes, past --num-requests' own limit of 1 million."""
+    from simulator.cluster import workload_file
+
+    monkeypatch.setattr(workload_file, "MAX_REQUESTS", 2)  # the limit shared with --num-requests, made small
+    refused(WORKLOAD, home, capsys, "w.csv: 3 requests; the simulator replays at most 2")
+
+
+def test_validate_refuses_scheduling_flags_it_would_ignore(home, capsys):
+    """Was: `validate T --scheduler sjf` ran the trace as captured and said nothing of the flag."""
+    refused(["validate", "t", "--scheduler", "sjf", "--reserve", "peak"], home, capsys, "--scheduler, --reserve")
+
+
+def test_calibrate_refuses_times_faster_than_the_part(home, capsys):
+    """Was: times 1e6x too fast (another unit) were fitted, held-out APE 3.9e11 %, and the file written."""
+    table = pd.read_csv(home / "g.csv")
+    table["time_s"] = 2.0 * table.m * table.n * table.k / table.bf16_flops_per_s / 1e6
+    table.drop(columns="bf16_flops_per_s").to_csv(home / "fast.csv", index=False)
+    refused(["calibrate", "fast.csv", "--hardware", "h100-sxm", "--out", "c.json"], home, capsys, "TFLOP/s peak")
+    assert not (home / "c.json").exists()
+
+
+def test_calibrate_refuses_one_table_twice(home, capsys):
+    """Was: the same table given twice (or under two spellings) counted each GEMM twice."""
+    os.symlink(home / "g.csv", home / "g2.csv")
+    argv = ["calibrate", "g.csv", "g2.csv", "--hardware", "h100-sxm", "--out", "c.json"]
+    refused(argv, home, capsys, "GEMM table g2.csv is given twice (as g.csv)")
+    assert not (home / "c.json").exists()
+
+
+def test_cost_comm_on_one_worker_prints_no_nan(home, capsys):
+    """Was: a bus bandwidth of `nan` GB/s for a one-GPU collective (no bytes moved, in no time)."""
+    assert main(["cost", "--hardware", "h100-sxm", "--comm", "all_reduce", "--workers", "1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out.lower() and "n/a" in out
+
+
+SWEEP = ["sweep", "t", "--hardware", "h100-sxm", "--num-requests", "4", "--workers", "1", "--json"]
+
+
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--workers", "0"], "workers must be >= 1, got 0"),  # was: 0 taken as the default (one per core)
+        (["--workers", "100000"], "processes per core"),  # was: 2500+ pool processes spawned, the machine thrashed
+        (["--price-per-gpu-hour", "nan"], "price_per_gpu_hour must be a finite"),  # was: an error row per config
+    ],
+)
+def test_sweep_settings_refused(flags, needle, home, capsys):
+    refused([*SWEEP, *flags], home, capsys, needle)
+
+
+def _sweep_into(home: Path, *flags: str) -> None:
+    assert main([*SWEEP, "--out", "sw", "--max-seqs", "1,2", *flags]) == 0
+
+
+def test_sweep_does_not_resume_another_sweep(home, capsys):
+    """Was: a sweep into another sweep's folder replaced its sweep.parquet with this grid's rows."""
+    _sweep_into(home)
+    capsys.readouterr()
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "4"], home, capsys, "holds 2 finished configuration(s) of another")
+    assert main([*SWEEP, "--out", "sw", "--max-seqs", "1,2,4"]) == 0  # a grid that extends it still resumes
+
+
+def test_sweep_refuses_results_it_cannot_read(home, capsys):
+    """Was: a FIFO as results.jsonl blocked the resume for ever; a line `{bad}` was a JSONDecodeError."""
+    _sweep_into(home)
+    capsys.readouterr()
+    results = home / "sw" / "results.jsonl"
+    results.write_text("{bad}\n")
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "not a sweep's results")
+    results.unlink()
+    os.mkfifo(results)
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "not a regular file")
+
+
+def test_sweep_resumes_twice_after_a_torn_row(home, capsys):
+    """Was: the resume appended its rows to the torn last line, and the next resume could not parse it."""
+    _sweep_into(home)
+    results = home / "sw" / "results.jsonl"
+    results.write_text(results.read_text()[:-40])  # the second row cut short
+    _sweep_into(home)
+    _sweep_into(home)
+    assert sum(line.endswith("}") for line in results.read_text().splitlines()) == 2
+
+
+def _edit_steps(t: Path, col: str, value) -> None:
+    steps = pd.read_parquet(t / "steps.parquet")
+    steps.loc[0, col] = value
+    steps.to_parquet(t / "steps.parquet", index=False)
+
+
+@pytest.mark.parametrize("duration", [float("nan"), float("inf"), -1.0])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["validate", "t"],
+        ["validate", "t", "--uncalibrated"],
+        ["cost", "--model", "llama-3-8b", "--hardware", "host-cpu", "--calibrate-from", "t"],
+    ],
+)
+def test_a_pass_of_no_finite_duration_is_a_trace_error(argv, duration, home, capsys):
+    """Was: internal error (a bug): scipy's ValueError ('Initial guess is outside of provided bounds',
+    'Residuals are not finite') or calibrate's own bare ValueError."""
+    _edit_steps(home / "t", "duration_s", duration)
+    refused(argv, home, capsys, f"steps.parquet: pass 0 took {duration:g} s")
+
+
+def test_a_pass_wider_than_any_context_is_a_trace_error(home, capsys):
+    """Was: 1e12 query tokens in one pass, chunked into 1e8 prefill chunks: simulate never ended."""
+    _edit_steps(home / "t", "query_tokens", 10**12)
+    refused(SIM, home, capsys, "a pass of 1000000000000 query tokens")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [*SIM, "--out", ""],  # was: exit 0 and no trace written (taken for no --out)
+        ["sweep", "t", "--hardware", "h100-sxm", "--num-requests", "4", "--workers", "1", "--out", " "],
+        ["calibrate", "g.csv", "--hardware", "h100-sxm", "--out", ""],  # was: "--out  is a directory"
+    ],
+)
+def test_an_empty_output_path_is_refused(argv, home, capsys):
+    refused(argv, home, capsys, "--out is empty")
+
+
+@pytest.mark.parametrize("flags", [["--micro-batches", "4"], ["--pp-schedule", "interleave"]])
+def test_pipeline_flags_without_a_pipeline_are_refused(flags, home, capsys):
+    """Was: exit 0 with the flag silently ignored (one stage: no micro-batches, no schedule)."""
+    refused([*SIM, "--model", "llama-3-8b", *flags], home, capsys, "apply to a pipeline: give --pp 2 or more")
+
+
+@pytest.mark.parametrize("flags", [["--uncalibrated"], ["--run", "0"]])
+def test_validate_under_load_refuses_single_trace_flags(flags, home, capsys):
+    """Was: `validate T --calibrate-from B --run 0` (or --uncalibrated) ran the load validation, flag ignored."""
+    refused(["validate", "t", "--calibrate-from", "t", *flags], home, capsys, "not with --calibrate-from")
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["sweep", "t", "./t/", "--hardware", "h100-sxm"], "trace ./t/ is given twice"),
+        (["sweep", "t", "--hardware", "h100-sxm,h200,h100-sxm"], "--hardware names h100-sxm twice"),
+        (["sweep", "t", "--hardware", "h100-sxm", "--rate", "1,inf,1.0"], "--rate names 1.0 twice"),
+    ],
+)
+def test_sweep_refuses_a_configuration_given_twice(argv, needle, home, capsys):
+    """Was: exit 0 with each such configuration run twice and its rows doubled in the table."""
+    refused(argv, home, capsys, needle)
