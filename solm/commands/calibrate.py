@@ -24,6 +24,7 @@ import os
 
 from profiler.errors import UsageError
 from profiler.outdir import check_out_file, write_file_atomic
+from solm.jsonline import json_line
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -79,5 +80,5 @@ def run(args: argparse.Namespace) -> int:
         params = ", ".join(f"{k} {v:.3g}" for k, v in result.params.to_json().items())
         print(f"  params: {params}")
         print(f"  use it: solm cost --hardware {result.hardware} --gemm-calibration {out} --model MODEL")
-    print(json.dumps(summary))
+    print(json_line(summary))
     return 0

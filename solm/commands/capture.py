@@ -13,6 +13,7 @@ from profiler.outdir import claim_out_dir
 from runtime.capture import KEEP, CaptureConfig, capture
 from runtime.engines import systems
 from runtime.tasks.base import MAX_EXAMPLES
+from solm.jsonline import json_line
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -199,5 +200,5 @@ def run(args: argparse.Namespace) -> int:
         q = "n/a" if s["quality_mean"] is None else f"{s['quality_mean']:.3f}"
         if s.get("tokens_per_s") is not None and s.get("e2e_s_p50") is not None:
             print(f"  quality {q}  {s['tokens_per_s']:.1f} tokens/s  e2e p50 {s['e2e_s_p50'] * 1000:.1f} ms")
-    print(json.dumps(s))
+    print(json_line(s))
     return 0

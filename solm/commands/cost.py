@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from typing import Any
 
@@ -53,6 +52,7 @@ from profiler.errors import UsageError
 from simulator.cost import LAYER_OPS, CostModel
 from simulator.hardware import HARDWARE, get_hardware
 from simulator.models import MODELS, get_model
+from solm.jsonline import json_line
 
 PROG = "solm cost"
 
@@ -376,5 +376,5 @@ def run(args: argparse.Namespace) -> int:
             print(_table(result))
             if "explain" in result:
                 print(_explain_table(result))
-    print(json.dumps(result))
+    print(json_line(result))
     return 0

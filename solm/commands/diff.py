@@ -15,10 +15,10 @@ Why: "is B faster than A, on which requests, and did the output or the structure
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from profiler.outdir import check_out_file, write_file_atomic
+from solm.jsonline import json_line
 
 SHOWN = (
     "e2e_s",
@@ -121,5 +121,5 @@ def run(args: argparse.Namespace) -> int:
         print_human(s)
         if args.html:
             print(f"report       {s['html']}")
-    print(json.dumps(s))
+    print(json_line(s))
     return 0

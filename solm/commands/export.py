@@ -14,9 +14,9 @@ already read timelines.
 from __future__ import annotations
 
 import argparse
-import json
 
 from profiler.outdir import check_out_file
+from solm.jsonline import json_line
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,5 +41,5 @@ def run(args: argparse.Namespace) -> int:
             f"{s['bytes'] / 1024:.1f} KiB"
         )
         print("  open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing")
-    print(json.dumps(s))
+    print(json_line(s))
     return 0

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
+
+from solm.jsonline import json_line
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -49,5 +50,5 @@ def run(args: argparse.Namespace) -> int:
         )
         for line in issues:
             print(f"  problem: {line}")
-    print(json.dumps(s))
+    print(json_line(s))
     return 2 if issues else 0

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 from pathlib import Path
 
 from profiler.errors import UsageError
 from profiler.outdir import claim_out_dir
+from solm.jsonline import json_line
 
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
@@ -256,5 +256,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"  quality mean    {_ms(f['quality_mean'])} (from the source trace)")
         if "out" in f:
             print(f"  simulated trace {f['out']}")
-    print(json.dumps(figures))
+    print(json_line(figures))
     return 0

@@ -31,6 +31,7 @@ from profiler.errors import UsageError
 from profiler.outdir import claim_out_dir
 from profiler.services import terminate_on_signal
 from solm.commands.simulate import add_batch_args, scheduling_kwargs
+from solm.jsonline import json_line
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -251,5 +252,5 @@ def run(args: argparse.Namespace) -> int:
     figures = _figures(table, time.perf_counter() - t0, args)
     if not args.json:
         _print_summary(table, figures, args)
-    print(json.dumps(figures))
+    print(json_line(figures))
     return 0

@@ -7,10 +7,10 @@ checkpoint's config.json records the command, steps, loss and held-out quality).
 from __future__ import annotations
 
 import argparse
-import json
 
 from profiler.errors import UsageError
 from profiler.outdir import check_out_dir
+from solm.jsonline import json_line
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
             f"in {info['train_s']} s; final loss {info['final_loss']}; held-out quality {info['heldout_quality']} -> {args.out}"
         )
     print(
-        json.dumps(
+        json_line(
             {
                 "system": args.system,
                 "out": args.out,

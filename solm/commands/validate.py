@@ -20,9 +20,9 @@ settings; prints the errors of TTFT, TPOT, E2E and throughput per load level.
 from __future__ import annotations
 
 import argparse
-import json
 
 from profiler.errors import UsageError
+from solm.jsonline import json_line
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -101,7 +101,7 @@ def run_load(args: argparse.Namespace) -> int:
                 f"{_pct(e.get('throughput_ape_percent'))}          {_pct(e.get('ttft_mape_percent'))} "
                 f"{_pct(e.get('e2e_mape_percent'))}"
             )
-    print(json.dumps(v))
+    print(json_line(v))
     return 0
 
 
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{v['request_latency_mape_percent']:.1f}%; mean e2e measured {v['measured_e2e_s_mean'] * 1e3:.1f} ms, "
                 f"simulated {v['simulated_e2e_s_mean'] * 1e3:.1f} ms"
             )
-        print(json.dumps(v))
+        print(json_line(v))
         return 0
     source, note = args.trace, ""
     if args.run is not None:
@@ -165,5 +165,5 @@ def run(args: argparse.Namespace) -> int:
             f"  request latency MAPE {v['request_latency_mape_percent']:.1f}%  (TTFT {v['ttft_mape_percent']:.1f}%); "
             f"mean e2e measured {v['measured_e2e_s_mean'] * 1e3:.1f} ms, simulated {v['simulated_e2e_s_mean'] * 1e3:.1f} ms"
         )
-    print(json.dumps(v))
+    print(json_line(v))
     return 0
