@@ -43,8 +43,13 @@ class Script:
 
 def read_scripts(trace_dir: str | Path) -> list[Script]:
     p = Path(trace_dir)
-    reqs = pd.read_parquet(p / "requests.parquet").sort_values("request_id")
-    toks = pd.read_parquet(p / "tokens.parquet").sort_values(["request_id", "token_index"])
+    return scripts_of(pd.read_parquet(p / "requests.parquet"), pd.read_parquet(p / "tokens.parquet"))
+
+
+def scripts_of(requests: pd.DataFrame, tokens: pd.DataFrame) -> list[Script]:
+    """One Script per request of a trace's requests and tokens tables."""
+    reqs = requests.sort_values("request_id")
+    toks = tokens.sort_values(["request_id", "token_index"])
     out = []
     for r in reqs.itertuples():
         t = toks[toks.request_id == r.request_id]
