@@ -129,7 +129,8 @@ def model_path(spec: str) -> Path | None:
     input an `--out` may not be, contain or lie inside."""
     if not spec:
         return None
-    for cand in (Path(spec.removeprefix("gguf:")), CHECKPOINTS_DIR / spec):
+    file = spec.removeprefix("gguf:")  # "gguf:" alone names no file (not the working directory)
+    for cand in [Path(file)] * bool(file) + [CHECKPOINTS_DIR / spec]:
         if cand.exists():
             return cand
     return None
@@ -161,7 +162,11 @@ def _load_hf(spec: str, device: str, seed: int) -> tuple[TinyLM, dict]:
         except KeyError as e:
             raise FileNotFoundError(e.args[0]) from None
         return model, {"arch": name, "trained": False, "transformers": hf_adapter.transformers_version()}
-    model = hf_adapter.load_hf_dir(spec, device, logits_vocab=vocab)
+    try:
+        model = hf_adapter.load_hf_dir(spec, device, logits_vocab=vocab)
+    except (OSError, ValueError, KeyError) as e:  # transformers' own: no weights, an unknown model_type
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise UsageError(f"model {spec!r}: not a loadable transformers directory ({first})") from None
     return model, {
         "hf_dir": str(Path(spec).resolve()),
         "trained": True,

@@ -230,3 +230,29 @@ def test_diff_names_a_schema_version_of_the_wrong_type(work, capsys):
 )
 def test_an_empty_output_file_is_refused(argv, needle, work, capsys):
     refused(argv, capsys, needle, work)
+
+
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--knob", "a=" + "[" * 50000], "--knob a: value nested too deeply"),  # was RecursionError (exit 1)
+        (["--model", "gguf:"], "needs a path"),  # model_path: "gguf:" alone is not the working directory
+    ],
+)
+def test_capture_model_and_knob_values(flags, needle, work, capsys):
+    refused(["capture", "--model", "tiny-2l", "--n", "1", *flags, "--out", "c"], capsys, needle, work)
+    assert not (work / "c").exists()
+
+
+def test_a_transformers_folder_that_does_not_load_is_one_line(work, capsys):
+    """Was: transformers' OSError (no weights) or ValueError (unknown model_type), exit 1."""
+    pytest.importorskip("transformers")
+    for cfg in ({"model_type": "llama"}, {"model_type": "nonesuch"}):
+        (work / "hf").mkdir(exist_ok=True)
+        (work / "hf" / "config.json").write_text(json.dumps(cfg))
+        refused(
+            ["capture", "--model", "hf", "--n", "1", "--out", "c"],
+            capsys,
+            "not a loadable transformers directory",
+            work,
+        )

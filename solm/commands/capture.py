@@ -110,6 +110,8 @@ def parse_knobs(items: list[str]) -> dict:
             knobs[key] = json.loads(value, parse_constant=_no_constant)
         except json.JSONDecodeError:
             knobs[key] = value
+        except RecursionError:  # was: exit 1
+            raise UsageError(f"--knob {key}: value nested too deeply") from None
     return knobs
 
 
