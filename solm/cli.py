@@ -13,6 +13,7 @@ JSON line only). Two kinds of failure, told apart by type (`profiler/errors.py`)
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -26,6 +27,9 @@ from solm.commands import COMMANDS
 EXIT_USAGE = 2  # bad input: the user can fix it
 EXIT_BUG = 1  # anything else: a bug in solm
 PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+# plain OSErrors that name a path the system refuses as given (a name over NAME_MAX, a symlink loop,
+# a read-only file system): the user's, by the same rule, when the path is one they gave
+PATH_ERRNOS = (errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
@@ -60,7 +64,7 @@ def is_user_path_error(e: BaseException, args: argparse.Namespace) -> bool:
     """A path error is the user's when solm raised it itself with a message (no filename: our own
     checks, which name the path), or when the failing file is a path the user gave, lies inside
     one (a file written under --out), or is a missing folder above one (creating --out's parents)."""
-    if not isinstance(e, PATH_ERRORS):
+    if not isinstance(e, PATH_ERRORS) and not (isinstance(e, OSError) and e.errno in PATH_ERRNOS):
         return False
     if e.filename is None:
         return True

@@ -256,3 +256,23 @@ def test_a_transformers_folder_that_does_not_load_is_one_line(work, capsys):
             "not a loadable transformers directory",
             work,
         )
+
+
+LONG = "a" * 300  # one path component over NAME_MAX (255)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["inspect", LONG],
+        ["diff", "t", LONG],
+        ["export", "t", "--perfetto", LONG],
+        ["diff", "t", "t", "--html", LONG],
+        ["capture", "--model", "tiny-2l", "--n", "1", "--out", LONG],
+        ["capture", "--model", LONG, "--n", "1", "--out", "c"],
+        ["train", "--steps", "1", "--out", LONG],
+    ],
+)
+def test_a_name_too_long_is_the_users_error(argv, work, capsys, no_training):
+    """Was: OSError [Errno 36] File name too long, reported as a bug (exit 1)."""
+    refused(argv, capsys, "File name too long", work)
