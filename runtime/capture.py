@@ -252,6 +252,10 @@ def make_start(cfg: CaptureConfig, model, tok: Tokenizer, scripts: list | None):
         page_size=cfg.page_size,
         sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.seed),
     )
+    if scripts is not None:
+        from runtime.structure_replay import check_token_ids
+
+        check_token_ids(scripts, getattr(model, "logits_vocab", None) or model.cfg.vocab_size, cfg.structure_from)
     try:
         if scripts is None:
             engine = get_engine(cfg.system)(model, tok, gen_cfg, **cfg.knobs)

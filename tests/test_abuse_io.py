@@ -276,3 +276,21 @@ LONG = "a" * 300  # one path component over NAME_MAX (255)
 def test_a_name_too_long_is_the_users_error(argv, work, capsys, no_training):
     """Was: OSError [Errno 36] File name too long, reported as a bug (exit 1)."""
     refused(argv, capsys, "File name too long", work)
+
+
+@pytest.mark.parametrize("token_id", [10**9, -3])
+def test_capture_structure_from_token_ids_outside_the_vocabulary(token_id, work, capsys):
+    """Was: IndexError in the embedding (exit 1) for an id past the vocabulary; exit 0, a replay
+    forcing garbage, for a negative id (a simulated trace's -1)."""
+    import pandas as pd
+
+    tokens = pd.read_parquet(work / "t" / "tokens.parquet").assign(token_id=token_id)
+    tokens.to_parquet(work / "t" / "tokens.parquet", index=False)
+    argv = ["capture", "--model", "tiny-2l", "--structure-from", "t", "--n", "1", "--out", "c"]
+    refused(argv, capsys, f"request 0 has token id {token_id}, outside this model's 0..", work)
+    assert not (work / "c").exists()
+
+
+def test_train_lambda_without_a_stage_is_refused(work, capsys, no_training):
+    """Was: accepted and ignored (the default recipe has no reward to weigh)."""
+    refused(["train", "--lambda", "0.5", "--out", "o"], capsys, "--lambda weighs a preference stage", work)

@@ -56,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--lr must be a number in (0, {MAX_LR:g}], got {args.lr}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.lam is not None and not args.stage:  # was: silently ignored
+        raise UsageError(
+            "--lambda weighs a preference stage's reward: give it with --stage (pasta: --stage preference)"
+        )
     recipe = get_recipe(args.system)
     if args.stage:
         if not hasattr(recipe, "for_stage"):
