@@ -294,3 +294,13 @@ def test_capture_structure_from_token_ids_outside_the_vocabulary(token_id, work,
 def test_train_lambda_without_a_stage_is_refused(work, capsys, no_training):
     """Was: accepted and ignored (the default recipe has no reward to weigh)."""
     refused(["train", "--lambda", "0.5", "--out", "o"], capsys, "--lambda weighs a preference stage", work)
+
+
+def test_diff_html_force_on_a_link_replaces_the_link_not_its_target(work, capsys):
+    """Was: `diff --html LINK --force` wrote through LINK over the user's file it pointed to
+    (`export --perfetto LINK --force` replaced the link itself, as now both do)."""
+    (work / "report.html").symlink_to("notes.txt")
+    assert main(["diff", "t", "t", "--html", "report.html", "--force", "--json"]) == 0
+    capsys.readouterr()
+    assert (work / "notes.txt").read_text() == "the user's notes\n"
+    assert not (work / "report.html").is_symlink() and "<html" in (work / "report.html").read_text().lower()

@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         from dashboard.figures import diff_report_html
 
         out = Path(args.html)
-        write_file_atomic(check_out_file(out, [args.a, args.b], args.force, "--html"), diff_report_html(d))
+        check_out_file(out, [args.a, args.b], args.force, "--html")
+        write_file_atomic(out, diff_report_html(d))  # a link given is replaced, not the file it points to
         s["html"] = str(out)
     if not args.json:
         print_human(s)
