@@ -28,8 +28,9 @@ EXIT_USAGE = 2  # bad input: the user can fix it
 EXIT_BUG = 1  # anything else: a bug in solm
 PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
 # plain OSErrors that name a path the system refuses as given (a name over NAME_MAX, a symlink loop,
-# a read-only file system): the user's, by the same rule, when the path is one they gave
-PATH_ERRNOS = (errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS)
+# a read-only file system) or has no room for (a full disk or quota, stdout on /dev/full): the
+# user's, by the same rule, when the path is one they gave (or none is named)
+PATH_ERRNOS = (errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:

@@ -304,3 +304,16 @@ def test_diff_html_force_on_a_link_replaces_the_link_not_its_target(work, capsys
     capsys.readouterr()
     assert (work / "notes.txt").read_text() == "the user's notes\n"
     assert not (work / "report.html").is_symlink() and "<html" in (work / "report.html").read_text().lower()
+
+
+def test_no_room_for_the_output_is_the_users_error(work, capsys, monkeypatch):
+    """Was: `solm inspect t > /dev/full` reported OSError ENOSPC as a bug (exit 1)."""
+    import errno
+    import io
+
+    class Full(io.StringIO):
+        def write(self, s: str) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(sys, "stdout", Full())
+    refused(["inspect", "t"], capsys, "No space left on device", work)
