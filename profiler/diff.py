@@ -352,7 +352,7 @@ def counter_summary(counters: pd.DataFrame) -> dict[str, float]:
 def diff_traces(a: Trace, b: Trace) -> TraceDiff:
     va, vb = a.meta.get("schema_version"), b.meta.get("schema_version")
     if va != vb:
-        raise TraceError(f"cannot diff traces of different schema versions: {a.path} is v{va}, {b.path} is v{vb}")
+        raise TraceError(f"cannot diff traces of different schema versions: {a.path} is v{va!r}, {b.path} is v{vb!r}")
     ma = request_metrics(a)
     mb = ma if b is a else request_metrics(b)
     pairs, how = match_requests(ma, mb)
@@ -432,7 +432,7 @@ def diff_paths(a: str | Path, b: str | Path) -> TraceDiff:
     va, vb = _raw_version(pa_), _raw_version(pb)
     if va is not None and vb is not None and va != vb:
         raise TraceError(
-            f"cannot diff traces of different schema versions: {pa_} is v{va}, {pb} is v{vb} "
+            f"cannot diff traces of different schema versions: {pa_} is v{va!r}, {pb} is v{vb!r} "
             f"(this solm reads v{SCHEMA_VERSION}; re-capture the other one)"
         )
     return diff_traces(read_valid_trace(pa_), read_valid_trace(pb))

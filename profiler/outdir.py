@@ -237,6 +237,8 @@ def check_out_file(
     out: str | Path, inputs: Iterable[str | Path] = (), force: bool = False, flag: str = "--out"
 ) -> Path:
     """Refuse (UsageError) an output file the command may not write; return it resolved."""
+    if not str(out):
+        raise UsageError(f"{flag} is empty; give a file path")
     p = resolved(out)
     if p.is_dir():
         raise UsageError(f"{flag} {out} is a directory; give a file path")

@@ -173,7 +173,8 @@ def read_table(
     `[("request_id", "=", 3)]`): only the matching rows, and row groups whose statistics rule them
     out are not read."""
     if not file.is_file():
-        raise TraceError(f"{file.parent}: missing {file.name}")
+        there = file.exists() or file.is_symlink()  # a folder, a FIFO, a device or a dangling link
+        raise TraceError(f"{file}: not a regular file" if there else f"{file.parent}: missing {file.name}")
     expected = TABLES[name]
     want = list(expected.names) if columns is None else list(columns)
     unknown = [c for c in want if c not in expected.names]

@@ -90,12 +90,16 @@ def timing_problems(trace: Trace) -> list[str]:
 
 
 def graph_problems(g: dict) -> list[str]:
-    """A request's chunk DAG: node-link form, unique node ids, no link to a missing node, no cycle."""
-    nodes, links = g.get("nodes"), g.get("links")
+    """A request's chunk DAG: node-link form, unique node ids, token counts that are counts, no
+    link to a missing node, no cycle."""
+    nodes, links = (g.get("nodes"), g.get("links")) if isinstance(g, dict) else (None, None)
     if not isinstance(nodes, list) or not isinstance(links, list):
         return ["not node-link (needs nodes and links lists)"]
     if not all(isinstance(n, dict) and "id" in n for n in nodes):
         return ["a node without an id"]
+    bad_tokens = [n["id"] for n in nodes if "tokens" in n and not _is_count(n["tokens"])]
+    if bad_tokens:
+        return [f"node {bad_tokens[0]!r}: tokens must be an integer >= 0, got {_node_tokens(nodes, bad_tokens[0])!r}"]
     ids = [n["id"] for n in nodes]
     try:
         known = set(ids)
@@ -118,6 +122,14 @@ def graph_problems(g: dict) -> list[str]:
     if edges and has_cycle(known, edges):
         out.append("the dependence graph has a cycle")
     return out
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _node_tokens(nodes: list[dict], node_id: object) -> object:
+    return next(n["tokens"] for n in nodes if n["id"] == node_id)
 
 
 def has_cycle(nodes: set, edges: list[tuple]) -> bool:

@@ -215,17 +215,17 @@ def quality_applicable(info: dict, structure_from: str) -> bool:
 def structure_scripts(cfg: CaptureConfig) -> tuple[list, dict]:
     """The reference requests to replay and the reference's meta, checked against the capture's
     system (one clear error)."""
-    from profiler.reader import read_trace
-    from runtime.structure_replay import REPLAYABLE, read_scripts
+    from profiler.validate import read_valid_trace
+    from runtime.structure_replay import REPLAYABLE, scripts_of
 
     if cfg.system not in REPLAYABLE:
         raise UsageError(f"--structure-from supports {', '.join(REPLAYABLE)}, not {cfg.system!r}")
-    ref = read_trace(cfg.structure_from)  # a missing or corrupt trace is a TraceError, one line
+    ref = read_valid_trace(cfg.structure_from)  # a missing, corrupt or invalid trace: a TraceError, one line
     if ref.meta.get("system") != cfg.system:
         raise UsageError(
             f"--structure-from {cfg.structure_from} holds a {ref.meta.get('system')!r} trace, not {cfg.system!r}"
         )
-    return read_scripts(cfg.structure_from)[: cfg.n], ref.meta
+    return scripts_of(ref.requests, ref.tokens)[: cfg.n], ref.meta
 
 
 def check_config(cfg: CaptureConfig) -> None:
@@ -252,6 +252,10 @@ def make_start(cfg: CaptureConfig, model, tok: Tokenizer, scripts: list | None):
         page_size=cfg.page_size,
         sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.seed),
     )
+    if scripts is not None:
+        from runtime.structure_replay import check_token_ids
+
+        check_token_ids(scripts, getattr(model, "logits_vocab", None) or model.cfg.vocab_size, cfg.structure_from)
     try:
         if scripts is None:
             engine = get_engine(cfg.system)(model, tok, gen_cfg, **cfg.knobs)

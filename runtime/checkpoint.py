@@ -6,8 +6,12 @@ gives a randomly initialised model (deterministic from `seed`).
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import fields
 from pathlib import Path
 
+import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from profiler.errors import UsageError
@@ -28,19 +32,71 @@ def save_checkpoint(model: TinyLM, out_dir: str | Path, info: dict | None = None
 
 
 def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[TinyLM, dict]:
-    """Model and the checkpoint's `info` dict. Clear errors for a missing or foreign directory."""
+    """Model and the checkpoint's `info` dict. Clear errors (UsageError, one line) for a missing,
+    foreign or corrupt directory, checked before the model is built: a config.json of the wrong
+    shape, weights that are not safetensors or do not match the config's shapes."""
     p = Path(path)
     cfg_file, weights = p / "config.json", p / "model.safetensors"
     if not cfg_file.is_file() or not weights.is_file():
         raise FileNotFoundError(f"{p} is not a solm checkpoint (needs config.json and model.safetensors)")
+    doc = _config_doc(cfg_file)
     try:
-        doc = json.loads(cfg_file.read_text())
-        cfg = ModelConfig.from_dict(doc["config"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        cfg = ModelConfig.from_dict(_checked_config(doc["config"]))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         raise UsageError(f"{cfg_file}: unreadable checkpoint config ({e})") from None
+    _check_weights(weights, cfg, cfg_file)
     model = TinyLM(cfg)
     model.load_state_dict(load_file(str(weights)))
-    return model.to(device).eval(), doc.get("info", {})
+    info = doc.get("info", {})
+    return model.to(device).eval(), info if isinstance(info, dict) else {}
+
+
+MAX_CONFIG_INT = 1 << 20  # the largest dimension, layer count or vocabulary a checkpoint config may give
+
+
+def _config_doc(cfg_file: Path) -> dict:
+    """config.json as a dict: a regular file of sane size holding a JSON object (UsageError else)."""
+    from profiler.reader import TraceError, load_json_file
+
+    try:
+        return load_json_file(cfg_file)
+    except TraceError as e:
+        raise UsageError(f"checkpoint config {e}") from None
+
+
+def _checked_config(cfg: object) -> dict:
+    """The config's integers are in 1..MAX_CONFIG_INT and its floats finite and > 0 (a NaN or a
+    10^12-wide layer would fail deep in torch, or try to allocate it)."""
+    if not isinstance(cfg, dict):
+        raise TypeError(f"'config' must be a JSON object, got {type(cfg).__name__}")
+    for f in fields(ModelConfig):
+        if f.name not in cfg or f.name == "name":
+            continue
+        v = cfg[f.name]
+        kind = type(f.default)
+        if kind is int and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_CONFIG_INT):
+            raise ValueError(f"{f.name} must be an integer in 1..{MAX_CONFIG_INT}, got {v!r}")
+        if kind is float and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf):
+            raise ValueError(f"{f.name} must be a finite number > 0, got {v!r}")
+    return cfg
+
+
+def _check_weights(weights: Path, cfg: ModelConfig, cfg_file: Path) -> None:
+    """The safetensors header names exactly the tensors, of the shapes, the config's model has
+    (read from the header and a model built on the meta device: nothing is allocated)."""
+    try:
+        with safe_open(str(weights), "pt") as f:
+            have = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise UsageError(f"{weights}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in TinyLM(cfg).state_dict().items()}
+    if have != want:
+        diff = sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k))
+        raise UsageError(
+            f"{weights} does not match {cfg_file}: {len(diff)} tensors differ in name or shape "
+            f"(first {diff[0]}: {have.get(diff[0])} in the weights, {want.get(diff[0])} by the config)"
+        )
 
 
 def load_model(spec: str, device: str = "cpu", seed: int = 0) -> tuple[TinyLM, dict]:
@@ -67,10 +123,25 @@ def load_model(spec: str, device: str = "cpu", seed: int = 0) -> tuple[TinyLM, d
     )
 
 
+def model_path(spec: str) -> Path | None:
+    """The checkpoint directory or model file `spec` reads, as `load_model` finds it (a shipped
+    name is a folder under checkpoints/), or None (a preset, a random architecture, nothing): the
+    input an `--out` may not be, contain or lie inside."""
+    if not spec:
+        return None
+    file = spec.removeprefix("gguf:")  # "gguf:" alone names no file (not the working directory)
+    for cand in [Path(file)] * bool(file) + [CHECKPOINTS_DIR / spec]:
+        if cand.exists():
+            return cand
+    return None
+
+
 def _is_hf_dir(path: str) -> bool:
-    try:
-        doc = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    from profiler.reader import TraceError, load_json_file
+
+    try:  # a FIFO or a device as config.json is refused, not read (it would block)
+        doc = load_json_file(Path(path) / "config.json")
+    except TraceError:
         return False
     return "model_type" in doc and "format" not in doc
 
@@ -91,7 +162,11 @@ def _load_hf(spec: str, device: str, seed: int) -> tuple[TinyLM, dict]:
         except KeyError as e:
             raise FileNotFoundError(e.args[0]) from None
         return model, {"arch": name, "trained": False, "transformers": hf_adapter.transformers_version()}
-    model = hf_adapter.load_hf_dir(spec, device, logits_vocab=vocab)
+    try:
+        model = hf_adapter.load_hf_dir(spec, device, logits_vocab=vocab)
+    except (OSError, ValueError, KeyError) as e:  # transformers' own: no weights, an unknown model_type
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise UsageError(f"model {spec!r}: not a loadable transformers directory ({first})") from None
     return model, {
         "hf_dir": str(Path(spec).resolve()),
         "trained": True,

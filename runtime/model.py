@@ -203,6 +203,8 @@ class TinyLM(PagedKVModel, nn.Module):
 
     def reset_parameters(self, seed: int) -> None:
         """Deterministic init from a seed (GPT-2 style: N(0, 0.02), residual outputs scaled)."""
+        if self.embed.weight.is_meta:  # built on the meta device for its shapes only (runtime.checkpoint)
+            return
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():

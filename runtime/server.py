@@ -23,6 +23,7 @@ demand. A request whose pass can never fit the whole pool gets an error row; the
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -115,6 +116,14 @@ class Tracked:
     completion: Completion | None = None
 
 
+def device_memory_bytes(model) -> int:
+    """Total memory of the device `model`'s weights live on: the GPU's, or the host's RAM."""
+    param = next(model.parameters(), None)
+    if param is not None and param.device.type == "cuda":
+        return int(torch.cuda.get_device_properties(param.device).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 class Server:
     """Continuous batching of one engine's requests over one KV pool of `kv_budget_mib` (or
     `max_pages`). Implements `scheduling.ServingState`; `scheduler` is a `scheduling.Scheduler`."""
@@ -147,6 +156,12 @@ class Server:
                 )
         if max_pages < 1:
             raise UsageError(f"max_pages must be >= 1, got {max_pages}")
+        memory = device_memory_bytes(engine.model)
+        if max_pages * page_bytes > memory:  # was: torch's allocation error, a traceback
+            raise UsageError(
+                f"a KV pool of {max_pages * page_bytes / MIB:.0f} MiB does not fit in the "
+                f"{memory / MIB:.0f} MiB of memory of the model's device (lower the KV budget)"
+            )
         self.engine, self.scheduler, self.attention = engine, scheduler, attention
         if scheduler is None:
             from scheduling import get_scheduler

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from profiler.errors import UsageError
 from runtime.engines import Engine, GenerationConfig, get_engine
 from runtime.tokenizer import Tokenizer
 
@@ -43,8 +44,13 @@ class Script:
 
 def read_scripts(trace_dir: str | Path) -> list[Script]:
     p = Path(trace_dir)
-    reqs = pd.read_parquet(p / "requests.parquet").sort_values("request_id")
-    toks = pd.read_parquet(p / "tokens.parquet").sort_values(["request_id", "token_index"])
+    return scripts_of(pd.read_parquet(p / "requests.parquet"), pd.read_parquet(p / "tokens.parquet"))
+
+
+def scripts_of(requests: pd.DataFrame, tokens: pd.DataFrame) -> list[Script]:
+    """One Script per request of a trace's requests and tokens tables."""
+    reqs = requests.sort_values("request_id")
+    toks = tokens.sort_values(["request_id", "token_index"])
     out = []
     for r in reqs.itertuples():
         t = toks[toks.request_id == r.request_id]
@@ -52,6 +58,18 @@ def read_scripts(trace_dir: str | Path) -> list[Script]:
         answer = str(getattr(r, "reference", "") or "")
         out.append(Script(int(r.request_id), str(r.prompt), answer, t.token_id.astype(int).tolist(), streams))
     return out
+
+
+def check_token_ids(scripts: list[Script], width: int, source: str) -> None:
+    """Every scripted token is an id the model can emit (0..width-1): a simulated trace's -1 or an
+    id past a smaller vocabulary would be forced as garbage or fail in the embedding (IndexError)."""
+    for sc in scripts:
+        bad = next((t for t in sc.output_ids if not 0 <= t < width), None)
+        if bad is not None:
+            raise UsageError(
+                f"--structure-from {source}: request {sc.request_id} has token id {bad}, "
+                f"outside this model's 0..{width - 1} (replay a measured trace of a model with this vocabulary)"
+            )
 
 
 class ForcedLogits(nn.Module):

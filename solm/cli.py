@@ -28,9 +28,10 @@ from solm.commands import COMMANDS
 EXIT_USAGE = 2  # bad input: the user can fix it
 EXIT_BUG = 1  # anything else: a bug in solm
 PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
-# other OSErrors that are about the path the user gave, not about solm: a name too long, a loop of
-# symlinks, a read-only file system, a full disk or quota
-PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+# plain OSErrors that name a path the system refuses as given (a name over NAME_MAX, a symlink loop,
+# a read-only file system) or has no room for (a full disk or quota, stdout on /dev/full): the
+# user's, by the same rule, when the path is one they gave (or none is named)
+PATH_ERRNOS = (errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from profiler.errors import UsageError
 from runtime.engines.pasta import MAIN, Layout, PastaEngine
 from runtime.lang.pasta import SYNC, PastaParser, annotate, sample_style
 from runtime.model import TinyLM
@@ -150,7 +151,7 @@ class PastaRecipe(Recipe):
 
     def for_stage(self, stage: str, lam: float | None = None) -> PastaRecipe:
         if stage not in STAGES:
-            raise ValueError(f"pasta stages: {', '.join(STAGES)}; got {stage!r}")
+            raise UsageError(f"--stage: pasta stages are: {', '.join(STAGES)}; got {stage!r}")
         r = dataclasses.replace(self, **STAGES[stage])
         return dataclasses.replace(r, lam=lam) if lam is not None else r
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from profiler.errors import UsageError
 from runtime.engines.diffusion_common import EPS, Seg, hybrid_mask
 from runtime.lang.planned_diffusion import ASYNC, ASYNC_END, MASK, PAD, SYNC, UNIT, Round, annotate, entry_text
 from runtime.model import TinyLM
@@ -163,7 +164,7 @@ class PDRecipe(Recipe):
                 max_tokens=self.max_tokens,
                 extra={"eval_system": "sequential"},
             )
-        raise ValueError(f"planned_diffusion stages: pd (default), ar; got {stage!r}")
+        raise UsageError(f"--stage: planned_diffusion stages are: pd (default), ar; got {stage!r}")
 
 
 AR_TRAIN = TrainConfig(steps=1000, batch_size=16, lr=3e-3)

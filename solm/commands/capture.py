@@ -6,13 +6,13 @@ import argparse
 import json
 import math
 import re
-from pathlib import Path
 
 from profiler.errors import UsageError
 from profiler.outdir import claim_out_dir
 from runtime.capture import KEEP, CaptureConfig, capture
 from runtime.engines import systems
 from runtime.tasks.base import MAX_EXAMPLES
+from solm.commands import check_limits
 from solm.jsonline import json_line
 
 
@@ -111,6 +111,8 @@ def parse_knobs(items: list[str]) -> dict:
             knobs[key] = json.loads(value, parse_constant=_no_constant)
         except json.JSONDecodeError:
             knobs[key] = value
+        except RecursionError:  # was: exit 1
+            raise UsageError(f"--knob {key}: value nested too deeply") from None
     return knobs
 
 
@@ -132,10 +134,7 @@ LIMITS = {  # flag: (attribute, lowest, highest) for the integer flags
 
 def check_args(args: argparse.Namespace) -> None:
     """Every flag in range before anything is loaded, built or written (UsageError, one line)."""
-    for flag, (attr, lo, hi) in LIMITS.items():
-        value = getattr(args, attr)
-        if value is not None and not lo <= value <= hi:  # None: the default chosen later (--max-tokens)
-            raise UsageError(f"{flag} must be in {lo}..{hi}, got {value}")
+    check_limits(args, LIMITS)  # --max-tokens None: the default chosen later
     if not 0 < args.counters_hz <= 1000:  # also refuses NaN: a sampler at NaN Hz spins
         raise UsageError(f"--counters-hz must be a number in (0, 1000], got {args.counters_hz}")
     if not 0 <= args.temperature < math.inf:
@@ -175,7 +174,9 @@ def run(args: argparse.Namespace) -> int:
         keep=args.keep,
         structure_from=args.structure_from,
     )
-    inputs = [args.structure_from, args.model if args.model and Path(args.model).exists() else ""]
+    from runtime.checkpoint import model_path
+
+    inputs = [args.structure_from, model_path(args.model) or ""]
     with claim_out_dir(args.out, inputs, args.force):  # held while capturing: one writer per --out
         if args.rate is not None or args.concurrency is not None:
             from runtime.serve_capture import LoadConfig, capture_load

@@ -107,19 +107,20 @@ def print_human(s: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     from profiler.diff import diff_paths
 
-    if args.html:  # before the work: a refused output costs nothing
+    if args.html is not None:  # before the work: a refused output costs nothing (nor an empty one ignored)
         check_out_file(args.html, [args.a, args.b], args.force, "--html")
     d = diff_paths(args.a, args.b)
     s = d.summary()
-    if args.html:
+    if args.html is not None:
         from dashboard.figures import diff_report_html
 
         out = Path(args.html)
-        write_file_atomic(check_out_file(out, [args.a, args.b], args.force, "--html"), diff_report_html(d))
+        check_out_file(out, [args.a, args.b], args.force, "--html")
+        write_file_atomic(out, diff_report_html(d))  # a link given is replaced, not the file it points to
         s["html"] = str(out)
     if not args.json:
         print_human(s)
-        if args.html:
+        if args.html is not None:
             print(f"report       {s['html']}")
     print(json_line(s))
     return 0

@@ -9,8 +9,17 @@ from __future__ import annotations
 import argparse
 
 from profiler.errors import UsageError
-from profiler.outdir import check_out_dir
+from profiler.outdir import claim_out_dir
+from solm.commands import check_limits
 from solm.jsonline import json_line
+
+LIMITS = {  # flag: (attribute, lowest, highest); None (the recipe's own) passes
+    "--steps": ("steps", 1, 10**7),
+    "--batch-size": ("batch_size", 1, 4096),
+    "--seed": ("seed", 0, 2**31 - 1),
+    "--threads": ("threads", 0, 1024),  # 0: torch's default
+}
+MAX_LR = 1e3  # beyond this a float32 optimizer step overflows (was a RuntimeError from torch)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -39,8 +48,19 @@ def _recipe_and_config(args: argparse.Namespace):
     """The system's recipe (at --stage) and its training settings with the flags applied; UsageError if bad."""
     import dataclasses
 
+    import torch
+
     from runtime.train.recipes import get_recipe
 
+    check_limits(args, LIMITS)
+    if args.lr is not None and not 0 < args.lr <= MAX_LR:  # also refuses NaN
+        raise UsageError(f"--lr must be a number in (0, {MAX_LR:g}], got {args.lr}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.lam is not None and not args.stage:  # was: silently ignored
+        raise UsageError(
+            "--lambda weighs a preference stage's reward: give it with --stage (pasta: --stage preference)"
+        )
     recipe = get_recipe(args.system)
     if args.stage:
         if not hasattr(recipe, "for_stage"):
@@ -49,8 +69,6 @@ def _recipe_and_config(args: argparse.Namespace):
     overrides = {
         k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("lr", args.lr)) if v is not None
     }
-    if not all(0 < v < float("inf") for v in overrides.values()):  # also refuses NaN
-        raise UsageError("--steps, --batch-size and --lr must be finite numbers > 0")
     if args.lam is not None and not abs(args.lam) < float("inf"):
         raise UsageError(f"--lambda must be a finite number, got {args.lam}")
     return recipe, dataclasses.replace(recipe.train, seed=args.seed, **overrides)
@@ -98,9 +116,16 @@ def _checkpoint_info(
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
+    from runtime.checkpoint import model_path
 
-    import torch
+    recipe, cfg = _recipe_and_config(args)
+    # checked, created and locked before hours of training; removed again if nothing was saved
+    with claim_out_dir(args.out, [model_path(args.init) or ""], args.force, kinds=("checkpoint",)):
+        return _train(args, recipe, cfg)
+
+
+def _train(args: argparse.Namespace, recipe, cfg) -> int:
+    import time
 
     from runtime.checkpoint import load_model, save_checkpoint
     from runtime.evaluate import evaluate
@@ -108,12 +133,6 @@ def run(args: argparse.Namespace) -> int:
     from runtime.tokenizer import Tokenizer
     from runtime.train.sft import loss_of, train
 
-    check_out_dir(args.out, [args.init], args.force, kinds=("checkpoint",))  # before hours of training
-    if args.threads < 0:
-        raise UsageError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    recipe, cfg = _recipe_and_config(args)
     tok = Tokenizer()
     if args.init:
         model, _ = load_model(args.init)
