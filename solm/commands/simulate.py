@@ -91,8 +91,10 @@ def parse_set(items: list[str] | None) -> dict:
     fields = {}
     for item in items or []:
         key, sep, value = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise UsageError(f"--set expects FIELD=VALUE, got {item!r}")
+        if key.strip() in fields:  # was: the last one silently won
+            raise UsageError(f"--set {key.strip()} is given twice")
         try:
             number = int(value) if value.strip().lstrip("-").isdigit() else float(value)
         except ValueError:

@@ -89,6 +89,9 @@ def test_argparse_errors_are_one_line(argv, needle, home, capsys):
         (["simulate", "t", "--workload", "w.csv", "--structure-from", "t2", "--hardware", "h100-sxm"], "once"),
         # was: internal error (a bug): OSError: [Errno 36] File name too long
         ([*SIM, "--out", "x" * 300], "File name too long"),
+        # was: the last --set of a field silently won; a blank field name was set as ' '
+        ([*SIM, "--set", "num_sms=100", "--set", "num_sms=200"], "--set num_sms is given twice"),
+        (["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--set", " =3"], "--set expects FIELD=VALUE"),
     ],
 )
 def test_simulate_settings_refused(argv, needle, home, capsys):
