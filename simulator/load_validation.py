@@ -51,6 +51,7 @@ from simulator.hardware import HardwareSpec, get_hardware
 from simulator.load_calibration import HostCost, calibrate_batch1, pass_arrays, sweep_passes
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
+from simulator.simtrace import ReplayResult
 from simulator.slo import goodput
 from simulator.validation import PASS_COLUMNS, pass_frame, trace_hardware
 from simulator.workload import from_trace
@@ -172,12 +173,11 @@ def validate_one(trace: Trace, cost: HostCost, hw: HardwareSpec, model: ModelSpe
     req = trace.requests.set_index("request_id").loc[w.request_ids]
     arrival = req["arrival_s"].to_numpy(float)
     good = (req["status"] != "error").to_numpy()
-    out_tokens = req["output_tokens"].to_numpy(np.int64)
     meas = _figures(
         arrival,
         np.where(good, req["ttft_s"].to_numpy(float), np.nan),
         np.where(good, req["e2e_s"].to_numpy(float), np.nan),
-        out_tokens,
+        req["output_tokens"].to_numpy(np.int64),
     )
     r = res.requests
     sim = _figures(
@@ -187,16 +187,22 @@ def validate_one(trace: Trace, cost: HostCost, hw: HardwareSpec, model: ModelSpe
         r["output_tokens"].to_numpy(np.int64),
     )
     measured, simulated, errors = _compare(meas, sim)
-    for which, fig, ok in (("measured", meas, good), ("simulated", sim, np.isfinite(sim["e2e"]))):
-        duration = (
-            float(np.nanmax(arrival + meas["e2e"]) - np.nanmin(arrival))
-            if which == "measured"
-            else float(res.metrics["duration_s"])
-        )
-        g = goodput(fig["ttft"], fig["tpot"], ok, duration, config.slo_ttft_ms, config.slo_tpot_ms)
-        (measured if which == "measured" else simulated).update(
-            request_goodput=g["request_goodput"], slo_attained_percent=g["slo_attained_percent"]
-        )
+    sim_ok = np.isfinite(sim["e2e"])
+    _add_goodput(measured, meas, good, float(np.nanmax(arrival + meas["e2e"]) - np.nanmin(arrival)), config)
+    _add_goodput(simulated, sim, sim_ok, float(res.metrics["duration_s"]), config)
+    passes, errors["pass_time_mape_percent"] = _pass_time_mape(trace, cost)
+    return _level_report(trace, config, res, int(len(w.request_ids)), passes, measured, simulated, errors)
+
+
+def _add_goodput(into: dict, fig: dict, ok: np.ndarray, duration: float, config: ReplayConfig) -> None:
+    """Adds a run's request goodput and SLO attainment (`simulator.slo.goodput`) to its figures."""
+    g = goodput(fig["ttft"], fig["tpot"], ok, duration, config.slo_ttft_ms, config.slo_tpot_ms)
+    into.update(request_goodput=g["request_goodput"], slo_attained_percent=g["slo_attained_percent"])
+
+
+def _pass_time_mape(trace: Trace, cost: HostCost) -> tuple[np.ndarray, float]:
+    """The trace's passes (`pass_frame`, as PASS_COLUMNS) and the mean absolute percentage error of
+    the calibrated forward against each pass's measured time (nan for a trace without passes)."""
     frame = pass_frame(trace.steps)
     passes = frame[PASS_COLUMNS].to_numpy(float)
     forward = frame["forward_s"].to_numpy(float)  # the forward alone where timed (minor 3), else the whole pass
@@ -204,9 +210,21 @@ def validate_one(trace: Trace, cost: HostCost, hw: HardwareSpec, model: ModelSpe
     predicted = (
         np.asarray(cost.forward_s(passes[:, 0], passes[:, 1], passes[:, 3]), float) if len(passes) else np.zeros(0)
     )
-    errors["pass_time_mape_percent"] = (
-        float(np.mean(np.abs(predicted / measured_s - 1)) * 100) if len(passes) else float("nan")
-    )
+    mape = float(np.mean(np.abs(predicted / measured_s - 1)) * 100) if len(passes) else float("nan")
+    return passes, mape
+
+
+def _level_report(
+    trace: Trace,
+    config: ReplayConfig,
+    res: ReplayResult,
+    n_requests: int,
+    passes: np.ndarray,
+    measured: dict,
+    simulated: dict,
+    errors: dict,
+) -> dict:
+    """`validate_one`'s result: the load level, the run's shape measured and simulated, the figures."""
     level = (
         load_level(trace.meta)
         if config.arrival == "trace"
@@ -216,7 +234,7 @@ def validate_one(trace: Trace, cost: HostCost, hw: HardwareSpec, model: ModelSpe
         "trace": str(trace.path),
         "system": trace.system,
         **level,
-        "requests": int(len(w.request_ids)),
+        "requests": n_requests,
         "passes_measured": int(len(passes)),
         "passes_simulated": int(res.metrics["passes"]),
         "mean_batch_measured": float(passes[:, 4].mean()) if len(passes) else None,
