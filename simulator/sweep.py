@@ -131,31 +131,11 @@ def grid(
 
     `options`: ReplayConfig fields passed as given (OPTIONS). `cluster`: deployment settings
     (CLUSTER_DEFAULTS' keys); "tp", "pp" and "replicas" may be lists."""
-    for h in hardware:
-        get_hardware(h)
-    for m in models:
-        if m:
-            get_model(m)
-    arrivals: list[tuple[float | None, int | None]] = [(r, None) for r in rates if r is not None]
-    arrivals += [(None, c) for c in concurrency if c is not None]
-    arrivals = arrivals or [(None, None)]
+    _check_names(hardware, models)
+    arrivals = _arrivals(rates, concurrency)
     fixed = {**CLUSTER_DEFAULTS, **(cluster or {})}
-    # a part's own GEMM calibration (solm calibrate): {part: its GemmParams as JSON}, per config
-    calibrations = fixed.pop("gemm_calibrations", None) or {}
-    stray = sorted(set(calibrations) - set(hardware))
-    if stray:
-        raise UsageError(
-            f"--gemm-calibration: fitted on {stray[0]}, which is not among --hardware {','.join(hardware)} "
-            f"(a calibration serves the part it was fitted on)"
-        )
-    shapes = list(
-        itertools.product(
-            *(
-                [int(x) for x in fixed[k]] if isinstance(fixed[k], (list, tuple)) else [fixed[k]]
-                for k in ("tp", "pp", "replicas")
-            )
-        )
-    )
+    calibrations = _pop_calibrations(fixed, hardware)
+    shapes = _shapes(fixed)
     configs = []
     for t, h, m, s, (r, c), (tp, pp, k) in itertools.product(traces, hardware, models, max_seqs, arrivals, shapes):
         cfg = {
@@ -181,6 +161,50 @@ def grid(
         _cluster_config(cfg)
         configs.append(cfg)
     return configs
+
+
+def _check_names(hardware: Sequence[str], models: Sequence[str]) -> None:
+    """Every part and model name known (UnknownName otherwise), the parts first."""
+    for h in hardware:
+        get_hardware(h)
+    for m in models:
+        if m:
+            get_model(m)
+
+
+def _arrivals(
+    rates: Sequence[float | None], concurrency: Sequence[int | None]
+) -> list[tuple[float | None, int | None]]:
+    """(rate, concurrency) pairs: each rate open loop, then each client count closed loop; (None,
+    None), the trace's own arrivals, when neither is given."""
+    arrivals: list[tuple[float | None, int | None]] = [(r, None) for r in rates if r is not None]
+    arrivals += [(None, c) for c in concurrency if c is not None]
+    return arrivals or [(None, None)]
+
+
+def _pop_calibrations(fixed: dict, hardware: Sequence[str]) -> dict:
+    """Takes "gemm_calibrations" out of the deployment settings: a part's own GEMM calibration
+    (solm calibrate), {part: its GemmParams as JSON}, per config; one for a part not swept is refused."""
+    calibrations = fixed.pop("gemm_calibrations", None) or {}
+    stray = sorted(set(calibrations) - set(hardware))
+    if stray:
+        raise UsageError(
+            f"--gemm-calibration: fitted on {stray[0]}, which is not among --hardware {','.join(hardware)} "
+            f"(a calibration serves the part it was fitted on)"
+        )
+    return calibrations
+
+
+def _shapes(fixed: dict) -> list[tuple]:
+    """Every (tp, pp, replicas) of the deployment settings, each a number or a list of them."""
+    return list(
+        itertools.product(
+            *(
+                [int(x) for x in fixed[k]] if isinstance(fixed[k], (list, tuple)) else [fixed[k]]
+                for k in ("tp", "pp", "replicas")
+            )
+        )
+    )
 
 
 def _cluster_config(cfg: dict):
