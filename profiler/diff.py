@@ -363,6 +363,30 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
         )
     ra = ma.loc[pairs["a_id"]].reset_index(drop=True)
     rb = mb.loc[pairs["b_id"]].reset_index(drop=True)
+    rows, overall = _matched_rows(pairs, ra, rb)
+    text = text_diffs(a, b, pairs)
+    text = {int(ai): text[int(ai)] for ai in pairs["a_id"]}  # in pair order
+    graphs = _graph_diffs(a, b, pairs)
+    overall["text_identical_requests"] = sum(t["identical"] for t in text.values())
+    overall["text_similarity_mean"] = float(np.mean([t["similarity"] for t in text.values()]))
+    overall["graph_identical_requests"] = sum(g["identical"] for g in graphs.values())
+    return TraceDiff(
+        a=a,
+        b=b,
+        matched_by=how,
+        requests=rows,
+        overall=overall,
+        text=text,
+        graphs=graphs,
+        counters=_counter_diffs(a.counters, b.counters),
+        unmatched_a=sorted(set(ma.index.tolist()) - set(pairs["a_id"].tolist())),
+        unmatched_b=sorted(set(mb.index.tolist()) - set(pairs["b_id"].tolist())),
+    )
+
+
+def _matched_rows(pairs: pd.DataFrame, ra: pd.DataFrame, rb: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Per matched pair, every metric in A and B with its delta and ratio, and the speedup; and the
+    overall figures: each metric's mean in A and B, the speedups and the output tokens per second."""
     rows = pairs.copy()
     overall_metrics = {}
     for m, _ in METRICS:
@@ -387,8 +411,11 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
         "tokens_per_s_b": _num(tok_b / total_b) if total_b > 0 else None,
         "metrics": overall_metrics,
     }
-    text = text_diffs(a, b, pairs)
-    text = {int(ai): text[int(ai)] for ai in pairs["a_id"]}  # in pair order
+    return rows, overall
+
+
+def _graph_diffs(a: Trace, b: Trace, pairs: pd.DataFrame) -> dict:
+    """`graph_diff` of each matched pair's dependency graphs, keyed by A's request id."""
     graphs, seen = {}, {}
     for ai, bi in zip(pairs["a_id"].tolist(), pairs["b_id"].tolist()):
         ga, gb = a.graphs.get(ai), b.graphs.get(bi)
@@ -396,27 +423,17 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
         if key not in seen:
             seen[key] = graph_diff(ga, gb)
         graphs[ai] = seen[key]
-    overall["text_identical_requests"] = sum(t["identical"] for t in text.values())
-    overall["text_similarity_mean"] = float(np.mean([t["similarity"] for t in text.values()]))
-    overall["graph_identical_requests"] = sum(g["identical"] for g in graphs.values())
-    ca, cb = counter_summary(a.counters), counter_summary(b.counters)
+    return graphs
+
+
+def _counter_diffs(counters_a: pd.DataFrame, counters_b: pd.DataFrame) -> dict:
+    """The counter summaries both traces have (`counter_summary`), A's and B's with delta and ratio, by name."""
+    ca, cb = counter_summary(counters_a), counter_summary(counters_b)
     counters = {}
     for name in ca.keys() & cb.keys():
         d, r = _delta(ca[name], cb[name])
         counters[name] = {"a": ca[name], "b": cb[name], "delta": d, "ratio": r}
-    counters = dict(sorted(counters.items()))
-    return TraceDiff(
-        a=a,
-        b=b,
-        matched_by=how,
-        requests=rows,
-        overall=overall,
-        text=text,
-        graphs=graphs,
-        counters=counters,
-        unmatched_a=sorted(set(ma.index.tolist()) - set(pairs["a_id"].tolist())),
-        unmatched_b=sorted(set(mb.index.tolist()) - set(pairs["b_id"].tolist())),
-    )
+    return dict(sorted(counters.items()))
 
 
 def _raw_version(path: Path):
