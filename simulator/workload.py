@@ -271,17 +271,65 @@ def from_trace(trace: Trace) -> Workload:
     if toks is not trace.tokens:
         trace = dataclasses.replace(trace, tokens=toks)
     ids = req["request_id"].to_numpy(np.int64)
+    pos, offsets = _pass_offsets(trace, steps, ids)
+    return Workload(
+        request_ids=ids,
+        offsets=offsets,
+        **_pass_demands(trace, steps, pos, offsets),
+        arrival_s=_relative_arrivals(req),
+        prompt_tokens=req["prompt_tokens"].to_numpy(np.int64),
+        output_tokens=req["output_tokens"].to_numpy(np.int64),
+        quality_score=req["quality_score"].to_numpy(float),
+        status=tuple(req["status"].astype(str)),
+        source=_source(trace),
+        graphs=trace.graphs,
+    )
+
+
+def _pass_offsets(trace: Trace, steps: pd.DataFrame, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each pass's request (an index into the sorted `ids`) and each request's first pass (N + 1
+    offsets); a pass of a request requests.parquet lacks is a TraceError."""
     pos = np.searchsorted(ids, steps["request_id"].to_numpy(np.int64))
     if len(steps) and (np.any(pos >= len(ids)) or np.any(ids[np.minimum(pos, len(ids) - 1)] != steps["request_id"])):
         raise TraceError(f"{trace.path}: steps.parquet has rows for requests not in requests.parquet")
     counts = np.bincount(pos, minlength=len(ids)) if len(steps) else np.zeros(len(ids), np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return pos, offsets
+
+
+def _pass_demands(trace: Trace, steps: pd.DataFrame, pos: np.ndarray, offsets: np.ndarray) -> dict:
+    """The per-pass columns of the `Workload` (query tokens, KV read, live and allocated, phase,
+    emitted tokens, ...), checked (`_check_passes`)."""
 
     def col(name: str) -> np.ndarray:
         return steps[name].to_numpy(np.int64) if len(steps) else np.zeros(0, np.int64)
 
     q, kv = col("query_tokens"), col("kv_tokens_read")
     groups = np.where(q > 0, np.clip(col("active_streams"), 1, np.maximum(q, 1)), 0)  # a sync pass may have no rows
+    _check_passes(trace, steps, q, kv)
+    phase = steps["phase"].map(PHASE_CODE).to_numpy(np.int8) if len(steps) else np.zeros(0, np.int8)
+    live = col("live_kv_tokens")
+    kv_per_token = int((trace.meta.get("model") or {}).get("kv_bytes_per_token") or 0)
+    alloc = -(-col("kv_bytes_allocated") // kv_per_token) if kv_per_token > 0 else live.copy()
+    alloc = np.maximum(alloc, live)  # pages hold at least the live tokens
+    logit = np.where(phase == PHASE_CODE["denoise"], q, groups)
+    emits = _emits(trace, steps, pos, offsets, col("emitted_tokens"))
+    return {
+        "query_tokens": q,
+        "kv_tokens_read": kv,
+        "query_groups": groups,
+        "logit_tokens": logit,
+        "live_kv_tokens": live,
+        "alloc_kv_tokens": alloc,
+        "evicted_tokens": col("evicted_tokens"),
+        "phase": phase,
+        "emits": emits,
+        "streams": steps["streams"].to_numpy(object) if len(steps) else np.zeros(0, object),
+    }
+
+
+def _check_passes(trace: Trace, steps: pd.DataFrame, q: np.ndarray, kv: np.ndarray) -> None:
+    """A TraceError for negative token counts, a pass larger than a context, or an unknown phase."""
     if np.any(q < 0) or np.any(kv < 0):
         raise TraceError(f"{trace.path}: negative query_tokens or kv_tokens_read in steps.parquet")
     if len(q) and q.max() > MAX_CONTEXT_TOKENS:  # was: 1e12 query tokens chunked into 1e8 passes, for ever
@@ -292,45 +340,27 @@ def from_trace(trace: Trace) -> Workload:
     unknown = set(steps["phase"]) - set(PHASES)
     if unknown:
         raise TraceError(f"{trace.path}: unknown phases {sorted(unknown)}; known: {', '.join(PHASES)}")
-    phase = steps["phase"].map(PHASE_CODE).to_numpy(np.int8) if len(steps) else np.zeros(0, np.int8)
-    live = col("live_kv_tokens")
-    kv_per_token = int((trace.meta.get("model") or {}).get("kv_bytes_per_token") or 0)
-    alloc = -(-col("kv_bytes_allocated") // kv_per_token) if kv_per_token > 0 else live.copy()
-    alloc = np.maximum(alloc, live)  # pages hold at least the live tokens
-    logit = np.where(phase == PHASE_CODE["denoise"], q, groups)
-    emits = _emits(trace, steps, pos, offsets, col("emitted_tokens"))
+
+
+def _relative_arrivals(req: pd.DataFrame) -> np.ndarray:
+    """Arrivals from the first one (all 0 where none is known; an unknown one 0)."""
     arrival = req["arrival_s"].to_numpy(float)
     arrival = arrival - np.nanmin(arrival) if len(arrival) and np.isfinite(arrival).any() else np.zeros(len(req))
+    return np.nan_to_num(arrival)
+
+
+def _source(trace: Trace) -> dict:
+    """Where a workload came from: the trace's path, kind, system, task, knobs, model and device."""
     model, device = trace.meta.get("model") or {}, trace.meta.get("device") or {}
-    return Workload(
-        request_ids=ids,
-        offsets=offsets,
-        query_tokens=q,
-        kv_tokens_read=kv,
-        query_groups=groups,
-        logit_tokens=logit,
-        live_kv_tokens=live,
-        alloc_kv_tokens=alloc,
-        evicted_tokens=col("evicted_tokens"),
-        phase=phase,
-        emits=emits,
-        prompt_tokens=req["prompt_tokens"].to_numpy(np.int64),
-        output_tokens=req["output_tokens"].to_numpy(np.int64),
-        quality_score=req["quality_score"].to_numpy(float),
-        arrival_s=np.nan_to_num(arrival),
-        status=tuple(req["status"].astype(str)),
-        streams=steps["streams"].to_numpy(object) if len(steps) else np.zeros(0, object),
-        source={
-            "path": str(trace.path),
-            "kind": trace.kind,
-            "system": trace.system,
-            "task": trace.meta.get("task"),
-            "knobs": trace.meta.get("knobs", {}),
-            "model": model,
-            "device": device,
-        },
-        graphs=trace.graphs,
-    )
+    return {
+        "path": str(trace.path),
+        "kind": trace.kind,
+        "system": trace.system,
+        "task": trace.meta.get("task"),
+        "knobs": trace.meta.get("knobs", {}),
+        "model": model,
+        "device": device,
+    }
 
 
 def _emits(trace: Trace, steps, pos: np.ndarray, offsets: np.ndarray, emitted_col: np.ndarray) -> np.ndarray:
