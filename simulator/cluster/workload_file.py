@@ -162,33 +162,10 @@ def stretch(structure: Workload, log: RequestLog, seed: int = 0) -> Workload:
     P0 = np.maximum(w.prompt_tokens[src], 1).astype(float)
     n_pre = n_pre_all[src]
     n_gen_old = w.n_passes[src] - n_pre
-    # tokens the generation passes emit, in the source and wanted (the prefill emits the first)
-    pre_emits = np.array(
-        [w.emits[w.pass_starts[s] : w.pass_starts[s] + k].sum() for s, k in zip(usable, n_pre_all[usable])]
-    )
-    pre_emits = pre_emits[np.searchsorted(usable, src)]
-    G0 = np.maximum(w.output_tokens[src] - pre_emits, 1).astype(float)
-    G = np.maximum(O - pre_emits, 0)
-    n_gen = np.round(n_gen_old * G / G0).astype(np.int64)
-    n_gen[(G > 0) & (n_gen == 0)] = 1
-    lengths = n_pre + n_gen
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    owner = np.repeat(np.arange(len(src)), lengths)
-    j = np.arange(offsets[-1]) - offsets[:-1][owner]  # pass index within the new request
-    is_pre = j < n_pre[owner]
-    jg = j - n_pre[owner]
-    gen_src = n_pre[owner] + (np.maximum(jg, 0) * n_gen_old[owner]) // np.maximum(n_gen[owner], 1)
-    flat = w.pass_starts[src][owner] + np.where(is_pre, j, gen_src)
+    G0, G, n_gen = _generation_tokens(w, usable, n_pre_all, src, O, n_gen_old)
+    offsets, owner, is_pre, flat = _pass_map(w, src, n_pre, n_gen_old, n_gen)
     p_scale, o_scale = (P / P0)[owner], (G / G0)[owner]
-    live0 = w.live_kv_tokens[flat].astype(float)
-    prompt_live = P0[owner]
-    live = np.where(is_pre, live0 * p_scale, P[owner] + np.maximum(live0 - prompt_live, 0) * o_scale)
-    live = np.maximum(np.round(live), 1).astype(np.int64)
-    q = np.where(is_pre, np.maximum(np.round(w.query_tokens[flat] * p_scale), 1), w.query_tokens[flat]).astype(np.int64)
-    q0 = w.query_tokens[flat].astype(float)
-    kv_scale = np.where(is_pre, q * (q + 1.0) / np.maximum(q0 * (q0 + 1), 1), live / np.maximum(live0, 1))
-    kv = np.maximum(np.round(w.kv_tokens_read[flat] * kv_scale), q).astype(np.int64)
-    alloc = np.maximum(-(-live // PAGE_TOKENS) * PAGE_TOKENS, live)
+    live, q, kv, alloc = _stretched_passes(w, flat, is_pre, p_scale, o_scale, P[owner], P0[owner])
     emits = w.emits[flat].copy()
     per_req = {
         "prompt_tokens": log.prompt_tokens.copy(),
@@ -216,3 +193,63 @@ def stretch(structure: Workload, log: RequestLog, seed: int = 0) -> Workload:
         source_request_ids=w.source_ids()[src],
         **per_req,
     )
+
+
+def _generation_tokens(
+    w: Workload,
+    usable: np.ndarray,
+    n_pre_all: np.ndarray,
+    src: np.ndarray,
+    output: np.ndarray,
+    n_gen_old: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per new request (`output`: its wanted output tokens, O): G0 and G, the tokens its source's
+    generation passes emit and those wanted (the prefill emits the first), and its generation
+    passes, round(n x G / G0) (at least one where G > 0)."""
+    pre_emits = np.array(
+        [w.emits[w.pass_starts[s] : w.pass_starts[s] + k].sum() for s, k in zip(usable, n_pre_all[usable])]
+    )
+    pre_emits = pre_emits[np.searchsorted(usable, src)]
+    G0 = np.maximum(w.output_tokens[src] - pre_emits, 1).astype(float)
+    G = np.maximum(output - pre_emits, 0)
+    n_gen = np.round(n_gen_old * G / G0).astype(np.int64)
+    n_gen[(G > 0) & (n_gen == 0)] = 1
+    return G0, G, n_gen
+
+
+def _pass_map(
+    w: Workload, src: np.ndarray, n_pre: np.ndarray, n_gen_old: np.ndarray, n_gen: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The new passes: each request's offsets, each pass's request (owner), whether it is a prefill
+    pass, and its source pass in `w` (flat index; generation pass j follows floor(j n / n'))."""
+    lengths = n_pre + n_gen
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    owner = np.repeat(np.arange(len(src)), lengths)
+    j = np.arange(offsets[-1]) - offsets[:-1][owner]  # pass index within the new request
+    is_pre = j < n_pre[owner]
+    jg = j - n_pre[owner]
+    gen_src = n_pre[owner] + (np.maximum(jg, 0) * n_gen_old[owner]) // np.maximum(n_gen[owner], 1)
+    flat = w.pass_starts[src][owner] + np.where(is_pre, j, gen_src)
+    return offsets, owner, is_pre, flat
+
+
+def _stretched_passes(
+    w: Workload,
+    flat: np.ndarray,
+    is_pre: np.ndarray,
+    p_scale: np.ndarray,
+    o_scale: np.ndarray,
+    prompt: np.ndarray,
+    prompt_live: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Live KV, query tokens, KV reads and allocated KV of the new passes, scaled from their source
+    passes (module doc); `prompt` and `prompt_live`: each pass's new and source prompt length."""
+    live0 = w.live_kv_tokens[flat].astype(float)
+    live = np.where(is_pre, live0 * p_scale, prompt + np.maximum(live0 - prompt_live, 0) * o_scale)
+    live = np.maximum(np.round(live), 1).astype(np.int64)
+    q = np.where(is_pre, np.maximum(np.round(w.query_tokens[flat] * p_scale), 1), w.query_tokens[flat]).astype(np.int64)
+    q0 = w.query_tokens[flat].astype(float)
+    kv_scale = np.where(is_pre, q * (q + 1.0) / np.maximum(q0 * (q0 + 1), 1), live / np.maximum(live0, 1))
+    kv = np.maximum(np.round(w.kv_tokens_read[flat] * kv_scale), q).astype(np.int64)
+    alloc = np.maximum(-(-live // PAGE_TOKENS) * PAGE_TOKENS, live)
+    return live, q, kv, alloc
