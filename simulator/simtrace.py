@@ -19,9 +19,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -218,7 +220,7 @@ def _strings(codes: np.ndarray, values) -> pa.Array:
 
 def _steps_table(res: ReplayResult) -> TableSlices:
     """steps.parquet, made a row group at a time from the compact rows (`simulator.passrows`)."""
-    w, rows, bpb = res.workload, res.rows, res.bytes_per_block
+    rows = res.rows
     batch_requests = rows.pass_totals().astype(np.int64)
     batch_query = _sliced_pass_totals(rows, "query")
     # the keys each row's attention scored: its visible KV, or (attention="pool", the runtime's mask)
@@ -237,47 +239,61 @@ def _steps_table(res: ReplayResult) -> TableSlices:
                 got[key] = rows.column(key, lo, hi)
             return got[key]
 
-        def evicted() -> np.ndarray:
-            return np.where(get("final"), w.evicted_tokens[get("flat")], 0)
-
-        n = hi - lo
-        makers = {
-            "request_id": lambda: w.request_ids[get("request")],
-            "step_index": lambda: get("step_index"),
-            "batch_index": lambda: get("batch_index"),
-            # a recompute or a prefill chunk is a prefill pass; its note says what it re-prefilled
-            "phase": lambda: _strings(np.where(get("final"), w.phase[get("flat")], PHASES.index("prefill")), PHASES),
-            "start_s": lambda: get("start_s"),
-            "duration_s": lambda: get("duration_s"),
-            "streams": lambda: (
-                w.streams[get("flat")] if w.streams is not None else _strings(np.zeros(n, np.int8), ["0"])
-            ),
-            "active_streams": lambda: get("groups"),
-            "query_tokens": lambda: get("query"),
-            "kv_tokens_read": lambda: get("kv_read"),
-            "live_kv_tokens": lambda: get("live"),
-            "kv_bytes_allocated": lambda: get("blocks") * bpb,
-            "emitted_tokens": lambda: get("emits"),
-            "evicted_tokens": evicted,
-            "freed_kv_bytes": lambda: np.where(
-                evicted() > 0, np.maximum(_previous_blocks(rows, lo, hi) - get("blocks"), 0) * bpb, 0
-            ),
-            "device_memory_bytes": lambda: np.full(n, -1, np.int64),
-            "note": lambda: _notes(get("rebuild"), get("final")),
-            # the schema_minor step columns (profiler.schema.MINOR_COLUMNS) of the replayed passes
-            "batch_requests": lambda: batch_requests[get("batch_index")],
-            "batch_query_tokens": lambda: batch_query[get("batch_index")],
-            "recompute_tokens": lambda: get("rebuild"),
-            "preempted_requests": lambda: np.zeros(n, np.int64),
-            "attention_kv_tokens": lambda: get("kv_read") if span is None else get("query") * span[get("batch_index")],
-            "chunk": lambda: ~get("final"),
-            "host_s": lambda: np.full(n, np.nan),  # a replay does not split a pass's host work from its forward
-            "forward_s": lambda: np.full(n, np.nan),
-        }
+        makers = _step_makers(res, get, lo, hi, batch_requests, batch_query, span)
         schema = pa.schema([TABLES["steps"].field(c) for c in columns])
         return pa.table({c: makers[c]() for c in columns}, schema=schema)
 
     return TableSlices(TABLES["steps"], rows.n, make)
+
+
+def _step_makers(
+    res: ReplayResult,
+    get: Callable[[str], np.ndarray],
+    lo: int,
+    hi: int,
+    batch_requests: np.ndarray,
+    batch_query: np.ndarray,
+    span: np.ndarray | None,
+) -> dict[str, Callable[[], Any]]:
+    """steps.parquet's columns for rows lo..hi, each made only when asked for, from the compact
+    rows' columns (`get`, read once each) and the per-pass totals of `_steps_table`."""
+    w, rows, bpb = res.workload, res.rows, res.bytes_per_block
+    n = hi - lo
+
+    def evicted() -> np.ndarray:
+        return np.where(get("final"), w.evicted_tokens[get("flat")], 0)
+
+    return {
+        "request_id": lambda: w.request_ids[get("request")],
+        "step_index": lambda: get("step_index"),
+        "batch_index": lambda: get("batch_index"),
+        # a recompute or a prefill chunk is a prefill pass; its note says what it re-prefilled
+        "phase": lambda: _strings(np.where(get("final"), w.phase[get("flat")], PHASES.index("prefill")), PHASES),
+        "start_s": lambda: get("start_s"),
+        "duration_s": lambda: get("duration_s"),
+        "streams": lambda: w.streams[get("flat")] if w.streams is not None else _strings(np.zeros(n, np.int8), ["0"]),
+        "active_streams": lambda: get("groups"),
+        "query_tokens": lambda: get("query"),
+        "kv_tokens_read": lambda: get("kv_read"),
+        "live_kv_tokens": lambda: get("live"),
+        "kv_bytes_allocated": lambda: get("blocks") * bpb,
+        "emitted_tokens": lambda: get("emits"),
+        "evicted_tokens": evicted,
+        "freed_kv_bytes": lambda: np.where(
+            evicted() > 0, np.maximum(_previous_blocks(rows, lo, hi) - get("blocks"), 0) * bpb, 0
+        ),
+        "device_memory_bytes": lambda: np.full(n, -1, np.int64),
+        "note": lambda: _notes(get("rebuild"), get("final")),
+        # the schema_minor step columns (profiler.schema.MINOR_COLUMNS) of the replayed passes
+        "batch_requests": lambda: batch_requests[get("batch_index")],
+        "batch_query_tokens": lambda: batch_query[get("batch_index")],
+        "recompute_tokens": lambda: get("rebuild"),
+        "preempted_requests": lambda: np.zeros(n, np.int64),
+        "attention_kv_tokens": lambda: get("kv_read") if span is None else get("query") * span[get("batch_index")],
+        "chunk": lambda: ~get("final"),
+        "host_s": lambda: np.full(n, np.nan),  # a replay does not split a pass's host work from its forward
+        "forward_s": lambda: np.full(n, np.nan),
+    }
 
 
 def _sliced_pass_totals(rows: PassRows, key: str) -> np.ndarray:
