@@ -106,12 +106,20 @@ def run_load(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulator.validation import cross_check, validate
-
     if args.calibrate_from is not None:
         if args.uncalibrated or args.run is not None:  # was: silently ignored under load
             raise UsageError("--uncalibrated and --run apply to one trace's validation, not with --calibrate-from")
         return run_load(args)
+    _check_one_trace_flags(args)
+    args.trace = args.trace[0]
+    if args.uncalibrated and args.run is not None:
+        raise UsageError("--run applies to the calibrated validation, not --uncalibrated")
+    return run_uncalibrated(args) if args.uncalibrated else run_calibrated(args)
+
+
+def _check_one_trace_flags(args: argparse.Namespace) -> None:
+    """One trace's validation replays it as captured: refuse the flags that only validation under
+    load reads, and more than one trace."""
     if args.forward_fit != "auto":
         raise UsageError("--forward-fit applies to validation under load (--calibrate-from BATCH1_TRACE)")
     from solm.commands.simulate import scheduling_kwargs
@@ -122,24 +130,32 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{flags}: scheduling settings apply to validation under load (--calibrate-from BATCH1_TRACE)")
     if len(args.trace) > 1:
         raise UsageError("several traces need --calibrate-from (validation under load)")
-    args.trace = args.trace[0]
-    if args.uncalibrated and args.run is not None:
-        raise UsageError("--run applies to the calibrated validation, not --uncalibrated")
-    if args.uncalibrated:
-        v = cross_check(args.trace, args.hardware)
-        if not args.json:
-            print(
-                f"{v['trace']}: {v['system']} on {v['hardware']} with {v['model']}, uncalibrated "
-                f"({v['cost_params']}), {v['requests']} requests"
-            )
-            print(f"  hardware        {v['hardware_source']}")
-            print(
-                f"  step time MAPE {v['step_time_mape_percent']:.1f}%, request latency MAPE "
-                f"{v['request_latency_mape_percent']:.1f}%; mean e2e measured {v['measured_e2e_s_mean'] * 1e3:.1f} ms, "
-                f"simulated {v['simulated_e2e_s_mean'] * 1e3:.1f} ms"
-            )
-        print(json_line(v))
-        return 0
+
+
+def run_uncalibrated(args: argparse.Namespace) -> int:
+    """`solm validate TRACE --uncalibrated`: the trace predicted from the catalog part alone."""
+    from simulator.validation import cross_check
+
+    v = cross_check(args.trace, args.hardware)
+    if not args.json:
+        print(
+            f"{v['trace']}: {v['system']} on {v['hardware']} with {v['model']}, uncalibrated "
+            f"({v['cost_params']}), {v['requests']} requests"
+        )
+        print(f"  hardware        {v['hardware_source']}")
+        print(
+            f"  step time MAPE {v['step_time_mape_percent']:.1f}%, request latency MAPE "
+            f"{v['request_latency_mape_percent']:.1f}%; mean e2e measured {v['measured_e2e_s_mean'] * 1e3:.1f} ms, "
+            f"simulated {v['simulated_e2e_s_mean'] * 1e3:.1f} ms"
+        )
+    print(json_line(v))
+    return 0
+
+
+def run_calibrated(args: argparse.Namespace) -> int:
+    """`solm validate TRACE [--run N]`: calibrated on half the trace's requests, checked on the rest."""
+    from simulator.validation import validate
+
     source, note = args.trace, ""
     if args.run is not None:
         from profiler.reader import read_trace
