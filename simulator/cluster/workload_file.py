@@ -67,12 +67,25 @@ def parse_columns(text: str | None) -> dict[str, str]:
 
 def read_workload_file(path: str | Path, columns: str | None = None, time_scale: float = 1.0) -> RequestLog:
     """The file's requests (ValueError, one line, for anything malformed)."""
-    import pandas as pd
-
     if not (time_scale > 0 and np.isfinite(time_scale)):
         raise UsageError(f"--time-scale must be a positive number, got {time_scale!r}")
     path = input_file(path, "workload file")
     mapping = parse_columns(columns)
+    values = _columns(path, mapping)
+    arrival_s = _arrivals_s(path, values["arrived_at"], time_scale)
+    return RequestLog(
+        arrival_s,
+        values["num_prefill_tokens"].astype(np.int64),
+        values["num_decode_tokens"].astype(np.int64),
+        str(path),
+    )
+
+
+def _columns(path: Path, mapping: dict[str, str]) -> dict[str, np.ndarray]:
+    """The CSV's three columns as floats (under our names), each checked: present, numeric, token
+    counts whole numbers in 1..MAX_CONTEXT_TOKENS; 1..MAX_REQUESTS rows."""
+    import pandas as pd
+
     try:
         frame = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
@@ -108,7 +121,12 @@ def read_workload_file(path: str | Path, columns: str | None = None, time_scale:
                 f"{path}: row {bad[0] + 1}: {mapping[want]} must be a whole number in 1..{MAX_CONTEXT_TOKENS}, "
                 f"got {col[bad[0]]:g}"
             )
-    arrival = values["arrived_at"]
+    return values
+
+
+def _arrivals_s(path: Path, arrival: np.ndarray, time_scale: float) -> np.ndarray:
+    """Arrival times from the first, in seconds after --time-scale; in order, >= 0 and spanning at
+    most MAX_ARRIVAL_S."""
     back = np.flatnonzero(np.diff(arrival) < 0)
     if len(back):
         raise UsageError(
@@ -124,12 +142,7 @@ def read_workload_file(path: str | Path, columns: str | None = None, time_scale:
             f"{path}: the arrivals span {arrival_s[-1]:g} s (after --time-scale {time_scale:g}); at most "
             f"{MAX_ARRIVAL_S:g} s, beyond which the simulated clock loses the microseconds latencies are made of"
         )
-    return RequestLog(
-        arrival_s,
-        values["num_prefill_tokens"].astype(np.int64),
-        values["num_decode_tokens"].astype(np.int64),
-        str(path),
-    )
+    return arrival_s
 
 
 def _source_shape(w: Workload) -> tuple[np.ndarray, np.ndarray]:
