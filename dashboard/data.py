@@ -17,6 +17,7 @@ from profiler.diff import METRICS, TraceDiff
 from profiler.reader import Trace, TraceError, read_trace
 from profiler.stats import non_dominated
 from profiler.summary import summarize
+from profiler.validate import graph_problems
 
 TRACE_MARKERS = ("meta.json", "requests.parquet", "steps.parquet", "graph.json")
 COUNTER_COLUMNS = (
@@ -106,12 +107,30 @@ def load_traces(paths: list[str | Path]) -> tuple[list[Trace], pd.DataFrame]:
     traces, errors = [], []
     for p in paths:
         try:
-            traces.append(read_trace(p, tokens=False, steps_columns=STEPS_LOADED))
+            trace = read_trace(p, tokens=False, steps_columns=STEPS_LOADED)
+            problem = graph_problem(trace)
+            if problem:
+                raise TraceError(problem)
+            traces.append(trace)
         except TraceError as e:
             errors.append({"path": str(p), "error": str(e)})
         except Exception as e:  # a foreign file the reader did not anticipate: still one row
             errors.append({"path": str(p), "error": f"{type(e).__name__}: {e}"})
     return traces, pd.DataFrame(errors, columns=["path", "error"])
+
+
+def graph_problem(trace: Trace) -> str | None:
+    """The first dependence graph `profiler.validate` refuses (what `solm diff` says of it), else
+    None: the pages draw and diff the graphs, so one that is not node-link is the trace's error row.
+    Graphs shared by many requests (a simulated trace's structures) are checked once."""
+    seen: set[int] = set()
+    for rid, g in trace.graphs.items():
+        if id(g) not in seen:
+            seen.add(id(g))
+            found = graph_problems(g)
+            if found:
+                return f"{trace.path}: not a valid trace: graph {rid}: {found[0]}"
+    return None
 
 
 # ---- labels ----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import streamlit as st
 
 from dashboard import data, figures, load_data
 from dashboard.views import _shared
+from profiler.errors import SolmError
 from profiler.reader import read_trace
 from simulator.cluster.parallel import PP_SCHEDULES
 from simulator.cluster.routers import ROUTERS
@@ -160,7 +161,7 @@ if _shared.need_traces(measured):
                     ),
                 )
             )
-        except (ValueError, KeyError) as e:
+        except (SolmError, ValueError, KeyError) as e:  # SolmError: a trace unreadable in full (TraceError)
             failures.append(f"{labels[path]}: {e.args[0] if isinstance(e, KeyError) else e}")
     for f in failures:
         st.error(f)

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from profiler.errors import UsageError
+from profiler.outdir import resolved
 from profiler.services import die_with_parent, is_loopback, terminate_on_signal
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
@@ -105,10 +106,11 @@ def serve(cmd: list[str], env: dict[str, str]) -> int:
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port} is not a port (1..65535)")
-    dirs = [str(Path(d).resolve()) for d in (args.dirs or ["."])]
-    missing = [d for d in dirs if not Path(d).is_dir()]
-    if missing:
-        raise UsageError(f"{missing[0]}: no such directory (pass trace directories or folders of traces)")
+    dirs = [str(resolved(d)) for d in (args.dirs or ["."])]  # realpath: a symlink loop stays a path, not an error
+    for d in dirs:
+        if not Path(d).is_dir():
+            what = "not a directory" if os.path.lexists(d) else "no such directory"
+            raise UsageError(f"{d}: {what} (pass trace directories or folders of traces)")
     try:
         import streamlit  # noqa: F401
     except ModuleNotFoundError:

@@ -1,0 +1,97 @@
+"""Bad user data for the dashboard and `solm dashboard`: each bad item is one error line (or one
+stderr line, exit 2, for the command), never a traceback, and the good traces keep loading."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from dashboard import data  # noqa: E402
+from solm.cli import main  # noqa: E402
+from tests.dashboard.traces import make_trace  # noqa: E402
+
+APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A good trace and one whose tokens.parquet is cut short (meta, requests and steps still read)."""
+    root = tmp_path_factory.mktemp("abuse")
+    make_trace(root / "good", e2e_s=[0.4, 0.6], passes=6)
+    bad = make_trace(root / "cut", e2e_s=[0.3, 0.5], passes=6)
+    data = (bad / "tokens.parquet").read_bytes()
+    (bad / "tokens.parquet").write_bytes(data[: len(data) // 2])
+    return root
+
+
+def _app(root: Path, monkeypatch, page: str) -> AppTest:
+    monkeypatch.setenv("SOLM_TRACE_DIRS", str(root))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    at.switch_page(f"views/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_whatif_trace_unreadable_in_full_is_one_error_line(folder, monkeypatch):
+    """The What-if page reads a chosen trace whole: a corrupt tokens.parquet was a TraceError traceback."""
+    at = _app(folder, monkeypatch, "whatif")
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "cut/tokens.parquet: unreadable Parquet" in errors[0], errors
+    assert len(at.dataframe[0].value) == 1  # the good trace still simulated
+
+
+@pytest.mark.parametrize(
+    "content, fault",
+    [
+        ('{"1": {"nodes": 5, "links": []}}', "graph 1: not node-link"),
+        ('{"1": [1, 2]}', "graph 1: not node-link"),
+        ('{"1": {"nodes": [{"id": "a"}], "links": [{"source": "a"}]}}', "graph 1: a link without source and target"),
+    ],
+)
+def test_graph_json_of_the_wrong_shape_is_an_error_row(tmp_path, content, fault):
+    """A graph that was not node-link lists loaded, then crashed the Diff page ('int' object is not
+    iterable); now the trace is an error row saying what `solm diff` says of it."""
+    make_trace(tmp_path / "good", e2e_s=[0.4, 0.6], passes=6)
+    make_trace(tmp_path / "other", e2e_s=[0.3, 0.5], passes=6)
+    (tmp_path / "other" / "graph.json").write_text(content)
+    traces, errors = data.load_traces([tmp_path / "good", tmp_path / "other"])
+    assert [t.name for t in traces] == ["good"]
+    assert len(errors) == 1 and errors["error"][0].startswith(f"{tmp_path / 'other'}: not a valid trace: {fault}")
+
+
+def test_graph_json_wrong_shape_is_an_error_row_and_diff_runs(tmp_path, monkeypatch):
+    make_trace(tmp_path / "good", e2e_s=[0.4, 0.6], passes=6)
+    make_trace(tmp_path / "other", e2e_s=[0.3, 0.5], passes=6)
+    (tmp_path / "other" / "graph.json").write_text('{"1": {"nodes": 5}}')
+    at = _app(tmp_path, monkeypatch, "overview")
+    assert len(at.error) == 1 and "other: not a valid trace: graph 1: not node-link" in at.error[0].value
+    at.switch_page("views/diff.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def _dashboard(capsys, *args: str) -> tuple[int, str]:
+    rc = main(["dashboard", *args, "--dry-run"])
+    return rc, capsys.readouterr().err
+
+
+def test_dashboard_command_bad_dirs(tmp_path, capsys, monkeypatch):
+    """A symlink loop was 'internal error (a bug): RuntimeError: Symlink loop', exit 1; a file said
+    'no such directory'."""
+    monkeypatch.chdir(tmp_path)
+    os.symlink("loop", "loop")
+    Path("afile").write_text("x")
+    os.mkfifo("fifo")
+    for name, what in (
+        ("loop", "not a directory"),
+        ("afile", "not a directory"),
+        ("fifo", "not a directory"),
+        ("gone", "no such directory"),
+    ):
+        rc, err = _dashboard(capsys, name)
+        assert rc == 2 and err.count("\n") == 1 and f"{name}: {what}" in err, (name, err)
