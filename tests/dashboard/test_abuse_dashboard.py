@@ -95,3 +95,20 @@ def test_dashboard_command_bad_dirs(tmp_path, capsys, monkeypatch):
     ):
         rc, err = _dashboard(capsys, name)
         assert rc == 2 and err.count("\n") == 1 and f"{name}: {what}" in err, (name, err)
+
+
+def test_whatif_disaggregate_beyond_int64_is_one_error_line(folder, monkeypatch):
+    """'99999999999999999999:1' was an OverflowError traceback on the page (and exit 1 from
+    `solm simulate --disaggregate`); 10^8 replicas hung. Now over MAX_REPLICAS is one line."""
+    from simulator.cluster.run import MAX_REPLICAS
+
+    at = _app(folder, monkeypatch, "whatif")
+    at.multiselect(key="whatif_traces").set_value([str(folder / "good")])
+    for value, count in (("99999999999999999999:1", "100000000000000000000"), (f"{MAX_REPLICAS}:1", MAX_REPLICAS + 1)):
+        at.text_input(key="whatif_disaggregate").set_value(value).run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert [e.value for e in at.error] == [
+            f"sequential · measured · good: {count} replicas: at most {MAX_REPLICAS} (--replicas, or P + D of --disaggregate)"
+        ]
+    at.text_input(key="whatif_disaggregate").set_value("1:1").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
