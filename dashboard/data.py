@@ -272,16 +272,27 @@ def find_sweep_tables(roots: list[str | Path], depth: int = 2) -> list[Path]:
     return list(dict.fromkeys(p.resolve() for p in found))
 
 
-def sweep_points(files: list[Path]) -> pd.DataFrame:
-    """One Pareto point per finished sweep configuration (kind "sweep"), columns as `pareto_points`."""
+SWEEP_FIGURES = ("quality_mean", "mean_e2el_ms", "peak_kv_bytes")
+
+
+def sweep_points(files: list[Path], errors: list[str] | None = None) -> pd.DataFrame:
+    """One Pareto point per finished sweep configuration (kind "sweep"), columns as `pareto_points`.
+    A table that does not read, lacks the columns or holds figures that are not numbers is left
+    out, one line per table appended to `errors` (the sweep's own results.jsonl remains)."""
     frames = []
     for f in files:
         try:
             t = pd.read_parquet(f)
-        except Exception:  # a half-written or foreign table: the sweep's own results.jsonl remains
-            continue
-        need = {"hardware", "quality_mean", "mean_e2el_ms", "peak_kv_bytes", "status"}
-        if not need <= set(t.columns):
+        except Exception as e:  # a half-written or foreign table
+            problem = f"unreadable Parquet ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+        else:
+            missing = sorted({"hardware", "status", *SWEEP_FIGURES} - set(t.columns))
+            not_numbers = [c for c in SWEEP_FIGURES if c in t and not pd.api.types.is_numeric_dtype(t[c])]
+            problem = f"missing columns {', '.join(missing)}" if missing else ""
+            problem = problem or (f"{', '.join(not_numbers)} not numbers" if not_numbers else "")
+        if problem:
+            if errors is not None:
+                errors.append(f"{f}: not a solm sweep table: {problem}; its configurations are not drawn")
             continue
         t = t.loc[t["status"] == "ok"]
 

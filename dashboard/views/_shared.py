@@ -43,12 +43,14 @@ def diff(a: Trace, b: Trace) -> TraceDiff:
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def _load_sweeps(signature: tuple) -> pd.DataFrame:
-    return data.sweep_points([Path(p) for p, _ in signature])
+def _load_sweeps(signature: tuple) -> tuple[pd.DataFrame, list[str]]:
+    errors: list[str] = []
+    return data.sweep_points([Path(p) for p, _ in signature], errors), errors
 
 
-def load_sweeps() -> pd.DataFrame:
-    """Configurations of the `solm sweep` tables under the sidebar's folders, as Pareto points."""
+def load_sweeps() -> tuple[pd.DataFrame, list[str]]:
+    """Configurations of the `solm sweep` tables under the sidebar's folders, as Pareto points, and
+    one error line per table that cannot be drawn."""
     allowed = allowed_roots()
     files = [f for f in data.find_sweep_tables(roots()) if allowed is None or data.within(f, allowed)]
     return _load_sweeps(tuple((str(f), f.stat().st_mtime_ns) for f in files))

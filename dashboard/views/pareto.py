@@ -12,7 +12,9 @@ st.title("Pareto: quality vs latency and memory")
 traces, _ = _shared.load()
 if _shared.need_traces(traces):
     points = data.pareto_points(traces)
-    sweeps = _shared.load_sweeps()
+    sweeps, sweep_errors = _shared.load_sweeps()
+    for e in sweep_errors:
+        st.error(e)
     if len(sweeps) and st.toggle(f"Include {len(sweeps)} sweep configurations", value=True, key="pareto_sweeps"):
         points = pd.concat([points, sweeps], ignore_index=True)
     latency = st.radio(

@@ -5,6 +5,7 @@ import streamlit as st
 
 from dashboard import data, figures
 from dashboard.views import _shared
+from profiler.reader import TraceError
 
 st.title("Timeline")
 traces, _ = _shared.load()
@@ -22,7 +23,11 @@ if _shared.need_traces(traces):
         m[2].metric("forward passes", int(row["steps"]))
         m[3].metric("output tokens", int(row["output_tokens"]))
         m[4].metric("peak live KV", f"{int(row['peak_live_kv_tokens'])} tokens")
-        steps = _shared.request_steps(trace, rid)
+        try:  # the Timeline's columns are read now: a steps.parquet damaged there is one error line
+            steps = _shared.request_steps(trace, rid)
+        except TraceError as e:
+            st.error(str(e))
+            st.stop()
         gantt = data.gantt_frame(steps)
         span = (gantt["start_ms"].min(), gantt["end_ms"].max()) if len(gantt) else None
         st.plotly_chart(figures.gantt_figure(gantt), key="timeline_gantt")

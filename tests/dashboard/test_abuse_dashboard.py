@@ -112,3 +112,37 @@ def test_whatif_disaggregate_beyond_int64_is_one_error_line(folder, monkeypatch)
         ]
     at.text_input(key="whatif_disaggregate").set_value("1:1").run()
     assert not at.exception and not at.error, [e.value for e in at.error]
+
+
+def test_timeline_steps_unreadable_after_loading_is_one_error_line(tmp_path, monkeypatch):
+    """The Timeline reads its steps columns when shown: a steps.parquet damaged after the traces
+    loaded was a TraceError traceback on the page."""
+    make_trace(tmp_path / "good", e2e_s=[0.4, 0.6], passes=6)
+    at = _app(tmp_path, monkeypatch, "overview")
+    (tmp_path / "good" / "steps.parquet").write_bytes(b"junk")
+    at.switch_page("views/timeline.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert len(at.error) == 1 and "good/steps.parquet: unreadable Parquet" in at.error[0].value
+
+
+def test_damaged_sweep_tables_are_one_error_line_each(tmp_path, monkeypatch):
+    """A sweep.parquet whose figures were strings crashed the Pareto page (could not convert string
+    to float); a cut-short one was left out without a word."""
+    import pandas as pd
+
+    make_trace(tmp_path / "good", e2e_s=[0.4, 0.6], passes=6)
+    for name in ("cut", "strings"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "cut" / "sweep.parquet").write_bytes(b"PAR1 cut short")
+    figures = {"quality_mean": ["abc"], "mean_e2el_ms": ["x"], "peak_kv_bytes": [1]}
+    pd.DataFrame({"hardware": ["h100-sxm"], "status": ["ok"], **figures}).to_parquet(
+        tmp_path / "strings" / "sweep.parquet"
+    )
+    at = _app(tmp_path, monkeypatch, "pareto")
+    cut, strings = sorted(e.value for e in at.error)
+    assert cut.startswith(f"{tmp_path / 'cut' / 'sweep.parquet'}: not a solm sweep table: unreadable Parquet (")
+    assert strings == (
+        f"{tmp_path / 'strings' / 'sweep.parquet'}: not a solm sweep table: quality_mean, mean_e2el_ms not "
+        "numbers; its configurations are not drawn"
+    )
+    assert len(at.dataframe[0].value) == 1  # the good trace drawn
