@@ -62,6 +62,8 @@ with st.sidebar:
         help="trace directories, or folders holding traces (searched two levels deep)"
         + ("" if allowed is None else "; only the folders the dashboard was started on, and below"),
     )
+    for r, why in _shared.unusable_roots():
+        st.warning(f"{r[:80]!r}: {why}")
     for r in _shared.refused_roots():
         st.warning(f"{r}: outside the folders given on the command line (start with --allow-any-path to allow)")
     traces, errors = _shared.load()

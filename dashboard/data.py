@@ -7,6 +7,8 @@ directory becomes an error row while the other traces load.
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import networkx as nx
@@ -55,6 +57,18 @@ def find_trace_dirs(roots: list[str | Path], depth: int = 2) -> list[Path]:
     for r in roots:
         walk(Path(r), 0)
     return list(dict.fromkeys(p.resolve() for p in found))
+
+
+def path_problem(path: str) -> str | None:
+    """Why a folder typed in the sidebar cannot be used as a path (a NUL byte, a name too long for
+    the OS), else None; a folder that does not exist or cannot be opened just holds no traces."""
+    try:
+        os.stat(path)
+    except ValueError:
+        return "not a path (it holds a NUL byte)"
+    except OSError as e:
+        return None if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP) else e.strerror
+    return None
 
 
 def within(path: str | Path, allowed: list[str | Path]) -> bool:

@@ -56,8 +56,17 @@ def load_sweeps() -> tuple[pd.DataFrame, list[str]]:
     return _load_sweeps(tuple((str(f), f.stat().st_mtime_ns) for f in files))
 
 
-def typed_roots() -> list[str]:
+def _typed() -> list[str]:
     return [r.strip() for r in st.session_state.get("roots", "").splitlines() if r.strip()]
+
+
+def typed_roots() -> list[str]:
+    """The sidebar's folders that are usable paths (`unusable_roots`: the others, said why)."""
+    return [r for r in _typed() if data.path_problem(r) is None]
+
+
+def unusable_roots() -> list[tuple[str, str]]:
+    return [(r, why) for r in _typed() if (why := data.path_problem(r))]
 
 
 def allowed_roots() -> list[str] | None:

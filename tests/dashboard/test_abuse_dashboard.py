@@ -146,3 +146,17 @@ def test_damaged_sweep_tables_are_one_error_line_each(tmp_path, monkeypatch):
         "numbers; its configurations are not drawn"
     )
     assert len(at.dataframe[0].value) == 1  # the good trace drawn
+
+
+def test_sidebar_folder_that_is_no_path_is_one_warning(folder, monkeypatch):
+    """A NUL byte ('embedded null byte') or a name too long for the OS (Errno 36) typed in the
+    sidebar crashed every page; now one warning line each while the good folder loads."""
+    at = _app(folder, monkeypatch, "overview")
+    long_name = str(folder / ("x" * 300))
+    at.text_area(key="roots").set_value(f"{folder}\n{folder}/\x00\n{long_name}")
+    for page in ("overview", "pareto", "whatif"):
+        at.switch_page(f"views/{page}.py").run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+        warnings = [w.value for w in at.sidebar.warning]
+        assert len(warnings) == 2 and "NUL byte" in warnings[0] and "name too long" in warnings[1].lower(), warnings
+    assert [c.value for c in at.sidebar.caption] == ["2 trace(s) loaded"]
