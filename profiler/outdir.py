@@ -55,6 +55,18 @@ def resolved(path: str | Path) -> Path:
     return Path(os.path.realpath(os.path.expanduser(str(path))))
 
 
+def repeated_input(paths: Iterable[str]) -> tuple[str, str] | None:
+    """The first path of `paths` that names a file or folder given earlier, however spelled (symlinks
+    followed), with that earlier spelling; None when each is given once."""
+    first: dict[str, str] = {}
+    for path in paths:
+        real = os.path.realpath(path)
+        if real in first:
+            return path, first[real]
+        first[real] = path
+    return None
+
+
 def _inside(child: Path, parent: Path) -> bool:
     return child == parent or parent in child.parents
 
@@ -237,8 +249,6 @@ def check_out_file(
     out: str | Path, inputs: Iterable[str | Path] = (), force: bool = False, flag: str = "--out"
 ) -> Path:
     """Refuse (UsageError) an output file the command may not write; return it resolved."""
-    if not str(out):
-        raise UsageError(f"{flag} is empty; give a file path")
     p = resolved(out)
     if p.is_dir():
         raise UsageError(f"{flag} {out} is a directory; give a file path")

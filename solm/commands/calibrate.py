@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from profiler.errors import UsageError
-from profiler.outdir import check_out_file, write_file_atomic
+from profiler.outdir import check_out_file, repeated_input, write_file_atomic
 from solm.jsonline import json_line
 
 
@@ -56,11 +55,10 @@ def run(args: argparse.Namespace) -> int:
     from solm.commands.cost import _lookup
 
     out = check_out_file(args.out, args.tables, args.force)
-    seen: dict[str, int] = {}
-    for i, table in enumerate(args.tables):  # one file twice would weigh its GEMMs twice
-        first = args.tables[seen.setdefault(os.path.realpath(table), i)]
-        if seen[os.path.realpath(table)] != i:
-            raise UsageError(f"GEMM table {table} is given twice{'' if first == table else f' (as {first})'}")
+    twice = repeated_input(args.tables)  # one file twice would weigh its GEMMs twice
+    if twice:
+        table, first = twice
+        raise UsageError(f"GEMM table {table} is given twice{'' if first == table else f' (as {first})'}")
     hardware = _lookup("hardware", args.hardware)
     rows = pd.concat([read_gemm_table(table) for table in args.tables], ignore_index=True)
     source = ", ".join(map(str, args.tables))

@@ -22,13 +22,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 from profiler.errors import UsageError
-from profiler.outdir import claim_out_dir
+from profiler.outdir import claim_out_dir, repeated_input
 from profiler.services import terminate_on_signal
 from solm.commands.simulate import add_batch_args, scheduling_kwargs
 from solm.jsonline import json_line
@@ -236,8 +235,7 @@ def _print_summary(table: pd.DataFrame, figures: dict, args: argparse.Namespace)
 
 
 def run(args: argparse.Namespace) -> int:
-    seen = [os.path.realpath(t) for t in args.traces]
-    twice = [t for i, t in enumerate(args.traces) if seen[i] in seen[:i]]
+    twice = repeated_input(args.traces)
     if twice:  # however spelled: the same configurations twice
         raise UsageError(f"trace {twice[0]} is given twice")
     models = _list(args.model, "--model") if args.model else [""]
