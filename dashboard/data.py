@@ -19,7 +19,7 @@ from profiler.diff import METRICS, TraceDiff
 from profiler.reader import Trace, TraceError, read_trace
 from profiler.stats import non_dominated
 from profiler.summary import summarize
-from profiler.validate import graph_problems
+from profiler.validate import graphs_problems
 
 TRACE_MARKERS = ("meta.json", "requests.parquet", "steps.parquet", "graph.json")
 COUNTER_COLUMNS = (
@@ -137,14 +137,8 @@ def graph_problem(trace: Trace) -> str | None:
     """The first dependence graph `profiler.validate` refuses (what `solm diff` says of it), else
     None: the pages draw and diff the graphs, so one that is not node-link is the trace's error row.
     Graphs shared by many requests (a simulated trace's structures) are checked once."""
-    seen: set[int] = set()
-    for rid, g in trace.graphs.items():
-        if id(g) not in seen:
-            seen.add(id(g))
-            found = graph_problems(g)
-            if found:
-                return f"{trace.path}: not a valid trace: graph {rid}: {found[0]}"
-    return None
+    found = next(graphs_problems(trace, each_once=True), None)
+    return f"{trace.path}: not a valid trace: {found}" if found else None
 
 
 # ---- labels ----------------------------------------------------------------------------------

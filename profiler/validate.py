@@ -4,6 +4,7 @@ cross-table facts every trace must satisfy. Returns a list of problems; empty me
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -57,9 +58,22 @@ def problems(trace: Trace) -> list[str]:
         if r.status == "ok" and not (r.ttft_s <= r.e2e_s + 1e-9):
             out.append(f"request {rid}: ttft_s > e2e_s")
     out += timing_problems(trace)
-    for rid, g in trace.graphs.items():
-        out += [f"graph {rid}: {p}" for p in graph_problems(g)]
+    out += list(graphs_problems(trace))
     return out
+
+
+def graphs_problems(trace: Trace, each_once: bool = False) -> Iterator[str]:
+    """ "graph <request>: <problem>" for each problem of each request's dependence graph, in request
+    order; `each_once`: a graph object shared by several requests (a simulated trace's structures)
+    is checked once, under the first of them."""
+    seen: set[int] = set()
+    for rid, g in trace.graphs.items():
+        if each_once:
+            if id(g) in seen:
+                continue
+            seen.add(id(g))
+        for p in graph_problems(g):
+            yield f"graph {rid}: {p}"
 
 
 def _bad_times(values: np.ndarray, allow_nan: bool) -> np.ndarray:
