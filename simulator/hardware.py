@@ -174,6 +174,14 @@ def _validate_links(spec: HardwareSpec) -> None:
         value = getattr(spec, name)
         if not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"hardware {spec.name!r}: {name} must be > 0, got {value!r}")
+    # Descriptive (the link bandwidths are their own fields), but a what-if part should still
+    # name a generation that exists: NVLink 1-6 (6: Rubin), PCIe 1-7.
+    for name, top, allowed_none in (("nvlink_generation", 6, True), ("pcie_generation", 7, False)):
+        value = getattr(spec, name)
+        if value is None and allowed_none:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+            raise ValueError(f"hardware {spec.name!r}: {name} must be a whole number in 1..{top}, got {value!r}")
     if not isinstance(spec.gpus_per_node, int) or spec.gpus_per_node < 1:
         raise ValueError(f"hardware {spec.name!r}: gpus_per_node must be a positive int, got {spec.gpus_per_node!r}")
     price = spec.price_per_gpu_hour

@@ -108,10 +108,14 @@ def _columns(path: Path, mapping: dict[str, str]) -> dict[str, np.ndarray]:
         )
     values = {}
     for want, have in mapping.items():
-        col = pd.to_numeric(frame[have], errors="coerce").to_numpy(float)
+        # read_csv turns True/False into booleans, which to_numeric would take as 1 and 0
+        is_bool = frame[have].map(lambda v: isinstance(v, (bool, np.bool_))).to_numpy(bool)
+        col = np.where(is_bool, np.nan, pd.to_numeric(frame[have].where(~is_bool), errors="coerce").to_numpy(float))
         bad = np.flatnonzero(~np.isfinite(col))
         if len(bad):
-            raise UsageError(f"{path}: row {bad[0] + 1}: {have} is not a number ({frame[have].iloc[bad[0]]!r})")
+            value = frame[have].iloc[bad[0]]
+            value = value.item() if isinstance(value, np.generic) else value  # np.True_ -> True
+            raise UsageError(f"{path}: row {bad[0] + 1}: {have} is not a number ({value!r})")
         values[want] = col
     for want in COLUMNS[1:]:
         col = values[want]

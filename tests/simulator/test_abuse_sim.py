@@ -91,6 +91,9 @@ def test_argparse_errors_are_one_line(argv, needle, home, capsys):
         ([*SIM, "--out", "x" * 300], "File name too long"),
         # was: the last --set of a field silently won; a blank field name was set as ' '
         ([*SIM, "--set", "num_sms=100", "--set", "num_sms=200"], "--set num_sms is given twice"),
+        # was: accepted and recorded as given (the fields only describe the part)
+        ([*SIM, "--set", "nvlink_generation=banana"], "nvlink_generation must be a whole number in 1..6, got 'banana'"),
+        ([*SIM, "--set", "pcie_generation=0"], "pcie_generation must be a whole number in 1..7, got 0"),
         (["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--set", " =3"], "--set expects FIELD=VALUE"),
     ],
 )
@@ -106,6 +109,9 @@ def test_simulate_settings_refused(argv, needle, home, capsys):
         # was: killed for memory after ~50 s (a billion decode passes stretched)
         ("0,10,1000000000\n", [], "num_decode_tokens must be a whole number in 1..1048576, got 1e+09"),
         ("0,0x10,5\n", [], "num_prefill_tokens is not a number"),
+        # was: read_csv made True a boolean and to_numeric made it 1 token (False: 0)
+        ("0,True,5\n1,False,5\n", [], "row 1: num_prefill_tokens is not a number (True)"),
+        ("0,10,5\n1,True,5\n", [], "row 2: num_prefill_tokens is not a number ('True')"),
         # was: "duration 1e300 s", GPU-hours 2.8e296 and the second request's e2e 0 ms
         ("0,10,5\n1e300,10,5\n", [], "the arrivals span 1e+300 s"),
         # was: arrivals overflowed to inf: "duration inf s", "GPU-hours inf", a RuntimeWarning
