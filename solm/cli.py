@@ -42,7 +42,7 @@ class OneLineParser(argparse.ArgumentParser):
     commands: dict[str, argparse.ArgumentParser]  # the top-level parser's: each command's own, by name
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def build_parser() -> tuple[OneLineParser, dict]:
@@ -90,8 +90,41 @@ def is_user_path_error(e: BaseException, args: argparse.Namespace) -> bool:
 
 def _message(e: BaseException) -> str:
     if isinstance(e, OSError) and e.filename is not None and e.strerror:
-        return f"{os.fsdecode(e.filename)}: {e.strerror}"
-    return str(e) or type(e).__name__
+        return one_line(f"{os.fsdecode(e.filename)}: {e.strerror}")
+    return one_line(str(e) or type(e).__name__)
+
+
+def one_line(text: str) -> str:
+    """`text` with control characters escaped (a path holding a newline named in an error stays one
+    line) and bytes that are not UTF-8 shown as \\xNN (os.fsdecode's surrogates cannot be printed)."""
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _check_utf8(args: argparse.Namespace) -> None:
+    """An argument that is not UTF-8 (a file name of other bytes) is refused up front: pyarrow, the
+    JSON line and the summaries all take paths as UTF-8 text and failed on it with a traceback."""
+    for value in vars(args).values():
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str):
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise UsageError(
+                        f"{one_line(v)} is not UTF-8 text; rename it (solm reads paths as UTF-8)"
+                    ) from None
+
+
+def _cwd_gone(argv: list[str]) -> str | None:
+    """The error line when the working directory was deleted (torch's MKL then exits at import with
+    'Cannot load libtorch_cpu.so', and every relative path is meaningless); None when it is there."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        name = next((a for a in argv if a in COMMANDS), None)
+        prog = f"solm {name}" if name else "solm"
+        return f"{prog}: error: the working directory no longer exists (deleted); cd to an existing folder"
+    return None
 
 
 OUTPUT_FLAGS = ("out", "perfetto", "html")  # the flags that name what a command writes
@@ -107,6 +140,10 @@ def _check_outputs_named(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    gone = _cwd_gone(sys.argv[1:] if argv is None else argv)  # before the commands' imports load torch
+    if gone:
+        print(gone, file=sys.stderr)
+        return EXIT_USAGE
     parser, modules = build_parser()
     args, extra = parser.parse_known_args(argv)  # argparse's own errors: one line, exit 2
     if extra:  # said by the command's own parser, so the line names the command (`solm sweep: error: ...`)
@@ -115,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        _check_utf8(args)
         _check_outputs_named(args)
         return int(modules[args.command].run(args) or 0)
     except KeyboardInterrupt:
