@@ -9,8 +9,10 @@ and never its own input):
   project wrote: a trace (meta.json kind measured or simulated), a GPU capture folder (kind
   gpu_capture), a sweep's folder (results.jsonl / sweep.parquet and nothing foreign), or, for
   `solm train`, a checkpoint (config.json format solm-tinylm-v1);
-- an output file (`export --perfetto`, `diff --html`) needs `--force` to replace an existing one,
-  is never an input or inside one, and is written whole or not at all (temp file, rename);
+- an output file (`export --perfetto`, `diff --html`, `calibrate --out`) needs `--force` to replace
+  an existing one, is never an input or inside one, and is written whole or not at all (temp file,
+  rename); a link named is replaced, never written through, and only when it points to a regular
+  file (a link to a pipe, a terminal or nothing, like `/dev/stdout`, is refused);
 - a writer of a trace or sweep holds an exclusive `flock` on `OUT/.solm.lock` for its whole run,
   so a second writer into the same folder stops at once with one line instead of mixing rows.
 
@@ -248,25 +250,33 @@ def claim_out_dir(
 def check_out_file(
     out: str | Path, inputs: Iterable[str | Path] = (), force: bool = False, flag: str = "--out"
 ) -> Path:
-    """Refuse (UsageError) an output file the command may not write; return it resolved."""
+    """Refuse (UsageError) an output file the command may not write; return the path to write: the
+    entry named (a link given is replaced, not the file it points to), its folder resolved.
+
+    Both the entry and what it points to are checked: a link to a pipe or a terminal (`/dev/stdout`)
+    or to nothing is not a regular file to replace, and a name ending in '/' names a folder."""
     p = resolved(out)
     if p.is_dir():
         raise UsageError(f"{flag} {out} is a directory; give a file path")
+    if str(out).endswith(("/", os.sep)):
+        raise UsageError(f"{flag} {out} ends in '/', a folder's name; give a file path")
+    given = Path(os.path.expanduser(str(out)))
+    entry = resolved(given.parent) / given.name  # what the rename replaces
     for item in inputs:
-        if item and p == resolved(item):
+        if item and resolved(item) in (p, entry):
             raise UsageError(f"{flag} {out} is the input {item}; write it elsewhere")
-        if item and _inside(p, resolved(item)):
+        if item and (_inside(p, resolved(item)) or _inside(entry, resolved(item))):
             raise UsageError(f"{flag} {out} lies inside the input {item}; write it elsewhere")
-    if not p.parent.is_dir():
-        raise UsageError(f"{flag} {out}: no such directory {p.parent}")
-    if p.exists() or p.is_symlink():
+    if not entry.parent.is_dir():
+        raise UsageError(f"{flag} {out}: no such directory {entry.parent}")
+    if os.path.lexists(entry):
         if not p.is_file():
             raise UsageError(f"{flag} {out} exists and is not a regular file")
         if not force:
             raise UsageError(f"{flag} {out} exists (pass --force to overwrite it)")
-    if not os.access(p.parent, os.W_OK):
-        raise UsageError(f"{flag} {out}: folder {p.parent} is not writable")
-    return p
+    if not os.access(entry.parent, os.W_OK):
+        raise UsageError(f"{flag} {out}: folder {entry.parent} is not writable")
+    return entry
 
 
 def write_file_atomic(path: Path, data: str | bytes) -> None:

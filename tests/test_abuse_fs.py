@@ -82,3 +82,48 @@ def test_a_deleted_working_directory_is_named(work, tmp_path):
     )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("solm inspect: error: the working directory no longer exists"), r.stderr
+
+
+# ---- output files: export --perfetto, diff --html, calibrate --out -----------------------------
+XLA_H100 = REPO / "simulator" / "data" / "xla-gemm" / "h100-sxm.csv"
+FILE_OUTPUTS = [
+    ["export", "t", "--perfetto"],
+    ["diff", "t", "t", "--html"],
+    ["calibrate", str(XLA_H100), "--hardware", "h100-sxm", "--out"],
+]
+
+
+@pytest.mark.parametrize("cmd", FILE_OUTPUTS)
+def test_a_link_to_a_stream_is_not_replaced(cmd, work, capsys):
+    """Was: `--perfetto /dev/stdout --force` (a link to /proc/self/fd/1) passed the check, which looked
+    at the pipe it points to, and the rename replaced the link: run as root it turned the machine's
+    /dev/stdout into a 240 KB file. A link to nothing was replaced without --force."""
+    read, write = os.pipe()  # what /dev/stdout points to under `solm ... | less`
+    (work / "out").symlink_to(f"/proc/self/fd/{write}")
+    (work / "dangling").symlink_to("nowhere.json")
+    try:
+        refused([*cmd, "out", "--force"], capsys, "out exists and is not a regular file", work)
+        refused([*cmd, "dangling"], capsys, "dangling exists and is not a regular file", work)
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+@pytest.mark.parametrize("cmd", FILE_OUTPUTS)
+def test_a_file_name_ending_in_a_slash_is_refused(cmd, work, capsys):
+    """Was: `--perfetto x.json/` wrote the file x.json, and `LINK/` with --force replaced LINK, a link
+    to the user's notes."""
+    (work / "link").symlink_to("notes.txt")
+    refused([*cmd, "x.json/"], capsys, "ends in '/'", work)
+    refused([*cmd, "link/", "--force"], capsys, "ends in '/'", work)
+    assert not (work / "x.json").exists()
+
+
+def test_calibrate_force_on_a_link_replaces_the_link_not_its_target(work, capsys):
+    """Was: `calibrate --out LINK --force` wrote through LINK over the user's notes (export and diff
+    replace the link itself)."""
+    (work / "cal.json").symlink_to("notes.txt")
+    assert main(["calibrate", str(XLA_H100), "--hardware", "h100-sxm", "--out", "cal.json", "--force", "--json"]) == 0
+    capsys.readouterr()
+    assert (work / "notes.txt").read_text() == "the user's notes\n"
+    assert not (work / "cal.json").is_symlink() and '"format"' in (work / "cal.json").read_text()
