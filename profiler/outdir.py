@@ -41,14 +41,18 @@ CHECKPOINT_FORMAT = "solm-tinylm-v1"
 MAX_MARKER_BYTES = 1 << 20  # a meta.json / config.json larger than this is not one of ours
 
 
-def input_file(path: str | Path, what: str) -> Path:
-    """`path` as a Path if it is a regular file; else a UsageError: "<what> <path> does not exist"
-    or "<what> <path>: not a regular file"."""
+def input_file(path: str | Path, what: str, max_bytes: int | None = None) -> Path:
+    """`path` as a Path if it is a regular file (of at most `max_bytes`); else a UsageError:
+    "<what> <path> does not exist", "<what> <path>: not a regular file" or "...: N bytes, more than
+    the M a <what> may hold" (a huge or sparse file read whole would fill memory or run for ever)."""
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{what} {path} does not exist")
     if not path.is_file():
         raise UsageError(f"{what} {path}: not a regular file")
+    size = path.stat().st_size
+    if max_bytes is not None and size > max_bytes:
+        raise UsageError(f"{what} {path}: {size} bytes, more than the {max_bytes} a {what} may hold")
     return path
 
 

@@ -37,6 +37,10 @@ from simulator.hardware import HardwareSpec
 
 FORMAT = "solm-gemm-calibration"
 VERSION = 1
+# larger files are not a GEMM table (a Vidur profile is ~1 MB) nor a calibration (~1 KB): a 20 GiB sparse
+# file read whole ran for minutes (a table) or was killed for memory (a calibration)
+MAX_TABLE_BYTES = 256 << 20
+MAX_CALIBRATION_BYTES = 1 << 20
 TIME_COLUMNS: dict[str, float] = {"time_s": 1.0, "time_ms": 1e-3, "time_us": 1e-6}  # column -> seconds
 SIXTEEN_BIT = {"bfloat16", "bf16", "float16", "fp16", "half"}  # accepted values of an optional dtype column
 MIN_ROWS = 8  # fewer measured GEMMs than this cannot pin seven parameters
@@ -46,7 +50,7 @@ MIN_SHAPES_FOR_SPLIT = 4  # (K, N) shapes needed to hold half of them out
 def read_gemm_table(path: str | Path) -> pd.DataFrame:
     """The measured GEMMs as rows of num_tokens (M), K, N and time_s (UsageError, one line, for
     anything malformed)."""
-    path = input_file(path, "GEMM table")
+    path = input_file(path, "GEMM table", MAX_TABLE_BYTES)
     try:
         table = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
@@ -240,7 +244,7 @@ def calibrate(rows: pd.DataFrame, hardware: HardwareSpec, source: str = "", seed
 
 def read_calibration(path: str | Path) -> tuple[str, GemmParams]:
     """(part it was fitted on, parameters) from a file `solm calibrate` wrote (UsageError if not one)."""
-    path = input_file(path, "GEMM calibration")
+    path = input_file(path, "GEMM calibration", MAX_CALIBRATION_BYTES)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:

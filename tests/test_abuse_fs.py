@@ -127,3 +127,39 @@ def test_calibrate_force_on_a_link_replaces_the_link_not_its_target(work, capsys
     capsys.readouterr()
     assert (work / "notes.txt").read_text() == "the user's notes\n"
     assert not (work / "cal.json").is_symlink() and '"format"' in (work / "cal.json").read_text()
+
+
+# ---- huge sparse files read whole ------------------------------------------------------------
+def _sparse(path: Path, size: int) -> None:
+    with open(path, "wb") as f:
+        f.truncate(size)  # no blocks on disk: a file of zeros as large as asked
+
+
+@pytest.mark.parametrize(
+    "argv,name,size,needle",
+    [
+        # was: killed for memory (a 20 GiB file of zeros read whole)
+        (
+            ["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gemm-calibration", "f"],
+            "f",
+            (1 << 20) + 1,
+            "GEMM calibration f: 1048577 bytes, more than the 1048576",
+        ),
+        # was: ran for minutes (killed at 60 s) parsing 20 GiB of zeros as CSV
+        (
+            ["calibrate", "f", "--hardware", "h100-sxm", "--out", "cal.json"],
+            "f",
+            (256 << 20) + 1,
+            "GEMM table f: 268435457 bytes, more than",
+        ),
+        (
+            ["sweep", "t", "--hardware", "h100-sxm", "--workload", "f", "--workers", "1"],
+            "f",
+            (1 << 30) + 1,
+            "workload file f: 1073741825 bytes, more than",
+        ),
+    ],
+)
+def test_a_huge_sparse_input_file_is_refused_unread(argv, name, size, needle, work, capsys):
+    _sparse(work / name, size)
+    refused(argv, capsys, needle, work)

@@ -41,6 +41,9 @@ COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 # lose the microseconds latencies are made of (arrivals at 1e300 s gave latencies of 0 ms)
 MAX_ARRIVAL_S = MAX_REQUESTS / MIN_RATE
 PAGE_TOKENS = 16
+# a file this large is not a workload (MAX_REQUESTS rows of ~100 bytes are 100 MB): a 20 GiB sparse file
+# of zeros read whole ran for minutes
+MAX_FILE_BYTES = 1 << 30
 WORKLOADS_DIR = Path(__file__).resolve().parents[1] / "data" / "workloads"
 
 
@@ -69,7 +72,7 @@ def read_workload_file(path: str | Path, columns: str | None = None, time_scale:
     """The file's requests (ValueError, one line, for anything malformed)."""
     if not (time_scale > 0 and np.isfinite(time_scale)):
         raise UsageError(f"--time-scale must be a positive number, got {time_scale!r}")
-    path = input_file(path, "workload file")
+    path = input_file(path, "workload file", MAX_FILE_BYTES)
     mapping = parse_columns(columns)
     values = _columns(path, mapping)
     arrival_s = _arrivals_s(path, values["arrived_at"], time_scale)
