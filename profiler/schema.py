@@ -27,6 +27,11 @@ SCHEMA_VERSION = 1
 #   3: the pass's forward alone (steps.forward_s)
 SCHEMA_MINOR = 3
 KINDS = ("measured", "simulated")
+# the slowest Poisson arrival rate (requests/s) a capture or a replay draws arrival_s from: slower
+# than one request a day, arrival times grow so large that float64 loses the microseconds latencies
+# are made of (at 1e-300 requests/s a replay read every latency 0.0 ms, and a capture's clock
+# overflowed time.sleep)
+MIN_RATE = 1e-5
 
 REQUESTS = pa.schema(
     [

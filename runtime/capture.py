@@ -240,8 +240,10 @@ def check_config(cfg: CaptureConfig) -> None:
         raise UsageError(f"--repeats must be >= 1, got {cfg.repeats}")
     if cfg.keep not in KEEP:
         raise UsageError(f"--keep must be one of {', '.join(KEEP)}, got {cfg.keep!r}")
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError("--device cuda asked for, but torch sees no CUDA device")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cfg.device.startswith("cuda") and int(cfg.device.partition(":")[2] or 0) >= count:
+        have = f"only {count}" if count else "no"
+        raise UsageError(f"--device {cfg.device} asked for, but torch sees {have} CUDA device(s) (use --device cpu)")
 
 
 def make_start(cfg: CaptureConfig, model, tok: Tokenizer, scripts: list | None):

@@ -25,11 +25,13 @@ import numpy as np
 
 from profiler.counters import CounterSampler
 from profiler.errors import UsageError
+from profiler.schema import MIN_RATE
 from profiler.writer import TraceWriter
 from runtime.answer_length import default_max_tokens
 from runtime.capture import (
     CaptureConfig,
     capture_meta,
+    check_config,
     quality_applicable,
     request_row,
     token_rows,
@@ -58,8 +60,8 @@ class LoadConfig:
         """Bad settings: ValueError with one clear line (the CLI prints it, exit 2)."""
         if (self.rate is None) == (self.concurrency is None):
             raise UsageError("give exactly one of --rate and --concurrency")
-        if self.rate is not None and not self.rate > 0:  # inf: every request arrives at once (a burst)
-            raise UsageError(f"--rate must be a positive number of requests/s (or inf), got {self.rate}")
+        if self.rate is not None and not self.rate >= MIN_RATE:  # inf: every request arrives at once (a burst)
+            raise UsageError(f"--rate must be at least {MIN_RATE:g} requests/s (or inf), got {self.rate}")
         if self.concurrency is not None and self.concurrency < 1:
             raise UsageError(f"--concurrency must be >= 1, got {self.concurrency}")
         if self.max_seqs < 1 or self.max_batch_tokens < 1:
@@ -147,8 +149,7 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
     """Run `cfg`'s prompts under `load` and write the serving trace to `out`."""
     load.check()
     cfg = cfg.resolved()
-    if cfg.n < 1:
-        raise UsageError(f"--n must be >= 1, got {cfg.n}")
+    check_config(cfg)  # as one-at-a-time capture (a --device cuda without CUDA was torch's AssertionError)
     if cfg.repeats != 1 or cfg.structure_from:
         raise UsageError(
             "--repeats and --structure-from apply to one-at-a-time capture, not to --rate/--concurrency "

@@ -35,6 +35,7 @@ import numpy as np
 import simpy
 
 from profiler.errors import UsageError
+from profiler.schema import MIN_RATE
 from scheduling import get_scheduler
 from scheduling.base import RESERVE_MODES
 from simulator.cost import GEMM_TABLE_TOKENS
@@ -45,9 +46,6 @@ from simulator.slo import check_slo
 from simulator.workload import Workload
 
 MAX_STRETCH_PASSES = 1024  # passes planned at once (bounds the requests x passes gather)
-# slower than one request a day, arrival times grow so large that float64 loses the microseconds
-# latencies are made of (at 1e-300 requests/s every latency read 0.0 ms)
-MIN_RATE = 1e-5
 MAX_REQUESTS = 1_000_000  # replayed requests: their pass arrays stay within a few GiB
 SCALAR_COST_BELOW = 48  # passes the planner costs first when an arrival may end the stretch early
 VECTOR_COST_FROM = 128  # this many passes or more: one vectorised cost call (fewer: one by one, cached)

@@ -163,3 +163,22 @@ def _sparse(path: Path, size: int) -> None:
 def test_a_huge_sparse_input_file_is_refused_unread(argv, name, size, needle, work, capsys):
     _sparse(work / name, size)
     refused(argv, capsys, needle, work)
+
+
+# ---- capture: serving flags and the device -----------------------------------------------------
+CAPTURE = ["capture", "--model", "tiny-2l", "--n", "2", "--max-tokens", "4"]
+
+
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        # was: internal error (a bug): OverflowError: timestamp out of range for platform time_t (exit 1),
+        # and the output folder left holding meta.json (complete: false) and parts/
+        (["--rate", "1e-300"], "--rate must be at least 1e-05 requests/s"),
+        # was: internal error (a bug): AssertionError: Torch not compiled with CUDA enabled (exit 1) under load
+        (["--concurrency", "1", "--device", "cuda:99"], "--device cuda:99 asked for, but torch sees"),
+    ],
+)
+def test_capture_serving_and_device_flags(flags, needle, work, capsys):
+    refused([*CAPTURE, *flags, "--out", "c"], capsys, needle, work)
+    assert not (work / "c").exists()

@@ -15,8 +15,8 @@ from tests.cli import solm
 @pytest.mark.parametrize(
     "flags,message",
     [
-        (["--rate", "-1"], "--rate must be a positive"),
-        (["--rate", "nan"], "--rate must be a positive"),
+        (["--rate", "-1"], "--rate must be at least"),
+        (["--rate", "nan"], "--rate must be at least"),
         (["--concurrency", "0"], "--concurrency must be >= 1"),
         (["--rate", "2", "--concurrency", "2"], "exactly one of --rate and --concurrency"),
         (["--rate", "5", "--kv-budget-mib", "0.000001"], "smaller than one page"),
