@@ -10,7 +10,9 @@ child, write what was finished) instead of the process vanishing and leaving its
         subprocess.Popen(cmd, preexec_fn=die_with_parent)   # or as a pool initializer
 
 `is_loopback(host)` tells a loopback address (127.0.0.0/8, ::1, IPv4-mapped loopback) from one
-other machines may reach: commands that listen warn about the latter.
+other machines may reach: commands that listen warn about the latter. `listen_address(address)`
+and `check_port_free(address, port)` refuse, before a server starts, an address this machine
+cannot serve on (an empty one would listen on every interface) and a port already taken.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ import ctypes.util
 import ipaddress
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator
+
+from profiler.errors import UsageError
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -86,3 +91,30 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
     mapped = getattr(ip, "ipv4_mapped", None)
     return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def listen_address(address: str, flag: str = "--address") -> tuple:
+    """The socket address to serve `address` on (its first getaddrinfo entry: family, type, proto,
+    sockaddr); a UsageError for an empty address (a server given "" listens on every interface)
+    or one this machine cannot resolve ('bogus host', '300.1.1.1', 'HOST:PORT')."""
+    if not address.strip():
+        raise UsageError(f"{flag} is empty; give the address to serve on (127.0.0.1: this machine only)")
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError, ValueError):
+        raise UsageError(f"{flag} {address}: not an IP address or a host name this machine resolves") from None
+    return family, kind, proto, sockaddr
+
+
+def check_port_free(address: str, port: int, flag: str = "--port") -> None:
+    """`port` on `address` can be listened on now (bound once and released, with SO_REUSEADDR as a
+    server sets it); else a UsageError naming why (in use, not an address of this machine)."""
+    family, kind, proto, sockaddr = listen_address(address)
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((sockaddr[0], port, *sockaddr[2:]))
+        except OSError as e:
+            raise UsageError(
+                f"{flag} {port}: cannot serve on {address}:{port} ({e.strerror}); choose another"
+            ) from None

@@ -182,3 +182,36 @@ CAPTURE = ["capture", "--model", "tiny-2l", "--n", "2", "--max-tokens", "4"]
 def test_capture_serving_and_device_flags(flags, needle, work, capsys):
     refused([*CAPTURE, *flags, "--out", "c"], capsys, needle, work)
     assert not (work / "c").exists()
+
+
+# ---- dashboard: refused before a server starts -------------------------------------------------
+@pytest.mark.parametrize(
+    "address,needle",
+    [
+        ("", "--address is empty"),  # was: accepted; streamlit given "" listens on every interface
+        ("bogus host", "--address bogus host: not an IP address"),  # was: accepted, streamlit failed to bind
+        ("127.0.0.1:8080", "--address 127.0.0.1:8080: not an IP address"),
+    ],
+)
+def test_dashboard_address_that_cannot_be_served_on(address, needle, work, capsys):
+    refused(["dashboard", "t", "--address", address, "--dry-run"], capsys, needle, work)
+
+
+def test_dashboard_port_in_use_is_refused_before_serving(work, capsys, monkeypatch):
+    """Was: 'serving 1 folder(s) at http://127.0.0.1:P' printed, then streamlit's 'Port P is not
+    available' and exit 1."""
+    import socket
+
+    import solm.commands.dashboard as dashboard
+
+    def not_reached(*a, **kw):
+        raise AssertionError("started a server")
+
+    monkeypatch.setattr(dashboard, "serve", not_reached)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused(
+            ["dashboard", "t", "--port", str(port)], capsys, f"--port {port}: cannot serve on 127.0.0.1:{port}", work
+        )

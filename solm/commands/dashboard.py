@@ -21,7 +21,7 @@ from pathlib import Path
 
 from profiler.errors import UsageError
 from profiler.outdir import resolved
-from profiler.services import die_with_parent, is_loopback, terminate_on_signal
+from profiler.services import check_port_free, die_with_parent, is_loopback, listen_address, terminate_on_signal
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 
@@ -106,6 +106,7 @@ def serve(cmd: list[str], env: dict[str, str]) -> int:
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port} is not a port (1..65535)")
+    listen_address(args.address)  # was: "" accepted (streamlit then listens on every interface)
     dirs = [str(resolved(d)) for d in (args.dirs or ["."])]  # realpath: a symlink loop stays a path, not an error
     for d in dirs:
         if not Path(d).is_dir():
@@ -116,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     except ModuleNotFoundError:
         raise UsageError("streamlit is not installed in this environment (make venv installs it)") from None
     cmd = command(dirs, args.port, args.address, args.allow_any_path)
+    if not args.dry_run:
+        check_port_free(args.address, args.port)  # was: "serving ... at" printed, then streamlit's exit 1
     url = f"http://{args.address}:{args.port}"
     warning = exposure_warning(args.address, args.allow_any_path)
     if warning:
