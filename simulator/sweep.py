@@ -419,7 +419,9 @@ def sweep(
         options,
         cluster,
     )
-    if backend == "ray" and address:
+    if address is not None and backend != "ray":  # was: ignored, the grid ran on the local pool
+        raise UsageError("--address names a Ray cluster: give it with --backend ray")
+    if backend == "ray" and address is not None:  # "" too: it was taken for no address (a local Ray)
         from simulator.ray_backend import probe
 
         probe(address)  # a wrong address is one line now, not after loading every trace

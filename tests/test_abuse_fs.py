@@ -215,3 +215,16 @@ def test_dashboard_port_in_use_is_refused_before_serving(work, capsys, monkeypat
         refused(
             ["dashboard", "t", "--port", str(port)], capsys, f"--port {port}: cannot serve on 127.0.0.1:{port}", work
         )
+
+
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        # was: exit 0, a local Ray started ('--address "$RAY"' with RAY unset)
+        (["--backend", "ray", "--address", ""], "--address '' is not HOST:PORT"),
+        # was: exit 0, the grid run on the local process pool, the cluster never asked
+        (["--address", "127.0.0.1:1"], "--address names a Ray cluster: give it with --backend ray"),
+    ],
+)
+def test_sweep_address_that_would_be_ignored(flags, needle, work, capsys):
+    refused(["sweep", "t", "--hardware", "h100-sxm", "--num-requests", "2", *flags], capsys, needle, work)
