@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from profiler.diff import METRICS, TraceDiff
+from profiler.errors import is_utf8, one_line
 from profiler.reader import Trace, TraceError, read_trace
 from profiler.stats import non_dominated
 from profiler.summary import summarize
@@ -85,15 +86,25 @@ def split_allowed(roots: list[str], allowed: list[str] | None) -> tuple[list[str
     return kept, [r for r in roots if r not in kept]
 
 
+def path_key(path: str | Path) -> str | bytes:
+    """`path` as part of a cache key: its text, or its bytes when the name is not UTF-8 (Streamlit's
+    cache hashes text as UTF-8 and raised on it, taking every page down); `os.fsdecode` undoes it."""
+    text = str(path)
+    return text if is_utf8(text) else os.fsencode(text)
+
+
 def signature(paths: list[Path]) -> tuple:
     """A cache key that changes when a trace is rewritten (paths and meta.json mtimes)."""
     out = []
     for p in paths:
         try:
-            out.append((str(p), (p / "meta.json").stat().st_mtime_ns))
+            out.append((path_key(p), (p / "meta.json").stat().st_mtime_ns))
         except OSError:
-            out.append((str(p), 0))
+            out.append((path_key(p), 0))
     return tuple(out)
+
+
+NOT_UTF8 = "the name is not UTF-8 text; rename it"
 
 
 # The steps columns every page's figures aggregate (summary: mean live KV; diff: per request);
@@ -114,12 +125,15 @@ TIMELINE_STEPS = (
 )
 
 
-def load_traces(paths: list[str | Path]) -> tuple[list[Trace], pd.DataFrame]:
+def load_traces(paths: list[str | bytes | Path]) -> tuple[list[Trace], pd.DataFrame]:
     """(traces that read, error rows `path`, `error`). Each trace holds its requests table and
     only the `STEPS_LOADED` columns of its steps; per-token rows and the other steps columns are
     read by the page that shows them."""
     traces, errors = [], []
-    for p in paths:
+    for p in map(os.fsdecode, paths):
+        if not is_utf8(p):  # was: pyarrow's UnicodeEncodeError building the error frame
+            errors.append({"path": one_line(p), "error": NOT_UTF8})
+            continue
         try:
             trace = read_trace(p, tokens=False, steps_columns=STEPS_LOADED)
             problem = graph_problem(trace)
@@ -283,12 +297,16 @@ def find_sweep_tables(roots: list[str | Path], depth: int = 2) -> list[Path]:
 SWEEP_FIGURES = ("quality_mean", "mean_e2el_ms", "peak_kv_bytes")
 
 
-def sweep_points(files: list[Path], errors: list[str] | None = None) -> pd.DataFrame:
+def sweep_points(files: list[str | bytes | Path], errors: list[str] | None = None) -> pd.DataFrame:
     """One Pareto point per finished sweep configuration (kind "sweep"), columns as `pareto_points`.
     A table that does not read, lacks the columns or holds figures that are not numbers is left
     out, one line per table appended to `errors` (the sweep's own results.jsonl remains)."""
     frames = []
-    for f in files:
+    for f in map(Path, map(os.fsdecode, files)):
+        if not is_utf8(str(f)):
+            if errors is not None:
+                errors.append(f"{one_line(str(f))}: {NOT_UTF8}")
+            continue
         try:
             t = pd.read_parquet(f)
         except Exception as e:  # a half-written or foreign table

@@ -46,3 +46,19 @@ class UnknownName(UsageError, KeyError):
 class TraceMetaError(TraceError, ValueError):
     """A trace's meta.json entry of the wrong type or shape (e.g. its `model`): a TraceError for
     the command line, and a ValueError for callers that validate meta dicts."""
+
+
+def is_utf8(text: str) -> bool:
+    """False for a str holding os.fsdecode's surrogates (a file name of bytes that are not UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def one_line(text: str) -> str:
+    """`text` with control characters escaped (a path holding a newline named in an error stays one
+    line) and bytes that are not UTF-8 shown as \\xNN (os.fsdecode's surrogates cannot be printed)."""
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

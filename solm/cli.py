@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from profiler.errors import SolmError, UsageError
+from profiler.errors import SolmError, UsageError, is_utf8, one_line
 from profiler.services import received_signal
 from solm.commands import COMMANDS
 
@@ -94,25 +94,13 @@ def _message(e: BaseException) -> str:
     return one_line(str(e) or type(e).__name__)
 
 
-def one_line(text: str) -> str:
-    """`text` with control characters escaped (a path holding a newline named in an error stays one
-    line) and bytes that are not UTF-8 shown as \\xNN (os.fsdecode's surrogates cannot be printed)."""
-    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def _check_utf8(args: argparse.Namespace) -> None:
     """An argument that is not UTF-8 (a file name of other bytes) is refused up front: pyarrow, the
     JSON line and the summaries all take paths as UTF-8 text and failed on it with a traceback."""
     for value in vars(args).values():
         for v in value if isinstance(value, list) else [value]:
-            if isinstance(v, str):
-                try:
-                    v.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise UsageError(
-                        f"{one_line(v)} is not UTF-8 text; rename it (solm reads paths as UTF-8)"
-                    ) from None
+            if isinstance(v, str) and not is_utf8(v):
+                raise UsageError(f"{one_line(v)} is not UTF-8 text; rename it (solm reads paths as UTF-8)")
 
 
 def _cwd_gone(argv: list[str]) -> str | None:

@@ -228,3 +228,27 @@ def test_dashboard_port_in_use_is_refused_before_serving(work, capsys, monkeypat
 )
 def test_sweep_address_that_would_be_ignored(flags, needle, work, capsys):
     refused(["sweep", "t", "--hardware", "h100-sxm", "--num-requests", "2", *flags], capsys, needle, work)
+
+
+def test_dashboard_trace_folder_named_in_other_bytes_is_one_error_row(tmp_path, monkeypatch):
+    """Was: a trace or sweep folder whose name is not UTF-8, under a folder given to the dashboard,
+    made Streamlit's cache (and the Overview's error frame) raise UnicodeEncodeError: every page
+    down, the good trace too."""
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    shutil.copytree(SHIPPED, tmp_path / "good")
+    shutil.copytree(SHIPPED, os.fsdecode(os.fsencode(tmp_path) + b"/t\xff"))
+    os.mkdir(os.fsencode(tmp_path) + b"/sw\xff")
+    Path(os.fsdecode(os.fsencode(tmp_path) + b"/sw\xff/sweep.parquet")).write_bytes(b"not read")
+    monkeypatch.setenv("SOLM_TRACE_DIRS", str(tmp_path))
+    at = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=60)
+    at.run()
+    for page in ("overview", "pareto"):
+        at.switch_page(f"views/{page}.py").run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+        if page == "pareto":
+            assert any("sw\\xff/sweep.parquet: the name is not UTF-8" in e.value for e in at.error), at.error
+        else:
+            table = at.dataframe[0].value
+            assert "t\\xff" in set(table["trace"]) and "good" in set(table["trace"]), table

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import streamlit as st
 
@@ -45,7 +43,7 @@ def diff(a: Trace, b: Trace) -> TraceDiff:
 @st.cache_data(show_spinner=False, max_entries=16)
 def _load_sweeps(signature: tuple) -> tuple[pd.DataFrame, list[str]]:
     errors: list[str] = []
-    return data.sweep_points([Path(p) for p, _ in signature], errors), errors
+    return data.sweep_points([p for p, _ in signature], errors), errors
 
 
 def load_sweeps() -> tuple[pd.DataFrame, list[str]]:
@@ -53,7 +51,7 @@ def load_sweeps() -> tuple[pd.DataFrame, list[str]]:
     one error line per table that cannot be drawn."""
     allowed = allowed_roots()
     files = [f for f in data.find_sweep_tables(roots()) if allowed is None or data.within(f, allowed)]
-    return _load_sweeps(tuple((str(f), f.stat().st_mtime_ns) for f in files))
+    return _load_sweeps(tuple((data.path_key(f), f.stat().st_mtime_ns) for f in files))
 
 
 def _typed() -> list[str]:
