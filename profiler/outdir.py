@@ -61,16 +61,17 @@ def resolved(path: str | Path) -> Path:
     return Path(os.path.realpath(os.path.expanduser(str(path))))
 
 
-def repeated_input(paths: Iterable[str]) -> tuple[str, str] | None:
-    """The first path of `paths` that names a file or folder given earlier, however spelled (symlinks
-    followed), with that earlier spelling; None when each is given once."""
+def check_given_once(paths: Iterable[str], what: str) -> None:
+    """A UsageError "<what> <path> is given twice (as <earlier spelling>)" for the first path of
+    `paths` that names a file or folder given earlier, however spelled (symlinks followed): a sweep
+    would run its configurations twice, calibrate weigh its GEMMs twice, export draw it twice."""
     first: dict[str, str] = {}
     for path in paths:
         real = os.path.realpath(path)
         if real in first:
-            return path, first[real]
+            earlier = first[real]
+            raise UsageError(f"{what} {path} is given twice{'' if earlier == path else f' (as {earlier})'}")
         first[real] = path
-    return None
 
 
 def _inside(child: Path, parent: Path) -> bool:

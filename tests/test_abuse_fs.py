@@ -252,3 +252,10 @@ def test_dashboard_trace_folder_named_in_other_bytes_is_one_error_row(tmp_path, 
         else:
             table = at.dataframe[0].value
             assert "t\\xff" in set(table["trace"]) and "good" in set(table["trace"]), table
+
+
+def test_export_refuses_a_trace_given_twice(work, capsys):
+    """Was: `export t ./t/` wrote one file holding every request twice (32 of 16, exit 0)."""
+    (work / "link").symlink_to("t")
+    refused(["export", "t", "./t/", "--perfetto", "x.json"], capsys, "trace ./t/ is given twice (as t)", work)
+    refused(["export", "t", "link", "--perfetto", "x.json"], capsys, "trace link is given twice (as t)", work)

@@ -21,8 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from profiler.errors import UsageError
-from profiler.outdir import check_out_file, repeated_input, write_file_atomic
+from profiler.outdir import check_given_once, check_out_file, write_file_atomic
 from solm.jsonline import json_line
 
 
@@ -55,10 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from solm.commands.cost import _lookup
 
     out = check_out_file(args.out, args.tables, args.force)
-    twice = repeated_input(args.tables)  # one file twice would weigh its GEMMs twice
-    if twice:
-        table, first = twice
-        raise UsageError(f"GEMM table {table} is given twice{'' if first == table else f' (as {first})'}")
+    check_given_once(args.tables, "GEMM table")
     hardware = _lookup("hardware", args.hardware)
     rows = pd.concat([read_gemm_table(table) for table in args.tables], ignore_index=True)
     source = ", ".join(map(str, args.tables))

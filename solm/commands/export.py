@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from profiler.outdir import check_out_file
+from profiler.outdir import check_given_once, check_out_file
 from solm.jsonline import json_line
 
 
@@ -32,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from profiler.perfetto import export_perfetto
 
+    check_given_once(args.traces, "trace")  # was: its requests drawn twice in one file
     check_out_file(args.perfetto, args.traces, args.force, "--perfetto")
     s = export_perfetto(args.traces, args.perfetto)
     if not args.json:

@@ -27,7 +27,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from profiler.errors import UsageError
-from profiler.outdir import claim_out_dir, repeated_input
+from profiler.outdir import check_given_once, claim_out_dir
 from profiler.services import terminate_on_signal
 from solm.commands.simulate import add_batch_args, scheduling_kwargs
 from solm.jsonline import json_line
@@ -235,9 +235,7 @@ def _print_summary(table: pd.DataFrame, figures: dict, args: argparse.Namespace)
 
 
 def run(args: argparse.Namespace) -> int:
-    twice = repeated_input(args.traces)
-    if twice:  # however spelled: the same configurations twice
-        raise UsageError(f"trace {twice[0]} is given twice")
+    check_given_once(args.traces, "trace")
     models = _list(args.model, "--model") if args.model else [""]
     rates = _list(args.rate, "--rate", float) if args.rate else []
     conc = _list(args.concurrency, "--concurrency", int) if args.concurrency else []
