@@ -57,8 +57,10 @@ def input_file(path: str | Path, what: str, max_bytes: int | None = None) -> Pat
 
 
 def resolved(path: str | Path) -> Path:
-    """Absolute, symlinks followed (so two spellings of one folder compare equal)."""
-    return Path(os.path.realpath(os.path.expanduser(str(path))))
+    """Absolute, symlinks followed (so two spellings of one folder compare equal). A '~' stays a
+    name, as every reader and writer opens it (the shell expands an unquoted one): expanding it
+    here checked $HOME/X while the writer wrote ./~/X, unchecked."""
+    return Path(os.path.realpath(str(path)))
 
 
 def check_given_once(paths: Iterable[str], what: str) -> None:
@@ -265,7 +267,7 @@ def check_out_file(
         raise UsageError(f"{flag} {out} is a directory; give a file path")
     if str(out).endswith(("/", os.sep)):
         raise UsageError(f"{flag} {out} ends in '/', a folder's name; give a file path")
-    given = Path(os.path.expanduser(str(out)))
+    given = Path(out)
     entry = resolved(given.parent) / given.name  # what the rename replaces
     for item in inputs:
         if item and resolved(item) in (p, entry):

@@ -259,3 +259,24 @@ def test_export_refuses_a_trace_given_twice(work, capsys):
     (work / "link").symlink_to("t")
     refused(["export", "t", "./t/", "--perfetto", "x.json"], capsys, "trace ./t/ is given twice (as t)", work)
     refused(["export", "t", "link", "--perfetto", "x.json"], capsys, "trace link is given twice (as t)", work)
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["export", "t", "--perfetto", "~/x.json"], "--perfetto ~/x.json exists (pass --force"),
+        (["diff", "t", "t", "--html", "~/x.json"], "--html ~/x.json exists (pass --force"),
+        (["simulate", "t", "--hardware", "h100-sxm", "--num-requests", "2", "--out", "~/s"], "exists and is not empty"),
+        (["sweep", "t", "--hardware", "h100-sxm", "--num-requests", "2", "--out", "~/s"], "exists and is not empty"),
+    ],
+)
+def test_a_quoted_tilde_is_checked_where_it_is_written(argv, needle, work, capsys, monkeypatch):
+    """Was: '~/X' (quoted, so the shell left it) was checked as $HOME/X but written to ./~/X: export
+    and diff overwrote ./~/x.json without --force, simulate wrote its trace over the user's files in
+    ./~/s (exit 0), sweep ran and then failed with its files split between the two folders."""
+    monkeypatch.setenv("HOME", str(work / "home"))
+    (work / "home").mkdir()
+    (work / "~" / "s").mkdir(parents=True)
+    (work / "~" / "x.json").write_text("the user's\n")
+    (work / "~" / "s" / "meta.json").write_text("the user's own meta.json\n")
+    refused(argv, capsys, needle, work)

@@ -15,7 +15,6 @@ Why: "is B faster than A, on which requests, and did the output or the structure
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from profiler.outdir import check_out_file, write_file_atomic
 from solm.jsonline import json_line
@@ -114,8 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if args.html is not None:
         from dashboard.figures import diff_report_html
 
-        out = Path(args.html)
-        check_out_file(out, [args.a, args.b], args.force, "--html")
+        out = check_out_file(args.html, [args.a, args.b], args.force, "--html")  # the entry checked is written
         write_file_atomic(out, diff_report_html(d))  # a link given is replaced, not the file it points to
         s["html"] = str(out)
     if not args.json:

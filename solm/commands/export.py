@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from profiler.perfetto import export_perfetto
 
     check_given_once(args.traces, "trace")  # was: its requests drawn twice in one file
-    check_out_file(args.perfetto, args.traces, args.force, "--perfetto")
-    s = export_perfetto(args.traces, args.perfetto)
+    out = check_out_file(args.perfetto, args.traces, args.force, "--perfetto")
+    s = export_perfetto(args.traces, out)  # the entry checked ('~' expanded as the check did), not the text given
     if not args.json:
         print(
             f"wrote {s['out']}: {s['events']} events ({s['complete_events']} complete, "
