@@ -294,7 +294,12 @@ def sweep_points(files: list[Path], errors: list[str] | None = None) -> pd.DataF
             if errors is not None:
                 errors.append(f"{f}: not a solm sweep table: {problem}; its configurations are not drawn")
             continue
-        frames.append(_sweep_table_points(t.loc[t["status"] == "ok"], f))
+        finished = t.loc[t["status"] == "ok"]
+        if not len(finished):  # was: a TypeError building the labels of no rows
+            if errors is not None:
+                errors.append(f"{f}: no configuration of this sweep finished (see its results.jsonl); nothing to draw")
+            continue
+        frames.append(_sweep_table_points(finished, f))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
