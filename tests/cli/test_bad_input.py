@@ -213,6 +213,11 @@ def test_validate_rejects_what_it_used_to_pass(damage, needle, t, tmp_path, caps
     assert line["valid"] is False and any(needle in p for p in line["problems"])
     one_line_error(["export", str(t), "--perfetto", str(tmp_path / "x.json")], capsys, "not a valid trace")
     one_line_error(["diff", str(SHIPPED), str(t)], capsys, "not a valid trace")
+    # was: simulate and validate replayed it, validate comparing against the broken figures
+    one_line_error(["simulate", str(t), "--hardware", "h100-sxm"], capsys, "not a valid trace")
+    one_line_error(["validate", str(t)], capsys, "not a valid trace")
+    one_line_error(["sweep", str(t), "--hardware", "h100-sxm", "--out", str(tmp_path / "sw")], capsys, "not a valid")
+    assert not (tmp_path / "sw").exists()
 
 
 def test_unwritable_out_is_a_usage_error(t, tmp_path, capsys):
