@@ -267,7 +267,7 @@ def concurrent_cases() -> list[Case]:
                 "--rate",
                 "1,2,4,8",
                 "--num-requests",
-                "64",
+                "1024",  # long enough that it is still writing when the second starts (64 was not, on an idle machine)
                 "--workers",
                 "1",
                 "--out",
