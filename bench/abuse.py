@@ -219,10 +219,13 @@ SIM = ["simulate", "t", "--hardware", "h100-sxm", "--num-requests", "4"]
 
 
 def cases() -> list[Case]:
-    cyc = _graph(lambda g: g["links"].append({"source": g["nodes"][-1]["id"], "target": g["nodes"][0]["id"]}))
-    dangling = _graph(lambda g: g["links"].append({"source": "ghost", "target": g["nodes"][0]["id"]}))
+    """Every case, by what it guards against: data loss, crashes and hangs, silent wrong results."""
+    return [*overwrite_cases(), *concurrent_cases(), *crash_cases(), *hostile_input_cases(), *wrong_result_cases()]
+
+
+def overwrite_cases() -> list[Case]:
+    """Data loss: an output named over the user's inputs, folders or files."""
     return [
-        # data loss
         Case("capture --out . --force", [*CAPTURE, "--out", ".", "--force"]),
         Case("simulate --out . --force", [*SIM, "--out", ".", "--force"]),
         Case("capture --out PARENT --force", [*CAPTURE, "--out", "runs", "--force"]),
@@ -239,6 +242,12 @@ def cases() -> list[Case]:
         Case("diff --html existing file", ["diff", "t", "t", "--html", "notes.txt"]),
         Case("train --out existing checkpoint", ["train", "--out", "ckpt", "--steps", "1"]),
         Case("train --out . --force", ["train", "--out", ".", "--force", "--steps", "1"]),
+    ]
+
+
+def concurrent_cases() -> list[Case]:
+    """Data loss: two writers into one --out, and a sweep resumed under another spelling of its trace."""
+    return [
         Case(
             "two captures into one --out",
             [*CAPTURE, "--out", "busy", "--force"],
@@ -258,7 +267,7 @@ def cases() -> list[Case]:
                 "--rate",
                 "1,2,4,8",
                 "--num-requests",
-                "64",
+                "1024",  # long enough that it is still writing when the second starts (64 was not, on an idle machine)
                 "--workers",
                 "1",
                 "--out",
@@ -304,7 +313,12 @@ def cases() -> list[Case]:
                 120,
             ),
         ),
-        # crashes and hangs
+    ]
+
+
+def crash_cases() -> list[Case]:
+    """Crashes and hangs: settings no pass fits, damaged traces and unusable outputs."""
+    return [
         Case(
             "simulate --max-batch-tokens below a pass",
             ["simulate", "pd", "--hardware", "h100-sxm", "--max-batch-tokens", "2"],
@@ -342,6 +356,12 @@ def cases() -> list[Case]:
             ["inspect", "t"],
             setup=_replace_meta(lambda p: p.write_text("[" * 200000 + "]" * 200000)),
         ),
+    ]
+
+
+def hostile_input_cases() -> list[Case]:
+    """Crashes and hangs: absurd flags, hostile files (FIFOs, /dev/zero) and an unreachable cluster."""
+    return [
         Case("--set hbm_capacity_bytes=1e400", [*SIM, "--set", "hbm_capacity_bytes=1e400"]),
         Case("capture --temperature nan", [*CAPTURE, "--temperature", "nan", "--out", "c"]),
         Case("capture --device bogus", [*CAPTURE, "--device", "bogus", "--out", "c"]),
@@ -391,7 +411,14 @@ def cases() -> list[Case]:
             ["sweep", "t", "--hardware", "h100-sxm", "--backend", "ray", "--address", "127.0.0.1:1"],
             timeout_s=90,
         ),
-        # silent wrong results
+    ]
+
+
+def wrong_result_cases() -> list[Case]:
+    """Silent wrong results: non-finite or tiny settings, and damaged traces that must not pass as valid."""
+    cyc = _graph(lambda g: g["links"].append({"source": g["nodes"][-1]["id"], "target": g["nodes"][0]["id"]}))
+    dangling = _graph(lambda g: g["links"].append({"source": "ghost", "target": g["nodes"][0]["id"]}))
+    return [
         Case("--set launch_overhead_s=inf", [*SIM, "--set", "launch_overhead_s=inf"]),
         Case("capture --counters-hz nan", [*CAPTURE, "--counters-hz", "nan", "--out", "c"], timeout_s=60),
         Case("simulate --rate 1e-300", [*SIM, "--rate", "1e-300"]),

@@ -383,7 +383,8 @@ def deployment_sweep(quick: bool, price: float) -> dict:
     }
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The bench's flags (module docstring), and the two its own subprocesses take."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="10,000 requests (extrapolated to 100k), a smaller sweep")
     ap.add_argument("--requests", type=int, default=None, help="replay this many requests (default 100,000)")
@@ -419,6 +420,11 @@ def main() -> int:
     # the bench's own subprocesses
     ap.add_argument("--dashboard-pages", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--read-back", type=Path, default=None, help=argparse.SUPPRESS)
+    return ap
+
+
+def main() -> int:
+    ap = build_parser()
     args = ap.parse_args()
     if args.dashboard_pages is not None:
         print(json.dumps(dashboard_pages(args.dashboard_pages)))
@@ -438,16 +444,7 @@ def main() -> int:
         keep = check_out_dir(args.keep_trace, force=None, flag="--keep-trace") if args.keep_trace else None
     except UsageError as e:
         ap.error(str(e))
-    comm = evaluate()
-    print(
-        f"comm: held-out MAPE {comm['comm_mape_percent']}% over {comm['held_out_rows']} buffer sizes the fit did "
-        f"not see ({comm['comm_mape_percent_1mib_up']}% from 1 MiB up); per series {comm['series']}"
-    )
-    figures = {
-        "bench": "cluster",
-        "comm_mape_percent": comm["comm_mape_percent"],
-        "comm_mape_percent_1mib_up": comm["comm_mape_percent_1mib_up"],
-    }
+    figures = {"bench": "cluster", **comm_figures()}
     n = args.requests or (10_000 if args.quick else 100_000)
     figures.update(replay_at_scale(n, args.quick, args.dashboard, args.fingerprint, keep, args.repeat))
     figures.update(deployment_sweep(args.quick, args.price))
@@ -455,6 +452,20 @@ def main() -> int:
     figures["quick"] = args.quick
     print(json.dumps(figures))
     return 0
+
+
+def comm_figures() -> dict:
+    """The collective-cost model's held-out error (simulator.comm's evaluation), printed with its
+    per-series figures; the two MAPEs returned."""
+    comm = evaluate()
+    print(
+        f"comm: held-out MAPE {comm['comm_mape_percent']}% over {comm['held_out_rows']} buffer sizes the fit did "
+        f"not see ({comm['comm_mape_percent_1mib_up']}% from 1 MiB up); per series {comm['series']}"
+    )
+    return {
+        "comm_mape_percent": comm["comm_mape_percent"],
+        "comm_mape_percent_1mib_up": comm["comm_mape_percent_1mib_up"],
+    }
 
 
 if __name__ == "__main__":

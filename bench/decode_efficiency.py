@@ -117,7 +117,8 @@ def run_static(model, prompt: list[int], n: int, warmup: int, timer: Timer, mode
     return times, [int(x) for x in torch.cat(out).tolist()]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The bench's flags (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="llama-3-8b", help="runtime/hf_configs name (random weights)")
     ap.add_argument("--model", default="", help="any load_model spec instead (e.g. smollm2-135m)")
@@ -128,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--peak-gbps", type=float, default=0.0)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -142,6 +147,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not cuda:
         modes = [m for m in modes if m != "cuda-graphs"]
+    model, spec, weight_bytes, prompt = load(args)
+    peak, peak_src = peak_bytes_per_s(args.device, args.peak_gbps)
+    res = time_modes(model, prompt, modes, args, weight_bytes, peak, Timer(cuda))
+    print(
+        json.dumps(
+            {
+                "bench": "decode_efficiency",
+                "model": spec,
+                "device": args.device,
+                "device_name": torch.cuda.get_device_name(torch.device(args.device)) if cuda else "cpu",
+                "dtype": str(model.embed.weight.dtype).replace("torch.", ""),
+                "weight_bytes": weight_bytes,
+                "context": args.context,
+                "passes": args.passes,
+                "timer": "cuda events" if cuda else "perf_counter",
+                "peak_bytes_per_s": peak,
+                "peak_source": peak_src,
+                "modes": res,
+            }
+        )
+    )
+    return 0 if any("error" not in v for v in res.values()) else 1
+
+
+def load(args: argparse.Namespace) -> tuple:
+    """(model without the logits' vocabulary cap, its spec, weight bytes, a seeded random prompt of
+    `--context` tokens)."""
     from runtime.checkpoint import load_model
     from runtime.hf_adapter import _DTYPES, build_arch
 
@@ -156,8 +188,14 @@ def main(argv: list[str] | None = None) -> int:
             3, min(model.cfg.vocab_size, 30000), (args.context,), generator=torch.Generator().manual_seed(0)
         )
     ]
-    peak, peak_src = peak_bytes_per_s(args.device, args.peak_gbps)
-    timer = Timer(cuda)
+    return model, spec, weight_bytes, prompt
+
+
+def time_modes(
+    model, prompt: list[int], modes: list[str], args: argparse.Namespace, weight_bytes: int, peak: float, timer: Timer
+) -> dict:
+    """Each mode's decode passes timed (one line each): median and fastest pass, bytes moved, GB/s,
+    share of `peak`, and whether its tokens equal the first mode's; a failing mode is its error."""
     res, ref = {}, None
     for m in modes:
         try:
@@ -187,25 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{eff}  tokens equal to engine path: {toks == ref}",
             flush=True,
         )
-    print(
-        json.dumps(
-            {
-                "bench": "decode_efficiency",
-                "model": spec,
-                "device": args.device,
-                "device_name": torch.cuda.get_device_name(torch.device(args.device)) if cuda else "cpu",
-                "dtype": str(model.embed.weight.dtype).replace("torch.", ""),
-                "weight_bytes": weight_bytes,
-                "context": args.context,
-                "passes": args.passes,
-                "timer": "cuda events" if cuda else "perf_counter",
-                "peak_bytes_per_s": peak,
-                "peak_source": peak_src,
-                "modes": res,
-            }
-        )
-    )
-    return 0 if any("error" not in v for v in res.values()) else 1
+    return res
 
 
 if __name__ == "__main__":

@@ -123,7 +123,8 @@ def warm_up(model, tok: Tokenizer) -> None:
         torch.cuda.synchronize()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The script's flags (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--arch", default="llama-3-8b", help="architecture in runtime/hf_configs (random weights)")
@@ -142,8 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         help="shipped (capture references with the shipped tiny models), a folder of <system> traces, or none",
     )
     ap.add_argument("--force", action="store_true", help="overwrite existing traces under --out")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("error: --device cuda asked for, but torch sees no CUDA device (use --device cpu)", file=sys.stderr)
         return 2
@@ -164,7 +168,29 @@ def main(argv: list[str] | None = None) -> int:
     tok = Tokenizer()
     scored = quality_applicable(info, "")
     warm_up(model, tok)
+    summary = capture_systems(args, model, info, spec, out)
+    device = write_meta(args, argv, out, spec, model, info, load_s, summary, scored)
+    ok = [s for s, v in summary.items() if v["status"] == "ok"]
+    print(
+        json.dumps(
+            {
+                "bench": "gpu_capture",
+                "out": str(out),
+                "device": device.get("name", ""),
+                "model": spec,
+                "ok": ok,
+                "failed": [s for s, v in summary.items() if v["status"] == "error"],
+                "wall_s": {s: round(v["wall_s"], 3) for s, v in summary.items() if "wall_s" in v},
+            }
+        )
+    )
+    return 0 if ok and all(v["status"] != "error" for v in summary.values()) else 1
 
+
+def capture_systems(args: argparse.Namespace, model, info: dict, spec: str, out: Path) -> dict:
+    """Capture every `--systems` engine under `out/<system>`, one line each: system -> status (ok,
+    error, skipped when the engine is not in this checkout), wall time and the capture's figures.
+    One failing engine does not lose the others' traces."""
     have = set(systems())
     wanted = [s for s in args.systems.split(",") if s]
     summary: dict = {}
@@ -186,7 +212,22 @@ def main(argv: list[str] | None = None) -> int:
             }
         s = summary[system]
         print(f"{system:18s} {s['status']:6s} {s['wall_s']:8.1f} s  {s.get('error', '')}")
+    return summary
 
+
+def write_meta(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    out: Path,
+    spec: str,
+    model,
+    info: dict,
+    load_s: float,
+    summary: dict,
+    scored: bool,
+) -> dict:
+    """Write `out/meta.json` (model, device, per-system summary, settings, versions, host); returns
+    the device's description."""
     sampler = CounterSampler(1.0 / args.counters_hz, use_nvml=args.device.startswith("cuda"))
     device = device_meta(args.device, sampler)
     sampler.stop()
@@ -221,21 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "meta.json", meta)
-    ok = [s for s, v in summary.items() if v["status"] == "ok"]
-    print(
-        json.dumps(
-            {
-                "bench": "gpu_capture",
-                "out": str(out),
-                "device": device.get("name", ""),
-                "model": spec,
-                "ok": ok,
-                "failed": [s for s, v in summary.items() if v["status"] == "error"],
-                "wall_s": {s: round(v["wall_s"], 3) for s, v in summary.items() if "wall_s" in v},
-            }
-        )
-    )
-    return 0 if ok and all(v["status"] != "error" for v in summary.values()) else 1
+    return device
 
 
 if __name__ == "__main__":

@@ -242,7 +242,8 @@ def run_split(
     return summarize(setups, measure(setups, engines, prompts, label))
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The bench's flags (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small grid, 2 prompts per task and split")
     ap.add_argument(
@@ -261,7 +262,11 @@ def main() -> int:
         action="store_true",
         help=f"record the dev choice as the engine's shipped defaults ({OPERATING_POINTS_FILE.name})",
     )
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     torch.set_num_threads(1)
     n = args.n or (2 if args.quick else 12)
     tok, ar_name = Tokenizer(), args.ar_model or ar_model_name()
@@ -278,20 +283,7 @@ def main() -> int:
     print_table(f"test: {len(split['test'])} prompts ({n} per task), the dev choices (report these)", test_rows)
     report(dev_rows, test_rows, best)
     if args.write_operating_point and best:
-        write_operating_point(
-            "planned_diffusion",
-            {
-                "model": args.pd_model,
-                "knobs": {k: best["knobs"][k] for k in PD_KNOBS if k in best["knobs"]},
-                "rule": f"fastest planned_diffusion setting within {QUALITY_MARGIN:.2f} quality of AR on the dev split",
-                "command": " ".join(["python", "bench/planned_diffusion.py", *sys.argv[1:]]),
-                "dev_prompts": len(split["dev"]),
-                "dev_quality": best["quality"],
-                "dev_speedup_geomean": best["speedup_geomean"],
-                "ar_dev_quality": dev_rows[0]["quality"],
-                "chosen_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            },
-        )
+        record_choice(args.pd_model, best, len(split["dev"]), dev_rows[0]["quality"])
     print(
         json.dumps(
             {
@@ -308,6 +300,25 @@ def main() -> int:
         )
     )
     return 0
+
+
+def record_choice(pd_model: str, best: dict, dev_prompts: int, ar_dev_quality: float) -> None:
+    """Record the dev choice `best` as the engine's shipped defaults (--write-operating-point), with
+    the rule, the command and the dev figures it was chosen on."""
+    write_operating_point(
+        "planned_diffusion",
+        {
+            "model": pd_model,
+            "knobs": {k: best["knobs"][k] for k in PD_KNOBS if k in best["knobs"]},
+            "rule": f"fastest planned_diffusion setting within {QUALITY_MARGIN:.2f} quality of AR on the dev split",
+            "command": " ".join(["python", "bench/planned_diffusion.py", *sys.argv[1:]]),
+            "dev_prompts": dev_prompts,
+            "dev_quality": best["quality"],
+            "dev_speedup_geomean": best["speedup_geomean"],
+            "ar_dev_quality": ar_dev_quality,
+            "chosen_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        },
+    )
 
 
 def report(dev_rows: list[dict], test_rows: list[dict], best: dict | None) -> None:

@@ -134,7 +134,8 @@ def summarize(rows: list[dict], tok) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The bench's flags (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="parity 32 tokens on 2 prompts; 3 requests, 1 round")
     ap.add_argument("--n", type=int, default=0, help="open_questions test requests (default 8; --quick 3)")
@@ -142,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=0, help="interleaved rounds (default 3; --quick 1)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default=SMOLLM2)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     n = args.n or (3 if args.quick else 8)
     max_tokens = args.max_tokens or (64 if args.quick else 128)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -171,8 +176,15 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     prompts = [e.prompt for e in get_task("open_questions").examples("test", n, seed=0)]
-    rows = compare(model, tok, prompts, max_tokens, repeats)
-    s = summarize(rows, tok)
+    s = summarize(compare(model, tok, prompts, max_tokens, repeats), tok)
+    print_comparison(s, n, max_tokens, repeats)
+    settings = {"max_tokens": max_tokens, "repeats": repeats, "threads": args.threads}
+    print(json.dumps(result_line(args.model, s, load_s, par, k, p_tokens, settings)))
+    return 0
+
+
+def print_comparison(s: dict, n: int, max_tokens: int, repeats: int) -> None:
+    """The SoT-vs-sequential figures of `summarize`, a few lines."""
     print(
         f"sot vs sequential on open_questions (test, {n} requests, max {max_tokens} tokens, {repeats} interleaved "
         f"round(s)):"
@@ -188,27 +200,25 @@ def main(argv: list[str] | None = None) -> int:
         f"{s['sot_fallbacks']} of {n} skeletons did not parse (sequential fallback)"
     )
     print("  quality: not applicable (open-ended questions, no exact scorer)")
-    print(
-        json.dumps(
-            {
-                "bench": "real_model",
-                "model": args.model,
-                **s,
-                "load_s": round(load_s, 2),
-                "parity_tokens_equal": par["equal"],
-                "parity_tokens_total": par["total"],
-                "parity_all_equal": par["equal"] == par["total"],
-                "parity_prompts": k,
-                "parity_tokens_per_prompt": p_tokens,
-                "max_tokens": max_tokens,
-                "repeats": repeats,
-                "threads": args.threads,
-                "filter": "fastest of the repeats per request (median beside)",
-                "quality": "not applicable",
-            }
-        )
-    )
-    return 0
+
+
+def result_line(model: str, s: dict, load_s: float, par: dict, k: int, p_tokens: int, settings: dict) -> dict:
+    """The bench's JSON line: the comparison `s`, load time, parity on `k` prompts x `p_tokens`, and
+    `settings` (max_tokens, repeats, threads)."""
+    return {
+        "bench": "real_model",
+        "model": model,
+        **s,
+        "load_s": round(load_s, 2),
+        "parity_tokens_equal": par["equal"],
+        "parity_tokens_total": par["total"],
+        "parity_all_equal": par["equal"] == par["total"],
+        "parity_prompts": k,
+        "parity_tokens_per_prompt": p_tokens,
+        **settings,
+        "filter": "fastest of the repeats per request (median beside)",
+        "quality": "not applicable",
+    }
 
 
 if __name__ == "__main__":

@@ -84,7 +84,8 @@ def linear_layers_us(model: torch.nn.Module, rows_list: list[int], reps: int) ->
     return {r: statistics.median(t) * 1e6 for r, t in times.items()}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The bench's flags (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--preset", default="tiny-4l")
@@ -93,63 +94,65 @@ def main() -> None:
     ap.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: tiny models thrash with more on a shared CPU)"
     )
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    reps = 30 if args.quick else 200
-    rows_list = [1, 2, 3, 4, 8, 16]
+    return ap.parse_args()
 
-    model = TinyLM(ModelConfig.from_name(args.preset)).eval()
+
+def prefilled(preset: str, context: int) -> tuple[TinyLM, object, list[int]]:
+    """(model, KV store, slots): a `preset` model whose store holds one prompt of `context` tokens."""
+    model = TinyLM(ModelConfig.from_name(preset)).eval()
     kv = model.new_kv_store(page_size=16)
-    ctx = kv.allocate(args.context)
+    ctx = kv.allocate(context)
     model(
-        torch.randint(0, 256, (args.context,)),
-        torch.arange(args.context),
+        torch.randint(0, 256, (context,)),
+        torch.arange(context),
         torch.tensor(ctx),
-        visibility_rows([ctx[: i + 1] for i in range(args.context)], kv.num_slots, "cpu"),
+        visibility_rows([ctx[: i + 1] for i in range(context)], kv.num_slots, "cpu"),
         kv,
     )
+    return model, kv, ctx
 
+
+def forward_times(model: TinyLM, kv, ctx: list[int], rows_list: list[int], reps: int) -> dict[int, list[float]]:
+    """Seconds of `reps` forward passes of r query rows over the prompt in `ctx`, for each r of
+    `rows_list`, row counts interleaved so machine noise hits all of them alike."""
+    context = len(ctx)
     times: dict[int, list[float]] = {r: [] for r in rows_list}
-    for _ in range(reps):  # interleave row counts so machine noise hits all of them alike
+    for _ in range(reps):
         for r in rows_list:
             new = kv.allocate(r)
             vis = visibility_rows([ctx + [s] for s in new], kv.num_slots, "cpu")
             t0 = time.perf_counter()
-            model(torch.randint(0, 256, (r,)), torch.arange(args.context, args.context + r), torch.tensor(new), vis, kv)
+            model(torch.randint(0, 256, (r,)), torch.arange(context, context + r), torch.tensor(new), vis, kv)
             times[r].append(time.perf_counter() - t0)
             kv.free(new)
+    return times
+
+
+def print_forward(times: dict[int, list[float]]) -> tuple[float, dict[int, float]]:
+    """Print each row count's median pass against one row's; (one row's median s, ratio by rows)."""
     base = statistics.median(times[1])
-    print(
-        f"forward pass over {args.context} cached tokens, {args.preset} ({model.num_parameters()} params), "
-        f"{torch.get_num_threads()} threads, median of {reps}:"
-    )
     print(f"{'query rows':>10} {'ms':>8} {'x one row':>10} {'rows/s gain':>12}")
     ratios = {}
-    for r in rows_list:
+    for r in times:
         m = statistics.median(times[r])
         ratios[r] = m / base
         print(f"{r:>10} {m * 1000:>8.3f} {m / base:>10.2f} {r * base / m:>12.2f}")
+    return base, ratios
 
-    linear_us = linear_layers_us(model, rows_list, reps)
-    print(
-        f"the model's {len(linear_layers(model))} matmuls (nn.Linear) alone, median of {reps}: "
-        + ", ".join(f"{r} row{'s' if r > 1 else ''} {linear_us[r]:.0f} us" for r in rows_list)
-    )
 
-    # KV store bookkeeping: allocate + free a page worth of slots, versus one forward pass
+def page_alloc_free_us(kv, n: int) -> float:
+    """Microseconds to allocate and free one 16-slot page, over `n` rounds."""
     t0 = time.perf_counter()
-    n = 2000 if args.quick else 20000
     for _ in range(n):
         kv.free(kv.allocate(16))
-    alloc_free_us = (time.perf_counter() - t0) / n * 1e6
-    print(
-        f"allocate+free of one 16-slot page: {alloc_free_us:.1f} us ({alloc_free_us / (base * 1e6) * 100:.1f}% of a 1-row forward)"
-    )
+    return (time.perf_counter() - t0) / n * 1e6
 
-    # a server's batched pass: 8 requests' decode rows in one pass, mask over the pool vs gathers
-    b = batched_passes(model, args.context, args.requests, reps)
+
+def print_batched(b: dict, requests: int, context: int, reps: int) -> tuple[str, float, float]:
+    """Print the batched passes against the one-request pass; (faster batched case, its fastest and
+    median ratio to the one-request pass)."""
     print(
-        f"decode pass of {args.requests} requests x {args.context} cached tokens in one pool vs one request alone "
+        f"decode pass of {requests} requests x {context} cached tokens in one pool vs one request alone "
         f"(fastest of {reps} interleaved; median beside it):"
     )
     print(f"{'pass':>14} {'fastest ms':>11} {'median ms':>10} {'x alone':>8} {'keys scored':>12}")
@@ -158,10 +161,38 @@ def main() -> None:
     best = min(("batch_mask", "batch_gather"), key=lambda k: b[k][0])
     ratio, ratio_med = b[best][0] / b["alone"][0], b[best][1] / b["alone"][1]
     print(
-        f"faster attention for a batched pass: {best.split('_')[1]}; a batched pass of {args.requests} requests costs "
+        f"faster attention for a batched pass: {best.split('_')[1]}; a batched pass of {requests} requests costs "
         f"{ratio:.2f}x a one-request pass (median {ratio_med:.2f}x): "
         f"{'less' if ratio < 2 else 'NOT less'} than 2x"
     )
+    return best, ratio, ratio_med
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    reps = 30 if args.quick else 200
+    rows_list = [1, 2, 3, 4, 8, 16]
+    model, kv, ctx = prefilled(args.preset, args.context)
+    times = forward_times(model, kv, ctx, rows_list, reps)
+    print(
+        f"forward pass over {args.context} cached tokens, {args.preset} ({model.num_parameters()} params), "
+        f"{torch.get_num_threads()} threads, median of {reps}:"
+    )
+    base, ratios = print_forward(times)
+    linear_us = linear_layers_us(model, rows_list, reps)
+    print(
+        f"the model's {len(linear_layers(model))} matmuls (nn.Linear) alone, median of {reps}: "
+        + ", ".join(f"{r} row{'s' if r > 1 else ''} {linear_us[r]:.0f} us" for r in rows_list)
+    )
+    # KV store bookkeeping: allocate + free a page worth of slots, versus one forward pass
+    alloc_free_us = page_alloc_free_us(kv, 2000 if args.quick else 20000)
+    print(
+        f"allocate+free of one 16-slot page: {alloc_free_us:.1f} us ({alloc_free_us / (base * 1e6) * 100:.1f}% of a 1-row forward)"
+    )
+    # a server's batched pass: 8 requests' decode rows in one pass, mask over the pool vs gathers
+    b = batched_passes(model, args.context, args.requests, reps)
+    best, ratio, ratio_med = print_batched(b, args.requests, args.context, reps)
     print(
         json.dumps(
             {

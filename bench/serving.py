@@ -516,7 +516,8 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The bench's flags (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests per run (under 5 minutes)")
     ap.add_argument("--n", type=int, default=0, help="requests per load run (default 24; --quick 8)")
@@ -559,7 +560,11 @@ def main() -> None:
         help="how the calibration costs the forward (simulator.measured_forward; default auto: on a CPU the rows "
         "sweep's grid, the roofline rescale otherwise)",
     )
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     n = args.n or (8 if args.quick else 24)
     names = [s for s in args.systems.split(",") if s]
     bad = [s for s in names if s not in SYSTEMS]
@@ -567,15 +572,26 @@ def main() -> None:
         print(f"serving.py: error: unknown systems {bad} / repeats must be >= 1, n >= 2", file=sys.stderr)
         sys.exit(2)
     measured = load_capture_available()
-    missing = (
-        []
-        if measured
-        else [
-            "`solm capture --rate` (the batched serving runtime, serve-rt) is not in this "
-            "checkout: measured figures are null, the simulator side ran alone"
-        ]
-    )
     t0 = time.perf_counter()
+    setups, capacity, runs = run_all(args, names, n, measured)
+    rows = aggregate(runs)
+    print_table(rows)
+    ratios = ratios_by_batch(setups) if measured else {}
+    print_ratios(ratios)
+    breakdown, fit = (breakdown_by_batch(setups), sweep_fit(setups)) if measured else ({}, {})
+    print_breakdown(breakdown, fit)
+    out = {
+        **settings_of(args, n, measured, setups, capacity),
+        **figures_of(rows, ratios, breakdown, fit),
+        "wall_s": time.perf_counter() - t0,
+    }
+    print(json.dumps(out))
+
+
+def run_all(args: argparse.Namespace, names: list[str], n: int, measured: bool) -> tuple[dict, dict, dict]:
+    """(setups, capacity per system, load runs): every system's calibration and capacity (measured, or
+    simulated without the serving runtime), then the interleaved load runs, under `--work` or a
+    temporary folder removed after."""
     with contextlib.ExitStack() as stack:
         work = args.work or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="solm-serving-")))
         work.mkdir(parents=True, exist_ok=True)
@@ -591,15 +607,20 @@ def main() -> None:
                 measured_capacity(s, work, n) if measured else s.simulate(s.cal, float("inf"))["request_throughput"]
             )
         runs = run_loads(setups, capacity, measured, args.repeats, n, work, args.calibrate_once)
-    rows = aggregate(runs)
-    print_table(rows)
-    ratios = ratios_by_batch(setups) if measured else {}
-    print_ratios(ratios)
-    breakdown, fit = (breakdown_by_batch(setups), sweep_fit(setups)) if measured else ({}, {})
-    print_breakdown(breakdown, fit)
-    speed, tip = comparisons(rows)
-    equal = [e for r in rows for e in r["equal_alone"] if e is not None]
-    out = {
+    return setups, capacity, runs
+
+
+def settings_of(args: argparse.Namespace, n: int, measured: bool, setups: dict, capacity: dict) -> dict:
+    """The JSON line's settings: mode, what is missing, requests, capacity, batch, SLOs, calibration."""
+    missing = (
+        []
+        if measured
+        else [
+            "`solm capture --rate` (the batched serving runtime, serve-rt) is not in this "
+            "checkout: measured figures are null, the simulator side ran alone"
+        ]
+    )
+    return {
         "bench": "serving",
         "mode": "measured" if measured else "simulated-only",
         "missing": missing,
@@ -622,6 +643,14 @@ def main() -> None:
         "idle_sweep": args.idle_sweep,
         "forward_source": {name: s.cost.source for name, s in setups.items()},
         "slo_rule": f"TTFT <= {SLO_TTFT_X:g}x and TPOT <= {SLO_TPOT_X:g}x the system's batch-1 medians",
+    }
+
+
+def figures_of(rows: list[dict], ratios: dict, breakdown: dict, fit: dict) -> dict:
+    """The JSON line's figures: prediction errors, PASTA and TIP comparisons, batched-equals-alone, rows."""
+    speed, tip = comparisons(rows)
+    equal = [e for r in rows for e in r["equal_alone"] if e is not None]
+    return {
         "e2e_p50_mape_percent": mape(rows, LOW, "e2e_p50_ms"),
         "ttft_p50_mape_percent": mape(rows, LOW, "ttft_p50_ms"),
         "throughput_mape_percent": mape(rows, LOW, "output_throughput"),
@@ -637,9 +666,7 @@ def main() -> None:
         "pass_breakdown_by_batch": breakdown,
         "forward_fit_on_rows_sweep": fit,
         "rows": rows,
-        "wall_s": time.perf_counter() - t0,
     }
-    print(json.dumps(out))
 
 
 if __name__ == "__main__":

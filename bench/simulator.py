@@ -159,29 +159,80 @@ def main() -> None:
         if not traces:
             traces, source = [capture_here(Path(tmp), 8 if args.quick else 16)], "captured here (no shipped CPU trace)"
         checks, first_runs = validation_figures(traces)
+        speed = replay_and_sweep_times(traces[0], reps, Path(tmp))
+    gpu = gpu_cross_checks()
 
-        replay_s = time_replay(20.0, reps)
-        burst_s = time_replay(float("inf"), reps)
-        print(f"replay 1000 x 500 tokens: {replay_s:.2f} s (Poisson 20 req/s), {burst_s:.2f} s (all at t=0)")
+    from simulator.calibrate import a100_op_errors
 
-        workers = usable_cores()
-        t0 = time.perf_counter()
-        table = sweep(
-            [str(traces[0])],
-            hardware=["a100-80g", "h100-sxm", "h200", "l40s", "mi300x"],
-            models=["llama-3-8b", "qwen3-4b", "gemma-7b", "llama-2-7b"],
-            max_seqs=[1, 4, 16, 64, 256],
-            rates=list(np.geomspace(0.5, 256, 10)),
-            num_requests=32,
-            workers=workers,
-            out=Path(tmp) / "sweep",
+    ops = a100_op_errors()
+    print("A100 held-out median APE per op family: " + ", ".join(f"{k} {v:.1f}%" for k, v in ops.items()))
+    unseen = unseen_gemm_errors(thin=8 if args.quick else 2)
+    print(
+        json.dumps(
+            {
+                "bench": "simulator",
+                "quick": args.quick,
+                "validation_traces": [str(t) for t in traces],
+                "validation_source": source,
+                **validation_keys(checks, first_runs),
+                **speed,
+                "a100_op_mape_percent": ops,
+                "a100_op_mape_percent_median": float(np.median(list(ops.values()))),
+                **unseen,
+                "gpu_cross_check": gpu,
+            }
         )
-        sweep_s = time.perf_counter() - t0
-        print(
-            f"sweep of {len(table)} configurations on {workers} workers: {sweep_s:.1f} s "
-            f"({int(table['pareto'].sum())} Pareto-optimal)"
-        )
+    )
 
+
+def validation_keys(checks: list[dict], first_runs: list[dict]) -> dict:
+    """The JSON line's validation figures: mean MAPEs over the traces, as recorded and first run only."""
+    return {
+        "recorded_runs": sorted({v["recorded_runs"] for v in checks}),
+        "request_latency_mape_percent": float(np.mean([v["request_latency_mape_percent"] for v in checks])),
+        "step_time_mape_percent": float(np.mean([v["step_time_mape_percent"] for v in checks])),
+        "request_latency_mape_percent_first_run": mean_or_none([v["request_latency_mape_percent"] for v in first_runs]),
+        "step_time_mape_percent_first_run": mean_or_none([v["step_time_mape_percent"] for v in first_runs]),
+        "first_run_traces": len(first_runs),
+    }
+
+
+def replay_and_sweep_times(trace: Path, reps: int, tmp: Path) -> dict:
+    """Seconds to replay 1000 x 500 tokens (Poisson and all at once, fastest of `reps`) and to sweep
+    1000 configurations of `trace` on every usable core (results under `tmp`); printed and returned."""
+    replay_s = time_replay(20.0, reps)
+    burst_s = time_replay(float("inf"), reps)
+    print(f"replay 1000 x 500 tokens: {replay_s:.2f} s (Poisson 20 req/s), {burst_s:.2f} s (all at t=0)")
+
+    workers = usable_cores()
+    t0 = time.perf_counter()
+    table = sweep(
+        [str(trace)],
+        hardware=["a100-80g", "h100-sxm", "h200", "l40s", "mi300x"],
+        models=["llama-3-8b", "qwen3-4b", "gemma-7b", "llama-2-7b"],
+        max_seqs=[1, 4, 16, 64, 256],
+        rates=list(np.geomspace(0.5, 256, 10)),
+        num_requests=32,
+        workers=workers,
+        out=tmp / "sweep",
+    )
+    sweep_s = time.perf_counter() - t0
+    print(
+        f"sweep of {len(table)} configurations on {workers} workers: {sweep_s:.1f} s "
+        f"({int(table['pareto'].sum())} Pareto-optimal)"
+    )
+    return {
+        "replay_1000x500_s": replay_s,
+        "replay_1000x500_burst_s": burst_s,
+        "sweep_1000_s": sweep_s,
+        "sweep_configs": int(len(table)),
+        "sweep_workers": workers,
+    }
+
+
+def gpu_cross_checks() -> list[dict]:
+    """Each measured GPU trace in traces/ predicted from the catalog alone and calibrated on half
+    (printed; none: one line saying so)."""
     from simulator.validation import cross_check
 
     gpu = []
@@ -204,39 +255,7 @@ def main() -> None:
         )
     if not gpu:
         print("GPU cross-check: no measured GPU trace in traces/ yet (bench/gpu_capture.py on a GPU writes one)")
-
-    from simulator.calibrate import a100_op_errors
-
-    ops = a100_op_errors()
-    print("A100 held-out median APE per op family: " + ", ".join(f"{k} {v:.1f}%" for k, v in ops.items()))
-    unseen = unseen_gemm_errors(thin=8 if args.quick else 2)
-    print(
-        json.dumps(
-            {
-                "bench": "simulator",
-                "quick": args.quick,
-                "validation_traces": [str(t) for t in traces],
-                "validation_source": source,
-                "recorded_runs": sorted({v["recorded_runs"] for v in checks}),
-                "request_latency_mape_percent": float(np.mean([v["request_latency_mape_percent"] for v in checks])),
-                "step_time_mape_percent": float(np.mean([v["step_time_mape_percent"] for v in checks])),
-                "request_latency_mape_percent_first_run": mean_or_none(
-                    [v["request_latency_mape_percent"] for v in first_runs]
-                ),
-                "step_time_mape_percent_first_run": mean_or_none([v["step_time_mape_percent"] for v in first_runs]),
-                "first_run_traces": len(first_runs),
-                "replay_1000x500_s": replay_s,
-                "replay_1000x500_burst_s": burst_s,
-                "sweep_1000_s": sweep_s,
-                "sweep_configs": int(len(table)),
-                "sweep_workers": workers,
-                "a100_op_mape_percent": ops,
-                "a100_op_mape_percent_median": float(np.median(list(ops.values()))),
-                **unseen,
-                "gpu_cross_check": gpu,
-            }
-        )
-    )
+    return gpu
 
 
 def unseen_gemm_errors(thin: int) -> dict[str, float | int]:

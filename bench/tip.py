@@ -117,7 +117,8 @@ def fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The bench's flags (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sample (under 3 minutes)")
     ap.add_argument("--n", type=int, default=0, help="held-out prompts per task (default 64, quick 12)")
@@ -127,7 +128,11 @@ def main() -> int:
     ap.add_argument("--serve-n", type=int, default=0, help="requests served (default 48, quick 24)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=256)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     n = args.n or (12 if args.quick else 64)
     serve_n = args.serve_n or (24 if args.quick else 48)
@@ -141,6 +146,22 @@ def main() -> int:
         f"TIP benchmark: model {args.model} ({model.num_parameters()} parameters), {n} held-out prompts per task, "
         f"{model.kv_bytes_per_token} KV bytes/token"
     )
+    print_rows(rows)
+    summary = print_held_out(rows, args.tasks.split(","))
+    print(
+        f"\nmemory-limited serving ({serving[0]['task']}, pool {args.pool_kv_tokens} KV tokens = "
+        f"{serving[0]['pool_bytes']} bytes, {serve_n} requests)"
+    )
+    print_serving(serving)
+    print(f"(bench wall {time.perf_counter() - t0:.0f} s)")
+    print(
+        json.dumps({"bench": "tip", "model": args.model, "n": n, "summary": summary, "rows": rows, "serving": serving})
+    )
+    return 0
+
+
+def print_rows(rows: list[dict]) -> None:
+    """One line per (task, method, budget): quality, live KV, physical over logical pages, tokens/s."""
     head = (
         f"{'task':<13}{'method':<10}{'budget':>7}{'page':>5}{'quality':>9}{'mean live':>10}{'peak live':>10}"
         f"{'phys/logical':>13}{'tok/s':>8}"
@@ -153,34 +174,34 @@ def main() -> int:
             f"{r['quality']:>9.3f}{r['mean_live_kv_tokens']:>10.1f}{r['peak_live_kv_tokens']:>10d}"
             f"{fmt(r['physical_over_logical'], '.3f'):>13}{r['tokens_per_s']:>8.0f}"
         )
-    for name in args.tasks.split(","):
+
+
+def print_held_out(rows: list[dict], tasks: list[str]) -> dict:
+    """TIP against dense per task and over the whole held-out set (printed); the whole set's summary."""
+    for name in tasks:
         s = held_out_summary(rows, [name])
         print(
             f"{name}: TIP mean live KV {s['live_kv_reduction_percent']:.0f}% below dense; accuracy "
             f"{100 * (s['tip_quality'] - s['dense_quality']):+.1f} points"
         )
-    summary = held_out_summary(rows, args.tasks.split(","))
+    summary = held_out_summary(rows, tasks)
     print(
-        f"held-out set ({', '.join(args.tasks.split(','))}, every pass of every request): TIP mean live KV "
+        f"held-out set ({', '.join(tasks)}, every pass of every request): TIP mean live KV "
         f"{summary['tip_mean_live_kv_tokens']:.1f} vs dense {summary['dense_mean_live_kv_tokens']:.1f} tokens, "
         f"{summary['live_kv_reduction_percent']:.0f}% below; accuracy {summary['tip_quality']:.3f} vs "
         f"{summary['dense_quality']:.3f} ({100 * (summary['tip_quality'] - summary['dense_quality']):+.1f} points)"
     )
-    print(
-        f"\nmemory-limited serving ({serving[0]['task']}, pool {args.pool_kv_tokens} KV tokens = "
-        f"{serving[0]['pool_bytes']} bytes, {serve_n} requests)"
-    )
+    return summary
+
+
+def print_serving(serving: list[dict]) -> None:
+    """One line per method of the memory-limited serving run."""
     print(f"{'method':<8}{'mean conc':>10}{'max conc':>9}{'preempt':>8}{'tok/s':>8}{'wall s':>8}{'quality':>9}")
     for s in serving:
         print(
             f"{s['method']:<8}{s['mean_concurrency']:>10.2f}{s['max_concurrency']:>9d}{s['preemptions']:>8d}"
             f"{s['tokens_per_s']:>8.0f}{s['wall_s']:>8.2f}{s['quality']:>9.3f}"
         )
-    print(f"(bench wall {time.perf_counter() - t0:.0f} s)")
-    print(
-        json.dumps({"bench": "tip", "model": args.model, "n": n, "summary": summary, "rows": rows, "serving": serving})
-    )
-    return 0
 
 
 if __name__ == "__main__":

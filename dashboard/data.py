@@ -307,56 +307,69 @@ def sweep_points(files: list[str | bytes | Path], errors: list[str] | None = Non
             if errors is not None:
                 errors.append(f"{one_line(str(f))}: {NOT_UTF8}")
             continue
-        try:
-            t = pd.read_parquet(f)
-        except Exception as e:  # a half-written or foreign table
-            problem = f"unreadable Parquet ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-        else:
-            missing = sorted({"hardware", "status", *SWEEP_FIGURES} - set(t.columns))
-            not_numbers = [c for c in SWEEP_FIGURES if c in t and not pd.api.types.is_numeric_dtype(t[c])]
-            problem = f"missing columns {', '.join(missing)}" if missing else ""
-            problem = problem or (f"{', '.join(not_numbers)} not numbers" if not_numbers else "")
+        t, problem = _read_sweep_table(f)
         if problem:
             if errors is not None:
                 errors.append(f"{f}: not a solm sweep table: {problem}; its configurations are not drawn")
             continue
-        t = t.loc[t["status"] == "ok"]
-
-        def col(name: str, default=np.nan) -> pd.Series:
-            return t[name] if name in t else pd.Series(default, index=t.index)  # noqa: B023 (called in this iteration)
-
-        label = (
-            col("system", "?").map(str)
-            + " on "
-            + t["hardware"].map(str)
-            + " ("
-            + col("model", "").map(str)
-            + ") seqs="
-            + col("max_seqs", "").map(str)
-            + " rate="
-            + col("rate", "").map(str)
-        )
-        frames.append(
-            pd.DataFrame(
-                {
-                    "label": label,
-                    "trace": f.parent.name,
-                    "path": str(f),
-                    "kind": "sweep",
-                    "system": col("system", "?"),
-                    "knobs": "",
-                    "hardware": t["hardware"],
-                    "quality": t["quality_mean"],
-                    "e2e_ms_mean": t["mean_e2el_ms"],
-                    "e2e_ms_p50": col("median_e2el_ms"),
-                    "ttft_ms_p50": col("median_ttft_ms"),
-                    "tokens_per_s": col("output_throughput"),
-                    "peak_kv_bytes": t["peak_kv_bytes"],
-                    "mean_live_kv_tokens": np.nan,
-                }
-            )
-        )
+        finished = t.loc[t["status"] == "ok"]
+        if not len(finished):  # was: a TypeError building the labels of no rows
+            if errors is not None:
+                errors.append(f"{f}: no configuration of this sweep finished (see its results.jsonl); nothing to draw")
+            continue
+        frames.append(_sweep_table_points(finished, f))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _read_sweep_table(f: Path) -> tuple[pd.DataFrame | None, str]:
+    """(the table, "") or (None or the table, why it is not a sweep table: unreadable, columns
+    missing, figures not numbers)."""
+    try:
+        t = pd.read_parquet(f)
+    except Exception as e:  # a half-written or foreign table
+        return None, f"unreadable Parquet ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    missing = sorted({"hardware", "status", *SWEEP_FIGURES} - set(t.columns))
+    not_numbers = [c for c in SWEEP_FIGURES if c in t and not pd.api.types.is_numeric_dtype(t[c])]
+    problem = f"missing columns {', '.join(missing)}" if missing else ""
+    return t, problem or (f"{', '.join(not_numbers)} not numbers" if not_numbers else "")
+
+
+def _sweep_table_points(t: pd.DataFrame, f: Path) -> pd.DataFrame:
+    """The Pareto points (columns as `pareto_points`) of sweep table `f`'s finished rows `t`;
+    optional columns a table lacks read as `?`, empty or NaN."""
+
+    def col(name: str, default=np.nan) -> pd.Series:
+        return t[name] if name in t else pd.Series(default, index=t.index)
+
+    label = (
+        col("system", "?").map(str)
+        + " on "
+        + t["hardware"].map(str)
+        + " ("
+        + col("model", "").map(str)
+        + ") seqs="
+        + col("max_seqs", "").map(str)
+        + " rate="
+        + col("rate", "").map(str)
+    )
+    return pd.DataFrame(
+        {
+            "label": label,
+            "trace": f.parent.name,
+            "path": str(f),
+            "kind": "sweep",
+            "system": col("system", "?"),
+            "knobs": "",
+            "hardware": t["hardware"],
+            "quality": t["quality_mean"],
+            "e2e_ms_mean": t["mean_e2el_ms"],
+            "e2e_ms_p50": col("median_e2el_ms"),
+            "ttft_ms_p50": col("median_ttft_ms"),
+            "tokens_per_s": col("output_throughput"),
+            "peak_kv_bytes": t["peak_kv_bytes"],
+            "mean_live_kv_tokens": np.nan,
+        }
+    )
 
 
 # ---- one request: timeline, KV, counters, graph -----------------------------------------------
@@ -658,15 +671,33 @@ def whatif_deployment(
     ("P:D" or ""), workload (a CSV path or ""), time_scale, num_requests, slo_ttft_ms, slo_tpot_ms,
     price_per_gpu_hour (0 or None: not set). `part`: the hardware spec to use (default: the catalog's
     `hardware`)."""
+    from simulator.cluster.run import simulate
+
+    spec, part, workload = _deployment_inputs(trace, hardware, model, d, part)
+    cfg, cluster = _deployment_configs(max_seqs, max_batch_tokens, rate, d)
+    result = simulate(workload, part, spec, cfg, cluster)
+    if d.get("workload"):  # requests of the file, not of the trace: no quality to carry over
+        reqs = result.requests.copy()
+        reqs["quality_score"] = np.nan
+    else:
+        reqs = _replay_requests(result, trace)
+    metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float, str)) or v is None}
+    return {
+        "requests": reqs,
+        "point": whatif_point(trace, reqs, hardware, model, label),
+        "metrics": metrics,
+        "engine": "SimPy replay of the deployment (simulator.cluster)",
+    }
+
+
+def _deployment_inputs(trace: Trace, hardware: str, model: str | None, d: dict, part=None) -> tuple:
+    """(model spec, part, workload) of a cluster what-if: the page's price set on the part, the
+    trace's requests stretched to `d["workload"]`'s lengths and arrivals when a file is given."""
     import dataclasses
 
-    from simulator.cluster.cli import parse_disaggregate
-    from simulator.cluster.parallel import Parallelism
-    from simulator.cluster.run import ClusterConfig, simulate
     from simulator.cluster.workload_file import read_workload_file, stretch
     from simulator.hardware import get_hardware
     from simulator.models import ModelSpec, get_model
-    from simulator.replay import ReplayConfig
     from simulator.workload import from_trace
 
     spec = get_model(model) if model else ModelSpec.from_trace_meta(trace.meta)
@@ -676,6 +707,17 @@ def whatif_deployment(
     workload = from_trace(trace)
     if d.get("workload"):
         workload = stretch(workload, read_workload_file(d["workload"], time_scale=float(d.get("time_scale") or 1.0)))
+    return spec, part, workload
+
+
+def _deployment_configs(max_seqs: int, max_batch_tokens: int, rate: float | None, d: dict) -> tuple:
+    """(ReplayConfig, ClusterConfig) from the what-if page's batch settings and deployment keys `d`
+    (missing keys: one GPU, one replica, round robin, no disaggregation, no SLO)."""
+    from simulator.cluster.cli import parse_disaggregate
+    from simulator.cluster.parallel import Parallelism
+    from simulator.cluster.run import ClusterConfig
+    from simulator.replay import ReplayConfig
+
     cfg = ReplayConfig(
         max_seqs=int(max_seqs),
         max_batch_tokens=int(max_batch_tokens),
@@ -690,21 +732,7 @@ def whatif_deployment(
         slo_ttft_ms=d.get("slo_ttft_ms") or None,
         slo_tpot_ms=d.get("slo_tpot_ms") or None,
     )
-    result = simulate(workload, part, spec, cfg, cluster)
-    reqs = result.requests.copy()
-    if d.get("workload"):  # requests of the file, not of the trace: no quality to carry over
-        reqs["quality_score"] = np.nan
-        point_trace = trace
-    else:
-        reqs = _replay_requests(result, trace)
-        point_trace = trace
-    metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float, str)) or v is None}
-    return {
-        "requests": reqs,
-        "point": whatif_point(point_trace, reqs, hardware, model, label),
-        "metrics": metrics,
-        "engine": "SimPy replay of the deployment (simulator.cluster)",
-    }
+    return cfg, cluster
 
 
 def _replay_requests(result, trace: Trace) -> pd.DataFrame:

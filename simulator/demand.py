@@ -52,25 +52,33 @@ def _causal(x: np.ndarray) -> np.ndarray:
 
 def next_demand(sim, rs, limit=None) -> Demand:
     """Demand of each request's next pass; `limit` (per id) caps a (re-)prefill to a chunk."""
-    w, bs = sim.w, sim.config.block_size
     rs = np.asarray(rs, np.int64)
     idx = sim.off[rs] + sim.ptr[rs]
-    if sim.all_usual(rs) and (
-        limit is None or (np.asarray(limit) >= w.query_tokens[idx]).all()
-    ):  # whole passes of the workload
-        n = len(rs)
-        return Demand(
-            w.query_tokens[idx],
-            w.kv_tokens_read[idx],
-            w.query_groups[idx],
-            w.logit_tokens[idx],
-            sim.blocks[idx],
-            w.live_kv_tokens[idx],
-            w.emits[idx],
-            np.zeros(n, np.int64),
-            np.ones(n, bool),
-            idx,
-        )
+    if sim.all_usual(rs) and (limit is None or (np.asarray(limit) >= sim.w.query_tokens[idx]).all()):
+        return _recorded_passes(sim, idx)
+    return _partial_demand(sim, rs, idx, limit)
+
+
+def _recorded_passes(sim, idx: np.ndarray) -> Demand:
+    """The workload's passes `idx` as recorded: no chunk, no recompute (the common case, no arithmetic)."""
+    w, n = sim.w, len(idx)
+    return Demand(
+        w.query_tokens[idx],
+        w.kv_tokens_read[idx],
+        w.query_groups[idx],
+        w.logit_tokens[idx],
+        sim.blocks[idx],
+        w.live_kv_tokens[idx],
+        w.emits[idx],
+        np.zeros(n, np.int64),
+        np.ones(n, bool),
+        idx,
+    )
+
+
+def _partial_demand(sim, rs: np.ndarray, idx: np.ndarray, limit) -> Demand:
+    """Requests `rs` whose next pass `idx` carries a re-prefill or runs as a chunk (module docstring)."""
+    w = sim.w
     prev = np.maximum(idx - 1, 0)
     rc = sim.recompute[rs]
     has_prev = (sim.ptr[rs] > 0) & ~rc  # holds the KV of its last pass (not freed by a preemption)
@@ -84,16 +92,7 @@ def next_demand(sim, rs, limit=None) -> Demand:
     final = run == left
     upto = done + run
     share = np.where(full > 0, upto / np.maximum(full, 1), 1.0)
-    before_alloc = np.where(has_prev, w.alloc_kv_tokens[prev], 0)
-    before_live = np.where(has_prev, w.live_kv_tokens[prev], 0)
-    blocks = np.where(
-        final,
-        sim.blocks[idx],
-        -(-np.ceil(before_alloc + (w.alloc_kv_tokens[idx] - before_alloc) * share).astype(np.int64) // bs),
-    )
-    live = np.where(
-        final, w.live_kv_tokens[idx], (before_live + (w.live_kv_tokens[idx] - before_live) * share).astype(np.int64)
-    )
+    blocks, live = _held_after(sim, idx, prev, has_prev, final, share)
     kv_full = w.kv_tokens_read[idx] + _causal(rebuild)
     whole = (done == 0) & final
     frac = (_causal(upto) - _causal(done)) / np.maximum(_causal(full), 1)
@@ -111,3 +110,20 @@ def next_demand(sim, rs, limit=None) -> Demand:
         final=final,
         flat=idx,
     )
+
+
+def _held_after(sim, idx, prev, has_prev, final, share) -> tuple[np.ndarray, np.ndarray]:
+    """(pages, live KV tokens) held after passes `idx`: the pass's own when it completes, else what
+    the previous pass `prev` held (where `has_prev`) plus `share` of the pass's growth, pages rounded up."""
+    w, bs = sim.w, sim.config.block_size
+    before_alloc = np.where(has_prev, w.alloc_kv_tokens[prev], 0)
+    before_live = np.where(has_prev, w.live_kv_tokens[prev], 0)
+    blocks = np.where(
+        final,
+        sim.blocks[idx],
+        -(-np.ceil(before_alloc + (w.alloc_kv_tokens[idx] - before_alloc) * share).astype(np.int64) // bs),
+    )
+    live = np.where(
+        final, w.live_kv_tokens[idx], (before_live + (w.live_kv_tokens[idx] - before_live) * share).astype(np.int64)
+    )
+    return blocks, live

@@ -46,7 +46,8 @@ from pathlib import Path
 import numpy as np
 
 from profiler.errors import UsageError
-from profiler.reader import Trace, read_trace
+from profiler.reader import Trace
+from profiler.validate import read_valid_trace
 from simulator.hardware import HardwareSpec, get_hardware
 from simulator.load_calibration import HostCost, calibrate_batch1, pass_arrays, sweep_passes
 from simulator.models import ModelSpec
@@ -330,8 +331,8 @@ def validate_load(
 ) -> dict:
     """Calibrate on the batch-1 trace, predict every serving trace (see the module docstring);
     `forward_fit` as `calibrate_batch1` takes it."""
-    calib = read_trace(calibrate_from)
-    traces = [read_trace(p) for p in serving]
+    calib = read_valid_trace(calibrate_from)
+    traces = [read_valid_trace(p) for p in serving]
     for t in [calib, *traces]:
         if t.kind != "measured":
             raise UsageError(f"{t.path}: validate needs measured traces, this one is {t.kind}")

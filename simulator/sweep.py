@@ -394,17 +394,7 @@ def sweep(
     cluster: dict | None = None,
 ) -> pd.DataFrame:
     """Run the grid; return the table (and write it under `out`). See the module docstring."""
-    if backend not in ("local", "ray"):
-        raise UsageError(f"unknown backend {backend!r}; valid: local, ray")
-    cores = usable_cores()
-    if workers is not None and workers < 1:  # 0 was taken as "the default"
-        raise UsageError(f"workers must be >= 1, got {workers}")
-    workers = workers or max(1, cores)
-    if backend == "local" and workers > LOCAL_WORKERS_PER_CORE * cores:  # was: 10000 spawned 2500+ processes
-        raise UsageError(
-            f"--workers {workers}: a local pool of more than {LOCAL_WORKERS_PER_CORE} processes per core (this machine "
-            f"has {cores}) only thrashes; use --backend ray --address for more"
-        )
+    workers = _workers(backend, workers)
     configs = grid(
         traces,
         hardware,
@@ -432,6 +422,23 @@ def sweep(
     if out_dir is not None:
         done, configs = _resume(out_dir, configs, order)
     return _run_and_write(configs, done, order, workloads, backend, address, workers, out_dir, progress)
+
+
+def _workers(backend: str, workers: int | None) -> int:
+    """The worker count (default: one per usable core), refused (UsageError) for an unknown backend,
+    fewer than one worker, or a local pool that would only thrash."""
+    if backend not in ("local", "ray"):
+        raise UsageError(f"unknown backend {backend!r}; valid: local, ray")
+    cores = usable_cores()
+    if workers is not None and workers < 1:  # 0 was taken as "the default"
+        raise UsageError(f"workers must be >= 1, got {workers}")
+    workers = workers or max(1, cores)
+    if backend == "local" and workers > LOCAL_WORKERS_PER_CORE * cores:  # was: 10000 spawned 2500+ processes
+        raise UsageError(
+            f"--workers {workers}: a local pool of more than {LOCAL_WORKERS_PER_CORE} processes per core (this machine "
+            f"has {cores}) only thrashes; use --backend ray --address for more"
+        )
+    return workers
 
 
 def _run_and_write(

@@ -30,7 +30,8 @@ import numpy as np
 import pandas as pd
 
 from profiler.errors import TraceError, UnknownName, UsageError
-from profiler.reader import Trace, read_trace
+from profiler.reader import Trace
+from profiler.validate import read_valid_trace
 from simulator.calibrate import fit_cost_params_to_steps
 from simulator.cost import CostModel
 from simulator.hardware import (
@@ -172,7 +173,7 @@ def _replay_as_captured(w, hw: HardwareSpec, model: ModelSpec, cost: CostModel):
 
 def validate(path: str | Path | Trace, hardware: HardwareSpec | str | None = None) -> dict:
     """Calibrate on even requests, check on odd ones; figures as a dict (see the module doc)."""
-    trace = path if isinstance(path, Trace) else read_trace(path)  # a Trace: e.g. profiler.runs.single_run's view
+    trace = path if isinstance(path, Trace) else read_valid_trace(path)  # a Trace: e.g. profiler.runs.single_run's view
     if trace.kind != "measured":
         raise UsageError(f"{trace.path}: validate needs a measured trace, this one is {trace.kind}")
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(trace.meta)
@@ -233,7 +234,7 @@ def cross_check(path: str | Path, hardware: HardwareSpec | str | None = None) ->
     workload is the trace's structure (`from_trace`), replayed one request at a time as captured.
     On a GPU trace this is the tie-in the real-scale issue asks for: what the simulator would have
     said about that GPU before anyone measured it."""
-    trace = read_trace(path)
+    trace = read_valid_trace(path)
     if trace.kind != "measured":
         raise UsageError(f"{trace.path}: cross_check needs a measured trace, this one is {trace.kind}")
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(trace.meta)

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from profiler.errors import TraceError
-from profiler.reader import Trace, read_trace
+from profiler.reader import Trace
 from profiler.schema import PHASES, linear_graph
 
 PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
@@ -384,7 +384,9 @@ def _emits(trace: Trace, steps, pos: np.ndarray, offsets: np.ndarray, emitted_co
 
 def load_workload(path: str | Path) -> Workload:
     """Read a trace directory and return its workload."""
-    return from_trace(read_trace(path))
+    from profiler.validate import read_valid_trace
+
+    return from_trace(read_valid_trace(path))
 
 
 def uniform(n_requests: int, prompt_tokens: int, output_tokens: int, page_size: int = 16) -> Workload:

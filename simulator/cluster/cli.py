@@ -112,7 +112,7 @@ def cluster_config(args: argparse.Namespace):
 def load_structure_and_workload(args: argparse.Namespace):
     """(source trace, workload): the positional trace's own, or a workload file stretched over a
     structure trace (`--workload FILE --structure-from TRACE`)."""
-    from profiler.reader import read_trace
+    from profiler.validate import read_valid_trace
     from simulator.workload import from_trace
 
     structure_path = args.structure_from or args.trace
@@ -121,7 +121,7 @@ def load_structure_and_workload(args: argparse.Namespace):
             raise UsageError("--structure-from, --columns and --time-scale go with --workload FILE")
         if not args.trace:
             raise UsageError("give a trace directory, or --workload FILE --structure-from TRACE")
-        trace = read_trace(args.trace)
+        trace = read_valid_trace(args.trace)
         return trace, from_trace(trace)
     from simulator.cluster.workload_file import read_workload_file, stretch
 
@@ -132,5 +132,5 @@ def load_structure_and_workload(args: argparse.Namespace):
             f"with --workload, give the structure trace once: {args.trace} or --structure-from {args.structure_from}"
         )
     log = read_workload_file(args.workload, args.columns, args.time_scale)
-    trace = read_trace(structure_path)
+    trace = read_valid_trace(structure_path)
     return trace, stretch(from_trace(trace), log, seed=args.seed)

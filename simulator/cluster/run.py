@@ -78,45 +78,11 @@ def simulate(
     params=None,
 ):
     """Replay `workload` on the deployment; a `simulator.simtrace.ReplayResult` with cluster metrics."""
-    from simulator.cluster.replicas import Cluster, merge
-    from simulator.simtrace import collect
-
     cluster = cluster or ClusterConfig()
-    pipeline = None
     par = cluster.parallelism
     cost = ParallelCost(hardware, model, par, params)
     plan = memory_plan(hardware, model, par, config.memory_utilization, config.kv_capacity_bytes)
-    if cluster.disaggregate is not None:
-        from simulator.cluster.disaggregation import simulate_disaggregated
-
-        res, extra, pipeline = simulate_disaggregated(workload, hardware, model, config, cluster, cost, plan, params)
-    elif par.interleaved:
-        from simulator.cluster.pipeline import replay_interleaved
-
-        cfg = dataclasses.replace(config, kv_capacity_bytes=plan.kv_capacity_bytes)
-        res, pipeline = replay_interleaved(workload, hardware, model, cfg, cost, cluster.replicas, cluster.router)
-        extra = {}
-    else:
-        cfg = dataclasses.replace(config, kv_capacity_bytes=plan.kv_capacity_bytes)
-        pass_cost = cost.full if par.gpus == 1 else cost  # one GPU: the plain CostModel, one call less a pass
-        if cluster.replicas == 1:
-            res = replay(workload, hardware, model, cfg, cost=pass_cost)
-            res.requests["replica"] = 0
-        else:
-            k = cluster.replicas
-            sim = Cluster(
-                resize(workload, config),
-                [pass_cost] * k,
-                model,
-                hardware,
-                cfg,
-                [plan.kv_capacity_bytes] * k,
-                cluster.router,
-            ).run()
-            res = collect(merge(sim.replicas, sim.owner))
-            res.requests["replica"] = sim.owner
-            res.metrics["requests_per_replica"] = np.bincount(sim.owner[sim.owner >= 0], minlength=k).tolist()
-        extra = {}
+    res, extra, pipeline = _replay_deployment(workload, hardware, model, config, cluster, cost, plan, params)
     res.metrics.update(deployment_metrics(res, cost, plan, cluster, hardware, pipeline))
     res.metrics.update(extra)
     res.extra["cluster"] = {
@@ -129,6 +95,70 @@ def simulate(
         "disaggregate": cluster.disaggregate,
         "memory_per_gpu": plan.describe(),
     }
+    return res
+
+
+def _replay_deployment(
+    workload: Workload,
+    hardware: HardwareSpec,
+    model: ModelSpec,
+    config: ReplayConfig,
+    cluster: ClusterConfig,
+    cost: ParallelCost,
+    plan: MemoryPlan,
+    params=None,
+) -> tuple:
+    """(result, extra metrics, pipelines or None) of the deployment's engine: the disaggregated
+    pair, interleaved pipelines, or replicas (one: the plain replay) with the per-GPU KV pool."""
+    par = cluster.parallelism
+    if cluster.disaggregate is not None:
+        from simulator.cluster.disaggregation import simulate_disaggregated
+
+        return simulate_disaggregated(workload, hardware, model, config, cluster, cost, plan, params)
+    cfg = dataclasses.replace(config, kv_capacity_bytes=plan.kv_capacity_bytes)
+    if par.interleaved:
+        from simulator.cluster.pipeline import replay_interleaved
+
+        res, pipeline = replay_interleaved(workload, hardware, model, cfg, cost, cluster.replicas, cluster.router)
+        return res, {}, pipeline
+    pass_cost = cost.full if par.gpus == 1 else cost  # one GPU: the plain CostModel, one call less a pass
+    if cluster.replicas == 1:
+        res = replay(workload, hardware, model, cfg, cost=pass_cost)
+        res.requests["replica"] = 0
+    else:
+        res = _replay_replicas(workload, hardware, model, config, cfg, cluster, pass_cost, plan)
+    return res, {}, None
+
+
+def _replay_replicas(
+    workload: Workload,
+    hardware: HardwareSpec,
+    model: ModelSpec,
+    config: ReplayConfig,
+    cfg: ReplayConfig,
+    cluster: ClusterConfig,
+    pass_cost,
+    plan: MemoryPlan,
+):
+    """`cluster.replicas` replicas behind the router, merged into one result; each request's
+    replica and the requests per replica recorded. `config`: as given (the workload resized to its
+    count), `cfg`: with the replica's KV pool."""
+    from simulator.cluster.replicas import Cluster, merge
+    from simulator.simtrace import collect
+
+    k = cluster.replicas
+    sim = Cluster(
+        resize(workload, config),
+        [pass_cost] * k,
+        model,
+        hardware,
+        cfg,
+        [plan.kv_capacity_bytes] * k,
+        cluster.router,
+    ).run()
+    res = collect(merge(sim.replicas, sim.owner))
+    res.requests["replica"] = sim.owner
+    res.metrics["requests_per_replica"] = np.bincount(sim.owner[sim.owner >= 0], minlength=k).tolist()
     return res
 
 

@@ -148,6 +148,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check the flags, capture (request by request, or served under load), print the summary."""
     from profiler.reader import read_trace
     from profiler.summary import summarize
 
@@ -155,7 +156,30 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    cfg = CaptureConfig(
+    cfg = _capture_config(args)
+    from runtime.checkpoint import model_path
+
+    inputs = [args.structure_from, model_path(args.model) or ""]
+    with claim_out_dir(args.out, inputs, args.force):  # held while capturing: one writer per --out
+        if args.rate is not None or args.concurrency is not None:
+            from runtime.serve_capture import capture_load
+
+            out = capture_load(cfg, _load_config(args), args.out, overwrite=args.force)
+        else:
+            out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
+    s = summarize(read_trace(out))
+    if not args.json:
+        print(f"captured {s['requests']} requests of {s['task']} with {s['system']} on {s['device']} -> {out}")
+        q = "n/a" if s["quality_mean"] is None else f"{s['quality_mean']:.3f}"
+        if s.get("tokens_per_s") is not None and s.get("e2e_s_p50") is not None:
+            print(f"  quality {q}  {s['tokens_per_s']:.1f} tokens/s  e2e p50 {s['e2e_s_p50'] * 1000:.1f} ms")
+    print(json_line(s))
+    return 0
+
+
+def _capture_config(args: argparse.Namespace) -> CaptureConfig:
+    """The capture's settings from the flags (knobs parsed: UsageError on a malformed one)."""
+    return CaptureConfig(
         system=args.system,
         model=args.model,
         task=args.task,
@@ -174,32 +198,20 @@ def run(args: argparse.Namespace) -> int:
         keep=args.keep,
         structure_from=args.structure_from,
     )
-    from runtime.checkpoint import model_path
 
-    inputs = [args.structure_from, model_path(args.model) or ""]
-    with claim_out_dir(args.out, inputs, args.force):  # held while capturing: one writer per --out
-        if args.rate is not None or args.concurrency is not None:
-            from runtime.serve_capture import LoadConfig, capture_load
 
-            load = LoadConfig(
-                rate=args.rate,
-                concurrency=args.concurrency,
-                max_seqs=args.max_seqs,
-                max_batch_tokens=args.max_batch_tokens,
-                kv_budget_mib=args.kv_budget_mib,
-                scheduler=args.scheduler,
-                chunked_prefill=args.chunked_prefill,
-                attention=args.attention,
-                rows_sweep=args.rows_sweep,
-            )
-            out = capture_load(cfg, load, args.out, overwrite=args.force)
-        else:
-            out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
-    s = summarize(read_trace(out))
-    if not args.json:
-        print(f"captured {s['requests']} requests of {s['task']} with {s['system']} on {s['device']} -> {out}")
-        q = "n/a" if s["quality_mean"] is None else f"{s['quality_mean']:.3f}"
-        if s.get("tokens_per_s") is not None and s.get("e2e_s_p50") is not None:
-            print(f"  quality {q}  {s['tokens_per_s']:.1f} tokens/s  e2e p50 {s['e2e_s_p50'] * 1000:.1f} ms")
-    print(json_line(s))
-    return 0
+def _load_config(args: argparse.Namespace):
+    """The serving-under-load settings (`--rate` or `--concurrency` and the pool flags)."""
+    from runtime.serve_capture import LoadConfig
+
+    return LoadConfig(
+        rate=args.rate,
+        concurrency=args.concurrency,
+        max_seqs=args.max_seqs,
+        max_batch_tokens=args.max_batch_tokens,
+        kv_budget_mib=args.kv_budget_mib,
+        scheduler=args.scheduler,
+        chunked_prefill=args.chunked_prefill,
+        attention=args.attention,
+        rows_sweep=args.rows_sweep,
+    )

@@ -151,13 +151,14 @@ def _lookup(kind: str, name: str) -> Any:
 
 def _fit_to_trace(path: str, hardware: Any) -> Any:
     """Cost parameters fitted to every forward pass of a measured trace (its own model's shapes)."""
-    from profiler.reader import TraceError, read_trace
+    from profiler.reader import TraceError
+    from profiler.validate import read_valid_trace
     from simulator.calibrate import fit_cost_params_to_steps
     from simulator.models import ModelSpec
     from simulator.validation import step_arrays
 
     try:
-        trace = read_trace(path)
+        trace = read_valid_trace(path)
     except TraceError as error:
         raise UsageError(str(error)) from None
     if trace.kind != "measured":

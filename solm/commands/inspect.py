@@ -11,7 +11,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="summarise a trace")
     p.add_argument("trace", help="trace directory")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
-    p.add_argument("--validate", action="store_true", help="also run the cross-table validator; exit 2 on problems")
+    p.add_argument(
+        "--validate",
+        action="store_true",
+        help="summarise a trace even when the validator finds problems, and list them; exit 2 on problems "
+        "(without it a trace with problems is refused, as diff and export refuse it)",
+    )
 
 
 def _fmt(x, spec: str, scale: float = 1.0) -> str:
@@ -19,14 +24,34 @@ def _fmt(x, spec: str, scale: float = 1.0) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
+    import numpy as np
+
+    from profiler.errors import TraceError
     from profiler.reader import read_trace
     from profiler.summary import summarize
-    from profiler.validate import problems
+    from profiler.validate import problems, read_valid_trace
 
-    trace = read_trace(args.trace)
-    s = summarize(trace)
-    issues = problems(trace) if args.validate else []
+    if not args.validate:  # figures from a broken trace (an infinite e2e_s) would be numbers of nothing
+        try:
+            trace = read_valid_trace(args.trace)
+        except TraceError as e:
+            if "not a valid trace" not in str(e):
+                raise
+            raise TraceError(f"{e}; solm inspect --validate summarises it anyway, with every problem") from None
+        issues: list[str] = []
+    else:
+        trace = read_trace(args.trace)
+        issues = problems(trace)
+    with np.errstate(invalid="ignore", over="ignore"):  # --validate: percentiles over inf are n/a, not warnings
+        s = summarize(trace)
     s["valid"] = not issues if args.validate else None
+    if args.validate:
+        s["problems"] = issues
+    if issues and args.json:  # the JSON line lists them; stderr names the first, as any refusal does
+        more = f" (and {len(issues) - 1} more in the JSON line's problems)" if len(issues) > 1 else ""
+        print(f"solm inspect: error: {args.trace}: not a valid trace: {issues[0]}{more}", file=sys.stderr)
     if not args.json:
         state = "complete" if s["complete"] else "INCOMPLETE (run cut short; finished requests only)"
         print(

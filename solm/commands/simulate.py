@@ -156,32 +156,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def simulate(args: argparse.Namespace) -> tuple[dict, object]:
-    from simulator.cluster.cli import cluster_config, with_links
+    """Run `solm simulate`: (the figures its JSON line prints, the replay result)."""
+    from simulator.cluster.cli import cluster_config
     from simulator.cluster.run import simulate as simulate_cluster
-    from simulator.hardware import get_hardware, override
     from simulator.models import ModelSpec, get_model
-    from simulator.replay import ReplayConfig
     from simulator.simtrace import write_simulated_trace
 
-    fields = parse_set(args.set)
-    hardware = with_links(override(args.hardware, **fields) if fields else get_hardware(args.hardware), args)
-    calibrated_on = None
-    if args.gemm_calibration:
-        from simulator.gemm_calibration import calibrated_part
-
-        hardware, calibrated_on = calibrated_part(hardware, args.gemm_calibration)
+    hardware, calibrated_on = _part(args)
     cluster = cluster_config(args)
-    config = ReplayConfig(
-        max_seqs=args.max_seqs,
-        max_batch_tokens=args.max_batch_tokens,
-        block_size=args.block_size,
-        memory_utilization=args.memory_utilization,
-        rate=args.rate,
-        concurrency=args.concurrency,
-        num_requests=args.num_requests,
-        seed=args.seed,
-        **scheduling_kwargs(args),
-    )
+    config = _replay_config(args)
     out = Path(args.out) if args.out else None
     inputs = [p for p in (args.trace, args.workload, args.structure_from) if p]
     lock = claim_out_dir(out, inputs, args.force) if out is not None else contextlib.nullcontext()
@@ -199,20 +182,59 @@ def simulate(args: argparse.Namespace) -> tuple[dict, object]:
             "gemm_calibration": args.gemm_calibration,
             "gemm_calibration_part": calibrated_on,
             "model": model.name,
-            "arrival": config.arrival,
-            "rate": args.rate,
-            "concurrency": args.concurrency,
-            "max_seqs": config.max_seqs,
-            "max_batch_tokens": config.max_batch_tokens,
-            "scheduler": config.scheduler,
-            "chunked_prefill": config.chunked_prefill,
-            "reserve": config.reserve,
-            "sjf_oracle": config.sjf_oracle,
+            **_settings(args, config),
             **result.metrics,
         }
         if out is not None:
             figures["out"] = str(write_simulated_trace(result, out, source=trace))
     return figures, result
+
+
+def _part(args: argparse.Namespace) -> tuple:
+    """(the part to replay on, the part its GEMM calibration was measured on or None): `--hardware`
+    with `--set`, `--topology`, `--price-per-gpu-hour` and `--gemm-calibration` applied."""
+    from simulator.cluster.cli import with_links
+    from simulator.hardware import get_hardware, override
+
+    fields = parse_set(args.set)
+    hardware = with_links(override(args.hardware, **fields) if fields else get_hardware(args.hardware), args)
+    if not args.gemm_calibration:
+        return hardware, None
+    from simulator.gemm_calibration import calibrated_part
+
+    return calibrated_part(hardware, args.gemm_calibration)
+
+
+def _replay_config(args: argparse.Namespace):
+    """The replay's settings from the batch, arrival and scheduling flags."""
+    from simulator.replay import ReplayConfig
+
+    return ReplayConfig(
+        max_seqs=args.max_seqs,
+        max_batch_tokens=args.max_batch_tokens,
+        block_size=args.block_size,
+        memory_utilization=args.memory_utilization,
+        rate=args.rate,
+        concurrency=args.concurrency,
+        num_requests=args.num_requests,
+        seed=args.seed,
+        **scheduling_kwargs(args),
+    )
+
+
+def _settings(args: argparse.Namespace, config) -> dict:
+    """The arrival, batch and scheduling settings as the JSON line reports them."""
+    return {
+        "arrival": config.arrival,
+        "rate": args.rate,
+        "concurrency": args.concurrency,
+        "max_seqs": config.max_seqs,
+        "max_batch_tokens": config.max_batch_tokens,
+        "scheduler": config.scheduler,
+        "chunked_prefill": config.chunked_prefill,
+        "reserve": config.reserve,
+        "sjf_oracle": config.sjf_oracle,
+    }
 
 
 def _ms(x) -> str:

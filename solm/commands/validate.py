@@ -158,10 +158,10 @@ def run_calibrated(args: argparse.Namespace) -> int:
 
     source, note = args.trace, ""
     if args.run is not None:
-        from profiler.reader import read_trace
         from profiler.runs import single_run
+        from profiler.validate import read_valid_trace
 
-        source, info = single_run(read_trace(args.trace), args.run)
+        source, info = single_run(read_valid_trace(args.trace), args.run)
         note = f" [run {args.run} alone: {info['requests']} requests, {info['left_out']} left out]"
     v = validate(source, args.hardware)
     if args.run is not None:

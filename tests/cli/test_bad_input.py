@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -198,10 +199,25 @@ def test_validate_rejects_what_it_used_to_pass(damage, needle, t, tmp_path, caps
     assert validate(t) == []
     damage(t)
     assert any(needle in p for p in validate(t)), validate(t)
-    assert main(["inspect", str(t), "--validate", "--json"]) == 2
+    # was: plain inspect printed figures of the broken trace (an infinite e2e mean, numpy's
+    # RuntimeWarning lines on stderr) and exited 0; --validate --json exited 2 without a word
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        one_line_error(["inspect", str(t)], capsys, "--validate summarises it anyway")
+        one_line_error(["inspect", str(t), "--validate", "--json"], capsys, "not a valid trace")
     capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["inspect", str(t), "--validate", "--json"]) == 2
+    line = json.loads(capsys.readouterr().out)
+    assert line["valid"] is False and any(needle in p for p in line["problems"])
     one_line_error(["export", str(t), "--perfetto", str(tmp_path / "x.json")], capsys, "not a valid trace")
     one_line_error(["diff", str(SHIPPED), str(t)], capsys, "not a valid trace")
+    # was: simulate and validate replayed it, validate comparing against the broken figures
+    one_line_error(["simulate", str(t), "--hardware", "h100-sxm"], capsys, "not a valid trace")
+    one_line_error(["validate", str(t)], capsys, "not a valid trace")
+    one_line_error(["sweep", str(t), "--hardware", "h100-sxm", "--out", str(tmp_path / "sw")], capsys, "not a valid")
+    assert not (tmp_path / "sw").exists()
 
 
 def test_unwritable_out_is_a_usage_error(t, tmp_path, capsys):

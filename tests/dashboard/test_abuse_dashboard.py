@@ -148,6 +148,25 @@ def test_damaged_sweep_tables_are_one_error_line_each(tmp_path, monkeypatch):
     assert len(at.dataframe[0].value) == 1  # the good trace drawn
 
 
+def test_sweep_with_no_finished_configuration_is_one_error_line(tmp_path, monkeypatch):
+    """A sweep.parquet whose every configuration failed crashed the Pareto page (TypeError:
+    operation 'add' not supported for dtype 'str' with dtype 'int64', labelling no rows)."""
+    import pandas as pd
+
+    make_trace(tmp_path / "good", e2e_s=[0.4, 0.6], passes=6)
+    (tmp_path / "failed").mkdir()
+    figures = {"quality_mean": [float("nan")], "mean_e2el_ms": [float("nan")], "peak_kv_bytes": [float("nan")]}
+    settings = {"system": ["tip"], "hardware": ["h100-sxm"], "model": ["llama-3-8b"], "max_seqs": [8], "rate": [1.0]}
+    pd.DataFrame({**settings, "status": ["error"], **figures}).to_parquet(tmp_path / "failed" / "sweep.parquet")
+    at = _app(tmp_path, monkeypatch, "pareto")
+    assert not at.exception, [e.value for e in at.exception]
+    assert [e.value for e in at.error] == [
+        f"{tmp_path / 'failed' / 'sweep.parquet'}: no configuration of this sweep finished (see its "
+        "results.jsonl); nothing to draw"
+    ]
+    assert len(at.dataframe[0].value) == 1  # the good trace drawn
+
+
 def test_sidebar_folder_that_is_no_path_is_one_warning(folder, monkeypatch):
     """A NUL byte ('embedded null byte') or a name too long for the OS (Errno 36) typed in the
     sidebar crashed every page; now one warning line each while the good folder loads."""

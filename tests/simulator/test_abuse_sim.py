@@ -229,7 +229,7 @@ def test_a_pass_of_no_finite_duration_is_a_trace_error(argv, duration, home, cap
     """Was: internal error (a bug): scipy's ValueError ('Initial guess is outside of provided bounds',
     'Residuals are not finite') or calibrate's own bare ValueError."""
     _edit_steps(home / "t", "duration_s", duration)
-    refused(argv, home, capsys, f"steps.parquet: pass 0 took {duration:g} s")
+    refused(argv, home, capsys, "t: not a valid trace: steps: 1 rows with duration_s infinite, negative or NaN")
 
 
 def test_a_pass_wider_than_any_context_is_a_trace_error(home, capsys):

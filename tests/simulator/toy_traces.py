@@ -171,7 +171,7 @@ def write_toy_trace(
                 "quality_score": (quality or [float("nan")] * len(requests))[rid],
                 "arrival_s": arrivals[rid],
                 "start_s": arrivals[rid],
-                "ttft_s": (first_token_s or clock) - arrivals[rid],
+                "ttft_s": (first_token_s or clock) - arrivals[rid] if timed_by is not None else 0.0,
                 "e2e_s": clock - arrivals[rid] if timed_by is not None else 0.0,
                 "steps": len(passes),
                 "critical_path_tokens": len(passes),
