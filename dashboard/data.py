@@ -73,9 +73,11 @@ def path_problem(path: str) -> str | None:
 
 
 def within(path: str | Path, allowed: list[str | Path]) -> bool:
-    """True if `path` (symlinks resolved) is one of the `allowed` folders or below one."""
-    p = Path(path).expanduser().resolve()
-    return any(p.is_relative_to(Path(a).expanduser().resolve()) for a in allowed)
+    """True if `path` (symlinks resolved) is one of the `allowed` folders or below one. A `~` is a
+    name, as everywhere in solm (the shell expands it): expanded here alone, `~/x` was judged as
+    $HOME/x while the pages read ./~/x."""
+    p = Path(path).resolve()
+    return any(p.is_relative_to(Path(a).resolve()) for a in allowed)
 
 
 def split_allowed(roots: list[str], allowed: list[str] | None) -> tuple[list[str], list[str]]:

@@ -353,6 +353,8 @@ def read_results(out: str | Path) -> pd.DataFrame:
     path = Path(out) / RESULTS_JSONL
     if not path.exists() and not path.is_symlink():
         return pd.DataFrame()
+    if path.is_symlink():  # was: the resume appended its rows to the file the link points to
+        raise UsageError(f"{path}: a link, not the results a sweep wrote; choose another --out")
     input_file(path, "sweep results")  # a FIFO there blocked the resume for ever
     try:
         lines = path.read_text(encoding="utf-8").splitlines()

@@ -98,6 +98,21 @@ def test_sidebar_opens_only_the_given_folders(fenced, monkeypatch):
     assert at.sidebar.caption[0].value == "1 trace(s) loaded" and _loaded(at) == ["inside"]  # not via the symlink
 
 
+def test_a_tilde_in_the_sidebar_is_judged_where_it_is_read(fenced, monkeypatch):
+    """Was: `~/x` was checked as $HOME/x (inside the folders given) but read as ./~/x, so a trace
+    outside them (here outside/~/x, the working directory outside/) loaded."""
+    make_trace(fenced / "outside" / "~" / "x", e2e_s=[0.1, 0.2], passes=2)
+    monkeypatch.setenv("HOME", str(fenced / "allowed"))
+    monkeypatch.chdir(fenced / "outside")
+    monkeypatch.setenv("SOLM_TRACE_DIRS", str(fenced / "allowed"))
+    monkeypatch.setenv("SOLM_ALLOW_ANY_PATH", "0")
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    at.sidebar.text_area[0].set_value("~/x").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [w.value.split(":")[0] for w in at.sidebar.warning] == ["~/x"]
+    assert not at.dataframe or not len(at.dataframe[0].value)
+
+
 def test_allow_any_path_opens_any_folder(fenced, monkeypatch):
     at = _app(fenced, monkeypatch, any_path=True)
     assert not at.sidebar.warning

@@ -200,6 +200,19 @@ def test_sweep_refuses_results_it_cannot_read(home, capsys):
     refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "not a regular file")
 
 
+def test_sweep_does_not_append_through_a_link(home, capsys):
+    """Was: a results.jsonl that is a link to a file elsewhere had the resume's rows appended to it."""
+    _sweep_into(home)
+    capsys.readouterr()
+    results = home / "sw" / "results.jsonl"
+    elsewhere = home / "elsewhere.jsonl"
+    results.rename(elsewhere)
+    results.symlink_to(elsewhere)
+    before = elsewhere.read_bytes()
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2,4"], home, capsys, "results.jsonl: a link, not the results")
+    assert elsewhere.read_bytes() == before
+
+
 def test_sweep_resumes_twice_after_a_torn_row(home, capsys):
     """Was: the resume appended its rows to the torn last line, and the next resume could not parse it."""
     _sweep_into(home)
