@@ -22,6 +22,7 @@ import ctypes
 import ctypes.util
 import ipaddress
 import os
+import re
 import signal
 import socket
 import sys
@@ -93,12 +94,31 @@ def is_loopback(host: str) -> bool:
     return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
-def listen_address(address: str, flag: str = "--address") -> tuple:
-    """The socket address to serve `address` on (its first getaddrinfo entry: family, type, proto,
-    sockaddr); a UsageError for an empty address (a server given "" listens on every interface)
-    or one this machine cannot resolve ('bogus host', '300.1.1.1', 'HOST:PORT')."""
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def check_address_form(address: str, flag: str = "--address") -> None:
+    """A UsageError for an address that is neither an IP literal nor a host name by its form
+    (labels of letters, digits and '-', at most 253 characters): 'bogus host', 'HOST:PORT',
+    '300.1.1.1'. Nothing is looked up (a test sends no query beyond this machine)."""
     if not address.strip():
         raise UsageError(f"{flag} is empty; give the address to serve on (127.0.0.1: this machine only)")
+    try:
+        ipaddress.ip_address(address)
+        return
+    except ValueError:
+        pass
+    labels = address.rstrip(".").split(".")
+    numeric = all(label.isdigit() for label in labels)  # 300.1.1.1: no IP, and no name either
+    if numeric or len(address) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        raise UsageError(f"{flag} {address}: not an IP address or a host name")
+
+
+def listen_address(address: str, flag: str = "--address") -> tuple:
+    """The socket address to serve `address` on (its first getaddrinfo entry: family, type, proto,
+    sockaddr); a UsageError for an address of no valid form (`check_address_form`) or a name this
+    machine cannot resolve."""
+    check_address_form(address, flag)
     try:
         family, kind, proto, _, sockaddr = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)[0]
     except (socket.gaierror, UnicodeError, ValueError):

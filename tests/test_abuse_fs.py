@@ -191,6 +191,7 @@ def test_capture_serving_and_device_flags(flags, needle, work, capsys):
         ("", "--address is empty"),  # was: accepted; streamlit given "" listens on every interface
         ("bogus host", "--address bogus host: not an IP address"),  # was: accepted, streamlit failed to bind
         ("127.0.0.1:8080", "--address 127.0.0.1:8080: not an IP address"),
+        ("300.1.1.1", "--address 300.1.1.1: not an IP address"),
     ],
 )
 def test_dashboard_address_that_cannot_be_served_on(address, needle, work, capsys):

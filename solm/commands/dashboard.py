@@ -21,7 +21,7 @@ from pathlib import Path
 
 from profiler.errors import UsageError
 from profiler.outdir import resolved
-from profiler.services import check_port_free, die_with_parent, is_loopback, listen_address, terminate_on_signal
+from profiler.services import check_address_form, check_port_free, die_with_parent, is_loopback, terminate_on_signal
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 
@@ -106,7 +106,7 @@ def serve(cmd: list[str], env: dict[str, str]) -> int:
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port} is not a port (1..65535)")
-    listen_address(args.address)  # was: "" accepted (streamlit then listens on every interface)
+    check_address_form(args.address)  # was: "" accepted (streamlit then listens on every interface)
     dirs = [str(resolved(d)) for d in (args.dirs or ["."])]  # realpath: a symlink loop stays a path, not an error
     for d in dirs:
         if not Path(d).is_dir():
