@@ -1,0 +1,73 @@
+"""Flags that were accepted and had no effect: `solm simulate`, `sweep` and `cost` ran with exit 0
+and the same figures as without the flag (a router for one replica, a seed with no random
+arrivals, ...). Now one line `solm <command>: error: ...` naming the flag and what it needs, exit 2,
+nothing written. Each case says what it did before."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from solm.cli import main
+from tests.simulator.test_abuse_sim import HEADER, SHIPPED, refused
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """The user's folder, the working directory: a trace `t` and a workload `w.csv`."""
+    shutil.copytree(SHIPPED, tmp_path / "t")
+    (tmp_path / "w.csv").write_text(HEADER + "0,10,5\n0.5,12,6\n1.0,8,4\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+SIM = ["simulate", "t", "--hardware", "h100-sxm", "--num-requests", "4", "--out", "o"]
+WORKLOAD = ["simulate", "--workload", "w.csv", "--structure-from", "t", "--hardware", "h100-sxm", "--out", "o"]
+SWEEP = ["sweep", "t", "--hardware", "h100-sxm", "--num-requests", "4", "--workers", "1", "--out", "o"]
+COST = ["cost", "--hardware", "h100-sxm"]
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        # each was: exit 0, the same figures as without the flag (the JSON line even said sjf_oracle true)
+        ([*SIM, "--sjf-oracle"], "--sjf-oracle ranks SJF's queue: give --scheduler sjf (got fcfs)"),
+        ([*SWEEP, "--sjf-oracle"], "--sjf-oracle ranks SJF's queue"),
+        ([*SIM, "--router", "kv_aware"], "--router picks among replicas: give --replicas 2 or more"),
+        ([*SWEEP, "--router", "kv_aware", "--replicas", "1"], "--router picks among replicas"),
+        ([*SIM, "--seed", "7"], "--seed draws the arrivals of --rate"),
+        ([*SIM, "--concurrency", "2", "--seed", "7"], "--seed draws the arrivals of --rate"),
+        ([*SWEEP, "--seed", "7"], "--seed draws the arrivals of --rate"),
+        ([*SIM, "--topology", "pcie"], "--topology applies to links between GPUs"),
+        ([*WORKLOAD, "--rate", "2", "--time-scale", "3"], "--time-scale paces --workload's own arrivals"),
+        ([*WORKLOAD, "--concurrency", "2", "--time-scale", "3"], "--time-scale paces --workload's own arrivals"),
+        ([*COST, "--comm", "all_reduce", "--model", "llama-3-8b", "--tp", "4"], "--model, --tp: not with --comm"),
+        ([*COST, "--comm", "all_reduce", "--explain"], "--explain: not with --comm"),
+        ([*COST, "--model", "llama-3-8b", "--workers", "4"], "--workers and --bytes size the collectives of --comm"),
+        ([*COST, "--model", "llama-3-8b", "--topology", "pcie"], "--topology applies to collectives: give --tp 2"),
+    ],
+)
+def test_a_flag_that_would_be_ignored_is_refused(argv, needle, home, capsys):
+    refused(argv, home, capsys, needle)
+    assert not (home / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [*SIM, "--scheduler", "sjf", "--sjf-oracle"],
+        [*SIM, "--rate", "4", "--seed", "7"],
+        [*WORKLOAD, "--seed", "7"],  # the seed samples the structures
+        [*WORKLOAD, "--time-scale", "3"],
+        [*SIM, "--replicas", "2", "--router", "kv_aware"],
+        [*SIM, "--disaggregate", "1:1", "--router", "kv_aware", "--topology", "pcie"],
+        [*SIM, "--model", "llama-3-8b", "--tp", "2", "--topology", "pcie"],
+        [*SWEEP, "--replicas", "1,2", "--router", "least_outstanding", "--rate", "inf,4", "--seed", "1"],
+        [*COST, "--model", "llama-3-8b", "--tp", "2", "--topology", "pcie", "--tokens", "8"],
+        [*COST, "--comm", "send_recv", "--topology", "pcie", "--workers", "2", "--bytes", "64"],
+    ],
+)
+def test_the_same_flags_where_they_apply_still_run(argv, home, capsys):
+    assert main(argv) == 0, capsys.readouterr().err
