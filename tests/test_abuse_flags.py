@@ -1,4 +1,4 @@
-"""Flags that were accepted and had no effect: `solm simulate`, `sweep` and `cost` ran with exit 0
+"""Flags that were accepted and had no effect: `solm simulate`, `sweep`, `validate`, `cost` and `capture` ran with exit 0
 and the same figures as without the flag (a router for one replica, a seed with no random
 arrivals, ...). Now one line `solm <command>: error: ...` naming the flag and what it needs, exit 2,
 nothing written. Each case says what it did before."""
@@ -27,6 +27,7 @@ SIM = ["simulate", "t", "--hardware", "h100-sxm", "--num-requests", "4", "--out"
 WORKLOAD = ["simulate", "--workload", "w.csv", "--structure-from", "t", "--hardware", "h100-sxm", "--out", "o"]
 SWEEP = ["sweep", "t", "--hardware", "h100-sxm", "--num-requests", "4", "--workers", "1", "--out", "o"]
 COST = ["cost", "--hardware", "h100-sxm"]
+CAPTURE = ["capture", "--n", "2", "--out", "o"]
 
 
 @pytest.mark.parametrize(
@@ -35,6 +36,7 @@ COST = ["cost", "--hardware", "h100-sxm"]
         # each was: exit 0, the same figures as without the flag (the JSON line even said sjf_oracle true)
         ([*SIM, "--sjf-oracle"], "--sjf-oracle ranks SJF's queue: give --scheduler sjf (got fcfs)"),
         ([*SWEEP, "--sjf-oracle"], "--sjf-oracle ranks SJF's queue"),
+        (["validate", "t", "--calibrate-from", "t", "--sjf-oracle"], "--sjf-oracle ranks SJF's queue"),  # fcfs trace
         ([*SIM, "--router", "kv_aware"], "--router picks among replicas: give --replicas 2 or more"),
         ([*SWEEP, "--router", "kv_aware", "--replicas", "1"], "--router picks among replicas"),
         ([*SIM, "--seed", "7"], "--seed draws the arrivals of --rate"),
@@ -47,6 +49,14 @@ COST = ["cost", "--hardware", "h100-sxm"]
         ([*COST, "--comm", "all_reduce", "--explain"], "--explain: not with --comm"),
         ([*COST, "--model", "llama-3-8b", "--workers", "4"], "--workers and --bytes size the collectives of --comm"),
         ([*COST, "--model", "llama-3-8b", "--topology", "pcie"], "--topology applies to collectives: give --tp 2"),
+        # each was: exit 0, a request-by-request capture with the same tokens, the setting recorded nowhere
+        ([*CAPTURE, "--max-seqs", "2", "--attention", "gather"], "--max-seqs, --attention: serving settings apply"),
+        ([*CAPTURE, "--kv-budget-mib", "1"], "--kv-budget-mib: serving settings apply under load: give --rate"),
+        ([*CAPTURE, "--keep", "median"], "--keep picks one of the runs of --repeats: give --repeats 2 or more"),
+        (
+            [*CAPTURE, "--top-p", "0.5"],
+            "--top-p applies to sampling: give --temperature > 0",
+        ),  # greedy; top_p 0.5 in meta
     ],
 )
 def test_a_flag_that_would_be_ignored_is_refused(argv, needle, home, capsys):
@@ -67,6 +77,7 @@ def test_a_flag_that_would_be_ignored_is_refused(argv, needle, home, capsys):
         [*SWEEP, "--replicas", "1,2", "--router", "least_outstanding", "--rate", "inf,4", "--seed", "1"],
         [*COST, "--model", "llama-3-8b", "--tp", "2", "--topology", "pcie", "--tokens", "8"],
         [*COST, "--comm", "send_recv", "--topology", "pcie", "--workers", "2", "--bytes", "64"],
+        ["capture", "--n", "1", "--temperature", "0.8", "--top-p", "0.5", "--out", "o"],
     ],
 )
 def test_the_same_flags_where_they_apply_still_run(argv, home, capsys):

@@ -87,8 +87,6 @@ def check_batch_flags(args: argparse.Namespace, rates: bool, paced: bool) -> Non
     the flag ignored). `rates`: a --rate is given; `paced`: a --rate or --concurrency is."""
     if args.seed is not None and not rates and not args.workload:
         raise UsageError("--seed draws the arrivals of --rate (or a --workload's structures): give one of them")
-    if args.sjf_oracle and args.scheduler != "sjf":
-        raise UsageError(f"--sjf-oracle ranks SJF's queue: give --scheduler sjf (got {args.scheduler})")
     if args.workload and args.time_scale != 1.0 and paced:
         raise UsageError("--time-scale paces --workload's own arrivals, which --rate and --concurrency replace")
 
