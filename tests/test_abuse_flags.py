@@ -82,3 +82,22 @@ def test_a_flag_that_would_be_ignored_is_refused(argv, needle, home, capsys):
 )
 def test_the_same_flags_where_they_apply_still_run(argv, home, capsys):
     assert main(argv) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (
+            ["--system", "pasta", "--stage", "sft"],
+            "--lambda weighs the preference stage's reward: not with --stage sft",
+        ),
+        (["--system", "planned_diffusion", "--stage", "ar"], "planned_diffusion has none"),
+    ],
+)
+def test_train_lambda_where_no_reward_reads_it(flags, needle, home, capsys, monkeypatch):
+    """Was: accepted, and the stage trained as without it (only pasta's preference reward reads lambda)."""
+    import runtime.train.sft
+
+    monkeypatch.setattr(runtime.train.sft, "train", lambda *a, **kw: pytest.fail("trained before refusing"))
+    refused(["train", *flags, "--lambda", "5", "--out", "o"], home, capsys, needle)
+    assert not (home / "o").exists()
