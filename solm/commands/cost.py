@@ -23,7 +23,9 @@ field is one error line, exit 2.
 `--comm all_reduce,send_recv --workers 2,4,8 --bytes 4096,1048576` (no `--model` needed) times
 collective calls within one node instead (`simulator.comm`, calibrated on the A100 collectives)
 and prints {"comm": [{"collective", "workers", "bytes", "time_ms"}, ...]}; `--topology` picks the
-node's topology (nvswitch, nvlink_pairs, pcie, mesh) instead of the part's own.
+node's topology (nvswitch, nvlink_pairs, pcie, mesh) instead of the part's own (also for the
+all-reduces of `--tp` 2 or more). A flag the mode would ignore is refused: the forward-pass flags
+(`--model`, `--tokens`, `--tp`, `--explain`, ...) with `--comm`, `--workers`/`--bytes` without it.
 
 `--calibrate-from TRACE` fits the efficiencies and the per-pass overhead to the measured passes of
 a trace captured on that part (`simulator.calibrate.fit_cost_params_to_steps`, the fit `solm
