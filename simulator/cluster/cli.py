@@ -130,8 +130,8 @@ def load_structure_and_workload(args: argparse.Namespace):
 
     structure_path = args.structure_from or args.trace
     if args.workload is None:
-        if args.structure_from or args.columns or args.time_scale != 1.0:
-            raise UsageError("--structure-from, --columns and --time-scale go with --workload FILE")
+        if args.structure_from or args.columns:  # (--time-scale: solm.commands.simulate.check_batch_flags)
+            raise UsageError("--structure-from and --columns go with --workload FILE")
         if not args.trace:
             raise UsageError("give a trace directory, or --workload FILE --structure-from TRACE")
         trace = read_valid_trace(args.trace)

@@ -87,8 +87,10 @@ def check_batch_flags(args: argparse.Namespace, rates: bool, paced: bool) -> Non
     the flag ignored). `rates`: a --rate is given; `paced`: a --rate or --concurrency is."""
     if args.seed is not None and not rates and not args.workload:
         raise UsageError("--seed draws the arrivals of --rate (or a --workload's structures): give one of them")
-    if args.workload and args.time_scale != 1.0 and paced:
-        raise UsageError("--time-scale paces --workload's own arrivals, which --rate and --concurrency replace")
+    if args.time_scale != 1.0 and (paced or not args.workload):  # --rate/--concurrency replace the file's arrivals
+        raise UsageError(
+            "--time-scale paces --workload's own arrivals: give --workload, and no --rate or --concurrency"
+        )
 
 
 def scheduling_kwargs(args: argparse.Namespace) -> dict:
