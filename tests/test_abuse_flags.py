@@ -45,6 +45,7 @@ CAPTURE = ["capture", "--n", "2", "--out", "o"]
         ([*SIM, "--topology", "pcie"], "--topology applies to links between GPUs"),
         ([*WORKLOAD, "--rate", "2", "--time-scale", "3"], "--time-scale paces --workload's own arrivals"),
         ([*WORKLOAD, "--concurrency", "2", "--time-scale", "3"], "--time-scale paces --workload's own arrivals"),
+        ([*SWEEP, "--pp-schedule", "interleave"], "--micro-batches and --pp-schedule apply to a pipeline"),
         ([*SWEEP, "--time-scale", "3"], "--time-scale paces --workload's own arrivals: give --workload"),
         ([*COST, "--comm", "all_reduce", "--model", "llama-3-8b", "--tp", "4"], "--model, --tp: not with --comm"),
         ([*COST, "--comm", "all_reduce", "--explain"], "--explain: not with --comm"),

@@ -100,8 +100,7 @@ def cluster_config(args: argparse.Namespace):
             raise UsageError("--decode-hardware needs --disaggregate P:D")
         decode = with_links(get_hardware(args.decode_hardware), args)
     schedule = getattr(args, "pp_schedule", "drain")
-    if args.pp == 1 and (args.micro_batches is not None or schedule == "interleave"):  # was: silently ignored
-        raise UsageError("--micro-batches and --pp-schedule apply to a pipeline: give --pp 2 or more")
+    check_pipeline(args.micro_batches, schedule, args.pp > 1)
     check_router(args.router, args.replicas > 1 or bool(args.disaggregate))
     if args.topology and args.tp == args.pp == 1 and not args.disaggregate:  # was: silently ignored
         raise UsageError("--topology applies to links between GPUs: give --tp or --pp 2 or more, or --disaggregate")
@@ -114,6 +113,12 @@ def cluster_config(args: argparse.Namespace):
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,
     )
+
+
+def check_pipeline(micro_batches: int | None, schedule: str, pipelined: bool) -> None:
+    """Pipeline settings with one stage schedule nothing (was: silently ignored)."""
+    if not pipelined and (micro_batches is not None or schedule == "interleave"):
+        raise UsageError("--micro-batches and --pp-schedule apply to a pipeline: give --pp 2 or more")
 
 
 def check_router(router: str | None, routed: bool) -> None:

@@ -104,7 +104,7 @@ def _gemm_calibrations(paths: list[str] | None) -> dict[str, str]:
 
 
 def _cluster(args: argparse.Namespace) -> dict:
-    from simulator.cluster.cli import check_router, with_links
+    from simulator.cluster.cli import check_pipeline, check_router, with_links
     from simulator.hardware import get_hardware
 
     for part in _list(args.hardware, "--hardware"):  # the price once, not an error row per configuration
@@ -112,10 +112,12 @@ def _cluster(args: argparse.Namespace) -> dict:
     calibrations = _gemm_calibrations(args.gemm_calibration)
     replicas = _list(args.replicas, "--replicas", int)
     check_router(args.router, max(replicas) > 1)
+    pp = _list(args.pp, "--pp", int)
+    check_pipeline(None, args.pp_schedule, max(pp) > 1)
     return {
         **({"gemm_calibrations": calibrations} if calibrations else {}),
         "tp": _list(args.tp, "--tp", int),
-        "pp": _list(args.pp, "--pp", int),
+        "pp": pp,
         "pp_schedule": args.pp_schedule,
         "replicas": replicas,
         "router": args.router or "round_robin",
