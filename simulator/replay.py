@@ -109,6 +109,8 @@ class ReplayConfig:
             raise UsageError(f"attention must be one of {', '.join(ATTENTION_COSTS)}, got {self.attention!r}")
         check_slo(self.slo_ttft_ms, self.slo_tpot_ms)
         get_scheduler(self.scheduler)  # KeyError listing the policies
+        if self.sjf_oracle and self.scheduler != "sjf":  # was: accepted, and only SJF reads it
+            raise UsageError(f"--sjf-oracle ranks SJF's queue: give --scheduler sjf (got {self.scheduler})")
 
     @property
     def arrival(self) -> str:

@@ -152,6 +152,8 @@ class PastaRecipe(Recipe):
     def for_stage(self, stage: str, lam: float | None = None) -> PastaRecipe:
         if stage not in STAGES:
             raise UsageError(f"--stage: pasta stages are: {', '.join(STAGES)}; got {stage!r}")
+        if lam is not None and stage != "preference":  # was: accepted, and only the preference reward reads it
+            raise UsageError(f"--lambda weighs the preference stage's reward: not with --stage {stage}")
         r = dataclasses.replace(self, **STAGES[stage])
         return dataclasses.replace(r, lam=lam) if lam is not None else r
 

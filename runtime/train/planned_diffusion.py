@@ -150,6 +150,8 @@ class PDRecipe(Recipe):
         return self.sampler(tok, seed), hybrid_loss
 
     def for_stage(self, stage: str, lam: float | None = None) -> Recipe:
+        if lam is not None:  # was: accepted and ignored (no stage here has a reward to weigh)
+            raise UsageError("--lambda weighs a preference stage's reward: planned_diffusion has none")
         if stage in ("", "pd"):
             return self
         if stage == "ar":

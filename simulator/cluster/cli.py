@@ -29,7 +29,11 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--price-per-gpu-hour", type=float, default=None, help="USD per GPU-hour: cost figures")
     g.add_argument("--replicas", type=int, default=1, help="replicas behind the router (default 1)")
-    g.add_argument("--router", default="round_robin", help="round_robin (default), least_outstanding, kv_aware")
+    g.add_argument(
+        "--router",
+        default=None,
+        help="with --replicas 2+ or --disaggregate: round_robin (default), least_outstanding, kv_aware",
+    )
     g.add_argument(
         "--disaggregate",
         default=None,
@@ -96,17 +100,31 @@ def cluster_config(args: argparse.Namespace):
             raise UsageError("--decode-hardware needs --disaggregate P:D")
         decode = with_links(get_hardware(args.decode_hardware), args)
     schedule = getattr(args, "pp_schedule", "drain")
-    if args.pp == 1 and (args.micro_batches is not None or schedule == "interleave"):  # was: silently ignored
-        raise UsageError("--micro-batches and --pp-schedule apply to a pipeline: give --pp 2 or more")
+    check_pipeline(args.micro_batches, schedule, args.pp > 1)
+    check_router(args.router, args.replicas > 1 or bool(args.disaggregate))
+    if args.topology and args.tp == args.pp == 1 and not args.disaggregate:  # was: silently ignored
+        raise UsageError("--topology applies to links between GPUs: give --tp or --pp 2 or more, or --disaggregate")
     return ClusterConfig(
         Parallelism(args.tp, args.pp, args.micro_batches, schedule),
         replicas=args.replicas,
-        router=args.router,
+        router=args.router or "round_robin",
         disaggregate=parse_disaggregate(args.disaggregate),
         decode_hardware=decode,
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,
     )
+
+
+def check_pipeline(micro_batches: int | None, schedule: str, pipelined: bool) -> None:
+    """Pipeline settings with one stage schedule nothing (was: silently ignored)."""
+    if not pipelined and (micro_batches is not None or schedule == "interleave"):
+        raise UsageError("--micro-batches and --pp-schedule apply to a pipeline: give --pp 2 or more")
+
+
+def check_router(router: str | None, routed: bool) -> None:
+    """A --router with one replica routes nothing (was: accepted and ignored)."""
+    if router is not None and not routed:
+        raise UsageError("--router picks among replicas: give --replicas 2 or more (or --disaggregate)")
 
 
 def load_structure_and_workload(args: argparse.Namespace):
@@ -117,8 +135,8 @@ def load_structure_and_workload(args: argparse.Namespace):
 
     structure_path = args.structure_from or args.trace
     if args.workload is None:
-        if args.structure_from or args.columns or args.time_scale != 1.0:
-            raise UsageError("--structure-from, --columns and --time-scale go with --workload FILE")
+        if args.structure_from or args.columns:  # (--time-scale: solm.commands.simulate.check_batch_flags)
+            raise UsageError("--structure-from and --columns go with --workload FILE")
         if not args.trace:
             raise UsageError("give a trace directory, or --workload FILE --structure-from TRACE")
         trace = read_valid_trace(args.trace)
@@ -133,4 +151,4 @@ def load_structure_and_workload(args: argparse.Namespace):
         )
     log = read_workload_file(args.workload, args.columns, args.time_scale)
     trace = read_valid_trace(structure_path)
-    return trace, stretch(from_trace(trace), log, seed=args.seed)
+    return trace, stretch(from_trace(trace), log, seed=args.seed or 0)

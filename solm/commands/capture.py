@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="bound on generated tokens (default: 1.25 x the task's longest answer, runtime/answer_length.py)",
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling with --temperature > 0 (default 1)")
     p.add_argument("--page-size", type=int, default=16, help="KV page size in slots")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny models run best on 1)")
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up requests before recording (default 1)")
@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--keep",
-        default="min",
+        default=None,
         choices=list(KEEP),
         help="with --repeats: record each request's fastest run (a shared machine only ever slows "
         "down, so the fastest is the least disturbed; default) or its median run",
@@ -76,18 +76,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     load = p.add_argument_group("serving under load (runtime/serve_capture.py): continuous batching over one KV pool")
     load.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (or --concurrency)")
     load.add_argument("--concurrency", type=int, default=None, help="closed loop of this many clients (or --rate)")
-    load.add_argument("--max-seqs", type=int, default=64, help="most requests in one pass (default 64)")
-    load.add_argument("--max-batch-tokens", type=int, default=4096, help="most query rows in one pass (default 4096)")
+    load.add_argument("--max-seqs", type=int, default=None, help="most requests in one pass (default 64)")
+    load.add_argument("--max-batch-tokens", type=int, default=None, help="most query rows in one pass (default 4096)")
     load.add_argument(
-        "--kv-budget-mib", type=float, default=8.0, help="KV pool size in MiB, fractions allowed (default 8)"
+        "--kv-budget-mib", type=float, default=None, help="KV pool size in MiB, fractions allowed (default 8)"
     )
-    load.add_argument("--scheduler", default="fcfs", help="admission policy: fcfs or sjf (default fcfs)")
+    load.add_argument("--scheduler", default=None, help="admission policy: fcfs or sjf (default fcfs)")
     load.add_argument("--chunked-prefill", action="store_true", help="split long prefills over passes (vLLM's default)")
     load.add_argument(
         "--attention",
-        default="mask",
+        default=None,
         choices=["mask", "gather"],
-        help="attention over the whole pool with a mask, or over each request's gathered slots",
+        help="attention over the whole pool with a mask (default), or over each request's gathered slots",
     )
     load.add_argument(
         "--rows-sweep",
@@ -139,12 +139,28 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--counters-hz must be a number in (0, 1000], got {args.counters_hz}")
     if not 0 <= args.temperature < math.inf:
         raise UsageError(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
-    if not 0 < args.top_p <= 1:
+    if args.top_p is not None and not 0 < args.top_p <= 1:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not DEVICE.fullmatch(args.device):
         raise UsageError(f"--device must be cpu or cuda[:i], got {args.device!r}")
-    if args.rows_sweep and args.rate is None and args.concurrency is None:
-        raise UsageError("--rows-sweep times the serving runtime's forward: give it with --rate or --concurrency")
+    _check_unused(args)
+
+
+SERVING_FLAGS = ("max_seqs", "max_batch_tokens", "kv_budget_mib", "scheduler", "chunked_prefill", "attention")
+
+
+def _check_unused(args: argparse.Namespace) -> None:
+    """Refuse a flag the capture would accept and ignore (was: exit 0, the trace as without it)."""
+    if args.rate is None and args.concurrency is None:
+        if args.rows_sweep:
+            raise UsageError("--rows-sweep times the serving runtime's forward: give it with --rate or --concurrency")
+        given = [f"--{name.replace('_', '-')}" for name in SERVING_FLAGS if getattr(args, name) not in (None, False)]
+        if given:
+            raise UsageError(f"{', '.join(given)}: serving settings apply under load: give --rate or --concurrency")
+    if args.keep is not None and args.repeats == 1:
+        raise UsageError("--keep picks one of the runs of --repeats: give --repeats 2 or more")
+    if args.top_p is not None and args.temperature == 0:
+        raise UsageError("--top-p applies to sampling: give --temperature > 0 (0 is greedy)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -189,13 +205,13 @@ def _capture_config(args: argparse.Namespace) -> CaptureConfig:
         seed=args.seed,
         max_tokens=args.max_tokens,
         temperature=args.temperature,
-        top_p=args.top_p,
+        top_p=1.0 if args.top_p is None else args.top_p,
         page_size=args.page_size,
         counters_interval_s=1.0 / args.counters_hz,
         knobs=parse_knobs(args.knob),
         warmup=args.warmup,
         repeats=args.repeats,
-        keep=args.keep,
+        keep=args.keep or "min",
         structure_from=args.structure_from,
     )
 
@@ -204,14 +220,5 @@ def _load_config(args: argparse.Namespace):
     """The serving-under-load settings (`--rate` or `--concurrency` and the pool flags)."""
     from runtime.serve_capture import LoadConfig
 
-    return LoadConfig(
-        rate=args.rate,
-        concurrency=args.concurrency,
-        max_seqs=args.max_seqs,
-        max_batch_tokens=args.max_batch_tokens,
-        kv_budget_mib=args.kv_budget_mib,
-        scheduler=args.scheduler,
-        chunked_prefill=args.chunked_prefill,
-        attention=args.attention,
-        rows_sweep=args.rows_sweep,
-    )
+    given = {name: getattr(args, name) for name in SERVING_FLAGS if getattr(args, name) is not None}
+    return LoadConfig(rate=args.rate, concurrency=args.concurrency, rows_sweep=args.rows_sweep, **given)

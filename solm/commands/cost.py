@@ -23,7 +23,9 @@ field is one error line, exit 2.
 `--comm all_reduce,send_recv --workers 2,4,8 --bytes 4096,1048576` (no `--model` needed) times
 collective calls within one node instead (`simulator.comm`, calibrated on the A100 collectives)
 and prints {"comm": [{"collective", "workers", "bytes", "time_ms"}, ...]}; `--topology` picks the
-node's topology (nvswitch, nvlink_pairs, pcie, mesh) instead of the part's own.
+node's topology (nvswitch, nvlink_pairs, pcie, mesh) instead of the part's own (also for the
+all-reduces of `--tp` 2 or more). A flag the mode would ignore is refused: the forward-pass flags
+(`--model`, `--tokens`, `--tp`, `--explain`, ...) with `--comm`, `--workers`/`--bytes` without it.
 
 `--calibrate-from TRACE` fits the efficiencies and the per-pass overhead to the measured passes of
 a trace captured on that part (`simulator.calibrate.fit_cost_params_to_steps`, the fit `solm
@@ -69,13 +71,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--hardware", required=True, help=f"catalog part: {', '.join(sorted(HARDWARE))}")
     parser.add_argument(
-        "--tokens", default="1,512,4096", help="comma-separated query token counts of one pass (default 1,512,4096)"
+        "--tokens", default=None, help="comma-separated query token counts of one pass (default 1,512,4096)"
     )
     parser.add_argument(
         "--kv-tokens", type=str, default=None, help="KV slots each query row sees (default: causal prefill from empty)"
     )
-    parser.add_argument("--groups", type=str, default="1", help="independent query streams in the pass (default 1)")
-    parser.add_argument("--tp", type=str, default="1", help="tensor-parallel degree (default 1)")
+    parser.add_argument("--groups", type=str, default=None, help="independent query streams in the pass (default 1)")
+    parser.add_argument("--tp", type=str, default=None, help="tensor-parallel degree (default 1)")
     parser.add_argument(
         "--set",
         action="append",
@@ -108,14 +110,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="COLLECTIVES",
         help="time collectives instead: comma-separated all_reduce, all_gather, send_recv",
     )
-    parser.add_argument("--workers", default="2,4,8", help="with --comm: GPUs per call (default 2,4,8)")
+    parser.add_argument("--workers", default=None, help="with --comm: GPUs per call (default 2,4,8)")
     parser.add_argument(
         "--bytes",
-        default="4096,1048576,67108864",
+        default=None,
         help="with --comm: buffer bytes per GPU (default 4096,1048576,67108864)",
     )
     parser.add_argument(
-        "--topology", default=None, help="node topology instead of the part's: nvswitch, nvlink_pairs, pcie, mesh"
+        "--topology",
+        default=None,
+        help="node topology instead of the part's: nvswitch, nvlink_pairs, pcie, mesh (with --comm or --tp 2+)",
     )
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     parser.set_defaults(func=run)
@@ -207,8 +211,8 @@ def predict_comm(args: argparse.Namespace) -> dict[str, Any]:
     unknown = [c for c in collectives if c not in COLLECTIVES]
     if unknown or not collectives:
         raise UsageError(f"--comm takes {', '.join(COLLECTIVES)}; got {args.comm!r}")
-    workers = _int_list(args.workers, "--workers", 1)
-    sizes = _int_list(args.bytes, "--bytes", 0)
+    workers = _int_list(args.workers or "2,4,8", "--workers", 1)
+    sizes = _int_list(args.bytes or "4096,1048576,67108864", "--bytes", 0)
     too_many = [n for n in workers if n > hardware.gpus_per_node]
     if too_many:
         raise UsageError(
@@ -251,10 +255,12 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("--model is required (or time collectives with --comm)")
     model = _lookup("model", args.model)
     hardware = _hardware(args)
-    tokens = _parse_tokens(args.tokens)
+    tokens = _parse_tokens(args.tokens or "1,512,4096")
     kv_per_row = None if args.kv_tokens is None else _int(args.kv_tokens, "--kv-tokens", 0)
-    groups = _int(args.groups, "--groups", 1)
-    tp = _int(args.tp, "--tp", 1)
+    groups = _int(args.groups or "1", "--groups", 1)
+    tp = _int(args.tp or "1", "--tp", 1)
+    if tp == 1 and args.topology:  # was: accepted, and one GPU has no links to cross
+        raise UsageError("--topology applies to collectives: give --tp 2 or more, or --comm")
     if tp > 1 and model.n_heads % tp:
         raise UsageError(f"--tp {tp} does not divide {model.name}'s {model.n_heads} heads")
     params = None if args.calibrate_from is None else _fit_to_trace(args.calibrate_from, hardware)
@@ -363,9 +369,23 @@ def _table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_PASS_FLAGS = ("model", "tokens", "kv_tokens", "groups", "tp", "gemm_calibration", "calibrate_from", "explain")
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse a flag the chosen mode would ignore (was: accepted, exit 0, the flag without effect)."""
+    if args.comm:
+        given = [f"--{name.replace('_', '-')}" for name in _PASS_FLAGS if getattr(args, name) not in (None, False)]
+        if given:
+            raise UsageError(f"{', '.join(given)}: not with --comm (it times collectives alone, no forward pass)")
+    elif args.workers is not None or args.bytes is not None:
+        raise UsageError("--workers and --bytes size the collectives of --comm: give --comm too")
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the table (unless --json) and the JSON line; 0 on success, 2 on bad input."""
     try:
+        check_flags(args)
         result = predict_comm(args) if args.comm else predict(args)
     except UsageError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)

@@ -37,7 +37,12 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
         help="replay this many requests, cycling through the trace's (default: the trace's count)",
     )
     add_scheduling_args(p)
-    p.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (default 0)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the Poisson arrivals of --rate (and of --workload's sampled structures; default 0)",
+    )
     p.add_argument(
         "--slo-ttft-ms",
         type=float,
@@ -75,6 +80,17 @@ def add_scheduling_args(p: argparse.ArgumentParser, defaults: bool = True) -> No
         help="SJF ranks by the passes each request has left (the future; a what-if) instead of "
         "max_tokens and prompt length",
     )
+
+
+def check_batch_flags(args: argparse.Namespace, rates: bool, paced: bool) -> None:
+    """Refuse the batch and scheduling flags that would be accepted and have no effect (was: exit 0,
+    the flag ignored). `rates`: a --rate is given; `paced`: a --rate or --concurrency is."""
+    if args.seed is not None and not rates and not args.workload:
+        raise UsageError("--seed draws the arrivals of --rate (or a --workload's structures): give one of them")
+    if args.time_scale != 1.0 and (paced or not args.workload):  # --rate/--concurrency replace the file's arrivals
+        raise UsageError(
+            "--time-scale paces --workload's own arrivals: give --workload, and no --rate or --concurrency"
+        )
 
 
 def scheduling_kwargs(args: argparse.Namespace) -> dict:
@@ -162,6 +178,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict, object]:
     from simulator.models import ModelSpec, get_model
     from simulator.simtrace import write_simulated_trace
 
+    check_batch_flags(args, args.rate is not None, args.rate is not None or args.concurrency is not None)
     hardware, calibrated_on = _part(args)
     cluster = cluster_config(args)
     config = _replay_config(args)
@@ -217,7 +234,7 @@ def _replay_config(args: argparse.Namespace):
         rate=args.rate,
         concurrency=args.concurrency,
         num_requests=args.num_requests,
-        seed=args.seed,
+        seed=args.seed or 0,
         **scheduling_kwargs(args),
     )
 

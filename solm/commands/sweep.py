@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from profiler.errors import UsageError
 from profiler.outdir import check_given_once, claim_out_dir
 from profiler.services import terminate_on_signal
-from solm.commands.simulate import add_batch_args, scheduling_kwargs
+from solm.commands.simulate import add_batch_args, check_batch_flags, scheduling_kwargs
 from solm.jsonline import json_line
 
 if TYPE_CHECKING:
@@ -66,7 +66,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--pp", default="1", help="comma-separated pipeline stages (default 1)")
     g.add_argument("--pp-schedule", default="drain", help="drain (default) or interleave (batches in flight)")
     g.add_argument("--replicas", default="1", help="comma-separated replica counts (default 1)")
-    g.add_argument("--router", default="round_robin", help="round_robin (default), least_outstanding, kv_aware")
+    g.add_argument(
+        "--router", default=None, help="with --replicas 2+: round_robin (default), least_outstanding, kv_aware"
+    )
     g.add_argument(
         "--workload",
         default=None,
@@ -102,19 +104,23 @@ def _gemm_calibrations(paths: list[str] | None) -> dict[str, str]:
 
 
 def _cluster(args: argparse.Namespace) -> dict:
-    from simulator.cluster.cli import with_links
+    from simulator.cluster.cli import check_pipeline, check_router, with_links
     from simulator.hardware import get_hardware
 
     for part in _list(args.hardware, "--hardware"):  # the price once, not an error row per configuration
         with_links(get_hardware(part), args)
     calibrations = _gemm_calibrations(args.gemm_calibration)
+    replicas = _list(args.replicas, "--replicas", int)
+    check_router(args.router, max(replicas) > 1)
+    pp = _list(args.pp, "--pp", int)
+    check_pipeline(None, args.pp_schedule, max(pp) > 1)
     return {
         **({"gemm_calibrations": calibrations} if calibrations else {}),
         "tp": _list(args.tp, "--tp", int),
-        "pp": _list(args.pp, "--pp", int),
+        "pp": pp,
         "pp_schedule": args.pp_schedule,
-        "replicas": _list(args.replicas, "--replicas", int),
-        "router": args.router,
+        "replicas": replicas,
+        "router": args.router or "round_robin",
         "workload": args.workload,
         "time_scale": args.time_scale,
         "price_per_gpu_hour": args.price_per_gpu_hour,
@@ -161,7 +167,7 @@ def _sweep_table(
             args.max_batch_tokens,
             args.num_requests,
             args.scheduler,
-            args.seed,
+            args.seed or 0,
             args.backend,
             args.address,
             args.workers,
@@ -239,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
     models = _list(args.model, "--model") if args.model else [""]
     rates = _list(args.rate, "--rate", float) if args.rate else []
     conc = _list(args.concurrency, "--concurrency", int) if args.concurrency else []
+    check_batch_flags(args, bool(rates), bool(rates or conc))
     progress = _ProgressBar()
     t0 = time.perf_counter()
     try:
