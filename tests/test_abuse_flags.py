@@ -51,6 +51,10 @@ CAPTURE = ["capture", "--n", "2", "--out", "o"]
         ([*COST, "--comm", "all_reduce", "--explain"], "--explain: not with --comm"),
         ([*COST, "--model", "llama-3-8b", "--workers", "4"], "--workers and --bytes size the collectives of --comm"),
         ([*COST, "--model", "llama-3-8b", "--topology", "pcie"], "--topology applies to collectives: give --tp 2"),
+        # an empty value stays an error now that the defaults are filled in after the mode's checks
+        ([*COST, "--model", "llama-3-8b", "--tokens="], "--tokens must be comma-separated positive integers, got ''"),
+        ([*COST, "--model", "llama-3-8b", "--tp="], "--tp must be an integer >= 1, got ''"),
+        ([*COST, "--comm", "all_reduce", "--bytes="], "--bytes must be comma-separated integers >= 0, got ''"),
         # each was: exit 0, a request-by-request capture with the same tokens, the setting recorded nowhere
         ([*CAPTURE, "--max-seqs", "2", "--attention", "gather"], "--max-seqs, --attention: serving settings apply"),
         ([*CAPTURE, "--kv-budget-mib", "1"], "--kv-budget-mib: serving settings apply under load: give --rate"),

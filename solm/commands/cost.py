@@ -211,8 +211,8 @@ def predict_comm(args: argparse.Namespace) -> dict[str, Any]:
     unknown = [c for c in collectives if c not in COLLECTIVES]
     if unknown or not collectives:
         raise UsageError(f"--comm takes {', '.join(COLLECTIVES)}; got {args.comm!r}")
-    workers = _int_list(args.workers or "2,4,8", "--workers", 1)
-    sizes = _int_list(args.bytes or "4096,1048576,67108864", "--bytes", 0)
+    workers = _int_list(_given(args.workers, "2,4,8"), "--workers", 1)
+    sizes = _int_list(_given(args.bytes, "4096,1048576,67108864"), "--bytes", 0)
     too_many = [n for n in workers if n > hardware.gpus_per_node]
     if too_many:
         raise UsageError(
@@ -255,10 +255,10 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("--model is required (or time collectives with --comm)")
     model = _lookup("model", args.model)
     hardware = _hardware(args)
-    tokens = _parse_tokens(args.tokens or "1,512,4096")
+    tokens = _parse_tokens(_given(args.tokens, "1,512,4096"))
     kv_per_row = None if args.kv_tokens is None else _int(args.kv_tokens, "--kv-tokens", 0)
-    groups = _int(args.groups or "1", "--groups", 1)
-    tp = _int(args.tp or "1", "--tp", 1)
+    groups = _int(_given(args.groups, "1"), "--groups", 1)
+    tp = _int(_given(args.tp, "1"), "--tp", 1)
     if tp == 1 and args.topology:  # was: accepted, and one GPU has no links to cross
         raise UsageError("--topology applies to collectives: give --tp 2 or more, or --comm")
     if tp > 1 and model.n_heads % tp:
@@ -367,6 +367,12 @@ def _table(result: dict[str, Any]) -> str:
     )
     lines.append(f"{'bound':26s}" + "".join(f"{step['bound']:>{width + 2}s}" for step in result["steps"]))
     return "\n".join(lines)
+
+
+def _given(value: str | None, default: str) -> str:
+    """The flag's text, or its default when it was not given (None: an empty text given is checked,
+    not replaced by the default)."""
+    return default if value is None else value
 
 
 _PASS_FLAGS = ("model", "tokens", "kv_tokens", "groups", "tp", "gemm_calibration", "calibrate_from", "explain")
