@@ -20,7 +20,7 @@ from profiler.errors import is_utf8, one_line
 from profiler.reader import Trace, TraceError, read_trace
 from profiler.stats import non_dominated
 from profiler.summary import summarize
-from profiler.validate import graphs_problems
+from profiler.validate import graphs_problems, not_valid
 
 TRACE_MARKERS = ("meta.json", "requests.parquet", "steps.parquet", "graph.json")
 COUNTER_COLUMNS = (
@@ -154,7 +154,7 @@ def graph_problem(trace: Trace) -> str | None:
     None: the pages draw and diff the graphs, so one that is not node-link is the trace's error row.
     Graphs shared by many requests (a simulated trace's structures) are checked once."""
     found = next(graphs_problems(trace, each_once=True), None)
-    return f"{trace.path}: not a valid trace: {found}" if found else None
+    return not_valid(trace.path, [found]) if found else None
 
 
 # ---- labels ----------------------------------------------------------------------------------

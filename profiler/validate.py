@@ -111,9 +111,9 @@ def graph_problems(g: dict) -> list[str]:
         return ["not node-link (needs nodes and links lists)"]
     if not all(isinstance(n, dict) and "id" in n for n in nodes):
         return ["a node without an id"]
-    bad_tokens = [n["id"] for n in nodes if "tokens" in n and not _is_count(n["tokens"])]
-    if bad_tokens:
-        return [f"node {bad_tokens[0]!r}: tokens must be an integer >= 0, got {_node_tokens(nodes, bad_tokens[0])!r}"]
+    bad = next((n for n in nodes if "tokens" in n and not _is_count(n["tokens"])), None)
+    if bad is not None:
+        return [f"node {bad['id']!r}: tokens must be an integer >= 0, got {bad['tokens']!r}"]
     ids = [n["id"] for n in nodes]
     try:
         known = set(ids)
@@ -140,10 +140,6 @@ def graph_problems(g: dict) -> list[str]:
 
 def _is_count(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def _node_tokens(nodes: list[dict], node_id: object) -> object:
-    return next(n["tokens"] for n in nodes if n["id"] == node_id)
 
 
 def has_cycle(nodes: set, edges: list[tuple]) -> bool:
@@ -174,12 +170,19 @@ def validate(path: str | Path) -> list[str]:
     return problems(trace)
 
 
+def not_valid(path: str | Path, found: list[str], rest: str | None = None) -> str:
+    """The line naming a trace's first problem: "<path>: not a valid trace: <first> (and N more
+    <rest>)"; `rest` says where the others are (default: `solm inspect <path> --validate` lists them)."""
+    rest = f": solm inspect {path} --validate" if rest is None else rest
+    more = f" (and {len(found) - 1} more{rest})" if len(found) > 1 else ""
+    return f"{path}: not a valid trace: {found[0]}{more}"
+
+
 def read_valid_trace(path: str | Path) -> Trace:
     """`read_trace`, then the validator: a trace with problems is one TraceError naming the first
     (what `diff` and `export` read, so they never compute figures from a broken trace)."""
     trace = read_trace(path)
     found = problems(trace)
     if found:
-        more = f" (and {len(found) - 1} more: solm inspect {path} --validate)" if len(found) > 1 else ""
-        raise TraceError(f"{path}: not a valid trace: {found[0]}{more}")
+        raise TraceError(not_valid(path, found))
     return trace

@@ -107,7 +107,7 @@ def cluster_config(args: argparse.Namespace):
     return ClusterConfig(
         Parallelism(args.tp, args.pp, args.micro_batches, schedule),
         replicas=args.replicas,
-        router=args.router or "round_robin",
+        router=args.router or ClusterConfig.router,
         disaggregate=parse_disaggregate(args.disaggregate),
         decode_hardware=decode,
         slo_ttft_ms=args.slo_ttft_ms,

@@ -205,13 +205,13 @@ def _capture_config(args: argparse.Namespace) -> CaptureConfig:
         seed=args.seed,
         max_tokens=args.max_tokens,
         temperature=args.temperature,
-        top_p=1.0 if args.top_p is None else args.top_p,
+        top_p=CaptureConfig.top_p if args.top_p is None else args.top_p,
         page_size=args.page_size,
         counters_interval_s=1.0 / args.counters_hz,
         knobs=parse_knobs(args.knob),
         warmup=args.warmup,
         repeats=args.repeats,
-        keep=args.keep or "min",
+        keep=args.keep or CaptureConfig.keep,
         structure_from=args.structure_from,
     )
 

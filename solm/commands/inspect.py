@@ -31,27 +31,22 @@ def run(args: argparse.Namespace) -> int:
     from profiler.errors import TraceError
     from profiler.reader import read_trace
     from profiler.summary import summarize
-    from profiler.validate import problems, read_valid_trace
+    from profiler.validate import not_valid, problems
 
-    if not args.validate:  # figures from a broken trace (an infinite e2e_s) would be numbers of nothing
-        try:
-            trace = read_valid_trace(args.trace)
-        except TraceError as e:
-            if "not a valid trace" not in str(e):
-                raise
-            raise TraceError(f"{e}; solm inspect --validate summarises it anyway, with every problem") from None
-        issues: list[str] = []
-    else:
-        trace = read_trace(args.trace)
-        issues = problems(trace)
+    trace = read_trace(args.trace)
+    issues = problems(trace)
+    if issues and not args.validate:  # figures from a broken trace (an infinite e2e_s) would be numbers of nothing
+        raise TraceError(
+            f"{not_valid(args.trace, issues)}; solm inspect --validate summarises it anyway, with every problem"
+        )
     with np.errstate(invalid="ignore", over="ignore"):  # --validate: percentiles over inf are n/a, not warnings
         s = summarize(trace)
     s["valid"] = not issues if args.validate else None
     if args.validate:
         s["problems"] = issues
     if issues and args.json:  # the JSON line lists them; stderr names the first, as any refusal does
-        more = f" (and {len(issues) - 1} more in the JSON line's problems)" if len(issues) > 1 else ""
-        print(f"solm inspect: error: {args.trace}: not a valid trace: {issues[0]}{more}", file=sys.stderr)
+        line = not_valid(args.trace, issues, " in the JSON line's problems")
+        print(f"solm inspect: error: {line}", file=sys.stderr)
     if not args.json:
         state = "complete" if s["complete"] else "INCOMPLETE (run cut short; finished requests only)"
         print(

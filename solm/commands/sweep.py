@@ -106,6 +106,7 @@ def _gemm_calibrations(paths: list[str] | None) -> dict[str, str]:
 def _cluster(args: argparse.Namespace) -> dict:
     from simulator.cluster.cli import check_pipeline, check_router, with_links
     from simulator.hardware import get_hardware
+    from simulator.sweep import CLUSTER_DEFAULTS
 
     for part in _list(args.hardware, "--hardware"):  # the price once, not an error row per configuration
         with_links(get_hardware(part), args)
@@ -120,7 +121,7 @@ def _cluster(args: argparse.Namespace) -> dict:
         "pp": pp,
         "pp_schedule": args.pp_schedule,
         "replicas": replicas,
-        "router": args.router or "round_robin",
+        "router": args.router or CLUSTER_DEFAULTS["router"],
         "workload": args.workload,
         "time_scale": args.time_scale,
         "price_per_gpu_hour": args.price_per_gpu_hour,
