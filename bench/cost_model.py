@@ -14,17 +14,21 @@ unseen shapes is the honest measure (issue 16). Goal on A100: median <= 4%, p90 
 
 Unfiltered: every held-out row counts once per fold it is held out in (a row is held out twice:
 once for its model, once for its TP degree). --quick fits on every 8th token count of each
-profile (the full run on every 2nd); evaluation always covers every held-out row.
+profile (the full run on every 2nd); evaluation always covers every held-out row. After the
+table: the error left once each unseen shape's (and each shape and token band's) median error is
+taken out, and how far apart the data's own repeated timings of one GEMM are.
 
 Last line: {"bench": "cost_model", "a100_unseen_median_ape_percent", "a100_unseen_p90_ape_percent",
-"old_model_unseen_median_ape_percent", "old_model_unseen_p90_ape_percent", ...}.
+"old_model_unseen_median_ape_percent", "old_model_unseen_p90_ape_percent", ...,
+"shape_band_level_removed_p90_ape_percent", "a100_repeat_p90_percent", ...}.
 
 `--dev` scores the tile model on the dev split on which its modelling choices were made (not the
 folds above): the (K, N) shapes shuffled (seeds 0 and 1) and halved, fit on one half (every 8th
 token count), score the other and the reverse; `--fix NAME=VALUE` and `--min NAME=VALUE` (either
 repeated) fix a tile parameter or set its lower bound there, to compare variants. It also
 prints the error left once each shape's (and each shape and token band's) median error is taken
-out: what a level per shape could fix at best, against the steps within a shape.
+out: what a level per shape could fix at best, against the steps within a shape; and the data's
+own spread, as the default run does.
 
 `--transfer` checks both models on parts they were never fitted on: the error on XLA's measured
 bf16 GEMM tables for an H100 SXM and a B200 (simulator/data/xla-gemm, 125 GEMMs each, with a
@@ -62,6 +66,7 @@ from simulator.gemm_fit import (  # noqa: E402
     gemm_rows,
     holdout_predictions,
     level_removed_ape,
+    repeat_spread_percent,
     summary,
     unseen_keys,
 )
@@ -166,6 +171,29 @@ def _settings(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, fl
     return out
 
 
+def where_the_error_is(held: pd.DataFrame, fit: str) -> dict[str, float]:
+    """Print (and return) the error left once a level per shape, or per shape and token band, is
+    taken out of the held-out rows (`fit`: the column naming the fit that predicted them; the model
+    could at best remove a level, what is left is steps placed elsewhere than the data's), and the
+    spread of the data's own repeated timings."""
+    held = held.assign(band=pd.cut(held["num_tokens"], TOKEN_BINS).astype(str))
+    figures = {}
+    for label, key, keys in (
+        ("shape", "shape_level_removed", [fit, "K", "N"]),
+        ("shape and token band", "shape_band_level_removed", [fit, "K", "N", "band"]),
+    ):
+        median, p90 = level_removed_ape(held, keys)
+        print(f"  left once each {label}'s median error is removed: median {median:.2f}  p90 {p90:.2f}")
+        figures.update({f"{key}_median_ape_percent": round(median, 2), f"{key}_p90_ape_percent": round(p90, 2)})
+    median, p90, count = repeat_spread_percent(gemm_rows(load_vidur()))
+    print(
+        f"  the data's own spread: {count} GEMMs timed in two profiles (same K, N and tokens) differ by "
+        f"median {median:.2f}  p90 {p90:.2f} (max / min - 1, %)"
+    )
+    figures.update({"a100_repeat_median_percent": round(median, 2), "a100_repeat_p90_percent": round(p90, 2)})
+    return figures
+
+
 def dev(fixed: dict[str, float], lower: dict[str, float]) -> dict:
     """Median and p90 APE of the tile model on the dev split, pooled and per token band."""
     start = time.perf_counter()
@@ -179,12 +207,7 @@ def dev(fixed: dict[str, float], lower: dict[str, float]) -> dict:
     print(f"  all: median {np.median(ape):.2f}  p90 {np.percentile(ape, 90):.2f}")
     for band, values in bands:
         print(f"  {str(band):18s} median {np.median(values):5.2f}  p90 {np.percentile(values, 90):5.2f}")
-    # Where the error is: left once a level per shape (per fit: seed and half), or per shape and
-    # token band, is taken out (the model could at best remove a level; what is left is steps).
-    held = held.assign(band=pd.cut(held["num_tokens"], TOKEN_BINS).astype(str))
-    for label, keys in (("shape", ["seed", "K", "N"]), ("shape and token band", ["seed", "K", "N", "band"])):
-        median, p90 = level_removed_ape(held, keys)
-        print(f"  left once each {label}'s median error is removed: median {median:.2f}  p90 {p90:.2f}")
+    where_the_error_is(held, "seed")
     for params in held.attrs["params"]:
         print("  fitted:", ", ".join(f"{name} {getattr(params, name):.3g}" for name in FIT_FIELDS))
     return {
@@ -229,6 +252,8 @@ def holdout(quick: bool) -> dict:
         print(f"  -- per {title}")
         for name, entry in sorted(report[key].items()):
             print(_row(name, entry))
+    print("  -- what a level per shape could fix at best (tile model, unseen rows)")
+    floors = where_the_error_is(held[held["unseen"]], "fold")
     return {
         "bench": "cost_model",
         "quick": quick,
@@ -245,6 +270,7 @@ def holdout(quick: bool) -> dict:
             }
             for name, e in sorted(report["by_family"].items())
         },
+        **floors,
         "elapsed_s": round(elapsed, 1),
     }
 

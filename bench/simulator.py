@@ -18,7 +18,8 @@ What it measures:
   A100 profiles (`simulator.calibrate.a100_op_errors`), and its median over families.
 - `a100_unseen_median_ape_percent`, `a100_unseen_p90_ape_percent`: the tile-and-wave GEMM model on
   A100 shapes held out from its fit, with `old_model_unseen_*` beside them (bench/cost_model.py's
-  evaluation; `--quick` fits on every 8th token count, else every 2nd).
+  evaluation; `--quick` fits on every 8th token count, else every 2nd); `a100_repeat_median_percent`
+  and `a100_repeat_p90_percent`, how far apart the data's own two timings of one GEMM are.
 - `h100_sxm_tiles_median_ape_percent`, `..._p90_...`, `b200_tiles_*`, and `*_old_*` beside them: the
   same models on parts never fitted, XLA's measured bf16 GEMM tables (simulator/data/xla-gemm),
   over the GEMMs above 10 us (`simulator.gemm_transfer`; bench/cost_model.py --transfer).
@@ -263,14 +264,18 @@ def unseen_gemm_errors(thin: int) -> dict[str, float | int]:
     leave-one-TP-degree-out, pooled), the old smooth model's error beside it: bench/cost_model.py's
     figures (that bench prints them per op family, token count and fold)."""
     from simulator.calibrate import load_vidur
-    from simulator.gemm_fit import holdout_predictions, summary, unseen_keys
+    from simulator.gemm_fit import gemm_rows, holdout_predictions, repeat_spread_percent, summary, unseen_keys
     from simulator.gemm_transfer import calibration_keys, transfer_errors, transfer_keys
 
     report = summary(holdout_predictions(load_vidur(), thin=thin))
     measured = transfer_keys(transfer_errors())
     calibrated = calibration_keys()
+    repeat_median, repeat_p90, _ = repeat_spread_percent(gemm_rows(load_vidur()))
     figures: dict[str, float | int] = {
         **unseen_keys(report),
+        # the data's own spread: one GEMM timed in two profiles, max / min - 1
+        "a100_repeat_median_percent": round(repeat_median, 2),
+        "a100_repeat_p90_percent": round(repeat_p90, 2),
         "gemm_fit_every_nth_token_count": thin,
         **measured,
         **calibrated,

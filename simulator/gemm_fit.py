@@ -219,6 +219,21 @@ def level_removed_ape(held: pd.DataFrame, keys: list[str]) -> tuple[float, float
     return float(np.median(ape)), float(np.percentile(ape, 90))
 
 
+def repeat_spread_percent(rows: pd.DataFrame) -> tuple[float, float, int]:
+    """The measurement's own spread: each GEMM (K, N and token count) timed in more than one
+    (model, TP) profile, as max / min - 1 of its times in percent (in the vidur data Llama-2-7B
+    and Llama-3-8B share their output projections at every TP degree and one QKV shape). Median,
+    p90 and how many such GEMMs: no model can be held to much less error than two timings of one
+    GEMM disagree by."""
+    keys = ["K", "N", "num_tokens"]
+    profiles = (rows["model"].astype(str) + "/" + rows["tp"].astype(str)).groupby([rows[k] for k in keys]).nunique()
+    times = rows.groupby(keys)["time_s"]
+    spread = ((times.max() / times.min() - 1.0) * 100.0)[profiles > 1]
+    if spread.empty:
+        return float("nan"), float("nan"), 0
+    return float(np.median(spread)), float(np.percentile(spread, 90)), len(spread)
+
+
 def unseen_keys(report: dict[str, Any]) -> dict[str, float]:
     """The issue's target keys from `summary`: pooled unseen-shape APE of the tile model, the old
     model's beside it (bench/cost_model.py and bench/simulator.py print them)."""

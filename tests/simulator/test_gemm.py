@@ -325,6 +325,33 @@ def test_level_removed_ape_takes_out_each_groups_median_error() -> None:
     assert p90 == pytest.approx(100 * (1 - 0.8 / 1.1), rel=1e-9)
 
 
+def test_repeat_spread_counts_only_gemms_timed_in_two_profiles() -> None:
+    """GEMM (1, 8, 16) is timed in profiles a/1 and b/2 (10 and 11: 10% apart) and (1, 8, 32) in
+    a/1 and a/2 (20 and 30: 50%); (2, 8, 16) twice in one profile (two ops of one shape) is not a
+    repeat of the measurement, nor is (3, 8, 16) timed once."""
+    import pandas as pd
+
+    from simulator.gemm_fit import repeat_spread_percent
+
+    rows = pd.DataFrame(
+        [
+            ("a", 1, 1, 8, 16, 10.0),
+            ("b", 2, 1, 8, 16, 11.0),
+            ("a", 1, 1, 8, 32, 20.0),
+            ("a", 2, 1, 8, 32, 30.0),
+            ("a", 1, 2, 8, 16, 5.0),
+            ("a", 1, 2, 8, 16, 50.0),
+            ("c", 4, 3, 8, 16, 7.0),
+        ],
+        columns=["model", "tp", "K", "N", "num_tokens", "time_s"],
+    )
+    median, p90, count = repeat_spread_percent(rows)
+    assert count == 2
+    assert median == pytest.approx(30.0)
+    assert p90 == pytest.approx(10.0 + 0.9 * 40.0)
+    assert repeat_spread_percent(rows.iloc[4:]) == (pytest.approx(float("nan"), nan_ok=True),) * 2 + (0,)
+
+
 def test_shipped_tile_fit_reproduces_its_recorded_error() -> None:
     from simulator.calibrate import CALIBRATION_PATH, load_vidur
     from simulator.gemm_fit import gemm_rows, predict_tiles
