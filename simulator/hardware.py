@@ -49,7 +49,6 @@ class HardwareSpec:
     hbm_bytes_per_s: float  # device memory bandwidth (HBM, GDDR or host DRAM)
     hbm_capacity_bytes: int
     interconnect_bytes_per_s: float  # device-to-device, datasheet aggregate (see module doc)
-    interconnect_latency_s: float  # per ring step (hop) of a collective
     launch_overhead_s: float  # fixed cost of one kernel / eager op
     matmul_efficiency: float  # prior: achieved fraction of peak FLOP/s on large GEMMs
     memory_efficiency: float  # prior: achieved fraction of bandwidth when streaming
@@ -106,7 +105,7 @@ _POSITIVE_FIELDS = (
     "hbm_capacity_bytes",
     "interconnect_bytes_per_s",
 )
-_NON_NEGATIVE_FIELDS = ("interconnect_latency_s", "launch_overhead_s")
+_NON_NEGATIVE_FIELDS = ("launch_overhead_s",)
 _FRACTION_FIELDS = ("matmul_efficiency", "memory_efficiency")
 CHIP_FIELDS = ("num_sms", "tensor_flops_per_sm_per_clock", "boost_clock_hz", "sustained_clock_hz", "l2_bytes", "arch")
 _CHIP_NUMBERS = CHIP_FIELDS[:-1]
@@ -174,8 +173,8 @@ def _validate_links(spec: HardwareSpec) -> None:
         value = getattr(spec, name)
         if not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"hardware {spec.name!r}: {name} must be > 0, got {value!r}")
-    # Descriptive (the link bandwidths are their own fields), but a what-if part should still
-    # name a generation that exists: NVLink 1-6 (6: Rubin), PCIe 1-7.
+    # A what-if part names a generation that exists: NVLink 1-6 (6: Rubin), PCIe 1-7 (`override`
+    # derives the bandwidth from a generation given alone).
     for name, top, allowed_none in (("nvlink_generation", 6, True), ("pcie_generation", 7, False)):
         value = getattr(spec, name)
         if value is None and allowed_none:
@@ -196,10 +195,6 @@ def _validate_links(spec: HardwareSpec) -> None:
 _NV_MATMUL_EFF = 0.70
 _NV_MEMORY_EFF = 0.76
 _NV_LAUNCH_S = 4e-6
-# Per ring step (hop) of a collective; a small NCCL all-reduce on 8 NVLink GPUs takes ~15-30 us,
-# i.e. 1-2 us for each of its 2 (8 - 1) = 14 steps. PCIe hops go through the host bridge (prior).
-_NVLINK_LATENCY_S = 2e-6
-_PCIE_LATENCY_S = 5e-6
 
 HARDWARE: dict[str, HardwareSpec] = {
     # NVIDIA A100 datasheet (A100 40GB/80GB SXM): BF16 tensor 312 TFLOP/s dense (624 sparse);
@@ -211,7 +206,6 @@ HARDWARE: dict[str, HardwareSpec] = {
         1.555e12,
         40 * GIB,
         600e9,
-        _NVLINK_LATENCY_S,
         _NV_LAUNCH_S,
         _NV_MATMUL_EFF,
         _NV_MEMORY_EFF,
@@ -224,7 +218,6 @@ HARDWARE: dict[str, HardwareSpec] = {
         2.039e12,
         80 * GIB,
         600e9,
-        _NVLINK_LATENCY_S,
         _NV_LAUNCH_S,
         _NV_MATMUL_EFF,
         _NV_MEMORY_EFF,
@@ -239,7 +232,6 @@ HARDWARE: dict[str, HardwareSpec] = {
         600e9,
         24 * GIB,
         64e9,
-        _PCIE_LATENCY_S,
         _NV_LAUNCH_S,
         _NV_MATMUL_EFF,
         _NV_MEMORY_EFF,
@@ -254,7 +246,6 @@ HARDWARE: dict[str, HardwareSpec] = {
         696e9,
         48 * GIB,
         112.5e9,
-        _NVLINK_LATENCY_S,
         _NV_LAUNCH_S,
         _NV_MATMUL_EFF,
         _NV_MEMORY_EFF,
@@ -269,7 +260,6 @@ HARDWARE: dict[str, HardwareSpec] = {
         300e9,
         24 * GIB,
         64e9,
-        _PCIE_LATENCY_S,
         _NV_LAUNCH_S,
         _NV_MATMUL_EFF,
         _NV_MEMORY_EFF,
@@ -284,7 +274,6 @@ HARDWARE: dict[str, HardwareSpec] = {
         864e9,
         48 * GIB,
         64e9,
-        _PCIE_LATENCY_S,
         _NV_LAUNCH_S,
         _NV_MATMUL_EFF,
         _NV_MEMORY_EFF,
@@ -299,7 +288,6 @@ HARDWARE: dict[str, HardwareSpec] = {
         3.35e12,
         80 * GIB,
         900e9,
-        _NVLINK_LATENCY_S,
         _NV_LAUNCH_S,
         _NV_MATMUL_EFF,
         _NV_MEMORY_EFF,
@@ -314,7 +302,6 @@ HARDWARE: dict[str, HardwareSpec] = {
         2.0e12,
         80 * GIB,
         600e9,
-        _NVLINK_LATENCY_S,
         _NV_LAUNCH_S,
         _NV_MATMUL_EFF,
         _NV_MEMORY_EFF,
@@ -329,7 +316,6 @@ HARDWARE: dict[str, HardwareSpec] = {
         4.8e12,
         141 * GIB,
         900e9,
-        _NVLINK_LATENCY_S,
         _NV_LAUNCH_S,
         _NV_MATMUL_EFF,
         _NV_MEMORY_EFF,
@@ -345,7 +331,6 @@ HARDWARE: dict[str, HardwareSpec] = {
         8.0e12,
         192 * GIB,
         1.8e12,
-        _NVLINK_LATENCY_S,
         _NV_LAUNCH_S,
         _NV_MATMUL_EFF,
         _NV_MEMORY_EFF,
@@ -363,7 +348,6 @@ HARDWARE: dict[str, HardwareSpec] = {
         5.3e12,
         192 * GIB,
         896e9,
-        _NVLINK_LATENCY_S,
         _NV_LAUNCH_S,
         0.50,
         0.70,
@@ -381,7 +365,6 @@ HARDWARE: dict[str, HardwareSpec] = {
         51.2e9,
         32 * GIB,
         51.2e9,
-        1e-6,
         10e-6,
         0.5,
         0.6,
@@ -559,21 +542,59 @@ def override(base_name: str, /, **fields: Any) -> HardwareSpec:
     `override("h100-sxm", hbm_bytes_per_s=6e12)` is an H100 with 6 TB/s, named
     "h100-sxm-custom" unless `name=` is given. Changing `num_sms`,
     `tensor_flops_per_sm_per_clock` or `sustained_clock_hz` scales `peak_flops_per_s` with them
-    (unless it is given too). Unknown fields or impossible values raise UsageError (a ValueError)
-    with one line: the fields come from the user (`--set`).
+    (unless it is given too), and `pcie_generation` or `nvlink_generation` the link's bandwidth.
+    Unknown fields, fields no model reads (`REFERENCE_ONLY`) or impossible values raise UsageError
+    (a ValueError) with one line: the fields come from the user (`--set`).
     """
     base = get_hardware(base_name)
     valid = {f.name for f in dataclasses.fields(HardwareSpec)}
     unknown = sorted(set(fields) - valid)
     if unknown:
         raise UsageError(f"unknown hardware field(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
+    for name in sorted(set(fields) & set(REFERENCE_ONLY)):
+        raise UsageError(f"{name} is recorded for reference and no model reads it: {REFERENCE_ONLY[name]}")
     fields.setdefault("name", f"{base_name}-custom")
     if "peak_flops_per_s" not in fields and base.has_chip_layout:
         fields["peak_flops_per_s"] = base.peak_flops_per_s * _peak_scale(base, fields)
+    sustained = fields.get("sustained_clock_hz")
+    if isinstance(sustained, (int, float)) and base.boost_clock_hz is not None:
+        # a part rated at a clock reaches at least that clock
+        fields["boost_clock_hz"] = max(base.boost_clock_hz, sustained)
+    _links_from_generations(base, fields)
     try:
         return dataclasses.replace(base, **fields)  # __post_init__ validates
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
+
+
+# Fields of the catalog that describe a part but drive no model: `--set` refuses them rather than
+# answer a what-if with the part unchanged.
+REFERENCE_ONLY = {
+    "boost_clock_hz": "the GEMM model runs the SMs at sustained_clock_hz (the clock the peak is rated at); set that",
+    "links_source": "it names where the link figures come from; set the link fields themselves",
+}
+# NVLink bandwidth per link, bidirectional (NVIDIA NVLink pages and the P100, V100, A100, H100,
+# B200 whitepapers: gen 1 40 GB/s; gen 2-4 50 GB/s; gen 5 100 GB/s; gen 6 (Rubin) 200 GB/s).
+NVLINK_LINK_BYTES_PER_S = {1: 40e9, 2: 50e9, 3: 50e9, 4: 50e9, 5: 100e9, 6: 200e9}
+
+
+def _links_from_generations(base: HardwareSpec, fields: dict[str, Any]) -> None:
+    """A generation given without its bandwidth sets the bandwidth, as `num_sms` sets the peak:
+    PCIe x16 doubles per generation; NVLink keeps the part's link count at the new generation's
+    rate per link (a part without NVLink has no link count to keep: its bandwidth must be given)."""
+    pcie = fields.get("pcie_generation")
+    if "pcie_bytes_per_s" not in fields and isinstance(pcie, int) and not isinstance(pcie, bool) and 1 <= pcie <= 7:
+        fields["pcie_bytes_per_s"] = base.pcie_bytes_per_s * 2.0 ** (pcie - base.pcie_generation)
+    nvlink = fields.get("nvlink_generation")
+    if "interconnect_bytes_per_s" in fields or nvlink not in NVLINK_LINK_BYTES_PER_S or isinstance(nvlink, bool):
+        return
+    if base.nvlink_generation is None:
+        raise UsageError(
+            f"nvlink_generation: {base.name} has no NVLink, so there is no link count to carry to generation "
+            f"{nvlink}; give interconnect_bytes_per_s too"
+        )
+    scale = NVLINK_LINK_BYTES_PER_S[nvlink] / NVLINK_LINK_BYTES_PER_S[base.nvlink_generation]
+    fields["interconnect_bytes_per_s"] = base.interconnect_bytes_per_s * scale
 
 
 def _peak_scale(base: HardwareSpec, fields: dict[str, object]) -> float:

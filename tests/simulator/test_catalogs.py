@@ -211,3 +211,63 @@ def test_link_figures_and_overrides() -> None:
     for bad in ({"topology": "torus"}, {"price_per_gpu_hour": -1.0}, {"network_bytes_per_s": 0}):
         with pytest.raises(ValueError):
             override("h100-sxm", **bad)
+
+
+def test_a_generation_set_alone_sets_its_link_bandwidth() -> None:
+    """PCIe x16 doubles per generation; NVLink keeps the part's links at the generation's rate per
+    link (gen 4 and 3: 50 GB/s each, gen 5: 100); a bandwidth given too wins; a part without
+    NVLink has no link count to carry, so a generation alone is refused."""
+    h100 = get_hardware("h100-sxm")  # PCIe gen 5, NVLink gen 4
+    assert override("h100-sxm", pcie_generation=6).pcie_bytes_per_s == 2 * h100.pcie_bytes_per_s
+    assert override("h100-sxm", pcie_generation=4).pcie_bytes_per_s == h100.pcie_bytes_per_s / 2
+    assert override("h100-sxm", pcie_generation=6, pcie_bytes_per_s=1e11).pcie_bytes_per_s == 1e11
+    assert override("h100-sxm", nvlink_generation=5).interconnect_bytes_per_s == 2 * h100.interconnect_bytes_per_s
+    assert override("h100-sxm", nvlink_generation=3).interconnect_bytes_per_s == h100.interconnect_bytes_per_s
+    assert override("a100-80g", nvlink_generation=6).interconnect_bytes_per_s == 4 * 600e9
+    with pytest.raises(ValueError, match="l40s has no NVLink") as info:
+        override("l40s", nvlink_generation=4)
+    assert "\n" not in str(info.value)
+    assert override("l40s", nvlink_generation=4, interconnect_bytes_per_s=9e11).interconnect_bytes_per_s == 9e11
+    with pytest.raises(ValueError, match="pcie_generation must be a whole number in 1..7"):
+        override("h100-sxm", pcie_generation=9)
+
+
+@pytest.mark.parametrize("field", ["boost_clock_hz", "links_source"])
+def test_fields_no_model_reads_are_refused_by_override(field: str) -> None:
+    with pytest.raises(ValueError, match=f"{field} is recorded for reference and no model reads it") as info:
+        override("h100-sxm", **{field: 3e9 if field == "boost_clock_hz" else "x"})
+    assert "\n" not in str(info.value)
+
+
+def test_a_sustained_clock_above_the_boost_lifts_the_boost() -> None:
+    """A part rated at a clock reaches it: setting the sustained clock above the catalog's maximum
+    is a what-if, not an impossible part (the boost clock itself cannot be set: nothing reads it)."""
+    fast = override("a100-80g", sustained_clock_hz=1.8e9)
+    assert fast.boost_clock_hz == 1.8e9 and fast.peak_flops_per_s == pytest.approx(312e12 * 1.8 / 1.41)
+    assert override("h100-sxm", sustained_clock_hz=1.5e9).boost_clock_hz == get_hardware("h100-sxm").boost_clock_hz
+
+
+def test_every_settable_hardware_field_is_read_somewhere() -> None:
+    """A catalog field that no model reads answers a `--set` what-if with the part unchanged:
+    each field is read (as `.field`) outside the catalog's module, or derives another field in
+    `override`, or is refused there (`REFERENCE_ONLY`)."""
+    import re
+    from pathlib import Path
+
+    from simulator.hardware import REFERENCE_ONLY
+
+    root = Path(__file__).resolve().parents[2]
+    sources = [
+        path.read_text()
+        for package in ("simulator", "solm", "dashboard", "profiler", "runtime", "scheduling")
+        for path in (root / package).rglob("*.py")
+        if path.name != "hardware.py"
+    ]
+    derived_in_override = {"tensor_flops_per_sm_per_clock", "nvlink_generation", "pcie_generation"}
+    unread = [
+        f.name
+        for f in dataclasses.fields(HardwareSpec)
+        if f.name not in REFERENCE_ONLY and f.name not in derived_in_override
+        if not any(re.search(rf"\.{f.name}\b", text) for text in sources)
+    ]
+    assert unread == []
