@@ -30,6 +30,10 @@ prints the error left once each shape's (and each shape and token band's) median
 out: what a level per shape could fix at best, against the steps within a shape; and the data's
 own spread, as the default run does.
 
+`--steps` prints where the measured profiles themselves step (no model): per (K, N) shape, the
+time's change from 128 to 136 and from 192 to 200 tokens, and two profiles' times around their
+steps, the data docs/cost_model.md quotes.
+
 `--transfer` checks both models on parts they were never fitted on: the error on XLA's measured
 bf16 GEMM tables for an H100 SXM and a B200 (simulator/data/xla-gemm, 125 GEMMs each, with a
 datasheet roofline beside them), then what the two models predict for Llama-3-8B's up
@@ -37,7 +41,8 @@ projection at 1, 300 and 4096 tokens on every GPU of the catalog. `--calibration
 tables the other way: the tile model calibrated on each part's own GEMMs (`solm calibrate`),
 scored on the (K, N) shapes its fit did not see, beside the carried A100 fit.
 
-    .venv/bin/python bench/cost_model.py [--quick | --transfer [--half dev|test] | --calibration | --dev [--fix NAME=VALUE] [--min NAME=VALUE]]
+    .venv/bin/python bench/cost_model.py [--quick | --transfer [--half dev|test] | --calibration | --steps |
+                                          --dev [--fix NAME=VALUE] [--min NAME=VALUE]]
 """
 
 from __future__ import annotations
@@ -194,6 +199,17 @@ def where_the_error_is(held: pd.DataFrame, fit: str) -> dict[str, float]:
     return figures
 
 
+def shape_levels(held: pd.DataFrame, above: int = 1024, most: int = 5) -> None:
+    """Print the held-out shapes' signed median error above `above` tokens (positive: the model is
+    slow), the `most` largest each way: the per-shape level a tile model cannot learn."""
+    log_error = np.log(held["tiles_s"].to_numpy(float) / held["time_s"].to_numpy(float))
+    big = held.assign(error=(np.exp(log_error) - 1.0) * 100.0)[held["num_tokens"] > above]
+    level = big.groupby(["K", "N"])["error"].median().sort_values()
+    for label, part in (("model fast", level.head(most)), ("model slow", level.tail(most)[::-1])):
+        shapes = ", ".join(f"{int(k)}x{int(n)} {e:+.1f}" for (k, n), e in part.items())
+        print(f"  per-shape level above {above} tokens, {label} (K x N, signed median %): {shapes}")
+
+
 def dev(fixed: dict[str, float], lower: dict[str, float]) -> dict:
     """Median and p90 APE of the tile model on the dev split, pooled and per token band."""
     start = time.perf_counter()
@@ -208,6 +224,7 @@ def dev(fixed: dict[str, float], lower: dict[str, float]) -> dict:
     for band, values in bands:
         print(f"  {str(band):18s} median {np.median(values):5.2f}  p90 {np.percentile(values, 90):5.2f}")
     where_the_error_is(held, "seed")
+    shape_levels(held)
     for params in held.attrs["params"]:
         print("  fitted:", ", ".join(f"{name} {getattr(params, name):.3g}" for name in FIT_FIELDS))
     return {
@@ -217,6 +234,52 @@ def dev(fixed: dict[str, float], lower: dict[str, float]) -> dict:
         "dev_median_ape_percent": round(float(np.median(ape)), 2),
         "dev_p90_ape_percent": round(float(np.percentile(ape, 90)), 2),
     }
+
+
+# The step pairs and example profiles docs/cost_model.md quotes ("Where the steps are"): each
+# profile's times at token counts (lo, lo) or over spans (lo, hi) around its steps.
+STEP_PAIRS: tuple[tuple[int, int], ...] = ((128, 136), (192, 200))
+STEP_SERIES: tuple[tuple[str, int, str, tuple[tuple[int, int], ...]], ...] = (
+    (
+        "Llama-2-70b-hf",
+        2,
+        "attn_post_proj",
+        ((192, 192), (200, 200), (384, 384), (392, 392), (136, 192), (200, 256), (264, 384)),
+    ),
+    ("Meta-Llama-3-8B", 1, "attn_pre_proj", ((256, 256), (320, 320), (512, 512), (528, 528))),
+    ("Llama-2-7b-hf", 1, "mlp_down_proj", ((128, 128), (136, 176), (184, 192))),  # a rare non-monotone pick
+)
+
+
+def steps() -> dict:
+    """`--steps`: where the measured profiles step, per (K, N) shape (no model involved): the time's
+    change across each of STEP_PAIRS (median over the profiles timing the shape), and two
+    profiles' times at token counts around their steps."""
+    rows = gemm_rows(load_vidur())
+    table = rows.groupby(["K", "N", "num_tokens"])["time_s"].median().unstack()
+    needed = [m for pair in STEP_PAIRS for m in pair]
+    table = table.dropna(subset=needed)
+    print("Measured time change across token counts, vidur A100 profiles (median over profiles timing a shape), %:")
+    print(f"  {'K':>6s} {'N':>6s}  " + "  ".join(f"{f'{a}->{b}':>9s}" for a, b in STEP_PAIRS))
+    jumps = {}
+    for (k, n), times in table.sort_index(level=["N", "K"], sort_remaining=False).iterrows():
+        change = [float(times[b] / times[a] - 1.0) * 100.0 for a, b in STEP_PAIRS]
+        jumps[f"{int(k)}x{int(n)}"] = [round(c, 1) for c in change]
+        print(f"  {int(k):6d} {int(n):6d}  " + "  ".join(f"{c:+9.0f}" for c in change))
+    series = {}
+    for model, tp, op, spans in STEP_SERIES:
+        profile = rows[(rows["model"] == model) & (rows["tp"] == tp) & (rows["op"] == op)]
+        us = profile.set_index("num_tokens")["time_s"] * 1e6
+        k, n = int(profile["K"].iloc[0]), int(profile["N"].iloc[0])
+        quoted = []
+        for lo, hi in spans:
+            within = us[(us.index >= lo) & (us.index <= hi)]
+            low, high = round(float(within.min()), 1), round(float(within.max()), 1)
+            series[f"{model}/tp{tp}/{op}/{lo}-{hi}"] = [low, high]
+            times = f"{low:g}" if low == high else f"{low:g}-{high:g}"
+            quoted.append(f"{times} us at {lo}" + (f"-{hi}" if hi > lo else ""))
+        print(f"  {model} TP {tp} {op} (K {k} x N {n}): " + ", ".join(quoted))
+    return {"bench": "cost_model_steps", "step_pairs": STEP_PAIRS, "jumps_percent": jumps, "series_us": series}
 
 
 def calibration() -> dict:
@@ -284,6 +347,9 @@ def main() -> None:
         help="only the check on parts never fitted and both models' predictions on the catalog's GPUs",
     )
     parser.add_argument("--dev", action="store_true", help="score the tile model on the dev split of shapes")
+    parser.add_argument(
+        "--steps", action="store_true", help="only where the measured A100 profiles step, per shape (no model)"
+    )
     parser.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE", help="with --dev: fix a parameter")
     parser.add_argument(
         "--min", action="append", default=[], metavar="NAME=VALUE", help="with --dev: set a lower bound"
@@ -303,7 +369,9 @@ def main() -> None:
         parser.error("--half goes with --transfer")
     if (args.fix or args.min) and not args.dev:
         parser.error("--fix and --min go with --dev")
-    if args.dev:
+    if args.steps:
+        figures = steps()
+    elif args.dev:
         figures = dev(_settings(parser, args.fix), _settings(parser, args.min))
     elif args.calibration:
         figures = calibration()

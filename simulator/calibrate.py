@@ -380,10 +380,15 @@ def fit_cost_params_to_steps(
 
 
 def _main() -> None:
+    from simulator.gemm_fit import gemm_rows
+
     payload = write_a100_calibration()
     gemm = payload["report"]["gemm_fit"]
+    rows = gemm_rows(load_vidur())
+    shapes = len(rows.groupby(["K", "N"]))
+    tokens = f"{int(rows['num_tokens'].min())} to {int(rows['num_tokens'].max())} tokens"
     print(
-        f"tile-and-wave GEMM fit ({gemm['rows']} rows): in-sample median APE "
+        f"tile-and-wave GEMM fit ({gemm['rows']} rows over {shapes} (K, N) shapes, {tokens}): in-sample median APE "
         f"{gemm['in_sample_median_ape_percent']:.1f}%, p90 {gemm['in_sample_p90_ape_percent']:.1f}%;"
         f" params {payload['params']['gemm']}"
     )

@@ -422,3 +422,35 @@ def test_solm_cost_explain(capsys: pytest.CaptureFixture[str]) -> None:
     assert first["mlp_up_proj"]["bound"] == "memory"
     assert last["mlp_up_proj"]["bound"] in ("compute", "wave")
     assert last["mlp_up_proj"]["waves"] > 1 and re.fullmatch(r"\d+x\d+x\d+", last["mlp_up_proj"]["tile"])
+
+
+def test_the_steps_bench_prints_the_profiles_it_quotes() -> None:
+    """`bench/cost_model.py --steps` (the data docs/cost_model.md quotes, no model): every shape
+    timed at 128, 136, 192 and 200 tokens gets its two changes, computed from the profiles' times,
+    and the example series are the profile's own times."""
+    import json
+    import subprocess
+    import sys
+
+    from simulator.calibrate import load_vidur
+    from simulator.gemm_fit import gemm_rows
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, str(root / "bench" / "cost_model.py"), "--steps"], capture_output=True, text=True, check=True
+    )
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = gemm_rows(load_vidur())
+    times = rows.groupby(["K", "N", "num_tokens"])["time_s"].median()
+    assert len(figures["jumps_percent"]) == 45
+    up, down = figures["jumps_percent"]["4096x8192"]
+    assert up == pytest.approx(100 * (times[4096, 8192, 136] / times[4096, 8192, 128] - 1), abs=0.05)
+    assert down == pytest.approx(100 * (times[4096, 8192, 200] / times[4096, 8192, 192] - 1), abs=0.05)
+    profile = rows[(rows["model"] == "Llama-2-70b-hf") & (rows["tp"] == 2) & (rows["op"] == "attn_post_proj")]
+    us = profile.set_index("num_tokens")["time_s"] * 1e6
+    assert figures["series_us"]["Llama-2-70b-hf/tp2/attn_post_proj/200-200"] == [round(us[200], 1)] * 2
+    span = us[(us.index >= 136) & (us.index <= 192)]
+    assert figures["series_us"]["Llama-2-70b-hf/tp2/attn_post_proj/136-192"] == [
+        round(span.min(), 1),
+        round(span.max(), 1),
+    ]
