@@ -27,8 +27,8 @@ folds above): the (K, N) shapes shuffled (seeds 0 and 1) and halved, fit on one 
 token count), score the other and the reverse; `--fix NAME=VALUE` and `--min NAME=VALUE` (either
 repeated) fix a tile parameter or set its lower bound there, to compare variants. It also
 prints the error left once each shape's (and each shape and token band's) median error is taken
-out: what a level per shape could fix at best, against the steps within a shape; and the data's
-own spread, as the default run does.
+out: what a level per shape could fix at best, against the steps within a shape; the data's
+own spread, as the default run does; and the largest per-shape levels above 1024 tokens.
 
 `--steps` prints where the measured profiles themselves step (no model): per (K, N) shape, the
 time's change from 128 to 136 and from 192 to 200 tokens, and two profiles' times around their
