@@ -110,6 +110,9 @@ def held_out_summary(rows: list[dict], tasks: list[str]) -> dict:
         )
         out[f"{m}_quality"] = sum(r["quality"] * r["requests"] for r in rs) / sum(r["requests"] for r in rs)
     out["live_kv_reduction_percent"] = 100 * (1 - out["tip_mean_live_kv_tokens"] / out["dense_mean_live_kv_tokens"])
+    tip = [r for r in rows if r["method"] == "tip" and r["page_size"] == 16 and r["task"] in tasks]
+    logical = sum(r["logical_evicted_bytes"] for r in tip)
+    out["tip_physical_over_logical"] = sum(r["physical_freed_bytes"] for r in tip) / logical if logical else None
     return out
 
 
@@ -189,7 +192,8 @@ def print_held_out(rows: list[dict], tasks: list[str]) -> dict:
         f"held-out set ({', '.join(tasks)}, every pass of every request): TIP mean live KV "
         f"{summary['tip_mean_live_kv_tokens']:.1f} vs dense {summary['dense_mean_live_kv_tokens']:.1f} tokens, "
         f"{summary['live_kv_reduction_percent']:.0f}% below; accuracy {summary['tip_quality']:.3f} vs "
-        f"{summary['dense_quality']:.3f} ({100 * (summary['tip_quality'] - summary['dense_quality']):+.1f} points)"
+        f"{summary['dense_quality']:.3f} ({100 * (summary['tip_quality'] - summary['dense_quality']):+.1f} points); "
+        f"TIP frees {fmt(summary['tip_physical_over_logical'], '.2f')} of the bytes it evicts logically (page 16)"
     )
     return summary
 
@@ -202,6 +206,8 @@ def print_serving(serving: list[dict]) -> None:
             f"{s['method']:<8}{s['mean_concurrency']:>10.2f}{s['max_concurrency']:>9d}{s['preemptions']:>8d}"
             f"{s['tokens_per_s']:>8.0f}{s['wall_s']:>8.2f}{s['quality']:>9.3f}"
         )
+    by = {s["method"]: s for s in serving}
+    print(f"tip / dense tokens/s in the same pool: {by['tip']['tokens_per_s'] / by['dense']['tokens_per_s']:.2f}x")
 
 
 if __name__ == "__main__":
