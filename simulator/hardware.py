@@ -114,6 +114,8 @@ ARCHES = ("ampere", "ada", "hopper", "blackwell", "cdna3")
 
 def _validate(spec: HardwareSpec) -> None:
     """Raise ValueError (one line) for a spec no real part could have."""
+    if not isinstance(spec.name, str) or not spec.name.strip() or not spec.name.isprintable():
+        raise ValueError(f"hardware name must be printable text on one line, not empty, got {spec.name!r}")
     if spec.kind not in ("gpu", "cpu"):
         raise ValueError(f"hardware {spec.name!r}: kind must be 'gpu' or 'cpu', got {spec.kind!r}")
     for field in _POSITIVE_FIELDS:
@@ -134,8 +136,10 @@ def _validate(spec: HardwareSpec) -> None:
             raise ValueError(f"hardware {spec.name!r}: {field} must be > 0, got {value!r}")
     if spec.arch is not None and spec.arch not in ARCHES:
         raise ValueError(f"hardware {spec.name!r}: arch must be one of {', '.join(ARCHES)}, got {spec.arch!r}")
-    if spec.num_sms is not None and not float(spec.num_sms).is_integer():
-        raise ValueError(f"hardware {spec.name!r}: num_sms must be a whole number, got {spec.num_sms!r}")
+    for field in ("num_sms", "hbm_capacity_bytes", "l2_bytes"):  # counts of SMs and bytes
+        value = getattr(spec, field)
+        if value is not None and not float(value).is_integer():
+            raise ValueError(f"hardware {spec.name!r}: {field} must be a whole number, got {value!r}")
     if (
         spec.boost_clock_hz is not None
         and spec.sustained_clock_hz is not None

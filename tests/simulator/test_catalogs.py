@@ -271,3 +271,23 @@ def test_every_settable_hardware_field_is_read_somewhere() -> None:
         if not any(re.search(rf"\.{f.name}\b", text) for text in sources)
     ]
     assert unread == []
+
+
+def test_set_keeps_text_fields_as_text_and_refuses_what_no_part_has() -> None:
+    """`--set name=123` names the part "123" (was: the int 123, printed as a number in the JSON);
+    an empty or multi-line name, and a fractional byte count, are one clear error."""
+    from solm.commands.simulate import parse_set
+
+    fields = parse_set(["name=123", "hbm_bytes_per_s=4e12", "topology=pcie"])
+    assert fields == {"name": "123", "hbm_bytes_per_s": 4e12, "topology": "pcie"}
+    assert override("h100-sxm", **fields).name == "123"
+    for bad, message in (
+        ({"name": ""}, "hardware name must be printable text"),
+        ({"name": "a\nb"}, "hardware name must be printable text"),
+        ({"hbm_capacity_bytes": 1.5}, "hbm_capacity_bytes must be a whole number"),
+        ({"l2_bytes": 2.5}, "l2_bytes must be a whole number"),
+    ):
+        with pytest.raises(ValueError, match=message) as info:
+            override("h100-sxm", **bad)
+        assert "\n" not in str(info.value)
+    assert override("h100-sxm", hbm_capacity_bytes=80e9).hbm_capacity_bytes == 80e9
