@@ -22,6 +22,10 @@ sequential *baseline model* divided by the theoretical speedup is reported too
 (`speedup_over_theoretical`); it also counts the tags PASTA writes and the baseline does not, and
 any difference in the two models' answer lengths.
 
+Per method and task it also prints the answer structures written (`runtime.train.pasta.structure_of`:
+none / all / some, +eager when the closing part came before `<sync/>`) with the prompts and their
+mean quality (`structures_by_task`); greedy answers, so these do not depend on `--repeats`.
+
     .venv/bin/python bench/pasta.py [--quick] [--n 30] [--threads 1]
 
 Last line: one JSON object {"bench": "pasta", "rows": [...]}, one row per method.
