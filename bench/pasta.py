@@ -22,6 +22,10 @@ sequential *baseline model* divided by the theoretical speedup is reported too
 (`speedup_over_theoretical`); it also counts the tags PASTA writes and the baseline does not, and
 any difference in the two models' answer lengths.
 
+Per method and task it also prints the answer structures written (`runtime.train.pasta.structure_of`:
+none / all / some, +eager when the closing part came before `<sync/>`) with the prompts and their
+mean quality (`structures_by_task`); greedy answers, so these do not depend on `--repeats`.
+
     .venv/bin/python bench/pasta.py [--quick] [--n 30] [--threads 1]
 
 Last line: one JSON object {"bench": "pasta", "rows": [...]}, one row per method.
@@ -44,10 +48,12 @@ import torch  # noqa: E402
 from profiler.stats import geomean  # noqa: E402
 from runtime.checkpoint import load_model  # noqa: E402
 from runtime.engines import GenerationConfig, Request, get_engine  # noqa: E402
+from runtime.lang.pasta import SYNC  # noqa: E402
 from runtime.structure_replay import ForcedLogits  # noqa: E402
 from runtime.tasks import get_task  # noqa: E402
 from runtime.tasks.parallel import PARALLEL_TASKS  # noqa: E402
 from runtime.tokenizer import Tokenizer  # noqa: E402
+from runtime.train.pasta import structure_of  # noqa: E402
 
 METHODS = (  # (method, engine, shipped model)
     ("sequential", "sequential", "pasta-sequential"),
@@ -114,6 +120,7 @@ def measure(ms: Methods, prompts: list, repeats: int, tok: Tokenizer) -> dict[st
     per method and prompt the fastest run's wall time (and the first run's, unfiltered)."""
     names = list(ms.engines)
     rec: dict[str, list[dict]] = {m: [] for m in names}
+    sync_id = tok.token_id(SYNC)
     for i, (t, ex) in enumerate(prompts):
         order = names[i % len(names) :] + names[: i % len(names)]
         walls: dict[str, list[float]] = {m: [] for m in names}
@@ -142,6 +149,7 @@ def measure(ms: Methods, prompts: list, repeats: int, tok: Tokenizer) -> dict[st
                     "tokens": len(tok.encode(c.text)),
                     "steps": c.steps,
                     "events": len(c.events),
+                    "structure": structure_of(c, len(ex.meta.get("parts", ())), sync_id),
                 }
             )
     return rec
@@ -182,7 +190,21 @@ def row_of(m: str, model: str, r: list[dict], seq: list[dict]) -> dict:
         "tokens_per_s": round(sum(x["tokens"] for x in r) / sum(x["wall_s"] for x in r), 1),
         "steps_mean": round(float(np.mean([x["steps"] for x in r])), 1),
         "requests_with_events": sum(1 for x in r if x["events"]),
+        "structures_by_task": structures_by_task(r),
     }
+
+
+def structures_by_task(r: list[dict]) -> dict[str, dict[str, list]]:
+    """Per task, each answer structure (`runtime.train.pasta.structure_of`: none / all / some, +eager)
+    the method wrote: [prompts, their mean quality]."""
+    out: dict[str, dict[str, list]] = {}
+    for t in dict.fromkeys(x["task"] for x in r):
+        by: dict[str, list[float]] = {}
+        for x in r:
+            if x["task"] == t:
+                by.setdefault(x["structure"], []).append(x["quality"])
+        out[t] = {st: [len(q), round(float(np.mean(q)), 4)] for st, q in sorted(by.items())}
+    return out
 
 
 def print_rows(rows: list[dict]) -> None:
@@ -205,6 +227,15 @@ def print_rows(rows: list[dict]) -> None:
         "sp/th = speedup / theory; plain x: wall speedup on copy_line prompts; "
         "plain/st: cost of one forward pass there relative to sequential's"
     )
+    print("answer structures per task (prompts, mean quality):")
+    for r in rows:
+        print(
+            f"  {r['method']:<14} "
+            + "; ".join(
+                f"{t} " + ", ".join(f"{st} {n} ({q:.2f})" for st, (n, q) in by.items())
+                for t, by in r["structures_by_task"].items()
+            )
+        )
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ Planned Diffusion its autoregressive plan and text only, both at most that). The
 a longer line), rounded up to a multiple of `ROUND_TO`.
 
     default_max_tokens("tree_reduce")   # 288 (longest worked solution 228 tokens)
+    python -m runtime.answer_length [TASK ...]   # prints each task's longest answer and default
 """
 
 from __future__ import annotations
@@ -51,3 +52,32 @@ def default_max_tokens(task: str) -> int:
     if fixed:
         return int(fixed)
     return ROUND_TO * math.ceil(HEADROOM * longest_answer_tokens(task) / ROUND_TO)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m runtime.answer_length [TASK ...]`: each task's longest written answer and its
+    default `max_tokens` (every task without arguments)."""
+    import argparse
+
+    from runtime.tasks import task_names
+
+    ap = argparse.ArgumentParser(prog="python -m runtime.answer_length", description=main.__doc__.splitlines()[0])
+    ap.add_argument("tasks", nargs="*", metavar="TASK", help="default: every task")
+    tasks = ap.parse_args(argv).tasks or task_names()
+    unknown = [t for t in tasks if t not in task_names()]
+    if unknown:
+        ap.error(f"unknown task {unknown[0]!r}; choose from {', '.join(task_names())}")
+    for task in tasks:
+        if getattr(get_task(task), "default_max_tokens", None):
+            print(f"{task}: default max_tokens {default_max_tokens(task)} (the task's own: no written answers)")
+            continue
+        print(
+            f"{task}: longest written answer {longest_answer_tokens(task)} tokens (<eos> included, of {SAMPLES} "
+            f"training examples); default max_tokens {default_max_tokens(task)} ({HEADROOM} x that, rounded up to "
+            f"a multiple of {ROUND_TO})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -154,13 +154,13 @@ def _train(args: argparse.Namespace, recipe, cfg) -> int:
             f"trained {args.system} ({recipe.preset}, {model.num_parameters()} parameters) for {cfg.steps} steps "
             f"in {info['train_s']} s; final loss {info['final_loss']}; held-out quality {info['heldout_quality']} -> {args.out}"
         )
-    print(
-        json_line(
-            {
-                "system": args.system,
-                "out": args.out,
-                **{k: info[k] for k in ("final_loss", "train_s", "heldout_quality")},
-            }
-        )
-    )
+    print(json_line(result_line(args.system, args.out, info)))
     return 0
+
+
+def result_line(system: str, out: str, info: dict) -> dict:
+    """The JSON line `solm train` prints: loss, time and held-out quality of the checkpoint's `info`,
+    and a preference stage's pair statistics (pairs, chosen structures, chosen / rejected quality,
+    each structure's mean quality per task) as recorded in its config.json."""
+    keys = ("final_loss", "train_s", "heldout_quality", "preference")
+    return {"system": system, "out": out, **{k: info[k] for k in keys if k in info}}

@@ -4,6 +4,7 @@ trace whose summary carries the theoretical speedup and the quality."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 
@@ -61,3 +62,17 @@ def test_capture_pasta_knobs_and_bad_knob(tmp_path):
         str(tmp_path / "b"),
     )
     assert r.returncode == 2 and "max_threads" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_train_prints_the_preference_stage_statistics():
+    """`solm train`'s JSON line carries what a preference stage records in config.json (docs/pasta.md
+    quotes its pairs and chosen structures); an SFT stage's has no such key."""
+    from solm.commands.train import result_line
+
+    root = Path(__file__).resolve().parents[2] / "checkpoints"
+    quality = json.loads((root / "pasta-quality" / "config.json").read_text())["info"]
+    line = result_line("pasta", "out", quality)
+    assert line["preference"] == quality["preference"] and line["heldout_quality"] == quality["heldout_quality"]
+    assert line["preference"]["pairs"] == sum(line["preference"]["chosen_structures"].values())
+    sft = json.loads((root / "pasta-sft" / "config.json").read_text())["info"]
+    assert "preference" not in result_line("pasta", "out", sft)

@@ -79,3 +79,22 @@ def test_a_capture_records_the_settings_its_engine_ran_with(tmp_path):
     settings = meta["engine_settings"]
     assert settings["order"] == "margin"
     assert {k: settings[k] for k in operating_knobs("planned_diffusion")} == operating_knobs("planned_diffusion")
+
+
+def test_answer_length_prints_each_tasks_longest_answer_and_default(capsys):
+    """`python -m runtime.answer_length` prints the figures docs/planned_diffusion.md quotes."""
+    from runtime.answer_length import main
+
+    assert main(["word_facts", "open_questions"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"word_facts: longest written answer {longest_answer_tokens('word_facts')} tokens")
+    assert out[0].endswith(
+        f"default max_tokens {default_max_tokens('word_facts')} (1.25 x that, rounded up to a multiple of 32)"
+    )
+    assert (
+        out[1]
+        == f"open_questions: default max_tokens {default_max_tokens('open_questions')} (the task's own: no written answers)"
+    )
+    with pytest.raises(SystemExit) as e:
+        main(["no_such_task"])
+    assert e.value.code == 2

@@ -83,17 +83,24 @@ def test_fused_entry_tokens_parse_like_their_parts():
     fused = TOK.encode(text)
     assert TOK.token_id("<promise>-<topic>") in fused and TOK.token_id(" 3</topic>") in fused
     assert TOK.decode(fused) == text
-    spelled = []
-    for t in fused:  # expand every fused token into the tokens it spells
-        piece = TOK.decode([t])
-        spelled += (
-            [TOK.token_id("<promise>"), TOK.token_id("-<topic>")]
-            if piece == "<promise>-<topic>"
-            else [*piece[: -len("</topic>")].encode(), TOK.token_id("</topic>")]
-            if piece.endswith("</topic>") and len(piece) > 8
-            else [t]
-        )
+
+    def spell(ids):  # expand every fused token into the tokens it spells
+        out = []
+        for t in ids:
+            piece = TOK.decode([t])
+            out += (
+                [TOK.token_id("<promise>"), TOK.token_id("-<topic>")]
+                if piece == "<promise>-<topic>"
+                else [*piece[: -len("</topic>")].encode(), TOK.token_id("</topic>")]
+                if piece.endswith("</topic>") and len(piece) > 8
+                else [t]
+            )
+        return out
+
+    spelled = spell(fused)
     assert len(spelled) > len(fused)
+    one = TOK.encode(entry_text("c", 3))  # a one-byte topic: 3 autoregressive passes, 6 spelled out
+    assert (len(one), len(spell(one))) == (3, 6)
 
     def entries(ids):
         p, out = PlanParser(TOK, length_scale=10), []
