@@ -365,6 +365,9 @@ def main() -> None:
         help="with --transfer: score one seeded half of each measured table (choose on dev, report test)",
     )
     args = parser.parse_args()
+    modes = [flag for flag in ("transfer", "dev", "calibration", "steps") if getattr(args, flag)]
+    if len(modes) > 1 or (modes and args.quick):
+        parser.error(f"one mode at a time: --{' and --'.join(modes + ['quick'] * args.quick)} given together")
     if args.half and not args.transfer:
         parser.error("--half goes with --transfer")
     if (args.fix or args.min) and not args.dev:
