@@ -147,6 +147,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    start = time.perf_counter()
     args = parse_args(argv)
     n = args.n or (3 if args.quick else 8)
     max_tokens = args.max_tokens or (64 if args.quick else 128)
@@ -179,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     s = summarize(compare(model, tok, prompts, max_tokens, repeats), tok)
     print_comparison(s, n, max_tokens, repeats)
     settings = {"max_tokens": max_tokens, "repeats": repeats, "threads": args.threads}
-    print(json.dumps(result_line(args.model, s, load_s, par, k, p_tokens, settings)))
+    wall_s = time.perf_counter() - start
+    print(f"bench wall {wall_s:.0f} s (the whole command: load, parity and comparison)")
+    print(json.dumps({**result_line(args.model, s, load_s, par, k, p_tokens, settings), "wall_s": round(wall_s, 1)}))
     return 0
 
 
