@@ -31,7 +31,7 @@ out: what a level per shape could fix at best, against the steps within a shape;
 own spread, as the default run does; and the largest per-shape levels above 1024 tokens.
 
 `--steps` prints where the measured profiles themselves step (no model): per (K, N) shape, the
-time's change from 128 to 136 and from 192 to 200 tokens, and two profiles' times around their
+time's change from 128 to 136 and from 192 to 200 tokens, and three profiles' times around their
 steps, the data docs/cost_model.md quotes.
 
 `--transfer` checks both models on parts they were never fitted on: the error on XLA's measured
@@ -192,7 +192,7 @@ def where_the_error_is(held: pd.DataFrame, fit: str) -> dict[str, float]:
         figures.update({f"{key}_median_ape_percent": round(median, 2), f"{key}_p90_ape_percent": round(p90, 2)})
     median, p90, count = repeat_spread_percent(gemm_rows(load_vidur()))
     print(
-        f"  the data's own spread: {count} GEMMs timed in two profiles (same K, N and tokens) differ by "
+        f"  the data's own spread: {count} GEMMs timed in more than one profile (same K, N and tokens) differ by "
         f"median {median:.2f}  p90 {p90:.2f} (max / min - 1, %)"
     )
     figures.update({"a100_repeat_median_percent": round(median, 2), "a100_repeat_p90_percent": round(p90, 2)})
@@ -253,7 +253,7 @@ STEP_SERIES: tuple[tuple[str, int, str, tuple[tuple[int, int], ...]], ...] = (
 
 def steps() -> dict:
     """`--steps`: where the measured profiles step, per (K, N) shape (no model involved): the time's
-    change across each of STEP_PAIRS (median over the profiles timing the shape), and two
+    change across each of STEP_PAIRS (median over the profiles timing the shape), and three
     profiles' times at token counts around their steps."""
     rows = gemm_rows(load_vidur())
     table = rows.groupby(["K", "N", "num_tokens"])["time_s"].median().unstack()
