@@ -176,11 +176,11 @@ def _settings(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, fl
     return out
 
 
-def where_the_error_is(held: pd.DataFrame, fit: str) -> dict[str, float]:
+def where_the_error_is(held: pd.DataFrame, fit: str, rows: pd.DataFrame) -> dict[str, float]:
     """Print (and return) the error left once a level per shape, or per shape and token band, is
     taken out of the held-out rows (`fit`: the column naming the fit that predicted them; the model
     could at best remove a level, what is left is steps placed elsewhere than the data's), and the
-    spread of the data's own repeated timings."""
+    spread of the data's own repeated timings (`rows`: every GEMM row, `gemm_rows`)."""
     held = held.assign(band=pd.cut(held["num_tokens"], TOKEN_BINS).astype(str))
     figures = {}
     for label, key, keys in (
@@ -190,7 +190,7 @@ def where_the_error_is(held: pd.DataFrame, fit: str) -> dict[str, float]:
         median, p90 = level_removed_ape(held, keys)
         print(f"  left once each {label}'s median error is removed: median {median:.2f}  p90 {p90:.2f}")
         figures.update({f"{key}_median_ape_percent": round(median, 2), f"{key}_p90_ape_percent": round(p90, 2)})
-    median, p90, count = repeat_spread_percent(gemm_rows(load_vidur()))
+    median, p90, count = repeat_spread_percent(rows)
     print(
         f"  the data's own spread: {count} GEMMs timed in more than one profile (same K, N and tokens) differ by "
         f"median {median:.2f}  p90 {p90:.2f} (max / min - 1, %)"
@@ -213,7 +213,8 @@ def shape_levels(held: pd.DataFrame, above: int = 1024, most: int = 5) -> None:
 def dev(fixed: dict[str, float], lower: dict[str, float]) -> dict:
     """Median and p90 APE of the tile model on the dev split, pooled and per token band."""
     start = time.perf_counter()
-    held = dev_split_predictions(gemm_rows(load_vidur()), fixed=fixed, lower=lower)
+    rows = gemm_rows(load_vidur())
+    held = dev_split_predictions(rows, fixed=fixed, lower=lower)
     ape = pd.Series(ape_percent(held["tiles_s"], held["time_s"]), index=held.index)
     bands = ape.groupby(pd.cut(held["num_tokens"], TOKEN_BINS), observed=True)
     print(
@@ -223,7 +224,7 @@ def dev(fixed: dict[str, float], lower: dict[str, float]) -> dict:
     print(f"  all: median {np.median(ape):.2f}  p90 {np.percentile(ape, 90):.2f}")
     for band, values in bands:
         print(f"  {str(band):18s} median {np.median(values):5.2f}  p90 {np.percentile(values, 90):5.2f}")
-    where_the_error_is(held, "seed")
+    where_the_error_is(held, "seed", rows)
     shape_levels(held)
     for params in held.attrs["params"]:
         print("  fitted:", ", ".join(f"{name} {getattr(params, name):.3g}" for name in FIT_FIELDS))
@@ -300,7 +301,8 @@ def holdout(quick: bool) -> dict:
     """The default run: both models refitted per fold, scored on the A100 shapes each fold never saw."""
     thin = 8 if quick else 2
     start = time.perf_counter()
-    held = holdout_predictions(load_vidur(), thin=thin)
+    table = load_vidur()
+    held = holdout_predictions(table, thin=thin)
     report = summary(held)
     elapsed = time.perf_counter() - start
     print(
@@ -316,7 +318,7 @@ def holdout(quick: bool) -> dict:
         for name, entry in sorted(report[key].items()):
             print(_row(name, entry))
     print("  -- what a level per shape could fix at best (tile model, unseen rows)")
-    floors = where_the_error_is(held[held["unseen"]], "fold")
+    floors = where_the_error_is(held[held["unseen"]], "fold", gemm_rows(table))
     return {
         "bench": "cost_model",
         "quick": quick,

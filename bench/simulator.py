@@ -267,10 +267,11 @@ def unseen_gemm_errors(thin: int) -> dict[str, float | int]:
     from simulator.gemm_fit import gemm_rows, holdout_predictions, repeat_spread_percent, summary, unseen_keys
     from simulator.gemm_transfer import calibration_keys, transfer_errors, transfer_keys
 
-    report = summary(holdout_predictions(load_vidur(), thin=thin))
+    table = load_vidur()
+    report = summary(holdout_predictions(table, thin=thin))
     measured = transfer_keys(transfer_errors())
     calibrated = calibration_keys()
-    repeat_median, repeat_p90, _ = repeat_spread_percent(gemm_rows(load_vidur()))
+    repeat_median, repeat_p90, _ = repeat_spread_percent(gemm_rows(table))
     figures: dict[str, float | int] = {
         **unseen_keys(report),
         # the data's own spread: one GEMM timed in two profiles, max / min - 1

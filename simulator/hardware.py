@@ -99,6 +99,8 @@ class HardwareSpec:
         return self.peak_flops_per_s / self.num_sms
 
 
+# Fields holding text (a `--set` value for them stays the text given, however numeric it looks).
+TEXT_FIELDS = frozenset(f.name for f in dataclasses.fields(HardwareSpec) if f.type in ("str", "str | None"))
 _POSITIVE_FIELDS = (
     "peak_flops_per_s",
     "hbm_bytes_per_s",
@@ -165,6 +167,10 @@ def _validate(spec: HardwareSpec) -> None:
 
 
 TOPOLOGIES = ("nvswitch", "nvlink_pairs", "pcie", "mesh")  # node topologies (simulator.comm)
+# NVLink bandwidth per link, bidirectional (NVIDIA NVLink pages and the P100, V100, A100, H100,
+# B200 whitepapers: gen 1 40 GB/s; gen 2-4 50 GB/s; gen 5 100 GB/s; gen 6 (Rubin) 200 GB/s).
+NVLINK_LINK_BYTES_PER_S = {1: 40e9, 2: 50e9, 3: 50e9, 4: 50e9, 5: 100e9, 6: 200e9}
+MAX_PCIE_GENERATION = 7  # PCI-SIG: PCIe 7.0
 
 
 def _validate_links(spec: HardwareSpec) -> None:
@@ -179,7 +185,10 @@ def _validate_links(spec: HardwareSpec) -> None:
             raise ValueError(f"hardware {spec.name!r}: {name} must be > 0, got {value!r}")
     # A what-if part names a generation that exists: NVLink 1-6 (6: Rubin), PCIe 1-7 (`override`
     # derives the bandwidth from a generation given alone).
-    for name, top, allowed_none in (("nvlink_generation", 6, True), ("pcie_generation", 7, False)):
+    for name, top, allowed_none in (
+        ("nvlink_generation", max(NVLINK_LINK_BYTES_PER_S), True),
+        ("pcie_generation", MAX_PCIE_GENERATION, False),
+    ):
         value = getattr(spec, name)
         if value is None and allowed_none:
             continue
@@ -555,7 +564,9 @@ def override(base_name: str, /, **fields: Any) -> HardwareSpec:
     unknown = sorted(set(fields) - valid)
     if unknown:
         raise UsageError(f"unknown hardware field(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
-    for name in sorted(set(fields) & set(REFERENCE_ONLY)):
+    refused = sorted(set(fields) & set(REFERENCE_ONLY))
+    if refused:
+        name = refused[0]
         raise UsageError(f"{name} is recorded for reference and no model reads it: {REFERENCE_ONLY[name]}")
     fields.setdefault("name", f"{base_name}-custom")
     if "peak_flops_per_s" not in fields and base.has_chip_layout:
@@ -577,9 +588,6 @@ REFERENCE_ONLY = {
     "boost_clock_hz": "the GEMM model runs the SMs at sustained_clock_hz (the clock the peak is rated at); set that",
     "links_source": "it names where the link figures come from; set the link fields themselves",
 }
-# NVLink bandwidth per link, bidirectional (NVIDIA NVLink pages and the P100, V100, A100, H100,
-# B200 whitepapers: gen 1 40 GB/s; gen 2-4 50 GB/s; gen 5 100 GB/s; gen 6 (Rubin) 200 GB/s).
-NVLINK_LINK_BYTES_PER_S = {1: 40e9, 2: 50e9, 3: 50e9, 4: 50e9, 5: 100e9, 6: 200e9}
 
 
 def _links_from_generations(base: HardwareSpec, fields: dict[str, Any]) -> None:
@@ -587,7 +595,12 @@ def _links_from_generations(base: HardwareSpec, fields: dict[str, Any]) -> None:
     PCIe x16 doubles per generation; NVLink keeps the part's link count at the new generation's
     rate per link (a part without NVLink has no link count to keep: its bandwidth must be given)."""
     pcie = fields.get("pcie_generation")
-    if "pcie_bytes_per_s" not in fields and isinstance(pcie, int) and not isinstance(pcie, bool) and 1 <= pcie <= 7:
+    if (
+        "pcie_bytes_per_s" not in fields
+        and isinstance(pcie, int)
+        and not isinstance(pcie, bool)
+        and 1 <= pcie <= MAX_PCIE_GENERATION
+    ):
         fields["pcie_bytes_per_s"] = base.pcie_bytes_per_s * 2.0 ** (pcie - base.pcie_generation)
     nvlink = fields.get("nvlink_generation")
     if "interconnect_bytes_per_s" in fields or nvlink not in NVLINK_LINK_BYTES_PER_S or isinstance(nvlink, bool):

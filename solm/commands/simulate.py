@@ -105,11 +105,8 @@ MAX_SET_VALUE = 1e30  # beyond any real part's bytes, FLOP/s or seconds either w
 def parse_set(items: list[str] | None) -> dict:
     """`--set FIELD=VALUE` pairs for a hypothetical part: numbers parsed, but a text field's value
     (name, kind, arch, topology, ...) kept as the text given (`name=123` names the part "123")."""
-    import dataclasses
+    from simulator.hardware import TEXT_FIELDS
 
-    from simulator.hardware import HardwareSpec
-
-    text_fields = {f.name for f in dataclasses.fields(HardwareSpec) if str(f.type).split(" |")[0] == "str"}
     fields: dict = {}
     for item in items or []:
         key, sep, value = item.partition("=")
@@ -117,7 +114,7 @@ def parse_set(items: list[str] | None) -> dict:
             raise UsageError(f"--set expects FIELD=VALUE, got {item!r}")
         if key.strip() in fields:  # was: the last one silently won
             raise UsageError(f"--set {key.strip()} is given twice")
-        if key.strip() in text_fields:
+        if key.strip() in TEXT_FIELDS:
             fields[key.strip()] = value
             continue
         try:
