@@ -5,7 +5,8 @@ variable SOLM_TRACE_DIRS, separated by the OS path separator).
 What: a multipage Streamlit app (Overview, Pareto, Timeline, Dependence graph, What-if, Load, Diff)
 over the traces found in the given folders; the folders can be edited in the sidebar, within the
 folders given on the command line (any folder with `--allow-any-path`).
-Why thin: every page only lays out widgets; frames come from `dashboard.data`, figures from
+Why thin: every page only lays out widgets; frames come from `dashboard.data` (and
+`dashboard.whatif_data`, `dashboard.load_data`), figures from
 `dashboard.figures` (style item 14).
 """
 

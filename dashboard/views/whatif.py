@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, figures, load_data
+from dashboard import data, figures, load_data, whatif_data
 from dashboard.views import _shared
 from profiler.errors import SolmError
 from profiler.reader import read_trace
@@ -35,7 +35,7 @@ def simulate(
     gemm_calibration: str = "",
     calibration_signature: tuple = (),
 ) -> dict:
-    return data.whatif_run(
+    return whatif_data.whatif_run(
         read_trace(path),
         hardware,
         model,

@@ -1,11 +1,11 @@
-"""dashboard.data: pure pandas, no Streamlit."""
+"""dashboard.data and dashboard.whatif_data: pure pandas, no Streamlit."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from dashboard import data, figures
+from dashboard import data, figures, whatif_data
 from profiler.diff import diff_traces
 from profiler.reader import read_trace
 
@@ -46,21 +46,24 @@ def test_graph_layout_layers_by_dependence(trace_folder):
     assert len(edges) == 5
 
 
-def test_whatif_recost_is_faster_on_a_faster_part(trace_folder):
+def test_whatif_is_faster_on_a_faster_part(trace_folder):
     t = read_trace(trace_folder / "seq")
     # a real model size: the toy model's microsecond GEMMs are latency-bound, where a higher-clocked
     # small part may legitimately edge out a big one (simulator.gemm: per-tile pipeline fill)
-    slow = data.whatif_recost(t, "l4", "llama-3-8b")
-    fast = data.whatif_recost(t, "h100-sxm", "llama-3-8b")
-    assert (fast["e2e_s"] < slow["e2e_s"]).all() and (fast["ttft_s"] <= fast["e2e_s"]).all()
-    p = data.whatif_point(t, fast, "h100-sxm", None, "x")
-    assert p["quality"] == pytest.approx(0.6) and p["kind"] == "simulated"
+    slow = whatif_data.whatif_run(t, "l4", "llama-3-8b", 8, 2048, None)
+    fast = whatif_data.whatif_run(t, "h100-sxm", "llama-3-8b", 8, 2048, None)
+    assert fast["point"]["e2e_ms_mean"] < slow["point"]["e2e_ms_mean"]
+    reqs = fast["requests"].set_index("request_id").sort_index()
+    assert (reqs["e2e_s"] < slow["requests"].set_index("request_id").sort_index()["e2e_s"]).all()
+    assert (reqs["ttft_s"] <= reqs["e2e_s"]).all()
+    p = fast["point"]
+    assert p["quality"] == pytest.approx(0.6) and p["kind"] == "simulated" and p["hardware"] == "h100-sxm"
 
 
 def test_whatif_run_redraws_with_settings(trace_folder):
     t = read_trace(trace_folder / "seq")
-    a = data.whatif_run(t, "l4", None, 8, 2048, None)
-    b = data.whatif_run(t, "h200", "llama-3-8b", 8, 2048, None)
+    a = whatif_data.whatif_run(t, "l4", None, 8, 2048, None)
+    b = whatif_data.whatif_run(t, "h200", "llama-3-8b", 8, 2048, None)
     assert a["point"]["e2e_ms_mean"] != b["point"]["e2e_ms_mean"]
     assert len(a["requests"]) == 3 and a["engine"]
 
