@@ -72,8 +72,6 @@ class PagedKVStore:
         self._free_page_ids: list[int] = []
         self._next_page_id = 0
         self._open: dict[Hashable, list[int]] = {}  # owner -> [page that allocate() fills next, next offset]
-        self.pages_allocated_total = 0
-        self.pages_freed_total = 0
 
     # ----------------------------------------------------------------- accounting
     @property
@@ -119,7 +117,6 @@ class PagedKVStore:
         self._vpool[:, :, page * P : (page + 1) * P] = 0
         self._held[page * P : (page + 1) * P] = True
         self._used[page] = set()
-        self.pages_allocated_total += 1
         return page
 
     def allocate(self, n: int, owner: Hashable = None) -> list[int]:
@@ -177,7 +174,6 @@ class PagedKVStore:
         self._free_page_ids.sort()
         for owner in [o for o, cur in self._open.items() if cur[0] == page]:
             del self._open[owner]
-        self.pages_freed_total += 1
         return nbytes
 
     # ----------------------------------------------------------------- read / write

@@ -71,7 +71,6 @@ VIDUR_OPS: tuple[str, ...] = (
     "mlp_down_proj",
     "add",
 )
-CALIBRATED_FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(OP_FAMILY[op] for op in VIDUR_OPS))
 A100 = HARDWARE["a100-80g"]  # vidur profiles an A100 80GB (vidur device_sku_config.py)
 
 # Bounds of (compute_eff_max, compute_half_tokens, memory_eff, overhead_launches). Elementwise

@@ -301,10 +301,6 @@ class RequestState:
         """Store owner of each held token (so a readmitted request's pages group as before)."""
         return [None] * len(self.held())
 
-    def replay_blocks(self) -> int:
-        """Pages a readmission re-prefill takes (on top of the next pass's own)."""
-        return self.kv.pages_for_owners(self.replay_owners())
-
 
 class Engine:
     """Base: holds the model, tokenizer and settings; subclasses implement `start` (a request's
