@@ -45,7 +45,6 @@ class CounterSampler:
         self.rows: list[dict] = []
         self.source = "host"
         self.reason = ""
-        self.device_name = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -75,8 +74,6 @@ class CounterSampler:
         try:
             pynvml.nvmlInit()
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
-            name = pynvml.nvmlDeviceGetName(self._handle)
-            self.device_name = name.decode() if isinstance(name, bytes) else str(name)
         except pynvml.NVMLError as e:
             self.reason = f"NVML unavailable: {e}"
             return

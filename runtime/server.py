@@ -98,7 +98,6 @@ class PassRecord:
     entries: list[Entry]
     preempted: list[int] = field(default_factory=list)
     admitted: list[int] = field(default_factory=list)
-    pool_pages_held: int = 0
     forward_s: float = float("nan")  # the forward alone (on the server's clock): the rest of the pass is host work
 
 
@@ -336,7 +335,6 @@ class Server:
             entries,
             self._preempted,
             self._admitted,
-            self.store.pages_held,
             forward_s,
         )
         self.passes += 1

@@ -70,7 +70,6 @@ LAYER_OPS: tuple[str, ...] = (
     "mlp_down_proj",
     "add",
 )
-PASS_OPS: tuple[str, ...] = ("emb", "lm_head")
 # The op families whose efficiencies are fitted together. The two norms are the same kernel;
 # lm_head is a wide GEMM like the fused gate+up projection.
 OP_FAMILY: dict[str, str] = {
@@ -123,7 +122,6 @@ class CostParams:
     smooth_p: float = 4.0  # sharpness of the roofline ridge (large = hard max)
     q_tile_tokens: int = 128  # query rows sharing one KV load (FlashAttention-2 block size)
     step_overhead_s: float = 0.0  # per forward pass: host scheduling, sampling (fit from traces)
-    interconnect_efficiency: float = 0.8  # unused since simulator.comm times the all-reduces (kept: old JSON)
     source: str = "prior"
     gemm: GemmParams | None = None  # tile-and-wave GEMM model (GPUs); None: GEMMs use `families`
 
