@@ -391,6 +391,11 @@ def hostile_input_cases() -> list[Case]:
             setup=lambda base: os.mkfifo(base / "g.csv"),
         ),
         Case(
+            "calibrate --out /proc/x.json (os.access says yes to root)",
+            ["calibrate", "g.csv", "--hardware", "h100-sxm", "--out", "/proc/solm-abuse.json"],
+            setup=lambda base: shutil.copy(XLA_H100, base / "g.csv"),
+        ),
+        Case(
             "calibrate --out its own table --force",
             ["calibrate", "g.csv", "--hardware", "h100-sxm", "--out", "g.csv", "--force"],
             setup=lambda base: shutil.copy(XLA_H100, base / "g.csv"),

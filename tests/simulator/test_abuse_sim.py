@@ -154,6 +154,15 @@ def test_calibrate_refuses_one_table_twice(home, capsys):
     assert not (home / "c.json").exists()
 
 
+def test_calibrate_out_where_no_file_can_be_made_is_refused_before_the_fit(home, capsys, monkeypatch):
+    """Was: os.access let root write in /proc, the fit ran (20 s), then writing the file was an internal
+    error (FileNotFoundError, exit 1). Now refused up front, the fit never started."""
+    import simulator.gemm_calibration as gc
+
+    monkeypatch.setattr(gc, "calibrate", lambda *a, **k: pytest.fail("fitted before the --out check"))
+    refused(["calibrate", "g.csv", "--hardware", "h100-sxm", "--out", "/proc/solm-cal.json"], home, capsys, "/proc")
+
+
 def test_cost_comm_on_one_worker_prints_no_nan(home, capsys):
     """Was: a bus bandwidth of `nan` GB/s for a one-GPU collective (no bytes moved, in no time)."""
     assert main(["cost", "--hardware", "h100-sxm", "--comm", "all_reduce", "--workers", "1,2"]) == 0
