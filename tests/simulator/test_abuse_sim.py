@@ -209,6 +209,27 @@ def test_sweep_refuses_results_it_cannot_read(home, capsys):
     refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "not a regular file")
 
 
+def test_sweep_refuses_results_edited_into_other_shapes(home, capsys):
+    """Was: a line `[1, 2]` skipped as if torn (the resume appended after it), and a row whose
+    max_seqs was made the text "1" an internal error (ArrowTypeError) once the grid had run."""
+    import json
+
+    _sweep_into(home)
+    capsys.readouterr()
+    results = home / "sw" / "results.jsonl"
+    first, second = results.read_text().splitlines()
+    results.write_text("[1, 2]\n" + first + "\n")
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "not a sweep's result row")
+    results.write_text(json.dumps({**json.loads(first), "max_seqs": "1"}) + "\n" + second + "\n")
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "rows of mixed types")
+    edited = json.dumps({**json.loads(first), "max_seqs": "1"}) + "\n"
+    results.write_text(edited)  # the mix comes with the resume's row: the rows are kept, the table not written
+    assert main([*SWEEP, "--out", "sw", "--max-seqs", "1,2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rows of mixed types" in err, err
+    assert results.read_text().startswith(edited) and len(results.read_text().splitlines()) == 2
+
+
 def test_sweep_does_not_append_through_a_link(home, capsys):
     """Was: a results.jsonl that is a link to a file elsewhere had the resume's rows appended to it."""
     _sweep_into(home)
