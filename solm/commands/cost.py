@@ -40,7 +40,8 @@ independent streams (G sequences decoding one token each: `--tokens G --groups G
 Output: a table, then one JSON line {"model", "hardware", "tensor_parallel", "calibration",
 "ops": [{"num_tokens", "kv_tokens_read", "op", "time_ms"}], "steps": [...]} (with --explain,
 "explain": [{"num_tokens", "op", "k", "n", "tile", "split", "tiles", "waves", "kernel_ms",
-"bound"}]); `--json` prints only the JSON line. Bad input: one line on stderr, exit 2.
+"bound"}]); `--json` prints only the JSON line. Bad input: one line on stderr, exit 2 (a token count
+over 2^20, a 1M-token context; a `--bytes` buffer over the part's memory; a value listed twice).
 """
 
 from __future__ import annotations
@@ -54,9 +55,11 @@ from profiler.errors import UsageError
 from simulator.cost import LAYER_OPS, CostModel
 from simulator.hardware import HARDWARE, get_hardware
 from simulator.models import MODELS, get_model
+from simulator.workload import MAX_CONTEXT_TOKENS
 from solm.jsonline import json_line
 
 PROG = "solm cost"
+CONTEXT = " (a 1M-token context, simulator.workload.MAX_CONTEXT_TOKENS)"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -126,13 +129,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _int(text: str, flag: str, minimum: int) -> int:
+def _int(text: str, flag: str, minimum: int, maximum: int | None = None, why: str = CONTEXT) -> int:
     try:
         value = int(text.strip())
     except (ValueError, AttributeError):
         raise UsageError(f"{flag} must be an integer >= {minimum}, got {text!r}") from None
     if value < minimum:
         raise UsageError(f"{flag} must be an integer >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:  # was: 1e20 tokens, kv_tokens_read 5e39, a pass of 1e15 ms
+        raise UsageError(f"{flag} must be at most {maximum}{why}, got {value}")
     return value
 
 
@@ -141,9 +146,18 @@ def _parse_tokens(text: str) -> list[int]:
     if not parts:
         raise UsageError(f"--tokens must be comma-separated positive integers, got {text!r}")
     try:
-        return [_int(part, "--tokens", 1) for part in parts]
+        tokens = [_int(part, "--tokens", 1) for part in parts]
     except UsageError:
         raise UsageError(f"--tokens must be comma-separated positive integers, got {text!r}") from None
+    _check_once(tokens, "--tokens", text)
+    return [_int(str(n), "--tokens", 1, MAX_CONTEXT_TOKENS) for n in tokens]
+
+
+def _check_once(values: list, flag: str, text: str) -> None:
+    """A value listed twice is refused (was: its column or rows printed twice), as sweep's lists."""
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:
+        raise UsageError(f"{flag} names {twice[0]} twice, got {text!r}")
 
 
 def _lookup(kind: str, name: str) -> Any:
@@ -174,11 +188,13 @@ def _fit_to_trace(path: str, hardware: Any) -> Any:
     return dataclasses.replace(params, source=f"{params.source} ({path})")
 
 
-def _int_list(text: str, flag: str, minimum: int) -> list[int]:
+def _int_list(text: str, flag: str, minimum: int, maximum: int | None = None, why: str = "") -> list[int]:
     parts = [part for part in str(text).split(",") if part.strip()]
     if not parts:
         raise UsageError(f"{flag} must be comma-separated integers >= {minimum}, got {text!r}")
-    return [_int(part, flag, minimum) for part in parts]
+    values = [_int(part, flag, minimum, maximum, why) for part in parts]
+    _check_once(values, flag, text)
+    return values
 
 
 def _hardware(args: argparse.Namespace) -> Any:
@@ -212,7 +228,9 @@ def predict_comm(args: argparse.Namespace) -> dict[str, Any]:
     if unknown or not collectives:
         raise UsageError(f"--comm takes {', '.join(COLLECTIVES)}; got {args.comm!r}")
     workers = _int_list(_given(args.workers, "2,4,8"), "--workers", 1)
-    sizes = _int_list(_given(args.bytes, "4096,1048576,67108864"), "--bytes", 0)
+    # a buffer on each GPU fits in its memory (was: 1e23 bytes, a call of 7 years)
+    memory = int(hardware.hbm_capacity_bytes)
+    sizes = _int_list(_given(args.bytes, "4096,1048576,67108864"), "--bytes", 0, memory, f" ({hardware.name}'s memory)")
     too_many = [n for n in workers if n > hardware.gpus_per_node]
     if too_many:
         raise UsageError(
@@ -256,7 +274,7 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     model = _lookup("model", args.model)
     hardware = _hardware(args)
     tokens = _parse_tokens(_given(args.tokens, "1,512,4096"))
-    kv_per_row = None if args.kv_tokens is None else _int(args.kv_tokens, "--kv-tokens", 0)
+    kv_per_row = None if args.kv_tokens is None else _int(args.kv_tokens, "--kv-tokens", 0, MAX_CONTEXT_TOKENS)
     groups = _int(_given(args.groups, "1"), "--groups", 1)
     tp = _int(_given(args.tp, "1"), "--tp", 1)
     if tp == 1 and args.topology:  # was: accepted, and one GPU has no links to cross

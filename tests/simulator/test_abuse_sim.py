@@ -56,6 +56,7 @@ def refused(argv: list[str], home: Path, capsys, needle: str) -> str:
 
 SIM = ["simulate", "t", "--hardware", "h100-sxm", "--num-requests", "4"]
 WORKLOAD = ["simulate", "--workload", "w.csv", "--structure-from", "t", "--hardware", "h100-sxm"]
+COST = ["cost", "--hardware", "h100-sxm", "--model", "llama-3-8b"]
 
 
 @pytest.mark.parametrize(
@@ -95,6 +96,17 @@ def test_argparse_errors_are_one_line(argv, needle, home, capsys):
         ([*SIM, "--set", "nvlink_generation=banana"], "nvlink_generation must be a whole number in 1..6, got 'banana'"),
         ([*SIM, "--set", "pcie_generation=0"], "pcie_generation must be a whole number in 1..7, got 0"),
         (["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--set", " =3"], "--set expects FIELD=VALUE"),
+        # was: exit 0, a pass of 1e20 tokens reading 5e39 KV tokens in 1.4e15 ms (--kv-tokens alike)
+        ([*COST, "--tokens", "1,99999999999999999999"], "--tokens must be at most 1048576 (a 1M-token context"),
+        ([*COST, "--kv-tokens", "99999999999999"], "--kv-tokens must be at most 1048576"),
+        # was: exit 0, the column (or the collective's rows) printed twice
+        ([*COST, "--tokens", "512,1,512"], "--tokens names 512 twice"),
+        ([*COST[:3], "--comm", "all_reduce", "--workers", "2,4,2"], "--workers names 2 twice"),
+        # was: exit 0, a buffer of 1e23 bytes per GPU in 2.2e14 ms
+        (
+            [*COST[:3], "--comm", "all_reduce", "--bytes", "1" + "0" * 23],
+            "--bytes must be at most 85899345920 (h100-sxm's",
+        ),
     ],
 )
 def test_simulate_settings_refused(argv, needle, home, capsys):
