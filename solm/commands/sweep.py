@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("traces", nargs="+", help="trace directories")
     p.add_argument("--hardware", required=True, help="comma-separated catalog parts")
-    p.add_argument("--model", default="", help="comma-separated catalog models (default: each trace's own)")
+    p.add_argument("--model", default=None, help="comma-separated catalog models (default: each trace's own)")
     p.add_argument("--max-seqs", default="256", help="comma-separated sequence caps (default 256)")
     p.add_argument("--rate", default=None, help="comma-separated Poisson rates, requests/s (inf allowed)")
     p.add_argument("--concurrency", default=None, help="comma-separated closed-loop client counts")
