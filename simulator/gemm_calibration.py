@@ -32,6 +32,7 @@ import pandas as pd
 
 from profiler.errors import UsageError
 from profiler.outdir import input_file
+from simulator.csv_input import read_csv_table
 from simulator.gemm import GemmParams
 from simulator.hardware import HardwareSpec
 
@@ -51,10 +52,7 @@ def read_gemm_table(path: str | Path) -> pd.DataFrame:
     """The measured GEMMs as rows of num_tokens (M), K, N and time_s (UsageError, one line, for
     anything malformed)."""
     path = input_file(path, "GEMM table", MAX_TABLE_BYTES)
-    try:
-        table = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
-        raise UsageError(f"{path}: not a CSV table of GEMMs ({str(error).splitlines()[0]})") from None
+    table = read_csv_table(path, "CSV table of GEMMs")
     if any(str(c).startswith("time_stats.") for c in table.columns):
         return _vidur_gemms(path, table)
     columns = {str(c).strip().lower(): c for c in table.columns}

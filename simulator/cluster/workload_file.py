@@ -89,10 +89,9 @@ def _columns(path: Path, mapping: dict[str, str]) -> dict[str, np.ndarray]:
     counts whole numbers in 1..MAX_CONTEXT_TOKENS; 1..MAX_REQUESTS rows."""
     import pandas as pd
 
-    try:
-        frame = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
-        raise UsageError(f"{path}: not a CSV workload ({str(error).splitlines()[0]})") from None
+    from simulator.csv_input import read_csv_table
+
+    frame = read_csv_table(path, "CSV workload")
     missing = [
         f"{want}" + (f" (as {have!r})" if have != want else "")
         for want, have in mapping.items()

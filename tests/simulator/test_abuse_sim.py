@@ -136,6 +136,40 @@ def test_workload_files_refused(rows, flags, needle, home, capsys):
     refused(argv, home, capsys, needle)
 
 
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        # was: exit 0, the header taken as naming the columns after an index: a prompt of 5, an answer of 7
+        (HEADER + "0,10,5,7\n1,10,5,7\n", "a row has more fields than the header's 3; not a CSV workload"),
+        # was: exit 0, pandas renamed the second arrived_at.1 and the first was read
+        ("arrived_at,arrived_at,num_prefill_tokens,num_decode_tokens\n0,9,10,5\n", "names column 'arrived_at' twice"),
+    ],
+)
+def test_workload_file_misread_by_pandas_is_refused(text, needle, home, capsys):
+    (home / "x.csv").write_text(text)
+    refused(
+        ["simulate", "--workload", "x.csv", "--structure-from", "t", "--hardware", "h100-sxm"], home, capsys, needle
+    )
+
+
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        # was: exit 0, a calibration fitted on one of the two m columns (the later one, 'm' over 'M')
+        (lambda t: t.assign(M=7)[["M", "m", "n", "k", "bf16_flops_per_s"]], "the header names column 'm' twice"),
+        # was: "row 1: k must be a whole number up to 2^24" (the columns read shifted by one)
+        (lambda t: t.assign(extra=1), "a row has more fields than the header's 4"),
+    ],
+)
+def test_gemm_table_misread_by_pandas_is_refused(edit, needle, home, capsys):
+    table = edit(pd.read_csv(home / "g.csv"))
+    text = table.to_csv(index=False)
+    if "extra" in table:  # the header without the extra column's name: every row one field wider
+        text = text.replace(",extra\n", "\n", 1)
+    (home / "bad.csv").write_text(text)
+    refused(["calibrate", "bad.csv", "--hardware", "h100-sxm", "--out", "c.json"], home, capsys, needle)
+
+
 def test_workload_file_longer_than_a_replay_is_refused(home, capsys, monkeypatch):
     """Was: 2 million rows replayed for minutes, past --num-requests' own limit of 1 million."""
     from simulator.cluster import workload_file
