@@ -136,6 +136,12 @@ def test_workload_files_refused(rows, flags, needle, home, capsys):
     refused(argv, home, capsys, needle)
 
 
+def test_workload_columns_that_read_one_column_twice_are_refused(home, capsys):
+    """Was: --columns arrived_at=num_prefill_tokens replayed each prompt length as its arrival time, exit 0."""
+    argv = [*WORKLOAD, "--columns", "arrived_at=num_prefill_tokens"]
+    refused(argv, home, capsys, "--columns reads arrived_at and num_prefill_tokens both from the column")
+
+
 @pytest.mark.parametrize(
     "text,needle",
     [
