@@ -43,6 +43,9 @@ from simulator.models import ModelSpec, get_model
 from simulator.replay import ReplayConfig
 from simulator.workload import Workload, load_workload
 
+# one sweep's most configurations: 100,000 replays of ~0.05 s each (4 requests of a shipped trace) are
+# ~1.4 CPU-hours, and a grid's list, keys and results table stay in memory
+MAX_CONFIGS = 100_000
 RESULTS_JSONL = "results.jsonl"
 LOCAL_WORKERS_PER_CORE = 4  # a process-pool worker holds every trace; beyond this it only thrashes
 RESULTS_PARQUET = "sweep.parquet"
@@ -136,6 +139,7 @@ def grid(
     fixed = {**CLUSTER_DEFAULTS, **(cluster or {})}
     calibrations = _pop_calibrations(fixed, hardware)
     shapes = _shapes(fixed)
+    _check_size(traces, hardware, models, max_seqs, arrivals, shapes)
     configs = []
     for t, h, m, s, (r, c), (tp, pp, k) in itertools.product(traces, hardware, models, max_seqs, arrivals, shapes):
         cfg = {
@@ -161,6 +165,20 @@ def grid(
         _cluster_config(cfg)
         configs.append(cfg)
     return configs
+
+
+def _check_size(*axes: Sequence) -> None:
+    """UsageError for a grid of more than MAX_CONFIGS configurations, before any is built (was: 4 parts x
+    199 max-seqs x 199 rates, 158,404 replays, accepted and run for hours with no word of the size)."""
+    sizes = [len(axis) for axis in axes]
+    total = math.prod(sizes)
+    if total > MAX_CONFIGS:
+        names = ("traces", "parts", "models", "max-seqs", "arrivals", "deployments (tp, pp, replicas)")
+        factors = " x ".join(f"{n} {name}" for n, name in zip(sizes, names, strict=True) if n > 1)
+        raise UsageError(
+            f"the grid has {total:,} configurations ({factors}), more than the {MAX_CONFIGS:,} one sweep runs; "
+            f"narrow the lists or split it into several sweeps"
+        )
 
 
 def _check_names(hardware: Sequence[str], models: Sequence[str]) -> None:

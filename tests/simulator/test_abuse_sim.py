@@ -231,6 +231,11 @@ SWEEP = ["sweep", "t", "--hardware", "h100-sxm", "--num-requests", "4", "--worke
         (["--workers", "0"], "workers must be >= 1, got 0"),  # was: 0 taken as the default (one per core)
         (["--workers", "100000"], "processes per core"),  # was: 2500+ pool processes spawned, the machine thrashed
         (["--price-per-gpu-hour", "nan"], "price_per_gpu_hour must be a finite"),  # was: an error row per config
+        # was: 399 x 399 = 159,201 replays accepted and run for hours, nothing said of the grid's size
+        (
+            ["--max-seqs", ",".join(map(str, range(1, 400))), "--rate", ",".join(map(str, range(1, 400)))],
+            "the grid has 159,201 configurations (399 max-seqs x 399 arrivals), more than the 100,000",
+        ),
     ],
 )
 def test_sweep_settings_refused(flags, needle, home, capsys):
