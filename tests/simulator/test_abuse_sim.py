@@ -198,6 +198,16 @@ def test_calibrate_refuses_times_faster_than_the_part(home, capsys):
     assert not (home / "c.json").exists()
 
 
+def test_calibrate_refuses_times_far_slower_than_any_fit(home, capsys):
+    """Was: times 1e6x too slow (microseconds in time_s) fitted with every parameter at a bound, in-sample
+    median APE 100 %, and the file written, exit 0."""
+    table = pd.read_csv(home / "g.csv")
+    table["time_s"] = 2.0 * table.m * table.n * table.k / table.bf16_flops_per_s * 1e6
+    table.drop(columns="bf16_flops_per_s").iloc[::4].to_csv(home / "slow.csv", index=False)
+    refused(["calibrate", "slow.csv", "--hardware", "h100-sxm", "--out", "c.json"], home, capsys, "misses these GEMMs")
+    assert not (home / "c.json").exists()
+
+
 def test_calibrate_refuses_one_table_twice(home, capsys):
     """Was: the same table given twice (or under two spellings) counted each GEMM twice."""
     os.symlink(home / "g.csv", home / "g2.csv")
