@@ -28,7 +28,8 @@ all-reduces of `--tp` 2 or more). A flag the mode would ignore is refused: the f
 (`--model`, `--tokens`, `--tp`, `--explain`, ...) with `--comm`, `--workers`/`--bytes` without it.
 
 `--calibrate-from TRACE` fits the efficiencies and the per-pass overhead to the measured passes of
-a trace captured on that part (`simulator.calibrate.fit_cost_params_to_steps`, the fit `solm
+a trace captured on that part (a trace the catalog places on another part, or a CPU trace for a GPU
+part, is refused) (`simulator.calibrate.fit_cost_params_to_steps`, the fit `solm
 validate` uses) and predicts with those instead.
 
 `--explain` adds, per GEMM and token count, the kernel the tile-and-wave model chose (tile shape,
@@ -167,7 +168,7 @@ def _lookup(kind: str, name: str) -> Any:
         raise UsageError(str(error.args[0])) from None
 
 
-def _fit_to_trace(path: str, hardware: Any) -> Any:
+def _fit_to_trace(path: str, hardware: Any, part: str) -> Any:
     """Cost parameters fitted to every forward pass of a measured trace (its own model's shapes)."""
     from profiler.reader import TraceError
     from profiler.validate import read_valid_trace
@@ -181,11 +182,32 @@ def _fit_to_trace(path: str, hardware: Any) -> Any:
         raise UsageError(str(error)) from None
     if trace.kind != "measured":
         raise UsageError(f"--calibrate-from needs a measured trace, {path} is {trace.kind}")
+    _check_captured_on(trace, path, part)
     rows = step_arrays(trace)
     if len(rows) < 4:
         raise UsageError(f"--calibrate-from: {path} has {len(rows)} forward passes; need >= 4")
     params = fit_cost_params_to_steps(hardware, ModelSpec.from_trace_meta(trace.meta), rows)
     return dataclasses.replace(params, source=f"{params.source} ({path})")
+
+
+def _check_captured_on(trace: Any, path: str, part: str) -> None:
+    """UsageError when the trace ran on another device than the catalog part `part` (a CPU trace for a
+    GPU part, or another GPU): its passes' times are not that part's (was: llama-3-8b on h100-sxm
+    fitted to a CPU capture, 4.7 s a one-token pass). A device the catalog cannot name is let through."""
+    from profiler.errors import UnknownName
+    from simulator.validation import trace_hardware
+
+    try:
+        origin = trace_hardware(trace.meta)
+    except UnknownName:
+        return
+    target = HARDWARE[part]
+    if origin.kind != target.kind or (origin.kind == "gpu" and origin.name != part):
+        device = (trace.meta.get("device") or {}).get("name") or origin.name
+        raise UsageError(
+            f"--calibrate-from {path} was captured on {device}, not on {part}: its passes time another device "
+            f"(give --hardware {origin.name if origin.kind == 'gpu' else 'host-cpu'})"
+        )
 
 
 def _int_list(text: str, flag: str, minimum: int, maximum: int | None = None, why: str = "") -> list[int]:
@@ -281,7 +303,7 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("--topology applies to collectives: give --tp 2 or more, or --comm")
     if tp > 1 and model.n_heads % tp:
         raise UsageError(f"--tp {tp} does not divide {model.name}'s {model.n_heads} heads")
-    params = None if args.calibrate_from is None else _fit_to_trace(args.calibrate_from, hardware)
+    params = None if args.calibrate_from is None else _fit_to_trace(args.calibrate_from, hardware, args.hardware)
     cost = CostModel(hardware, model, params, tensor_parallel=tp)
     ops: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []

@@ -225,6 +225,13 @@ def test_calibrate_out_where_no_file_can_be_made_is_refused_before_the_fit(home,
     refused(["calibrate", "g.csv", "--hardware", "h100-sxm", "--out", "/proc/solm-cal.json"], home, capsys, "/proc")
 
 
+def test_cost_calibrated_from_another_devices_trace_is_refused(home, capsys):
+    """Was: exit 0, llama-3-8b on an h100-sxm fitted to a CPU capture's passes: 4.7 s a one-token pass."""
+    argv = [*COST, "--tokens", "1", "--calibrate-from", "t"]
+    refused(argv, home, capsys, "--calibrate-from t was captured on cpu (x86_64, 2 cores), not on h100-sxm")
+    assert main([*COST[:1], "--hardware", "host-cpu", *COST[3:], "--tokens", "1", "--calibrate-from", "t"]) == 0
+
+
 def test_cost_comm_on_one_worker_prints_no_nan(home, capsys):
     """Was: a bus bandwidth of `nan` GB/s for a one-GPU collective (no bytes moved, in no time)."""
     assert main(["cost", "--hardware", "h100-sxm", "--comm", "all_reduce", "--workers", "1,2"]) == 0
