@@ -96,6 +96,11 @@ def test_argparse_errors_are_one_line(argv, needle, home, capsys):
         ([*SIM, "--set", "nvlink_generation=banana"], "nvlink_generation must be a whole number in 1..6, got 'banana'"),
         ([*SIM, "--set", "pcie_generation=0"], "pcie_generation must be a whole number in 1..7, got 0"),
         (["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--set", " =3"], "--set expects FIELD=VALUE"),
+        # was: exit 0, the GPU's KV sent to a CPU over NVLink in 0.02 ms, the deployment "= 2 GPUs"
+        (
+            [*SIM, "--model", "llama-3-8b", "--disaggregate", "1:1", "--decode-hardware", "host-cpu"],
+            "--decode-hardware host-cpu is a CPU and --hardware h100-sxm a GPU",
+        ),
         # was: exit 0, a pass of 1e20 tokens reading 5e39 KV tokens in 1.4e15 ms (--kv-tokens alike)
         ([*COST, "--tokens", "1,99999999999999999999"], "--tokens must be at most 1048576 (a 1M-token context"),
         ([*COST, "--kv-tokens", "99999999999999"], "--kv-tokens must be at most 1048576"),
