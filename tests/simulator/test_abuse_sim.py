@@ -354,6 +354,31 @@ def test_a_pass_of_no_finite_duration_is_a_trace_error(argv, duration, home, cap
     refused(argv, home, capsys, "t: not a valid trace: steps: 1 rows with duration_s infinite, negative or NaN")
 
 
+@pytest.mark.parametrize("col", ["active_streams", "query_tokens"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["validate", "t"],
+        ["validate", "t", "--uncalibrated"],
+        ["cost", "--model", "llama-3-8b", "--hardware", "host-cpu", "--calibrate-from", "t"],
+        WORKLOAD,
+    ],
+)
+def test_a_pass_of_no_query_row_or_stream_is_a_trace_error(argv, col, home, capsys):
+    """Was: internal error (a bug): the cost model's 'query_groups must be >= 1' (a pass of 37 query rows
+    for 0 streams, or a workload stretched from passes of 0 query rows). A serving trace's prefill-chunk
+    rows (no rows of their own) stay valid."""
+    steps = pd.read_parquet(home / "t" / "steps.parquet")
+    steps[col] = 0 if col == "query_tokens" else steps[col].where(steps.index > 0, 0)
+    steps.to_parquet(home / "t" / "steps.parquet", index=False)
+    refused(
+        argv,
+        home,
+        capsys,
+        f"not a valid trace: steps: {len(steps) if col == 'query_tokens' else 1} passes with {col} < 1",
+    )
+
+
 def test_a_pass_wider_than_any_context_is_a_trace_error(home, capsys):
     """Was: 1e12 query tokens in one pass, chunked into 1e8 prefill chunks: simulate never ended."""
     _edit_steps(home / "t", "query_tokens", 10**12)
