@@ -403,6 +403,11 @@ def test_pipeline_flags_without_a_pipeline_are_refused(flags, home, capsys):
     refused([*SIM, "--model", "llama-3-8b", *flags], home, capsys, "apply to a pipeline: give --pp 2 or more")
 
 
+def test_validate_under_load_refuses_a_trace_given_twice(home, capsys):
+    """Was: exit 0 with the same load level validated and printed twice (however the path is spelled)."""
+    refused(["validate", "t", "./t/", "--calibrate-from", "t"], home, capsys, "trace ./t/ is given twice (as t)")
+
+
 @pytest.mark.parametrize("flags", [["--uncalibrated"], ["--run", "0"]])
 def test_validate_under_load_refuses_single_trace_flags(flags, home, capsys):
     """Was: `validate T --calibrate-from B --run 0` (or --uncalibrated) ran the load validation, flag ignored."""
