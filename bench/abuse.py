@@ -214,6 +214,22 @@ def _sweep_resumed(base: Path, r: subprocess.CompletedProcess) -> bool:
     return len(lines) == 2 and _json_last(r)["configs"] == 2
 
 
+def _slow_gemms(base: Path) -> None:
+    import pandas as pd
+
+    t = pd.read_csv(XLA_H100)
+    t["time_s"] = 2.0 * t.m * t.n * t.k / t.bf16_flops_per_s * 1e6
+    t.drop(columns="bf16_flops_per_s").to_csv(base / "slow.csv", index=False)
+
+
+def _edited_sweep(base: Path) -> None:
+    argv = ["sweep", "t", "--hardware", "h100-sxm", "--max-seqs", "1,2", "--num-requests", "4", "--workers", "1"]
+    run_solm([*argv, "--out", "sw"], base, 120)
+    results = base / "sw" / "results.jsonl"
+    first, second = results.read_text().splitlines()
+    results.write_text(json.dumps({**json.loads(first), "max_seqs": "1"}) + "\n" + second + "\n")
+
+
 CAPTURE = ["capture", "--model", "tiny-2l", "--n", "2", "--max-tokens", "8"]
 SIM = ["simulate", "t", "--hardware", "h100-sxm", "--num-requests", "4"]
 
@@ -391,6 +407,11 @@ def hostile_input_cases() -> list[Case]:
             setup=lambda base: os.mkfifo(base / "g.csv"),
         ),
         Case(
+            "calibrate --out /proc/x.json (os.access says yes to root)",
+            ["calibrate", "g.csv", "--hardware", "h100-sxm", "--out", "/proc/solm-abuse.json"],
+            setup=lambda base: shutil.copy(XLA_H100, base / "g.csv"),
+        ),
+        Case(
             "calibrate --out its own table --force",
             ["calibrate", "g.csv", "--hardware", "h100-sxm", "--out", "g.csv", "--force"],
             setup=lambda base: shutil.copy(XLA_H100, base / "g.csv"),
@@ -407,6 +428,41 @@ def hostile_input_cases() -> list[Case]:
             setup=_replace_meta(lambda p: os.mkfifo(p)),
         ),
         Case(
+            "sweep of 159,201 configurations (399 max-seqs x 399 rates)",
+            [
+                "sweep",
+                "t",
+                "--hardware",
+                "h100-sxm",
+                "--max-seqs",
+                ",".join(map(str, range(1, 400))),
+                "--rate",
+                ",".join(map(str, range(1, 400))),
+                "--workers",
+                "1",
+            ],
+            timeout_s=60,
+        ),
+        Case("simulate --model '' (taken for no --model)", [*SIM, "--model", ""]),
+        Case(
+            "sweep resume: results.jsonl row edited to another type",
+            [
+                "sweep",
+                "t",
+                "--hardware",
+                "h100-sxm",
+                "--max-seqs",
+                "1,2",
+                "--num-requests",
+                "4",
+                "--workers",
+                "1",
+                "--out",
+                "sw",
+            ],
+            setup=_edited_sweep,
+        ),
+        Case(
             "sweep --backend ray --address 127.0.0.1:1",
             ["sweep", "t", "--hardware", "h100-sxm", "--backend", "ray", "--address", "127.0.0.1:1"],
             timeout_s=90,
@@ -421,6 +477,27 @@ def wrong_result_cases() -> list[Case]:
     return [
         Case("--set launch_overhead_s=inf", [*SIM, "--set", "launch_overhead_s=inf"]),
         Case("capture --counters-hz nan", [*CAPTURE, "--counters-hz", "nan", "--out", "c"], timeout_s=60),
+        Case(
+            "cost --tokens 1e20 (a pass of 1e15 ms)",
+            ["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--tokens", "1" + "0" * 20],
+        ),
+        Case(
+            "simulate --workload, a row wider than its header (columns read shifted)",
+            ["simulate", "--workload", "w.csv", "--structure-from", "t", "--hardware", "h100-sxm"],
+            setup=lambda base: (base / "w.csv").write_text(
+                "arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,5,7\n"
+            ),
+        ),
+        Case(
+            "calibrate times 1e6x too slow (us in time_s)",
+            ["calibrate", "slow.csv", "--hardware", "h100-sxm", "--out", "cal.json"],
+            setup=_slow_gemms,
+            timeout_s=120,
+        ),
+        Case(
+            "cost --calibrate-from a CPU trace for h100-sxm",
+            ["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--calibrate-from", "t"],
+        ),
         Case("simulate --rate 1e-300", [*SIM, "--rate", "1e-300"]),
         Case("inspect --validate: cyclic graph", ["inspect", "t", "--validate"], setup=cyc, expect="invalid"),
         Case("inspect --validate: dangling link", ["inspect", "t", "--validate"], setup=dangling, expect="invalid"),

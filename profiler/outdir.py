@@ -283,6 +283,10 @@ def check_out_file(
             raise UsageError(f"{flag} {out} exists (pass --force to overwrite it)")
     if not os.access(entry.parent, os.W_OK):
         raise UsageError(f"{flag} {out}: folder {entry.parent} is not writable")
+    try:  # os.access says yes to root in /proc or on a read-only mount: a file there fails at the end
+        tempfile.TemporaryFile(dir=entry.parent).close()
+    except OSError as error:  # was: calibrate --out /proc/x.json fitted for 20 s, then an internal error
+        raise UsageError(f"{flag} {out}: cannot write in {entry.parent} ({error.strerror})") from None
     return entry
 
 

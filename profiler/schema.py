@@ -16,8 +16,13 @@ ids and indices are plain integers.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SCHEMA_VERSION = 1
 # Minor revisions add columns only (`MINOR_COLUMNS`); meta.json's `schema_minor` (absent: 0) says
@@ -180,6 +185,22 @@ RUNS = pa.schema(
 )
 
 META_REQUIRED = ("schema_version", "kind", "system", "model", "device", "created_at")
+
+
+CHUNK_NOTE = "prefill chunk"  # steps.note of a chunk of a prefill that is not its last
+
+
+def chunk_rows(steps: pd.DataFrame) -> np.ndarray:
+    """Which steps rows are chunks of a prefill that is not its last (`note` "prefill chunk", or a true
+    `chunk` column): a serving capture's part of a pass, with no query rows or stream of its own."""
+    if "note" in steps:
+        chunk = steps["note"].fillna("").astype(str).str.contains(CHUNK_NOTE, regex=False).to_numpy(bool)
+    else:
+        chunk = np.zeros(len(steps), bool)
+    if "chunk" in steps:
+        chunk = chunk | steps["chunk"].fillna(False).to_numpy(bool)
+    return chunk
+
 
 PHASES = ("prefill", "decode", "plan", "denoise", "sync")
 TOKEN_KINDS = ("content", "tag", "plan", "mask", "pad")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from profiler.reader import Trace, TraceError, read_trace
-from profiler.schema import PHASES, TOKEN_KINDS
+from profiler.schema import PHASES, TOKEN_KINDS, chunk_rows
 
 
 def problems(trace: Trace) -> list[str]:
@@ -29,10 +29,17 @@ def problems(trace: Trace) -> list[str]:
     bad_kind = set(toks["kind"]) - set(TOKEN_KINDS)
     if bad_kind:
         out.append(f"tokens: unknown kinds {sorted(bad_kind)}")
+    # a serving capture's prefill-chunk rows (step_index -1, no rows or KV figures of their own: -1) are
+    # parts of a pass, not passes (was: every --chunked-prefill capture refused by inspect and simulate)
+    passes = steps[~chunk_rows(steps)]
     for col in ("query_tokens", "kv_tokens_read", "live_kv_tokens", "kv_bytes_allocated"):
-        if (steps[col] < 0).any():
+        if (passes[col] < 0).any() or (steps[col] < -1).any():
             out.append(f"steps: negative {col}")
-    steps_per_req = steps.groupby("request_id")["step_index"].agg(["count", "min", "max"])
+    for col in ("query_tokens", "active_streams"):  # was: 37 query rows for 0 streams, an internal error
+        empty = int((passes[col] < 1).sum()) if col in passes else 0
+        if empty:
+            out.append(f"steps: {empty} passes with {col} < 1 (a forward pass computes query rows of a stream)")
+    steps_per_req = passes.groupby("request_id")["step_index"].agg(["count", "min", "max"])
     toks_per_req = toks.groupby("request_id")["token_index"].agg(["count", "min", "max"])
     for r in req.itertuples():
         rid = r.request_id

@@ -569,6 +569,8 @@ def override(base_name: str, /, **fields: Any) -> HardwareSpec:
         name = refused[0]
         raise UsageError(f"{name} is recorded for reference and no model reads it: {REFERENCE_ONLY[name]}")
     fields.setdefault("name", f"{base_name}-custom")
+    if fields["name"] in HARDWARE:  # was: name=h200 on an h100-sxm, its figures printed and written as h200's
+        raise UsageError(f"name {fields['name']!r} is a catalog part's; a changed part needs a name of its own")
     if "peak_flops_per_s" not in fields and base.has_chip_layout:
         fields["peak_flops_per_s"] = base.peak_flops_per_s * _peak_scale(base, fields)
     sustained = fields.get("sustained_clock_hz")

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from profiler.schema import PHASES, TABLES
+from profiler.schema import CHUNK_NOTE, PHASES, TABLES
 from profiler.writer import ROW_GROUP_ROWS, TableSlices, write_trace
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
@@ -37,7 +37,7 @@ from simulator.passrows import PassRows
 from simulator.passrows import build as build_rows
 from simulator.replay import ReplayConfig
 from simulator.slo import goodput
-from simulator.workload import CHUNK_NOTE, RECOMPUTE_NOTE, Workload
+from simulator.workload import RECOMPUTE_NOTE, Workload
 
 
 @dataclass

@@ -43,6 +43,9 @@ from simulator.models import ModelSpec, get_model
 from simulator.replay import ReplayConfig
 from simulator.workload import Workload, load_workload
 
+# one sweep's most configurations: 100,000 replays of ~0.05 s each (4 requests of a shipped trace) are
+# ~1.4 CPU-hours, and a grid's list, keys and results table stay in memory
+MAX_CONFIGS = 100_000
 RESULTS_JSONL = "results.jsonl"
 LOCAL_WORKERS_PER_CORE = 4  # a process-pool worker holds every trace; beyond this it only thrashes
 RESULTS_PARQUET = "sweep.parquet"
@@ -136,6 +139,7 @@ def grid(
     fixed = {**CLUSTER_DEFAULTS, **(cluster or {})}
     calibrations = _pop_calibrations(fixed, hardware)
     shapes = _shapes(fixed)
+    _check_size(traces, hardware, models, max_seqs, arrivals, shapes)
     configs = []
     for t, h, m, s, (r, c), (tp, pp, k) in itertools.product(traces, hardware, models, max_seqs, arrivals, shapes):
         cfg = {
@@ -161,6 +165,20 @@ def grid(
         _cluster_config(cfg)
         configs.append(cfg)
     return configs
+
+
+def _check_size(*axes: Sequence) -> None:
+    """UsageError for a grid of more than MAX_CONFIGS configurations, before any is built (was: 4 parts x
+    199 max-seqs x 199 rates, 158,404 replays, accepted and run for hours with no word of the size)."""
+    sizes = [len(axis) for axis in axes]
+    total = math.prod(sizes)
+    if total > MAX_CONFIGS:
+        names = ("traces", "parts", "models", "max-seqs", "arrivals", "deployments (tp, pp, replicas)")
+        factors = " x ".join(f"{n} {name}" for n, name in zip(sizes, names, strict=True) if n > 1)
+        raise UsageError(
+            f"the grid has {total:,} configurations ({factors}), more than the {MAX_CONFIGS:,} one sweep runs; "
+            f"narrow the lists or split it into several sweeps"
+        )
 
 
 def _check_names(hardware: Sequence[str], models: Sequence[str]) -> None:
@@ -357,20 +375,37 @@ def read_results(out: str | Path) -> pd.DataFrame:
         raise UsageError(f"{path}: a link, not the results a sweep wrote; choose another --out")
     input_file(path, "sweep results")  # a FIFO there blocked the resume for ever
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-        rows = [json.loads(line) for line in lines if line.strip().endswith("}")]  # a torn last line: skipped
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        # a row cut short (a sweep killed mid-write) is skipped; any other line must be a row (was: `[1, 2]` skipped)
+        rows = [json.loads(line) for line in lines if line and not (line.startswith("{") and not line.endswith("}"))]
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise UsageError(f"{path}: not a sweep's results ({error}); choose another --out") from None
     if not all(isinstance(row, dict) and "key" in row for row in rows):
         raise UsageError(f"{path}: a line that is not a sweep's result row; choose another --out")
     table = pd.DataFrame(rows).drop_duplicates("key", keep="last").reset_index(drop=True) if rows else pd.DataFrame()
     if len(table):
+        _check_column_types(table, path)
         table["pareto"] = pareto_mask(table, objectives_for(table))
     return table
 
 
+def _check_column_types(table: pd.DataFrame, path: Path) -> None:
+    """UsageError if a column's values are of types no table holds together (a row edited by hand:
+    "max_seqs": "1" beside 2 was an internal error, ArrowTypeError, when sweep.parquet was written)."""
+    import pyarrow as pa
+
+    try:
+        pa.Table.from_pandas(table, preserve_index=False)
+    except (pa.ArrowTypeError, pa.ArrowInvalid) as error:
+        column = str(error.args[-1]) if error.args else str(error)
+        raise UsageError(
+            f"{path}: rows of mixed types, not a sweep's results ({column}); choose another --out"
+        ) from None
+
+
 def _write_parquet(table: pd.DataFrame, out: Path) -> None:
     if len(table):
+        _check_column_types(table, out / RESULTS_JSONL)  # its rows are kept; the table is not written
         tmp = out / f".{RESULTS_PARQUET}.tmp"
         table.to_parquet(tmp, index=False)
         os.replace(tmp, out / RESULTS_PARQUET)

@@ -24,6 +24,7 @@ capture the catalog part of that name.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -64,10 +65,10 @@ def trace_hardware(meta: dict) -> HardwareSpec:
     """The catalog part (or this host's CPU spec) a measured trace ran on; KeyError if none matches."""
     device = meta.get("device") or {}
     if device.get("type") == "cpu":  # the CPU the trace recorded at capture; this machine's only for older traces
-        cores = device.get("threads") or (meta.get("host") or {}).get("cores")
+        cores = _recorded_cores(device, meta)
         if isinstance(device.get("cpu"), dict):
-            return cpu_spec(device["cpu"], int(cores) if cores else None, origin="recorded at capture")
-        spec = host_cpu_spec(int(cores) if cores else None)
+            return cpu_spec(device["cpu"], cores, origin="recorded at capture")
+        spec = host_cpu_spec(cores)
         return dataclasses.replace(
             spec,
             source=f"the trace records no CPU (captured before solm recorded one), so "
@@ -80,6 +81,23 @@ def trace_hardware(meta: dict) -> HardwareSpec:
                 part = "a100-80g" if int(device.get("memory_bytes") or 80 * 2**30) > 48 * 2**30 else "a100-40g"
             return get_hardware(part)
     raise UnknownName(f"trace device {name!r} matches no catalog part ({', '.join(sorted(HARDWARE))}); pass --hardware")
+
+
+def _recorded_cores(device: dict, meta: dict) -> int | None:
+    """The cores a CPU trace ran on (device.threads, else host.cores; None when neither says); a
+    value that is not a whole number >= 1 is a TraceError (was: int('two'), an internal error)."""
+    cores = device.get("threads") or (meta.get("host") or {}).get("cores")
+    if not cores:
+        return None
+    if (
+        isinstance(cores, bool)
+        or not isinstance(cores, (int, float))
+        or not math.isfinite(cores)
+        or cores != int(cores)
+        or cores < 1
+    ):
+        raise TraceError(f"meta.json: device.threads (or host.cores) must be a whole number of cores, got {cores!r}")
+    return int(cores)
 
 
 PASS_COLUMNS = ["query_tokens", "kv_tokens_read", "duration_s", "active_streams", "requests"]

@@ -40,12 +40,11 @@ import pandas as pd
 
 from profiler.errors import TraceError
 from profiler.reader import Trace
-from profiler.schema import PHASES, linear_graph
+from profiler.schema import PHASES, chunk_rows, linear_graph
 
 PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
 MAX_CONTEXT_TOKENS = 1 << 20  # the most tokens one pass or one request's prompt or answer may have (a 1M context)
 RECOMPUTE_NOTE = "recompute after preemption"  # steps.note of a pass that re-prefilled KV lost to a preemption
-CHUNK_NOTE = "prefill chunk"  # steps.note of a chunk of a prefill that is not its last
 PASS_FIELDS = (  # the per-pass arrays of a Workload (taken or sliced together)
     "query_tokens",
     "kv_tokens_read",
@@ -222,9 +221,7 @@ def own_passes(steps: pd.DataFrame, tokens: pd.DataFrame) -> tuple[pd.DataFrame,
     indices follow. Rows sorted by (request_id, step_index); other traces pass through unchanged.
     """
     note = steps["note"].fillna("").astype(str) if "note" in steps else pd.Series("", index=steps.index)
-    chunk = note.str.contains(CHUNK_NOTE, regex=False).to_numpy()
-    if "chunk" in steps:
-        chunk = chunk | steps["chunk"].fillna(False).to_numpy(bool)
+    chunk = chunk_rows(steps)
     rid = steps["request_id"].to_numpy(np.int64)
     live = steps["live_kv_tokens"].to_numpy(np.int64)
     first = np.r_[True, rid[1:] != rid[:-1]] if len(rid) else np.zeros(0, bool)

@@ -118,13 +118,20 @@ def _cwd_gone(argv: list[str]) -> str | None:
 OUTPUT_FLAGS = ("out", "perfetto", "html")  # the flags that name what a command writes
 
 
-def _check_outputs_named(args: argparse.Namespace) -> None:
-    """An output flag given an empty string (`--out "$DIR"` with DIR unset) is refused: simulate and
-    sweep took it for no --out and wrote nothing, calibrate called it the working directory."""
-    for flag in OUTPUT_FLAGS:
-        value = getattr(args, flag, None)
-        if isinstance(value, str) and not value.strip():
-            raise UsageError(f"--{flag} is empty; give the path to write")
+def _check_nothing_empty(args: argparse.Namespace, command: argparse.ArgumentParser) -> None:
+    """An argument given an empty string (`--out "$DIR"` with DIR unset) is refused, unless that is
+    the flag's default: simulate and sweep took an empty --out for none and wrote nothing, calibrate
+    called it the working directory; simulate --model '' replayed the trace's own model and cost and
+    simulate --gemm-calibration '' used no calibration, each exit 0 as if the flag were not given."""
+    for action in command._actions:
+        value = getattr(args, action.dest, None)
+        values = value if isinstance(value, list) else [value]
+        if value == action.default or not any(isinstance(v, str) and not v.strip() for v in values):
+            continue
+        name = max(action.option_strings, key=len) if action.option_strings else (action.metavar or action.dest)
+        what = "the path to write" if action.dest in OUTPUT_FLAGS else "a value"
+        what += ", or leave the flag out" if action.option_strings and action.dest not in OUTPUT_FLAGS else ""
+        raise UsageError(f"{name} is empty; give {what}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         _check_utf8(args)
-        _check_outputs_named(args)
+        _check_nothing_empty(args, parser.commands[args.command])
         return int(modules[args.command].run(args) or 0)
     except KeyboardInterrupt:
         print(f"solm {args.command}: interrupted", file=sys.stderr)

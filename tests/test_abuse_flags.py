@@ -52,9 +52,17 @@ CAPTURE = ["capture", "--n", "2", "--out", "o"]
         ([*COST, "--model", "llama-3-8b", "--workers", "4"], "--workers and --bytes size the collectives of --comm"),
         ([*COST, "--model", "llama-3-8b", "--topology", "pcie"], "--topology applies to collectives: give --tp 2"),
         # an empty value stays an error now that the defaults are filled in after the mode's checks
-        ([*COST, "--model", "llama-3-8b", "--tokens="], "--tokens must be comma-separated positive integers, got ''"),
-        ([*COST, "--model", "llama-3-8b", "--tp="], "--tp must be an integer >= 1, got ''"),
-        ([*COST, "--comm", "all_reduce", "--bytes="], "--bytes must be comma-separated integers >= 0, got ''"),
+        ([*COST, "--model", "llama-3-8b", "--tokens="], "--tokens is empty; give a value, or leave the flag out"),
+        ([*COST, "--model", "llama-3-8b", "--tp="], "--tp is empty"),
+        ([*COST, "--comm", "all_reduce", "--bytes="], "--bytes is empty"),
+        # each was: exit 0 as if the flag were not given (the trace's own model; no GEMM calibration)
+        ([*SIM, "--model", ""], "--model is empty; give a value, or leave the flag out"),
+        ([*SWEEP, "--model", " "], "--model is empty"),
+        ([*COST, "--model", "llama-3-8b", "--gemm-calibration", ""], "--gemm-calibration is empty"),
+        ([*SIM, "--gemm-calibration", ""], "--gemm-calibration is empty"),
+        # was: "workload file .: not a regular file" (an empty path read as the working directory)
+        ([*WORKLOAD[:1], "--workload", "", *WORKLOAD[3:]], "--workload is empty"),
+        (["simulate", "", "--hardware", "h100-sxm"], "trace is empty; give a value"),
         # each was: exit 0, a request-by-request capture with the same tokens, the setting recorded nowhere
         ([*CAPTURE, "--max-seqs", "2", "--attention", "gather"], "--max-seqs, --attention: serving settings apply"),
         ([*CAPTURE, "--kv-budget-mib", "1"], "--kv-budget-mib: serving settings apply under load: give --rate"),

@@ -99,6 +99,12 @@ def cluster_config(args: argparse.Namespace):
         if not args.disaggregate:
             raise UsageError("--decode-hardware needs --disaggregate P:D")
         decode = with_links(get_hardware(args.decode_hardware), args)
+        prefill = get_hardware(args.hardware)
+        if decode.kind != prefill.kind:  # was: a GPU's KV "sent" to a CPU over NVLink in 0.02 ms, "2 GPUs"
+            raise UsageError(
+                f"--decode-hardware {decode.name} is a {decode.kind.upper()} and --hardware {prefill.name} a "
+                f"{prefill.kind.upper()}: the KV between them is timed over one kind's links; give two of one kind"
+            )
     schedule = getattr(args, "pp_schedule", "drain")
     check_pipeline(args.micro_batches, schedule, args.pp > 1)
     check_router(args.router, args.replicas > 1 or bool(args.disaggregate))

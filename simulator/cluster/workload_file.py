@@ -65,6 +65,12 @@ def parse_columns(text: str | None) -> dict[str, str]:
         if not sep or key.strip() not in COLUMNS or not value.strip():
             raise UsageError(f"--columns takes EXPECTED=FILE_COLUMN pairs for {', '.join(COLUMNS)}; got {item!r}")
         mapping[key.strip()] = value.strip()
+    shared = [have for i, have in enumerate(mapping.values()) if have in list(mapping.values())[:i]]
+    if shared:  # was: arrived_at=num_prefill_tokens read each prompt length as an arrival time, exit 0
+        users = [want for want, have in mapping.items() if have == shared[0]]
+        raise UsageError(
+            f"--columns reads {' and '.join(users)} both from the column {shared[0]!r}; map each to its own"
+        )
     return mapping
 
 
@@ -89,10 +95,9 @@ def _columns(path: Path, mapping: dict[str, str]) -> dict[str, np.ndarray]:
     counts whole numbers in 1..MAX_CONTEXT_TOKENS; 1..MAX_REQUESTS rows."""
     import pandas as pd
 
-    try:
-        frame = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
-        raise UsageError(f"{path}: not a CSV workload ({str(error).splitlines()[0]})") from None
+    from simulator.csv_input import read_csv_table
+
+    frame = read_csv_table(path, "CSV workload")
     missing = [
         f"{want}" + (f" (as {have!r})" if have != want else "")
         for want, have in mapping.items()

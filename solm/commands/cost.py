@@ -28,7 +28,8 @@ all-reduces of `--tp` 2 or more). A flag the mode would ignore is refused: the f
 (`--model`, `--tokens`, `--tp`, `--explain`, ...) with `--comm`, `--workers`/`--bytes` without it.
 
 `--calibrate-from TRACE` fits the efficiencies and the per-pass overhead to the measured passes of
-a trace captured on that part (`simulator.calibrate.fit_cost_params_to_steps`, the fit `solm
+a trace captured on that part (a trace the catalog places on another part, or a CPU trace for a GPU
+part, is refused) (`simulator.calibrate.fit_cost_params_to_steps`, the fit `solm
 validate` uses) and predicts with those instead.
 
 `--explain` adds, per GEMM and token count, the kernel the tile-and-wave model chose (tile shape,
@@ -40,7 +41,8 @@ independent streams (G sequences decoding one token each: `--tokens G --groups G
 Output: a table, then one JSON line {"model", "hardware", "tensor_parallel", "calibration",
 "ops": [{"num_tokens", "kv_tokens_read", "op", "time_ms"}], "steps": [...]} (with --explain,
 "explain": [{"num_tokens", "op", "k", "n", "tile", "split", "tiles", "waves", "kernel_ms",
-"bound"}]); `--json` prints only the JSON line. Bad input: one line on stderr, exit 2.
+"bound"}]); `--json` prints only the JSON line. Bad input: one line on stderr, exit 2 (a token count
+over 2^20, a 1M-token context; a `--bytes` buffer over the part's memory; a value listed twice).
 """
 
 from __future__ import annotations
@@ -54,9 +56,11 @@ from profiler.errors import UsageError
 from simulator.cost import LAYER_OPS, CostModel
 from simulator.hardware import HARDWARE, get_hardware
 from simulator.models import MODELS, get_model
+from simulator.workload import MAX_CONTEXT_TOKENS
 from solm.jsonline import json_line
 
 PROG = "solm cost"
+CONTEXT = " (a 1M-token context, simulator.workload.MAX_CONTEXT_TOKENS)"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -126,13 +130,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _int(text: str, flag: str, minimum: int) -> int:
+def _int(text: str, flag: str, minimum: int, maximum: int | None = None, why: str = CONTEXT) -> int:
     try:
         value = int(text.strip())
     except (ValueError, AttributeError):
         raise UsageError(f"{flag} must be an integer >= {minimum}, got {text!r}") from None
     if value < minimum:
         raise UsageError(f"{flag} must be an integer >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:  # was: 1e20 tokens, kv_tokens_read 5e39, a pass of 1e15 ms
+        raise UsageError(f"{flag} must be at most {maximum}{why}, got {value}")
     return value
 
 
@@ -141,9 +147,18 @@ def _parse_tokens(text: str) -> list[int]:
     if not parts:
         raise UsageError(f"--tokens must be comma-separated positive integers, got {text!r}")
     try:
-        return [_int(part, "--tokens", 1) for part in parts]
+        tokens = [_int(part, "--tokens", 1) for part in parts]
     except UsageError:
         raise UsageError(f"--tokens must be comma-separated positive integers, got {text!r}") from None
+    _check_once(tokens, "--tokens", text)
+    return [_int(str(n), "--tokens", 1, MAX_CONTEXT_TOKENS) for n in tokens]
+
+
+def _check_once(values: list, flag: str, text: str) -> None:
+    """A value listed twice is refused (was: its column or rows printed twice), as sweep's lists."""
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:
+        raise UsageError(f"{flag} names {twice[0]} twice, got {text!r}")
 
 
 def _lookup(kind: str, name: str) -> Any:
@@ -153,7 +168,7 @@ def _lookup(kind: str, name: str) -> Any:
         raise UsageError(str(error.args[0])) from None
 
 
-def _fit_to_trace(path: str, hardware: Any) -> Any:
+def _fit_to_trace(path: str, hardware: Any, part: str) -> Any:
     """Cost parameters fitted to every forward pass of a measured trace (its own model's shapes)."""
     from profiler.reader import TraceError
     from profiler.validate import read_valid_trace
@@ -167,6 +182,7 @@ def _fit_to_trace(path: str, hardware: Any) -> Any:
         raise UsageError(str(error)) from None
     if trace.kind != "measured":
         raise UsageError(f"--calibrate-from needs a measured trace, {path} is {trace.kind}")
+    _check_captured_on(trace, path, part)
     rows = step_arrays(trace)
     if len(rows) < 4:
         raise UsageError(f"--calibrate-from: {path} has {len(rows)} forward passes; need >= 4")
@@ -174,11 +190,33 @@ def _fit_to_trace(path: str, hardware: Any) -> Any:
     return dataclasses.replace(params, source=f"{params.source} ({path})")
 
 
-def _int_list(text: str, flag: str, minimum: int) -> list[int]:
+def _check_captured_on(trace: Any, path: str, part: str) -> None:
+    """UsageError when the trace ran on another device than the catalog part `part` (a CPU trace for a
+    GPU part, or another GPU): its passes' times are not that part's (was: llama-3-8b on h100-sxm
+    fitted to a CPU capture, 4.7 s a one-token pass). A device the catalog cannot name is let through."""
+    from profiler.errors import UnknownName
+    from simulator.validation import trace_hardware
+
+    try:
+        origin = trace_hardware(trace.meta)
+    except UnknownName:
+        return
+    target = HARDWARE[part]
+    if origin.kind != target.kind or (origin.kind == "gpu" and origin.name != part):
+        device = (trace.meta.get("device") or {}).get("name") or origin.name
+        raise UsageError(
+            f"--calibrate-from {path} was captured on {device}, not on {part}: its passes time another device "
+            f"(give --hardware {origin.name if origin.kind == 'gpu' else 'host-cpu'})"
+        )
+
+
+def _int_list(text: str, flag: str, minimum: int, maximum: int | None = None, why: str = "") -> list[int]:
     parts = [part for part in str(text).split(",") if part.strip()]
     if not parts:
         raise UsageError(f"{flag} must be comma-separated integers >= {minimum}, got {text!r}")
-    return [_int(part, flag, minimum) for part in parts]
+    values = [_int(part, flag, minimum, maximum, why) for part in parts]
+    _check_once(values, flag, text)
+    return values
 
 
 def _hardware(args: argparse.Namespace) -> Any:
@@ -212,7 +250,9 @@ def predict_comm(args: argparse.Namespace) -> dict[str, Any]:
     if unknown or not collectives:
         raise UsageError(f"--comm takes {', '.join(COLLECTIVES)}; got {args.comm!r}")
     workers = _int_list(_given(args.workers, "2,4,8"), "--workers", 1)
-    sizes = _int_list(_given(args.bytes, "4096,1048576,67108864"), "--bytes", 0)
+    # a buffer on each GPU fits in its memory (was: 1e23 bytes, a call of 7 years)
+    memory = int(hardware.hbm_capacity_bytes)
+    sizes = _int_list(_given(args.bytes, "4096,1048576,67108864"), "--bytes", 0, memory, f" ({hardware.name}'s memory)")
     too_many = [n for n in workers if n > hardware.gpus_per_node]
     if too_many:
         raise UsageError(
@@ -256,14 +296,14 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     model = _lookup("model", args.model)
     hardware = _hardware(args)
     tokens = _parse_tokens(_given(args.tokens, "1,512,4096"))
-    kv_per_row = None if args.kv_tokens is None else _int(args.kv_tokens, "--kv-tokens", 0)
+    kv_per_row = None if args.kv_tokens is None else _int(args.kv_tokens, "--kv-tokens", 0, MAX_CONTEXT_TOKENS)
     groups = _int(_given(args.groups, "1"), "--groups", 1)
     tp = _int(_given(args.tp, "1"), "--tp", 1)
     if tp == 1 and args.topology:  # was: accepted, and one GPU has no links to cross
         raise UsageError("--topology applies to collectives: give --tp 2 or more, or --comm")
     if tp > 1 and model.n_heads % tp:
         raise UsageError(f"--tp {tp} does not divide {model.name}'s {model.n_heads} heads")
-    params = None if args.calibrate_from is None else _fit_to_trace(args.calibrate_from, hardware)
+    params = None if args.calibrate_from is None else _fit_to_trace(args.calibrate_from, hardware, args.hardware)
     cost = CostModel(hardware, model, params, tensor_parallel=tp)
     ops: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []

@@ -156,7 +156,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="CAL.json",
         help="GEMM tile-model parameters fitted on --hardware's own measured GEMMs (solm calibrate)",
     )
-    p.add_argument("--model", default="", help="catalog model (default: the trace's own)")
+    p.add_argument("--model", default=None, help="catalog model (default: the trace's own)")
     p.add_argument("--max-seqs", type=int, default=256, help="cap on sequences in one pass (default 256)")
     arrival = p.add_mutually_exclusive_group()
     arrival.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (inf: all at once)")

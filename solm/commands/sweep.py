@@ -5,7 +5,8 @@ a Parquet table (`OUT/sweep.parquet`) with `pareto` marking the rows no other ro
 quality (from the trace), mean E2E latency, output throughput and peak KV bytes at once. Runs on
 a local process pool, or with `--backend ray` on a Ray cluster (`--address`) or a local Ray
 bound to loopback. Finished configurations are appended to `OUT/results.jsonl` as they finish:
-an interrupted sweep keeps them, and the same command resumes where it stopped.
+an interrupted sweep keeps them, and the same command resumes where it stopped. A grid of more than
+100,000 configurations (`simulator.sweep.MAX_CONFIGS`) is refused before any runs: split it.
 
     solm sweep traces/sequential-tiny --hardware a100-80g,h100-sxm,h200 --model llama-3-8b \
         --max-seqs 1,8,32 --rate 1,10,inf --num-requests 200 --out runs/sweep1
@@ -56,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("traces", nargs="+", help="trace directories")
     p.add_argument("--hardware", required=True, help="comma-separated catalog parts")
-    p.add_argument("--model", default="", help="comma-separated catalog models (default: each trace's own)")
+    p.add_argument("--model", default=None, help="comma-separated catalog models (default: each trace's own)")
     p.add_argument("--max-seqs", default="256", help="comma-separated sequence caps (default 256)")
     p.add_argument("--rate", default=None, help="comma-separated Poisson rates, requests/s (inf allowed)")
     p.add_argument("--concurrency", default=None, help="comma-separated closed-loop client counts")

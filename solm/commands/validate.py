@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 
 from profiler.errors import UsageError
+from profiler.outdir import check_given_once
 from solm.jsonline import json_line
 
 
@@ -109,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if args.calibrate_from is not None:
         if args.uncalibrated or args.run is not None:  # was: silently ignored under load
             raise UsageError("--uncalibrated and --run apply to one trace's validation, not with --calibrate-from")
+        check_given_once(args.trace, "trace")  # was: its load level validated, printed and averaged twice
         return run_load(args)
     _check_one_trace_flags(args)
     args.trace = args.trace[0]

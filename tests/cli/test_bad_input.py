@@ -136,6 +136,15 @@ def test_model_meta_of_the_wrong_shape_is_a_trace_error(t, capsys):
         one_line_error(argv, capsys, "trace meta 'model'")
 
 
+@pytest.mark.parametrize("threads", ["two", 1.5, float("inf"), -2])
+def test_a_cpu_trace_of_no_whole_core_count_is_a_trace_error(threads, t, capsys):
+    """Was: validate's int('two') on the recorded device.threads, an internal error (exit 1)."""
+    meta = json.loads((t / "meta.json").read_text())
+    _edit_meta(t, device={**meta["device"], "threads": threads})
+    for argv in (["validate", str(t)], ["validate", str(t), "--uncalibrated"]):
+        one_line_error(argv, capsys, "device.threads (or host.cores) must be a whole number of cores")
+
+
 @pytest.mark.parametrize(
     "damage,needle",
     [

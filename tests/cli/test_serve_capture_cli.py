@@ -9,6 +9,7 @@ import pytest
 
 from profiler.reader import read_trace
 from profiler.schema import SCHEMA_MINOR
+from profiler.validate import validate
 from tests.cli import solm
 
 
@@ -134,4 +135,6 @@ def test_chunked_load_capture_with_the_task_default_max_tokens(tmp_path):
     t = read_trace(out)
     assert len(t.requests) == 3 and (t.requests["status"] == "ok").all()
     assert t.steps["chunk"].any() and (t.steps.loc[t.steps["chunk"], "query_tokens"] <= 8).all()
+    # was: its chunk rows (step_index -1, live KV -1) made it invalid, so inspect, simulate and validate refused it
+    assert validate(out) == []
     assert json.loads(r.stdout.strip().splitlines()[-1])["quality_mean"] == 1.0

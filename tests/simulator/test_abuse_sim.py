@@ -56,6 +56,7 @@ def refused(argv: list[str], home: Path, capsys, needle: str) -> str:
 
 SIM = ["simulate", "t", "--hardware", "h100-sxm", "--num-requests", "4"]
 WORKLOAD = ["simulate", "--workload", "w.csv", "--structure-from", "t", "--hardware", "h100-sxm"]
+COST = ["cost", "--hardware", "h100-sxm", "--model", "llama-3-8b"]
 
 
 @pytest.mark.parametrize(
@@ -95,6 +96,22 @@ def test_argparse_errors_are_one_line(argv, needle, home, capsys):
         ([*SIM, "--set", "nvlink_generation=banana"], "nvlink_generation must be a whole number in 1..6, got 'banana'"),
         ([*SIM, "--set", "pcie_generation=0"], "pcie_generation must be a whole number in 1..7, got 0"),
         (["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--set", " =3"], "--set expects FIELD=VALUE"),
+        # was: exit 0, the GPU's KV sent to a CPU over NVLink in 0.02 ms, the deployment "= 2 GPUs"
+        (
+            [*SIM, "--model", "llama-3-8b", "--disaggregate", "1:1", "--decode-hardware", "host-cpu"],
+            "--decode-hardware host-cpu is a CPU and --hardware h100-sxm a GPU",
+        ),
+        # was: exit 0, a pass of 1e20 tokens reading 5e39 KV tokens in 1.4e15 ms (--kv-tokens alike)
+        ([*COST, "--tokens", "1,99999999999999999999"], "--tokens must be at most 1048576 (a 1M-token context"),
+        ([*COST, "--kv-tokens", "99999999999999"], "--kv-tokens must be at most 1048576"),
+        # was: exit 0, the column (or the collective's rows) printed twice
+        ([*COST, "--tokens", "512,1,512"], "--tokens names 512 twice"),
+        ([*COST[:3], "--comm", "all_reduce", "--workers", "2,4,2"], "--workers names 2 twice"),
+        # was: exit 0, a buffer of 1e23 bytes per GPU in 2.2e14 ms
+        (
+            [*COST[:3], "--comm", "all_reduce", "--bytes", "1" + "0" * 23],
+            "--bytes must be at most 85899345920 (h100-sxm's",
+        ),
     ],
 )
 def test_simulate_settings_refused(argv, needle, home, capsys):
@@ -124,6 +141,46 @@ def test_workload_files_refused(rows, flags, needle, home, capsys):
     refused(argv, home, capsys, needle)
 
 
+def test_workload_columns_that_read_one_column_twice_are_refused(home, capsys):
+    """Was: --columns arrived_at=num_prefill_tokens replayed each prompt length as its arrival time, exit 0."""
+    argv = [*WORKLOAD, "--columns", "arrived_at=num_prefill_tokens"]
+    refused(argv, home, capsys, "--columns reads arrived_at and num_prefill_tokens both from the column")
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        # was: exit 0, the header taken as naming the columns after an index: a prompt of 5, an answer of 7
+        (HEADER + "0,10,5,7\n1,10,5,7\n", "a row has more fields than the header's 3; not a CSV workload"),
+        # was: exit 0, pandas renamed the second arrived_at.1 and the first was read
+        ("arrived_at,arrived_at,num_prefill_tokens,num_decode_tokens\n0,9,10,5\n", "names column 'arrived_at' twice"),
+    ],
+)
+def test_workload_file_misread_by_pandas_is_refused(text, needle, home, capsys):
+    (home / "x.csv").write_text(text)
+    refused(
+        ["simulate", "--workload", "x.csv", "--structure-from", "t", "--hardware", "h100-sxm"], home, capsys, needle
+    )
+
+
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        # was: exit 0, a calibration fitted on one of the two m columns (the later one, 'm' over 'M')
+        (lambda t: t.assign(M=7)[["M", "m", "n", "k", "bf16_flops_per_s"]], "the header names column 'm' twice"),
+        # was: "row 1: k must be a whole number up to 2^24" (the columns read shifted by one)
+        (lambda t: t.assign(extra=1), "a row has more fields than the header's 4"),
+    ],
+)
+def test_gemm_table_misread_by_pandas_is_refused(edit, needle, home, capsys):
+    table = edit(pd.read_csv(home / "g.csv"))
+    text = table.to_csv(index=False)
+    if "extra" in table:  # the header without the extra column's name: every row one field wider
+        text = text.replace(",extra\n", "\n", 1)
+    (home / "bad.csv").write_text(text)
+    refused(["calibrate", "bad.csv", "--hardware", "h100-sxm", "--out", "c.json"], home, capsys, needle)
+
+
 def test_workload_file_longer_than_a_replay_is_refused(home, capsys, monkeypatch):
     """Was: 2 million rows replayed for minutes, past --num-requests' own limit of 1 million."""
     from simulator.cluster import workload_file
@@ -146,12 +203,38 @@ def test_calibrate_refuses_times_faster_than_the_part(home, capsys):
     assert not (home / "c.json").exists()
 
 
+def test_calibrate_refuses_times_far_slower_than_any_fit(home, capsys):
+    """Was: times 1e6x too slow (microseconds in time_s) fitted with every parameter at a bound, in-sample
+    median APE 100 %, and the file written, exit 0."""
+    table = pd.read_csv(home / "g.csv")
+    table["time_s"] = 2.0 * table.m * table.n * table.k / table.bf16_flops_per_s * 1e6
+    table.drop(columns="bf16_flops_per_s").iloc[::4].to_csv(home / "slow.csv", index=False)
+    refused(["calibrate", "slow.csv", "--hardware", "h100-sxm", "--out", "c.json"], home, capsys, "misses these GEMMs")
+    assert not (home / "c.json").exists()
+
+
 def test_calibrate_refuses_one_table_twice(home, capsys):
     """Was: the same table given twice (or under two spellings) counted each GEMM twice."""
     os.symlink(home / "g.csv", home / "g2.csv")
     argv = ["calibrate", "g.csv", "g2.csv", "--hardware", "h100-sxm", "--out", "c.json"]
     refused(argv, home, capsys, "GEMM table g2.csv is given twice (as g.csv)")
     assert not (home / "c.json").exists()
+
+
+def test_calibrate_out_where_no_file_can_be_made_is_refused_before_the_fit(home, capsys, monkeypatch):
+    """Was: os.access let root write in /proc, the fit ran (20 s), then writing the file was an internal
+    error (FileNotFoundError, exit 1). Now refused up front, the fit never started."""
+    import simulator.gemm_calibration as gc
+
+    monkeypatch.setattr(gc, "calibrate", lambda *a, **k: pytest.fail("fitted before the --out check"))
+    refused(["calibrate", "g.csv", "--hardware", "h100-sxm", "--out", "/proc/solm-cal.json"], home, capsys, "/proc")
+
+
+def test_cost_calibrated_from_another_devices_trace_is_refused(home, capsys):
+    """Was: exit 0, llama-3-8b on an h100-sxm fitted to a CPU capture's passes: 4.7 s a one-token pass."""
+    argv = [*COST, "--tokens", "1", "--calibrate-from", "t"]
+    refused(argv, home, capsys, "--calibrate-from t was captured on cpu (x86_64, 2 cores), not on h100-sxm")
+    assert main([*COST[:1], "--hardware", "host-cpu", *COST[3:], "--tokens", "1", "--calibrate-from", "t"]) == 0
 
 
 def test_cost_comm_on_one_worker_prints_no_nan(home, capsys):
@@ -170,6 +253,11 @@ SWEEP = ["sweep", "t", "--hardware", "h100-sxm", "--num-requests", "4", "--worke
         (["--workers", "0"], "workers must be >= 1, got 0"),  # was: 0 taken as the default (one per core)
         (["--workers", "100000"], "processes per core"),  # was: 2500+ pool processes spawned, the machine thrashed
         (["--price-per-gpu-hour", "nan"], "price_per_gpu_hour must be a finite"),  # was: an error row per config
+        # was: 399 x 399 = 159,201 replays accepted and run for hours, nothing said of the grid's size
+        (
+            ["--max-seqs", ",".join(map(str, range(1, 400))), "--rate", ",".join(map(str, range(1, 400)))],
+            "the grid has 159,201 configurations (399 max-seqs x 399 arrivals), more than the 100,000",
+        ),
     ],
 )
 def test_sweep_settings_refused(flags, needle, home, capsys):
@@ -198,6 +286,27 @@ def test_sweep_refuses_results_it_cannot_read(home, capsys):
     results.unlink()
     os.mkfifo(results)
     refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "not a regular file")
+
+
+def test_sweep_refuses_results_edited_into_other_shapes(home, capsys):
+    """Was: a line `[1, 2]` skipped as if torn (the resume appended after it), and a row whose
+    max_seqs was made the text "1" an internal error (ArrowTypeError) once the grid had run."""
+    import json
+
+    _sweep_into(home)
+    capsys.readouterr()
+    results = home / "sw" / "results.jsonl"
+    first, second = results.read_text().splitlines()
+    results.write_text("[1, 2]\n" + first + "\n")
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "not a sweep's result row")
+    results.write_text(json.dumps({**json.loads(first), "max_seqs": "1"}) + "\n" + second + "\n")
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "rows of mixed types")
+    edited = json.dumps({**json.loads(first), "max_seqs": "1"}) + "\n"
+    results.write_text(edited)  # the mix comes with the resume's row: the rows are kept, the table not written
+    assert main([*SWEEP, "--out", "sw", "--max-seqs", "1,2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rows of mixed types" in err, err
+    assert results.read_text().startswith(edited) and len(results.read_text().splitlines()) == 2
 
 
 def test_sweep_does_not_append_through_a_link(home, capsys):
@@ -245,6 +354,31 @@ def test_a_pass_of_no_finite_duration_is_a_trace_error(argv, duration, home, cap
     refused(argv, home, capsys, "t: not a valid trace: steps: 1 rows with duration_s infinite, negative or NaN")
 
 
+@pytest.mark.parametrize("col", ["active_streams", "query_tokens"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["validate", "t"],
+        ["validate", "t", "--uncalibrated"],
+        ["cost", "--model", "llama-3-8b", "--hardware", "host-cpu", "--calibrate-from", "t"],
+        WORKLOAD,
+    ],
+)
+def test_a_pass_of_no_query_row_or_stream_is_a_trace_error(argv, col, home, capsys):
+    """Was: internal error (a bug): the cost model's 'query_groups must be >= 1' (a pass of 37 query rows
+    for 0 streams, or a workload stretched from passes of 0 query rows). A serving trace's prefill-chunk
+    rows (no rows of their own) stay valid."""
+    steps = pd.read_parquet(home / "t" / "steps.parquet")
+    steps[col] = 0 if col == "query_tokens" else steps[col].where(steps.index > 0, 0)
+    steps.to_parquet(home / "t" / "steps.parquet", index=False)
+    refused(
+        argv,
+        home,
+        capsys,
+        f"not a valid trace: steps: {len(steps) if col == 'query_tokens' else 1} passes with {col} < 1",
+    )
+
+
 def test_a_pass_wider_than_any_context_is_a_trace_error(home, capsys):
     """Was: 1e12 query tokens in one pass, chunked into 1e8 prefill chunks: simulate never ended."""
     _edit_steps(home / "t", "query_tokens", 10**12)
@@ -267,6 +401,11 @@ def test_an_empty_output_path_is_refused(argv, home, capsys):
 def test_pipeline_flags_without_a_pipeline_are_refused(flags, home, capsys):
     """Was: exit 0 with the flag silently ignored (one stage: no micro-batches, no schedule)."""
     refused([*SIM, "--model", "llama-3-8b", *flags], home, capsys, "apply to a pipeline: give --pp 2 or more")
+
+
+def test_validate_under_load_refuses_a_trace_given_twice(home, capsys):
+    """Was: exit 0 with the same load level validated and printed twice (however the path is spelled)."""
+    refused(["validate", "t", "./t/", "--calibrate-from", "t"], home, capsys, "trace ./t/ is given twice (as t)")
 
 
 @pytest.mark.parametrize("flags", [["--uncalibrated"], ["--run", "0"]])

@@ -286,6 +286,9 @@ def test_set_keeps_text_fields_as_text_and_refuses_what_no_part_has() -> None:
         ({"name": "a\nb"}, "hardware name must be printable text"),
         ({"hbm_capacity_bytes": 1.5}, "hbm_capacity_bytes must be a whole number"),
         ({"l2_bytes": 2.5}, "l2_bytes must be a whole number"),
+        # was: an H100 named h200, its figures printed and written as the h200's
+        ({"name": "h200", "hbm_bytes_per_s": 4e12}, "name 'h200' is a catalog part's"),
+        ({"name": "h100-sxm"}, "name 'h100-sxm' is a catalog part's"),
     ):
         with pytest.raises(ValueError, match=message) as info:
             override("h100-sxm", **bad)
