@@ -93,6 +93,31 @@ def test_a_corrupt_checkpoint_is_one_line(damage, needle, work, capsys, monkeypa
     assert not (work / "c").exists() and not (work / "o").exists()
 
 
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        # was: internal error (a bug): IndexError: index out of range in self (exit 1), from the embedding
+        ({"vocab_size": 100}, "holds token id 259, outside the model's vocabulary of 100"),
+        # was: internal error (a bug): ValueError: prompt of 21 tokens exceeds the model's 8 positions;
+        # train trained, saved, then failed in its evaluation (exit 1, the checkpoint left behind)
+        ({"max_positions": 8}, "positions, more than the model's 8"),
+    ],
+)
+def test_a_checkpoint_too_small_for_the_task_is_one_line(change, needle, work, capsys):
+    """A well-formed checkpoint of another vocabulary or fewer positions than the task's sequences need."""
+    import dataclasses
+
+    from runtime.checkpoint import save_checkpoint
+    from runtime.model import ModelConfig, TinyLM
+
+    save_checkpoint(TinyLM(dataclasses.replace(ModelConfig.from_name("tiny-2l"), **change)), work / "small")
+    refused(["capture", "--model", "small", "--n", "1", "--max-tokens", "2", "--out", "c"], capsys, needle, work)
+    load = ["--concurrency", "1"]
+    refused(["capture", "--model", "small", "--n", "1", "--max-tokens", "2", *load, "--out", "c"], capsys, needle, work)
+    refused(["train", "--init", "small", "--steps", "1", "--out", "o"], capsys, needle, work)
+    assert not (work / "c").exists() and not (work / "o").exists()
+
+
 def test_a_fifo_config_does_not_hang(work):
     """Was: `capture --model DIR` blocked for ever reading DIR/config.json, a FIFO."""
     (work / "ckpt" / "config.json").unlink()
