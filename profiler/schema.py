@@ -185,6 +185,11 @@ PHASES = ("prefill", "decode", "plan", "denoise", "sync")
 TOKEN_KINDS = ("content", "tag", "plan", "mask", "pad")
 
 
+def empty_graph() -> dict:
+    """graph.json of a request that never ran (a server's error row): node-link form, no chunks."""
+    return {"directed": True, "multigraph": False, "graph": {}, "nodes": [], "links": []}
+
+
 def linear_graph(prompt_tokens: int, output_tokens: int) -> dict:
     """graph.json of a request with no parallel structure: its prompt, then one main chunk (the
     runtime's sequential engines and the simulator's synthetic workloads)."""

@@ -118,6 +118,18 @@ def test_a_checkpoint_too_small_for_the_task_is_one_line(change, needle, work, c
     assert not (work / "c").exists() and not (work / "o").exists()
 
 
+def test_a_capture_whose_every_request_failed_is_not_a_result(work, capsys):
+    """Was: exit 0, "captured 2 requests" (both error rows: no pass fits a one-page pool), every
+    figure n/a, and the trace it wrote refused by `solm inspect` (an error row's graph was {}, not
+    node-link). Now exit 2 naming the first error, and the trace it wrote is valid."""
+    argv = ["capture", "--concurrency", "1", "--kv-budget-mib", "0.04", "--n", "2", "--max-tokens", "2", "--out", "c"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "every request failed (request 0: its first pass needs" in err, err
+    assert "the trace in" in err and main(["inspect", "c", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["errors"] == 2
+
+
 def test_a_fifo_config_does_not_hang(work):
     """Was: `capture --model DIR` blocked for ever reading DIR/config.json, a FIFO."""
     (work / "ckpt" / "config.json").unlink()

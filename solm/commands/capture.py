@@ -7,7 +7,7 @@ import json
 import math
 import re
 
-from profiler.errors import UsageError
+from profiler.errors import UsageError, one_line
 from profiler.outdir import claim_out_dir
 from runtime.capture import KEEP, CaptureConfig, capture
 from runtime.engines import systems
@@ -183,7 +183,11 @@ def run(args: argparse.Namespace) -> int:
             out = capture_load(cfg, _load_config(args), args.out, overwrite=args.force)
         else:
             out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
-    s = summarize(read_trace(out))
+    trace = read_trace(out)
+    s = summarize(trace)
+    if s["requests"] and s["errors"] == s["requests"]:  # was: exit 0, "captured N requests", figures all n/a
+        first = one_line(str(trace.requests["error"].iloc[0]))
+        raise UsageError(f"every request failed ({first}); the trace in {out} records the errors")
     if not args.json:
         print(f"captured {s['requests']} requests of {s['task']} with {s['system']} on {s['device']} -> {out}")
         q = "n/a" if s["quality_mean"] is None else f"{s['quality_mean']:.3f}"
