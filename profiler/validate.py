@@ -17,6 +17,8 @@ def problems(trace: Trace) -> list[str]:
     out: list[str] = []
     req, steps, toks = trace.requests, trace.steps, trace.tokens
     ids = set(req["request_id"].tolist())
+    if not len(req):  # a capture stopped before its first request finished: figures of nothing
+        out.append("no requests (a run stopped before its first request finished)")
     if len(ids) != len(req):
         out.append("requests: duplicate request_id")
     for name, df in (("steps", steps), ("tokens", toks)):

@@ -240,3 +240,23 @@ def test_forward_fit_without_a_calibration_trace_is_refused(t, capsys):
     with pytest.raises(SystemExit) as e:  # argparse's choices
         main(["validate", str(t), "--calibrate-from", str(t), "--forward-fit", "guess"])
     assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_a_trace_stopped_before_its_first_request_is_refused(t, tmp_path, capsys):
+    """Was: exit 0 from inspect, export and simulate over a capture stopped before its first
+    request finished (meta.json complete false, parts/ empty: what a serving capture's Ctrl-C or a
+    failed first request leaves): "0 requests", every figure n/a, an empty Perfetto file."""
+    for name in ("requests", "steps", "tokens"):
+        (t / f"{name}.parquet").unlink()
+    (t / "graph.json").unlink()
+    (t / "parts").mkdir()
+    _edit_meta(t, complete=False)
+    needle = "no requests (a run stopped before its first request finished)"
+    for argv in (
+        ["inspect", str(t)],
+        ["diff", str(SHIPPED), str(t)],
+        ["export", str(t), "--perfetto", str(tmp_path / "x.json")],
+        ["simulate", str(t), "--hardware", "h100-sxm"],
+    ):
+        one_line_error(argv, capsys, needle)
+    assert not (tmp_path / "x.json").exists()
