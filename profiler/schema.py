@@ -182,6 +182,7 @@ RUNS = pa.schema(
 META_REQUIRED = ("schema_version", "kind", "system", "model", "device", "created_at")
 
 PHASES = ("prefill", "decode", "plan", "denoise", "sync")
+STATUSES = ("ok", "truncated", "error")  # a request: stopped itself, cut at a bound, or never ran
 TOKEN_KINDS = ("content", "tag", "plan", "mask", "pad")
 
 

@@ -175,6 +175,12 @@ def _edit_requests(t: Path, col: str, value) -> None:
     df.to_parquet(t / "requests.parquet", index=False)
 
 
+def _edit_table(t: Path, name: str, edit) -> None:
+    import pandas as pd
+
+    edit(pd.read_parquet(t / f"{name}.parquet")).to_parquet(t / f"{name}.parquet", index=False)
+
+
 @pytest.mark.parametrize(
     "damage,needle",
     [
@@ -193,6 +199,12 @@ def _edit_requests(t: Path, col: str, value) -> None:
         (lambda t: _edit_requests(t, "arrival_s", -3.0), "arrival_s"),
         (lambda t: _edit_requests(t, "quality_score", 1.5), "outside 0..1"),
         (lambda t: _edit_requests(t, "quality_score", float("inf")), "outside 0..1"),
+        # each was valid: exit 0 with a status read as finished, an infinite e2e mean (16 x 1e308),
+        # passes that ran backwards, and diff's counter mean given as the string "inf"
+        (lambda t: _edit_requests(t, "status", "bogus"), "unknown statuses ['bogus']"),
+        (lambda t: _edit_requests(t, "e2e_s", 1e308), "e2e_s infinite, negative or missing (or over 1e+15 s)"),
+        (lambda t: _edit_table(t, "steps", lambda s: s.assign(start_s=s["start_s"].to_numpy()[::-1])), "back in time"),
+        (lambda t: _edit_table(t, "counters", lambda c: c.assign(cpu_percent=float("inf"))), "infinite values in"),
     ],
 )
 def test_validate_rejects_what_it_used_to_pass(damage, needle, t, tmp_path, capsys):
