@@ -175,6 +175,14 @@ def test_train_flags_checked_up_front(flags, needle, work, capsys, no_training):
     assert not (work / "o").exists()
 
 
+def test_train_that_diverges_stops_at_the_first_non_finite_loss(work, capsys):
+    """Was: `--lr 1000` trained on with loss nan to the last step, saved the NaN weights, then
+    evaluated them for minutes (garbage to every max_tokens), exit 0 with "final loss nan"."""
+    argv = ["train", "--lr", "1000", "--steps", "30", "--batch-size", "4", "--json", "--out", "o"]
+    refused(argv, capsys, "diverged (--lr 1000 too high for this model", work)
+    assert not (work / "o").exists()
+
+
 def test_train_out_that_cannot_be_created_is_refused_before_training(work, capsys, no_training):
     """Was: trained for the whole run, then failed to save (exit 2 after the progress lines)."""
     refused(["train", "--steps", "1", "--out", "notes.txt/x"], capsys, "cannot create it", work)
