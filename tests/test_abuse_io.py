@@ -62,6 +62,14 @@ def _config(key: str, value) -> Callable[[Path], None]:
 
 
 # ---- checkpoints: `capture --model DIR` and `train --init DIR` -------------------------------
+def _nan_weight(c: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(c / "model.safetensors"))
+    weights["lm_head.weight"][0, 0] = float("nan")
+    save_file(weights, str(c / "model.safetensors"))
+
+
 CORRUPT_CHECKPOINTS = [
     # was SafetensorError (exit 1)
     (lambda c: (c / "model.safetensors").write_bytes(b""), "not a readable safetensors file"),
@@ -76,6 +84,7 @@ CORRUPT_CHECKPOINTS = [
     (_config("n_heads", 3), "must divide by n_heads"),  # was ValueError (exit 1)
     (_config("n_layers", 2), "does not match"),  # was RuntimeError from load_state_dict
     (lambda c: (c / "config.json").write_bytes(b"\xff\xfe\xff"), "not valid JSON"),  # was UnicodeDecodeError
+    (_nan_weight, "tensor lm_head.weight holds NaN or infinite values"),  # was: exit 0, outputs from NaN logits
 ]
 
 

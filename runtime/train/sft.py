@@ -113,7 +113,7 @@ def train(
         if not math.isfinite(losses[-1]):  # was: trained on to the end, saved NaN weights, exit 0 ("final loss nan")
             raise UsageError(
                 f"the training loss is {losses[-1]} at step {step + 1} of {cfg.steps}: diverged "
-                f"(--lr {cfg.lr:g} too high for this model, or a checkpoint of non-finite weights); nothing saved"
+                f"(--lr {cfg.lr:g} too high for this model); nothing saved"
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
