@@ -177,6 +177,8 @@ CAPTURE = ["capture", "--model", "tiny-2l", "--n", "2", "--max-tokens", "4"]
         (["--rate", "1e-300"], "--rate must be at least 1e-05 requests/s"),
         # was: internal error (a bug): AssertionError: Torch not compiled with CUDA enabled (exit 1) under load
         (["--concurrency", "1", "--device", "cuda:99"], "--device cuda:99 asked for, but torch sees"),
+        # was: internal error (a bug): NotImplementedError (exit 1), after loading the 135M-parameter model
+        (["--system", "sot", "--concurrency", "1"], "sot runs one request at a time"),
     ],
 )
 def test_capture_serving_and_device_flags(flags, needle, work, capsys):
