@@ -291,6 +291,9 @@ def test_an_empty_output_file_is_refused(argv, needle, work, capsys):
     [
         (["--knob", "a=" + "[" * 50000], "--knob a: value nested too deeply"),  # was RecursionError (exit 1)
         (["--model", "gguf:"], "needs a path"),  # model_path: "gguf:" alone is not the working directory
+        # was: exit 0, the string "nan" (not JSON) taken as true by a bool knob; 1 likewise
+        (["--system", "planned_diffusion", "--knob", "block_sparse=nan"], "block_sparse takes bool"),
+        (["--system", "tip", "--knob", "registers=2.5"], "tip's registers takes int"),
     ],
 )
 def test_capture_model_and_knob_values(flags, needle, work, capsys):
