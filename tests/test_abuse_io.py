@@ -374,3 +374,25 @@ def test_no_room_for_the_output_is_the_users_error(work, capsys, monkeypatch):
 
     monkeypatch.setattr(sys, "stdout", Full())
     refused(["inspect", "t"], capsys, "No space left on device", work)
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        # each was: the empty value taken for "not given" (`--init "$CKPT"` with CKPT unset trained
+        # from scratch, exit 0; --structure-from "" captured without replay) or for the working
+        # directory (`diff t ""`, `inspect ""`: ".: no meta.json"; `dashboard ""` served it)
+        (["capture", "--structure-from", "", "--n", "1", "--out", "c"], "--structure-from is empty"),
+        (["capture", "--model", "", "--n", "1", "--out", "c"], "--model is empty"),
+        (["capture", "--task", " ", "--n", "1", "--out", "c"], "--task is empty"),
+        (["train", "--init", "", "--steps", "1", "--out", "o"], "--init is empty"),
+        (["train", "--system", "pasta", "--stage", "", "--out", "o"], "--stage is empty"),
+        (["diff", "t", ""], "trace B is empty; give a path"),
+        (["inspect", ""], "the trace path is empty"),
+        (["export", "t", "", "--perfetto", "x.json"], "the trace path is empty"),
+        (["dashboard", "t", "", "--dry-run"], "DIR is empty"),
+    ],
+)
+def test_an_empty_value_is_not_taken_for_no_value(argv, needle, work, capsys, no_training):
+    refused(argv, capsys, needle, work)
+    assert not (work / "c").exists() and not (work / "o").exists()
