@@ -7,6 +7,7 @@ line `solm <command>: error: ...`, exit 2, and the user's folder is as it was.""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -198,6 +199,13 @@ def test_capture_serving_and_device_flags(flags, needle, work, capsys):
 )
 def test_dashboard_address_that_cannot_be_served_on(address, needle, work, capsys):
     refused(["dashboard", "t", "--address", address, "--dry-run"], capsys, needle, work)
+
+
+def test_dashboard_folder_given_twice_and_an_ipv6_url(work, capsys):
+    """Was: `dashboard t ./t/` listed every trace twice; `--address ::1` printed http://::1:8501."""
+    refused(["dashboard", "t", "./t/", "--dry-run"], capsys, "DIR ./t/ is given twice (as t)", work)
+    assert main(["dashboard", "t", "--address", "::1", "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["url"] == "http://[::1]:8501"
 
 
 def test_dashboard_port_in_use_is_refused_before_serving(work, capsys, monkeypatch):
