@@ -236,7 +236,14 @@ SIM = ["simulate", "t", "--hardware", "h100-sxm", "--num-requests", "4"]
 
 def cases() -> list[Case]:
     """Every case, by what it guards against: data loss, crashes and hangs, silent wrong results."""
-    return [*overwrite_cases(), *concurrent_cases(), *crash_cases(), *hostile_input_cases(), *wrong_result_cases()]
+    return [
+        *overwrite_cases(),
+        *concurrent_cases(),
+        *crash_cases(),
+        *hostile_input_cases(),
+        *wrong_result_cases(),
+        *runtime_sweep_cases(),
+    ]
 
 
 def overwrite_cases() -> list[Case]:
@@ -530,6 +537,87 @@ def wrong_result_cases() -> list[Case]:
             "export an invalid trace (quality 1.5)",
             ["export", "t", "--perfetto", "x.json"],
             setup=_requests("quality_score", 1.5),
+        ),
+    ]
+
+
+def _small_checkpoint(change: str) -> Callable[[Path], None]:
+    """A well-formed checkpoint `small` of tiny-2l with `change` (ModelConfig fields), made in a child
+    (this script's folder holds a runtime.py that would shadow the package)."""
+    code = (
+        "import dataclasses; from runtime.checkpoint import save_checkpoint; from runtime.model import ModelConfig, "
+        f"TinyLM; save_checkpoint(TinyLM(dataclasses.replace(ModelConfig.from_name('tiny-2l'), {change})), 'small')"
+    )
+
+    def setup(base: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        subprocess.run([sys.executable, "-c", code], cwd=base, env=env, check=True, timeout=120)
+
+    return setup
+
+
+def _stopped_before_first_request(base: Path) -> None:
+    for name in ("requests.parquet", "steps.parquet", "tokens.parquet", "graph.json"):
+        (base / "t" / name).unlink()
+    (base / "t" / "parts").mkdir()
+    _meta("complete", False)(base)
+
+
+def _steps(edit: Callable) -> Callable[[Path], None]:
+    def setup(base: Path) -> None:
+        import pandas as pd
+
+        edit(pd.read_parquet(base / "t" / "steps.parquet")).to_parquet(base / "t" / "steps.parquet", index=False)
+
+    return setup
+
+
+def runtime_sweep_cases() -> list[Case]:
+    """The runtime/profiler sweep (capture, train, inspect, diff, export, dashboard): checkpoints too
+    small for the task, a diverging run, an empty value, damaged traces that passed as valid."""
+    small = ["capture", "--model", "small", "--n", "1", "--max-tokens", "2", "--out", "c"]
+    return [
+        Case("capture a checkpoint of a smaller vocabulary", small, setup=_small_checkpoint("vocab_size=100")),
+        Case("capture a checkpoint of 8 positions", small, setup=_small_checkpoint("max_positions=8")),
+        Case(
+            "train --lr 1000 (diverges)",
+            ["train", "--lr", "1000", "--steps", "30", "--batch-size", "4", "--json", "--out", "o"],
+        ),
+        Case(
+            "capture: no request fits the KV pool",
+            ["capture", "--n", "2", "--max-tokens", "2", "--concurrency", "1", "--kv-budget-mib", "0.04", "--out", "c"],
+        ),
+        Case(
+            "capture --system sot --concurrency 1", ["capture", "--system", "sot", "--concurrency", "1", "--out", "c"]
+        ),
+        Case(
+            "capture --knob block_sparse=nan",
+            ["capture", "--system", "planned_diffusion", "--knob", "block_sparse=nan", "--out", "c"],
+        ),
+        Case(
+            "capture --top-p 1e-300", [*CAPTURE, "--temperature", "1", "--top-p", "1e-300", "--out", "c"], expect="ok"
+        ),
+        Case("train --init ''", ["train", "--init", "", "--steps", "1", "--out", "o"]),
+        Case("diff t ''", ["diff", "t", ""]),
+        Case("dashboard a folder twice", ["dashboard", "t", "./t/", "--dry-run"]),
+        Case("inspect a trace stopped before its first request", ["inspect", "t"], setup=_stopped_before_first_request),
+        Case(
+            "inspect --validate: unknown status",
+            ["inspect", "t", "--validate"],
+            setup=_requests("status", "x"),
+            expect="invalid",
+        ),
+        Case(
+            "inspect --validate: e2e 1e308",
+            ["inspect", "t", "--validate"],
+            setup=_requests("e2e_s", 1e308),
+            expect="invalid",
+        ),
+        Case(
+            "inspect --validate: passes back in time",
+            ["inspect", "t", "--validate"],
+            setup=_steps(lambda d: d.assign(start_s=d["start_s"].to_numpy()[::-1])),
+            expect="invalid",
         ),
     ]
 

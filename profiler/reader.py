@@ -255,6 +255,8 @@ def read_trace(path: str | Path, tokens: bool = True, steps_columns: Sequence[st
     `steps_columns` reads only those columns of the steps table (21 million rows for a
     100k-request simulated trace); `Trace.request_steps` and `Trace.token_table` read the rest
     when asked. An unfinished trace (committed parts only) is read whole."""
+    if isinstance(path, str) and not path.strip():  # was: read as '.' (`solm inspect "$T"` with T unset)
+        raise TraceError("the trace path is empty; give a trace directory")
     p = Path(path)
     if not p.exists():
         raise TraceError(f"{p}: no such directory")

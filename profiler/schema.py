@@ -203,7 +203,13 @@ def chunk_rows(steps: pd.DataFrame) -> np.ndarray:
 
 
 PHASES = ("prefill", "decode", "plan", "denoise", "sync")
+STATUSES = ("ok", "truncated", "error")  # a request: stopped itself, cut at a bound, or never ran
 TOKEN_KINDS = ("content", "tag", "plan", "mask", "pad")
+
+
+def empty_graph() -> dict:
+    """graph.json of a request that never ran (a server's error row): node-link form, no chunks."""
+    return {"directed": True, "multigraph": False, "graph": {}, "nodes": [], "links": []}
 
 
 def linear_graph(prompt_tokens: int, output_tokens: int) -> dict:

@@ -33,6 +33,7 @@ from profiler.writer import TraceWriter
 from runtime.answer_length import default_max_tokens
 from runtime.checkpoint import REPO_ROOT, load_model
 from runtime.engines import Completion, GenerationConfig, Request, drain, get_engine
+from runtime.engines.operating_points import check_knob_types
 from runtime.hf_tokenizer import tokenizer_for
 from runtime.model import TinyLM
 from runtime.sampling import SamplingConfig
@@ -240,6 +241,7 @@ def check_config(cfg: CaptureConfig) -> None:
         raise UsageError(f"--repeats must be >= 1, got {cfg.repeats}")
     if cfg.keep not in KEEP:
         raise UsageError(f"--keep must be one of {', '.join(KEEP)}, got {cfg.keep!r}")
+    check_knob_types(cfg.system, cfg.knobs)  # before a model is loaded
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if cfg.device.startswith("cuda") and int(cfg.device.partition(":")[2] or 0) >= count:
         have = f"only {count}" if count else "no"

@@ -47,6 +47,9 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[TinyLM, dict
     _check_weights(weights, cfg, cfg_file)
     model = TinyLM(cfg)
     model.load_state_dict(load_file(str(weights)))
+    bad = next((k for k, v in model.state_dict().items() if v.is_floating_point() and not v.isfinite().all()), None)
+    if bad is not None:  # was: capture ran it, exit 0, every output garbage from NaN logits
+        raise UsageError(f"{weights}: tensor {bad} holds NaN or infinite values (saved from a diverged run?)")
     info = doc.get("info", {})
     return model.to(device).eval(), info if isinstance(info, dict) else {}
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from profiler.errors import UnknownName
+from profiler.errors import UnknownName, UsageError
 from runtime.kv import PagedKVModel, PagedKVStore, attention_mask
 
 
@@ -79,6 +79,21 @@ PRESETS: dict[str, dict] = {
     "tiny-4l": dict(n_layers=4, d_model=128, n_heads=4, n_kv_heads=2),  # shipped models
     "small-6l": dict(n_layers=6, d_model=256, n_heads=8, n_kv_heads=4),
 }
+
+
+def check_fits(cfg, length: int, top_id: int, what: str) -> None:
+    """UsageError unless a sequence of `length` tokens whose largest id is `top_id` fits the model
+    of `cfg` (a `ModelConfig`, or a transformers model's view with the same two fields): every id
+    inside its vocabulary, `length` within its positions. A checkpoint of a smaller vocabulary or
+    fewer positions than a task's sequences need failed deep in torch (IndexError in the embedding,
+    exit 1) or in an engine's own ValueError."""
+    if top_id >= cfg.vocab_size:
+        raise UsageError(
+            f"{what} holds token id {top_id}, outside the model's vocabulary of {cfg.vocab_size} "
+            "(a checkpoint sized for another tokenizer)"
+        )
+    if length > cfg.max_positions:
+        raise UsageError(f"{what} needs {length} positions, more than the model's {cfg.max_positions}")
 
 
 class RMSNorm(nn.Module):

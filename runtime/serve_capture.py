@@ -37,7 +37,7 @@ from runtime.capture import (
     token_rows,
 )
 from runtime.checkpoint import load_model
-from runtime.engines import GenerationConfig, Request, get_engine
+from runtime.engines import Engine, GenerationConfig, Request, get_engine
 from runtime.hf_tokenizer import tokenizer_for
 from runtime.sampling import SamplingConfig
 from runtime.server import ATTENTION_MODES, PassRecord, Server, WallClock
@@ -150,6 +150,11 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
     load.check()
     cfg = cfg.resolved()
     check_config(cfg)  # as one-at-a-time capture (a --device cuda without CUDA was torch's AssertionError)
+    if get_engine(cfg.system).start is Engine.start:  # was: NotImplementedError (exit 1) after loading the model
+        raise UsageError(
+            f"{cfg.system} runs one request at a time (its engine keeps no per-pass request state to "
+            "batch): capture it without --rate/--concurrency"
+        )
     if cfg.repeats != 1 or cfg.structure_from:
         raise UsageError(
             "--repeats and --structure-from apply to one-at-a-time capture, not to --rate/--concurrency "

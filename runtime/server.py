@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from profiler.errors import UsageError
+from profiler.schema import empty_graph
 from runtime.engines.base import Completion, Engine, PassInputs, Request, RequestState, Step, pool_visibility
 from runtime.kv import PagedKVStore, RequestKV
 from runtime.model import Group
@@ -289,7 +290,7 @@ class Server:
             output_ids=[],
             text="",
             tokens=[],
-            graph={},
+            graph=empty_graph(),  # node-link with no chunks: the trace stays valid
             critical_path_tokens=0,
             steps=0,
             peak_live_kv_tokens=0,

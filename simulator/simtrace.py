@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from profiler.schema import CHUNK_NOTE, PHASES, TABLES
+from profiler.schema import CHUNK_NOTE, PHASES, TABLES, empty_graph
 from profiler.writer import ROW_GROUP_ROWS, TableSlices, write_trace
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
@@ -494,7 +494,7 @@ def shared_graphs(request_ids, source_ids, graphs: dict) -> dict:
     """graph.json in the shared form: each distinct source structure once, and which one each
     request follows (a 100k-request replay of a 16-request trace stores 16 graphs, not 100,000).
     `profiler.reader.read_trace` expands it to a graph per request (shared objects, no copies)."""
-    empty = {"directed": True, "multigraph": False, "graph": {}, "nodes": [], "links": []}
+    empty = empty_graph()
     sid = np.asarray(source_ids, np.int64)
     distinct = np.unique(sid)
     return {

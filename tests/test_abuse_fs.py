@@ -7,6 +7,7 @@ line `solm <command>: error: ...`, exit 2, and the user's folder is as it was.""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -177,6 +178,8 @@ CAPTURE = ["capture", "--model", "tiny-2l", "--n", "2", "--max-tokens", "4"]
         (["--rate", "1e-300"], "--rate must be at least 1e-05 requests/s"),
         # was: internal error (a bug): AssertionError: Torch not compiled with CUDA enabled (exit 1) under load
         (["--concurrency", "1", "--device", "cuda:99"], "--device cuda:99 asked for, but torch sees"),
+        # was: internal error (a bug): NotImplementedError (exit 1), after loading the 135M-parameter model
+        (["--system", "sot", "--concurrency", "1"], "sot runs one request at a time"),
     ],
 )
 def test_capture_serving_and_device_flags(flags, needle, work, capsys):
@@ -196,6 +199,13 @@ def test_capture_serving_and_device_flags(flags, needle, work, capsys):
 )
 def test_dashboard_address_that_cannot_be_served_on(address, needle, work, capsys):
     refused(["dashboard", "t", "--address", address, "--dry-run"], capsys, needle, work)
+
+
+def test_dashboard_folder_given_twice_and_an_ipv6_url(work, capsys):
+    """Was: `dashboard t ./t/` listed every trace twice; `--address ::1` printed http://::1:8501."""
+    refused(["dashboard", "t", "./t/", "--dry-run"], capsys, "DIR ./t/ is given twice (as t)", work)
+    assert main(["dashboard", "t", "--address", "::1", "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["url"] == "http://[::1]:8501"
 
 
 def test_dashboard_port_in_use_is_refused_before_serving(work, capsys, monkeypatch):

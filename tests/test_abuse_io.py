@@ -62,6 +62,14 @@ def _config(key: str, value) -> Callable[[Path], None]:
 
 
 # ---- checkpoints: `capture --model DIR` and `train --init DIR` -------------------------------
+def _nan_weight(c: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(c / "model.safetensors"))
+    weights["lm_head.weight"][0, 0] = float("nan")
+    save_file(weights, str(c / "model.safetensors"))
+
+
 CORRUPT_CHECKPOINTS = [
     # was SafetensorError (exit 1)
     (lambda c: (c / "model.safetensors").write_bytes(b""), "not a readable safetensors file"),
@@ -76,6 +84,7 @@ CORRUPT_CHECKPOINTS = [
     (_config("n_heads", 3), "must divide by n_heads"),  # was ValueError (exit 1)
     (_config("n_layers", 2), "does not match"),  # was RuntimeError from load_state_dict
     (lambda c: (c / "config.json").write_bytes(b"\xff\xfe\xff"), "not valid JSON"),  # was UnicodeDecodeError
+    (_nan_weight, "tensor lm_head.weight holds NaN or infinite values"),  # was: exit 0, outputs from NaN logits
 ]
 
 
@@ -91,6 +100,43 @@ def test_a_corrupt_checkpoint_is_one_line(damage, needle, work, capsys, monkeypa
     refused(["capture", "--model", "ckpt", "--n", "1", "--max-tokens", "4", "--out", "c"], capsys, needle, work)
     refused(["train", "--init", "ckpt", "--steps", "1", "--out", "o"], capsys, needle, work)
     assert not (work / "c").exists() and not (work / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        # was: internal error (a bug): IndexError: index out of range in self (exit 1), from the embedding
+        ({"vocab_size": 100}, "holds token id 259, outside the model's vocabulary of 100"),
+        # was: internal error (a bug): ValueError: prompt of 21 tokens exceeds the model's 8 positions;
+        # train trained, saved, then failed in its evaluation (exit 1, the checkpoint left behind)
+        ({"max_positions": 8}, "positions, more than the model's 8"),
+    ],
+)
+def test_a_checkpoint_too_small_for_the_task_is_one_line(change, needle, work, capsys):
+    """A well-formed checkpoint of another vocabulary or fewer positions than the task's sequences need."""
+    import dataclasses
+
+    from runtime.checkpoint import save_checkpoint
+    from runtime.model import ModelConfig, TinyLM
+
+    save_checkpoint(TinyLM(dataclasses.replace(ModelConfig.from_name("tiny-2l"), **change)), work / "small")
+    refused(["capture", "--model", "small", "--n", "1", "--max-tokens", "2", "--out", "c"], capsys, needle, work)
+    load = ["--concurrency", "1"]
+    refused(["capture", "--model", "small", "--n", "1", "--max-tokens", "2", *load, "--out", "c"], capsys, needle, work)
+    refused(["train", "--init", "small", "--steps", "1", "--out", "o"], capsys, needle, work)
+    assert not (work / "c").exists() and not (work / "o").exists()
+
+
+def test_a_capture_whose_every_request_failed_is_not_a_result(work, capsys):
+    """Was: exit 0, "captured 2 requests" (both error rows: no pass fits a one-page pool), every
+    figure n/a, and the trace it wrote refused by `solm inspect` (an error row's graph was {}, not
+    node-link). Now exit 2 naming the first error, and the trace it wrote is valid."""
+    argv = ["capture", "--concurrency", "1", "--kv-budget-mib", "0.04", "--n", "2", "--max-tokens", "2", "--out", "c"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "every request failed (request 0: its first pass needs" in err, err
+    assert "the trace in" in err and main(["inspect", "c", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["errors"] == 2
 
 
 def test_a_fifo_config_does_not_hang(work):
@@ -135,6 +181,14 @@ def no_training(monkeypatch):
 )
 def test_train_flags_checked_up_front(flags, needle, work, capsys, no_training):
     refused(["train", *flags, "--out", "o"], capsys, needle, work)
+    assert not (work / "o").exists()
+
+
+def test_train_that_diverges_stops_at_the_first_non_finite_loss(work, capsys):
+    """Was: `--lr 1000` trained on with loss nan to the last step, saved the NaN weights, then
+    evaluated them for minutes (garbage to every max_tokens), exit 0 with "final loss nan"."""
+    argv = ["train", "--lr", "1000", "--steps", "30", "--batch-size", "4", "--json", "--out", "o"]
+    refused(argv, capsys, "diverged (--lr 1000 too high for this model", work)
     assert not (work / "o").exists()
 
 
@@ -237,6 +291,11 @@ def test_an_empty_output_file_is_refused(argv, needle, work, capsys):
     [
         (["--knob", "a=" + "[" * 50000], "--knob a: value nested too deeply"),  # was RecursionError (exit 1)
         (["--model", "gguf:"], "needs a path"),  # model_path: "gguf:" alone is not the working directory
+        # was: exit 0, the string "nan" (not JSON) taken as true by a bool knob; 1 likewise
+        (["--system", "planned_diffusion", "--knob", "block_sparse=nan"], "block_sparse takes bool"),
+        (["--system", "tip", "--knob", "registers=2.5"], "tip's registers takes int"),
+        # was: internal error (a bug): ValueError from the diffusion layout (exit 1)
+        (["--system", "masked_diffusion", "--knob", "length=5000"], "exceeds the model's 2048 positions"),
     ],
 )
 def test_capture_model_and_knob_values(flags, needle, work, capsys):
@@ -317,3 +376,25 @@ def test_no_room_for_the_output_is_the_users_error(work, capsys, monkeypatch):
 
     monkeypatch.setattr(sys, "stdout", Full())
     refused(["inspect", "t"], capsys, "No space left on device", work)
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        # each was: the empty value taken for "not given" (`--init "$CKPT"` with CKPT unset trained
+        # from scratch, exit 0; --structure-from "" captured without replay) or for the working
+        # directory (`diff t ""`, `inspect ""`: ".: no meta.json"; `dashboard ""` served it)
+        (["capture", "--structure-from", "", "--n", "1", "--out", "c"], "--structure-from is empty"),
+        (["capture", "--model", "", "--n", "1", "--out", "c"], "--model is empty"),
+        (["capture", "--task", " ", "--n", "1", "--out", "c"], "--task is empty"),
+        (["train", "--init", "", "--steps", "1", "--out", "o"], "--init is empty"),
+        (["train", "--system", "pasta", "--stage", "", "--out", "o"], "--stage is empty"),
+        (["diff", "t", ""], "trace B is empty; give a path"),
+        (["inspect", ""], "the trace path is empty"),
+        (["export", "t", "", "--perfetto", "x.json"], "the trace path is empty"),
+        (["dashboard", "t", "", "--dry-run"], "DIR is empty"),
+    ],
+)
+def test_an_empty_value_is_not_taken_for_no_value(argv, needle, work, capsys, no_training):
+    refused(argv, capsys, needle, work)
+    assert not (work / "c").exists() and not (work / "o").exists()

@@ -20,7 +20,7 @@ import torch
 
 from profiler.errors import UsageError
 from runtime.kv import PagedKVStore, RequestKV
-from runtime.model import TinyLM
+from runtime.model import TinyLM, check_fits
 from runtime.sampling import SamplingConfig
 from runtime.tokenizer import Tokenizer
 
@@ -321,9 +321,14 @@ class Engine:
         return self.model.new_kv_store(page_size=self.config.page_size)
 
     def prompt_ids(self, request: Request) -> list[int]:
+        """The request's prompt as the model reads it, checked to fit the model with room for one
+        generated token (UsageError: the user's checkpoint is too small for the task)."""
         if hasattr(self.tok, "chat_ids"):  # a real model's tokenizer: its own chat template
-            return self.tok.chat_ids(request.prompt)
-        return [self.tok.bos_id, *self.tok.encode(request.prompt), self.tok.token_id("<sep>")]
+            ids = list(self.tok.chat_ids(request.prompt))
+        else:
+            ids = [self.tok.bos_id, *self.tok.encode(request.prompt), self.tok.token_id("<sep>")]
+        check_fits(self.model.cfg, len(ids) + 1, max(ids), f"a prompt of {len(ids)} tokens")
+        return ids
 
     def is_stop(self, token_id: int) -> bool:
         return (

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from profiler.errors import UsageError
 from runtime.engines.base import PassInputs
 from runtime.kv import RequestKV
 from runtime.sampling import Sampler
@@ -127,8 +128,10 @@ class Layout:
         """Add tokens as a new segment (an `ar` run right after another `ar` run is merged)."""
         if not ids:
             return range(len(self.ids), len(self.ids))
+        # a scaffold longer than the model's positions (`--knob length=5000`): the user's setting, one
+        # line (was: ValueError, reported as a bug)
         if len(self.ids) + len(ids) > self.max_positions:
-            raise ValueError(
+            raise UsageError(
                 f"sequence of {len(self.ids) + len(ids)} tokens exceeds the model's {self.max_positions} positions"
             )
         start = len(self.ids)

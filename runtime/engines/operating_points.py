@@ -37,6 +37,38 @@ def engine_defaults(system: str) -> dict:
     return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
 
 
+# a knob's annotated type (as written in the engine's signature) and the JSON values it takes
+KNOB_TYPES: dict[str, tuple[type, ...]] = {
+    "bool": (bool,),
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "None": (type(None),),
+}
+
+
+def check_knob_types(system: str, knobs: dict) -> None:
+    """UsageError for a knob whose value is not of the type the engine's signature annotates: a
+    string given to a bool knob (`--knob block_sparse=nan`, "nan" not being JSON) was truthy and
+    ran as true, exit 0. Knobs the engine does not take are left to its own error."""
+    from profiler.errors import UsageError
+    from runtime.engines import get_engine
+
+    params = inspect.signature(get_engine(system).__init__).parameters
+    for key, value in knobs.items():
+        p = params.get(key)
+        if p is None or p.annotation is p.empty:
+            continue
+        ann = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
+        names = [n.strip() for n in ann.split("|")]
+        if not all(n in KNOB_TYPES for n in names):
+            continue
+        if not any(
+            isinstance(value, t) and (t is bool or not isinstance(value, bool)) for n in names for t in KNOB_TYPES[n]
+        ):
+            raise UsageError(f"--knob {key}={json.dumps(value)}: {system}'s {key} takes {' or '.join(names)}")
+
+
 def write_operating_point(system: str, entry: dict) -> None:
     """Record `entry` for `system` (the other systems' entries kept), atomically."""
     from profiler.writer import write_json

@@ -417,9 +417,7 @@ class PastaState(RequestState):
         self.eng, self.req, self.kv = eng, request, kv
         self.sample = Sampler(eng.config.sampling, request.request_id)
         prompt = eng.prompt_ids(request)
-        self.n, self.max_pos = len(prompt), eng.model.cfg.max_positions
-        if self.n >= self.max_pos:
-            raise ValueError(f"prompt of {self.n} tokens exceeds the model's {self.max_pos} positions")
+        self.n, self.max_pos = len(prompt), eng.model.cfg.max_positions  # it fits: checked by prompt_ids
         self.lay = eng.new_layout(prompt)
         self.slots = Indices()  # fed index -> KV slot
         self.batch = list(range(self.n))  # fed indices of the next pass

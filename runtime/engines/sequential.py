@@ -38,9 +38,7 @@ class SequentialState(RequestState):
         self.eng, self.req, self.kv = eng, request, kv
         self.sample = Sampler(eng.config.sampling, request.request_id)
         self.prompt = eng.prompt_ids(request)
-        self.n = n = len(self.prompt)
-        if n >= eng.model.cfg.max_positions:
-            raise ValueError(f"prompt of {n} tokens exceeds the model's {eng.model.cfg.max_positions} positions")
+        self.n = len(self.prompt)  # fits the model's positions: checked by prompt_ids
         self.slots: list[int] = []
         self.tokens: list[TokenRecord] = []
         self.peak_tokens = self.peak_bytes = 0

@@ -80,9 +80,7 @@ class TipStream(RequestState):
         self.parser = RegisterParser(engine.tok, engine.registers)
         self.sample = Sampler(engine.config.sampling, request.request_id)
         self.prompt = engine.prompt_ids(request)
-        self.n = len(self.prompt)
-        if self.n >= self.model.cfg.max_positions:
-            raise ValueError(f"prompt of {self.n} tokens exceeds the model's {self.model.cfg.max_positions} positions")
+        self.n = len(self.prompt)  # fits the model's positions: checked by prompt_ids
         self.live: dict[int, int] = {}  # visible slot -> stream, oldest first
         self.allocated: set[int] = set()  # slots held in the store (live, or masked when free_pages=False)
         self.slot_token: dict[int, int] = {}  # slot -> index in self.tokens

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from runtime.model import TinyLM
+from profiler.errors import UsageError
+from runtime.model import TinyLM, check_fits
 
 IGNORE = -100
 
@@ -104,12 +105,20 @@ def train(
     for step in range(cfg.steps):
         for g in opt.param_groups:
             g["lr"] = cfg.lr_at(step)
-        loss = loss_fn(model, collate(sample_batch(rng, cfg.batch_size), pad_id))
+        batch = collate(sample_batch(rng, cfg.batch_size), pad_id)
+        ids, pos, tgt = batch[:3]  # a model too small for the recipe's sequences: one line, before a step
+        check_fits(model.cfg, int(pos.max()) + 1, int(max(ids.max(), tgt.max())), "a training sequence")
+        loss = loss_fn(model, batch)
+        losses.append(loss.item())
+        if not math.isfinite(losses[-1]):  # was: trained on to the end, saved NaN weights, exit 0 ("final loss nan")
+            raise UsageError(
+                f"the training loss is {losses[-1]} at step {step + 1} of {cfg.steps}: diverged "
+                f"(--lr {cfg.lr:g} too high for this model); nothing saved"
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
-        losses.append(loss.item())
         if bar:
             bar.update(1)
             if step % 50 == 0:

@@ -7,12 +7,12 @@ import json
 import math
 import re
 
-from profiler.errors import UsageError
+from profiler.errors import UsageError, one_line
 from profiler.outdir import claim_out_dir
 from runtime.capture import KEEP, CaptureConfig, capture
 from runtime.engines import systems
 from runtime.tasks.base import MAX_EXAMPLES
-from solm.commands import check_limits
+from solm.commands import check_limits, check_not_empty
 from solm.jsonline import json_line
 
 
@@ -20,9 +20,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("capture", help="run a system on a task and record a trace")
     p.add_argument("--system", default="sequential", help=f"one of: {', '.join(systems())}")
     p.add_argument(
-        "--model", default="", help="checkpoint dir, shipped model name or preset (default: the system's shipped model)"
+        "--model",
+        default=None,
+        help="checkpoint dir, shipped model name or preset (default: the system's shipped model)",
     )
-    p.add_argument("--task", default="", help="task name (default: the system's default task)")
+    p.add_argument("--task", default=None, help="task name (default: the system's default task)")
     p.add_argument("--n", type=int, default=8, help="number of held-out prompts")
     p.add_argument(
         "--split",
@@ -67,7 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--structure-from",
-        default="",
+        default=None,
         metavar="TRACE",
         help="replay the structure (forks, chunk lengths, register reuse, evictions, plans) recorded in "
         "TRACE, a trace of the same system, with this model's real forward passes; quality is then "
@@ -135,6 +137,7 @@ LIMITS = {  # flag: (attribute, lowest, highest) for the integer flags
 def check_args(args: argparse.Namespace) -> None:
     """Every flag in range before anything is loaded, built or written (UsageError, one line)."""
     check_limits(args, LIMITS)  # --max-tokens None: the default chosen later
+    check_not_empty(args, {"--model": "model", "--task": "task", "--structure-from": "structure_from"})
     if not 0 < args.counters_hz <= 1000:  # also refuses NaN: a sampler at NaN Hz spins
         raise UsageError(f"--counters-hz must be a number in (0, 1000], got {args.counters_hz}")
     if not 0 <= args.temperature < math.inf:
@@ -183,7 +186,11 @@ def run(args: argparse.Namespace) -> int:
             out = capture_load(cfg, _load_config(args), args.out, overwrite=args.force)
         else:
             out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
-    s = summarize(read_trace(out))
+    trace = read_trace(out)
+    s = summarize(trace)
+    if s["requests"] and s["errors"] == s["requests"]:  # was: exit 0, "captured N requests", figures all n/a
+        first = one_line(str(trace.requests["error"].iloc[0]))
+        raise UsageError(f"every request failed ({first}); the trace in {out} records the errors")
     if not args.json:
         print(f"captured {s['requests']} requests of {s['task']} with {s['system']} on {s['device']} -> {out}")
         q = "n/a" if s["quality_mean"] is None else f"{s['quality_mean']:.3f}"

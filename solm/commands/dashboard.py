@@ -20,8 +20,9 @@ import sys
 from pathlib import Path
 
 from profiler.errors import UsageError
-from profiler.outdir import resolved
+from profiler.outdir import check_given_once, resolved
 from profiler.services import check_address_form, check_port_free, die_with_parent, is_loopback, terminate_on_signal
+from solm.commands import check_not_empty
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 
@@ -104,9 +105,11 @@ def serve(cmd: list[str], env: dict[str, str]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_not_empty(args, {"DIR": "dirs"})  # was: "" served the working directory
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port} is not a port (1..65535)")
     check_address_form(args.address)  # was: "" accepted (streamlit then listens on every interface)
+    check_given_once(args.dirs, "DIR")  # was: every trace under it listed twice
     dirs = [str(resolved(d)) for d in (args.dirs or ["."])]  # realpath: a symlink loop stays a path, not an error
     for d in dirs:
         if not Path(d).is_dir():
@@ -119,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     cmd = command(dirs, args.port, args.address, args.allow_any_path)
     if not args.dry_run:
         check_port_free(args.address, args.port)  # was: "serving ... at" printed, then streamlit's exit 1
-    url = f"http://{args.address}:{args.port}"
+    host = f"[{args.address}]" if ":" in args.address else args.address  # was: http://::1:8501, no URL
+    url = f"http://{host}:{args.port}"
     warning = exposure_warning(args.address, args.allow_any_path)
     if warning:
         print(warning, file=sys.stderr, flush=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 
 from profiler.outdir import check_out_file, write_file_atomic
+from solm.commands import check_not_empty
 from solm.jsonline import json_line
 
 SHOWN = (
@@ -106,6 +107,7 @@ def print_human(s: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     from profiler.diff import diff_paths
 
+    check_not_empty(args, {"trace A": "a", "trace B": "b"})  # was: "" read as the working directory
     if args.html is not None:  # before the work: a refused output costs nothing (nor an empty one ignored)
         check_out_file(args.html, [args.a, args.b], args.force, "--html")
     d = diff_paths(args.a, args.b)

@@ -10,7 +10,7 @@ import argparse
 
 from profiler.errors import UsageError
 from profiler.outdir import claim_out_dir
-from solm.commands import check_limits
+from solm.commands import check_limits, check_not_empty
 from solm.jsonline import json_line
 
 LIMITS = {  # flag: (attribute, lowest, highest); None (the recipe's own) passes
@@ -30,8 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--stage", default="", help="a stage of the system's recipe (pasta: sft, preference, sequential)")
-    p.add_argument("--init", default="", help="start from this checkpoint (default: a fresh model)")
+    p.add_argument("--stage", default=None, help="a stage of the system's recipe (pasta: sft, preference, sequential)")
+    p.add_argument("--init", default=None, help="start from this checkpoint (default: a fresh model)")
     p.add_argument(
         "--lambda",
         dest="lam",
@@ -53,6 +53,7 @@ def _recipe_and_config(args: argparse.Namespace):
     from runtime.train.recipes import get_recipe
 
     check_limits(args, LIMITS)
+    check_not_empty(args, {"--stage": "stage", "--init": "init", "--system": "system"})
     if args.lr is not None and not 0 < args.lr <= MAX_LR:  # also refuses NaN
         raise UsageError(f"--lr must be a number in (0, {MAX_LR:g}], got {args.lr}")
     if args.threads:

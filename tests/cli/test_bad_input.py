@@ -184,6 +184,12 @@ def _edit_requests(t: Path, col: str, value) -> None:
     df.to_parquet(t / "requests.parquet", index=False)
 
 
+def _edit_table(t: Path, name: str, edit) -> None:
+    import pandas as pd
+
+    edit(pd.read_parquet(t / f"{name}.parquet")).to_parquet(t / f"{name}.parquet", index=False)
+
+
 @pytest.mark.parametrize(
     "damage,needle",
     [
@@ -202,6 +208,12 @@ def _edit_requests(t: Path, col: str, value) -> None:
         (lambda t: _edit_requests(t, "arrival_s", -3.0), "arrival_s"),
         (lambda t: _edit_requests(t, "quality_score", 1.5), "outside 0..1"),
         (lambda t: _edit_requests(t, "quality_score", float("inf")), "outside 0..1"),
+        # each was valid: exit 0 with a status read as finished, an infinite e2e mean (16 x 1e308),
+        # passes that ran backwards, and diff's counter mean given as the string "inf"
+        (lambda t: _edit_requests(t, "status", "bogus"), "unknown statuses ['bogus']"),
+        (lambda t: _edit_requests(t, "e2e_s", 1e308), "e2e_s infinite, negative or missing (or over 1e+15 s)"),
+        (lambda t: _edit_table(t, "steps", lambda s: s.assign(start_s=s["start_s"].to_numpy()[::-1])), "back in time"),
+        (lambda t: _edit_table(t, "counters", lambda c: c.assign(cpu_percent=float("inf"))), "infinite values in"),
     ],
 )
 def test_validate_rejects_what_it_used_to_pass(damage, needle, t, tmp_path, capsys):
@@ -249,3 +261,23 @@ def test_forward_fit_without_a_calibration_trace_is_refused(t, capsys):
     with pytest.raises(SystemExit) as e:  # argparse's choices
         main(["validate", str(t), "--calibrate-from", str(t), "--forward-fit", "guess"])
     assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_a_trace_stopped_before_its_first_request_is_refused(t, tmp_path, capsys):
+    """Was: exit 0 from inspect, export and simulate over a capture stopped before its first
+    request finished (meta.json complete false, parts/ empty: what a serving capture's Ctrl-C or a
+    failed first request leaves): "0 requests", every figure n/a, an empty Perfetto file."""
+    for name in ("requests", "steps", "tokens"):
+        (t / f"{name}.parquet").unlink()
+    (t / "graph.json").unlink()
+    (t / "parts").mkdir()
+    _edit_meta(t, complete=False)
+    needle = "no requests (a run stopped before its first request finished)"
+    for argv in (
+        ["inspect", str(t)],
+        ["diff", str(SHIPPED), str(t)],
+        ["export", str(t), "--perfetto", str(tmp_path / "x.json")],
+        ["simulate", str(t), "--hardware", "h100-sxm"],
+    ):
+        one_line_error(argv, capsys, needle)
+    assert not (tmp_path / "x.json").exists()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -58,3 +59,12 @@ def test_top_p_keeps_only_the_nucleus():
     logits = torch.tensor([[10.0, 9.0, -10.0, -10.0]])
     s = Sampler(SamplingConfig(temperature=1.0, top_p=0.5, seed=0))
     assert {int(s(logits)[0]) for _ in range(50)} == {0}
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 1e-46])
+def test_top_p_below_float32s_least_keeps_the_top_token(top_p):
+    """Was: `capture --temperature 1 --top-p 1e-300`: internal error (a bug), RuntimeError from
+    torch.multinomial (1e-300 is 0 in float32, so no token was kept)."""
+    logits = torch.tensor([[1.0, 3.0, 2.0]])
+    s = Sampler(SamplingConfig(temperature=1.0, top_p=top_p, seed=0))
+    assert {int(s(logits)[0]) for _ in range(20)} == {1}
