@@ -126,7 +126,7 @@ def load_model(spec: str, device: str = "cpu", seed: int = 0) -> tuple[TinyLM, d
     )
 
 
-def model_path(spec: str) -> Path | None:
+def model_path(spec: str | None) -> Path | None:
     """The checkpoint directory or model file `spec` reads, as `load_model` finds it (a shipped
     name is a folder under checkpoints/), or None (a preset, a random architecture, nothing): the
     input an `--out` may not be, contain or lie inside."""

@@ -389,9 +389,9 @@ def test_no_room_for_the_output_is_the_users_error(work, capsys, monkeypatch):
         (["capture", "--task", " ", "--n", "1", "--out", "c"], "--task is empty"),
         (["train", "--init", "", "--steps", "1", "--out", "o"], "--init is empty"),
         (["train", "--system", "pasta", "--stage", "", "--out", "o"], "--stage is empty"),
-        (["diff", "t", ""], "trace B is empty; give a path"),
-        (["inspect", ""], "the trace path is empty"),
-        (["export", "t", "", "--perfetto", "x.json"], "the trace path is empty"),
+        (["diff", "t", ""], "B is empty; give a value"),
+        (["inspect", ""], "trace is empty; give a value"),
+        (["export", "t", "", "--perfetto", "x.json"], "TRACE is empty; give a value"),
         (["dashboard", "t", "", "--dry-run"], "DIR is empty"),
     ],
 )

@@ -12,7 +12,7 @@ from profiler.outdir import claim_out_dir
 from runtime.capture import KEEP, CaptureConfig, capture
 from runtime.engines import systems
 from runtime.tasks.base import MAX_EXAMPLES
-from solm.commands import check_limits, check_not_empty
+from solm.commands import check_limits
 from solm.jsonline import json_line
 
 
@@ -137,7 +137,8 @@ LIMITS = {  # flag: (attribute, lowest, highest) for the integer flags
 def check_args(args: argparse.Namespace) -> None:
     """Every flag in range before anything is loaded, built or written (UsageError, one line)."""
     check_limits(args, LIMITS)  # --max-tokens None: the default chosen later
-    check_not_empty(args, {"--model": "model", "--task": "task", "--structure-from": "structure_from"})
+    # None: not given (an empty value is refused in solm.cli); the capture config takes "" for that
+    args.model, args.task, args.structure_from = (v or "" for v in (args.model, args.task, args.structure_from))
     if not 0 < args.counters_hz <= 1000:  # also refuses NaN: a sampler at NaN Hz spins
         raise UsageError(f"--counters-hz must be a number in (0, 1000], got {args.counters_hz}")
     if not 0 <= args.temperature < math.inf:

@@ -22,7 +22,6 @@ from pathlib import Path
 from profiler.errors import UsageError
 from profiler.outdir import check_given_once, resolved
 from profiler.services import check_address_form, check_port_free, die_with_parent, is_loopback, terminate_on_signal
-from solm.commands import check_not_empty
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 
@@ -105,7 +104,6 @@ def serve(cmd: list[str], env: dict[str, str]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_not_empty(args, {"DIR": "dirs"})  # was: "" served the working directory
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port} is not a port (1..65535)")
     check_address_form(args.address)  # was: "" accepted (streamlit then listens on every interface)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 
 from profiler.outdir import check_out_file, write_file_atomic
-from solm.commands import check_not_empty
 from solm.jsonline import json_line
 
 SHOWN = (
@@ -38,8 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="compare two traces (latency, parallelism, KV, quality, text, graphs)",
         description=__doc__.split("\n\n")[0],
     )
-    p.add_argument("a", help="trace directory A (the baseline)")
-    p.add_argument("b", help="trace directory B (compared against A)")
+    p.add_argument("a", metavar="A", help="trace directory A (the baseline)")
+    p.add_argument("b", metavar="B", help="trace directory B (compared against A)")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report here")
     p.add_argument("--force", action="store_true", help="overwrite the --html file if it exists")
@@ -107,7 +106,6 @@ def print_human(s: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     from profiler.diff import diff_paths
 
-    check_not_empty(args, {"trace A": "a", "trace B": "b"})  # was: "" read as the working directory
     if args.html is not None:  # before the work: a refused output costs nothing (nor an empty one ignored)
         check_out_file(args.html, [args.a, args.b], args.force, "--html")
     d = diff_paths(args.a, args.b)

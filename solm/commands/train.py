@@ -10,7 +10,7 @@ import argparse
 
 from profiler.errors import UsageError
 from profiler.outdir import claim_out_dir
-from solm.commands import check_limits, check_not_empty
+from solm.commands import check_limits
 from solm.jsonline import json_line
 
 LIMITS = {  # flag: (attribute, lowest, highest); None (the recipe's own) passes
@@ -53,7 +53,6 @@ def _recipe_and_config(args: argparse.Namespace):
     from runtime.train.recipes import get_recipe
 
     check_limits(args, LIMITS)
-    check_not_empty(args, {"--stage": "stage", "--init": "init", "--system": "system"})
     if args.lr is not None and not 0 < args.lr <= MAX_LR:  # also refuses NaN
         raise UsageError(f"--lr must be a number in (0, {MAX_LR:g}], got {args.lr}")
     if args.threads:
