@@ -223,8 +223,7 @@ def _slow_gemms(base: Path) -> None:
 
 
 def _edited_sweep(base: Path) -> None:
-    argv = ["sweep", "t", "--hardware", "h100-sxm", "--max-seqs", "1,2", "--num-requests", "4", "--workers", "1"]
-    run_solm([*argv, "--out", "sw"], base, 120)
+    run_solm([*SWEEP, "--out", "sw"], base, 120)
     results = base / "sw" / "results.jsonl"
     first, second = results.read_text().splitlines()
     results.write_text(json.dumps({**json.loads(first), "max_seqs": "1"}) + "\n" + second + "\n")
@@ -232,6 +231,8 @@ def _edited_sweep(base: Path) -> None:
 
 CAPTURE = ["capture", "--model", "tiny-2l", "--n", "2", "--max-tokens", "8"]
 SIM = ["simulate", "t", "--hardware", "h100-sxm", "--num-requests", "4"]
+# a small sweep of the shipped trace `t` (two configurations), without its --out
+SWEEP = ["sweep", "t", "--hardware", "h100-sxm", "--max-seqs", "1,2", "--num-requests", "4", "--workers", "1"]
 
 
 def cases() -> list[Case]:
@@ -316,25 +317,7 @@ def concurrent_cases() -> list[Case]:
             ],
             expect="ok",
             check=_sweep_resumed,
-            setup=lambda b: run_solm(
-                [
-                    "sweep",
-                    "t",
-                    "--hardware",
-                    "h100-sxm",
-                    "--max-seqs",
-                    "1,2",
-                    "--num-requests",
-                    "4",
-                    "--workers",
-                    "1",
-                    "--out",
-                    "sw",
-                    "--json",
-                ],
-                b,
-                120,
-            ),
+            setup=lambda b: run_solm([*SWEEP, "--out", "sw", "--json"], b, 120),
         ),
     ]
 
@@ -453,20 +436,7 @@ def hostile_input_cases() -> list[Case]:
         Case("simulate --model '' (taken for no --model)", [*SIM, "--model", ""]),
         Case(
             "sweep resume: results.jsonl row edited to another type",
-            [
-                "sweep",
-                "t",
-                "--hardware",
-                "h100-sxm",
-                "--max-seqs",
-                "1,2",
-                "--num-requests",
-                "4",
-                "--workers",
-                "1",
-                "--out",
-                "sw",
-            ],
+            [*SWEEP, "--out", "sw"],
             setup=_edited_sweep,
         ),
         Case(

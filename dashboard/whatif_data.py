@@ -87,13 +87,7 @@ def whatif_run(
     cfg = ReplayConfig(max_seqs=int(max_seqs), max_batch_tokens=int(max_batch_tokens), rate=rate)
     result = replay(from_trace(trace), part, spec, cfg)
     reqs = _replay_requests(result, trace)
-    metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float, str)) or v is None}
-    return {
-        "requests": reqs,
-        "point": whatif_point(trace, reqs, hardware, model, label),
-        "metrics": metrics,
-        "engine": "SimPy replay (continuous batching)",
-    }
+    return _whatif_result(trace, reqs, result, hardware, model, label, "SimPy replay (continuous batching)")
 
 
 def whatif_deployment(
@@ -119,12 +113,22 @@ def whatif_deployment(
         reqs["quality_score"] = np.nan
     else:
         reqs = _replay_requests(result, trace)
+    return _whatif_result(
+        trace, reqs, result, hardware, model, label, "SimPy replay of the deployment (simulator.cluster)"
+    )
+
+
+def _whatif_result(
+    trace: Trace, reqs: pd.DataFrame, result: ReplayResult, hardware: str, model: str | None, label: str, engine: str
+) -> dict:
+    """What the What-if page draws: the requests, their Pareto point, the replay's scalar metrics and
+    which engine ran."""
     metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float, str)) or v is None}
     return {
         "requests": reqs,
         "point": whatif_point(trace, reqs, hardware, model, label),
         "metrics": metrics,
-        "engine": "SimPy replay of the deployment (simulator.cluster)",
+        "engine": engine,
     }
 
 
