@@ -8,6 +8,7 @@ import torch
 
 from profiler.errors import KVPoolFull
 from runtime.engines.base import visibility_rows
+from runtime.kv import KVLayout, PagedKVStore
 from runtime.model import ModelConfig, TinyLM, causal_mask
 
 
@@ -93,6 +94,28 @@ def test_freeing_pages_lowers_bytes_and_slots_are_reused(tiny_model):
     new = kv.allocate(4)
     assert sorted(new) == sorted(slots[:4])
     assert kv.bytes_allocated == held
+
+
+def test_the_lowest_free_page_id_is_reused():
+    """Two pages free (2, then 0): the next page taken is 0, the one after it 2."""
+    kv = PagedKVStore(KVLayout(1, 1, 2), page_size=2)
+    pages = {owner: kv.allocate(2, owner=owner) for owner in "abc"}
+    assert [pages[o] for o in "abc"] == [[0, 1], [2, 3], [4, 5]]
+    kv.free(pages["c"])
+    kv.free(pages["a"])
+    assert kv.allocate(1, owner="d") == [0]
+    assert kv.allocate(1, owner="e") == [4]
+
+
+def test_an_owner_whose_page_was_freed_never_writes_into_its_reuse():
+    """Owner a's open page is released and taken by owner b: a's next slot lies in a new page,
+    never at a's old offset in b's page."""
+    kv = PagedKVStore(KVLayout(1, 1, 2), page_size=4)
+    kv.free(kv.allocate(1, owner="a"))
+    b = kv.allocate(2, owner="b")
+    (a,) = kv.allocate(1, owner="a")
+    assert b == [0, 1] and a // 4 == 1
+    assert kv.live_tokens == 3 and kv.pages_held == 2
 
 
 def test_store_capacity_and_bad_slots(tiny_model):
