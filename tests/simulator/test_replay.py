@@ -172,6 +172,16 @@ def test_small_pool_preempts_and_recomputes(tmp_path):
     assert rebuild.iloc[0]["emitted_tokens"] == 1 and rebuild.iloc[0]["phase"] == "decode"
 
 
+def test_the_head_joins_when_its_pages_fill_the_pool_exactly(tmp_path):
+    """B (14-token prompt, 1 page) waits while A's prefill takes the 16-token budget; at A's first
+    decode B's page and A's fill the 2-page pool exactly and B joins at once (the stretch planned
+    from A's prefill must stop there, as a pass-by-pass loop would)."""
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(14, 3), seq(14, 2)], [14, 14]))
+    res = run(w, ReplayConfig(kv_capacity_bytes=2 * BLOCK_BYTES, max_batch_tokens=16, chunked_prefill=False))
+    assert [e for e in res.timeline() if e[1] == "admit"] == [(0, "admit", 0.0), (1, "admit", 1.0)]
+    assert res.metrics["preemptions"] == 0 and res.metrics["peak_kv_bytes"] == 2 * BLOCK_BYTES
+
+
 def test_small_pool_queues_without_dropping(tmp_path):
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(14, 2)] * 3, [14] * 3))
     res = run(w, ReplayConfig(kv_capacity_bytes=1 * BLOCK_BYTES))
