@@ -326,7 +326,11 @@ def test_the_first_pass_after_the_server_idled_runs_as_much_slower_as_the_sweep_
     # one request at 0 (the engine had not idled), one at 100 s (after an idle wait): only its first pass doubles
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3)] * 2, [4] * 2, arrivals=[0.0, 100.0]))
     plain = replay(w, toy_part(), MODEL, ReplayConfig(), cost=LinearCost()).requests
-    woken = replay(w, toy_part(), MODEL, ReplayConfig(), cost=Waking()).requests
+    woken_res = replay(w, toy_part(), MODEL, ReplayConfig(), cost=Waking())
+    woken = woken_res.requests
+    starts, durations = woken_res.rows.pass_start_s, woken_res.rows.pass_duration_s
+    assert len(starts) == 6 and starts[3] == 100.0  # the second request's 3 passes start when it arrives
+    assert np.allclose(starts[4:], starts[3:5] + durations[3:5], rtol=1e-12)  # each after the slower first one
     first = LinearCost().step_time_s(4, 0)  # the 4-row prefill: 1 s + 4 x 0.25 s
     assert woken["ttft_s"].iloc[0] == pytest.approx(plain["ttft_s"].iloc[0])
     assert woken["ttft_s"].iloc[1] == pytest.approx(plain["ttft_s"].iloc[1] + first)
