@@ -272,6 +272,19 @@ def test_host_work_is_fitted_on_each_size_once_so_a_stall_does_not_carry_it():
     assert per_row == pytest.approx(5e-6, rel=1e-6)
 
 
+def test_each_request_pays_its_host_work_in_every_pass_of_a_long_stretch(tmp_path):
+    """200 passes of one request are costed in one vectorised call (over VECTOR_COST_FROM): each
+    still pays its per-request host work, as a pass costed alone does."""
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 200), seq(4, 3)], [4, 4], arrivals=[0.0, 1000.0]))
+    e2e = [
+        replay(w, toy_part(), MODEL, ReplayConfig(), cost=HostCost(LinearCost(), 0.0, 0.0, per_request_s=r))
+        .requests["e2e_s"]
+        .to_numpy()
+        for r in (0.0, 0.5)
+    ]
+    assert np.allclose(e2e[1] - e2e[0], [200 * 0.5, 3 * 0.5])
+
+
 class _Admitting(LinearCost):
     """1 s a pass + 0.25 s a row, and 0.5 s of the server's work to take in each arrival."""
 
