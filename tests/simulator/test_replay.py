@@ -143,6 +143,20 @@ def test_chunked_prefill_fills_the_token_budget(tmp_path):
     assert b["kv_tokens_read"].tolist()[:2] == [3, 18]  # rows 1-2 and 3-6 of a causal 6-token prefill (21 slots)
 
 
+def test_a_prefill_sitting_out_rejoins_when_the_budget_frees(tmp_path):
+    """A (PASTA: 4-token prefill, 3 passes of 8 thread rows, 1 joined row) and B (10-token prompt)
+    under a budget of 8: B's first chunk (4) rides A's prefill, then B sits out while A's threads
+    take all 8 tokens, and runs its last 6 beside A's 1-row pass (5.0), not after A finishes."""
+    w = load_workload(write_toy_trace(tmp_path / "t", [pasta(4, 8, 3), seq(10, 2)], [4, 10]))
+    res = run(w, ReplayConfig(max_batch_tokens=8))
+    assert [e for e in res.timeline() if e[1] in ("first_token", "finish")] == [
+        (0, "first_token", 1.0),
+        (1, "first_token", 5.0),
+        (0, "finish", 5.0),
+        (1, "finish", 6.0),
+    ]
+
+
 def test_small_pool_preempts_and_recomputes(tmp_path):
     # prompt 14, 6 tokens: KV grows from 1 block (<= 16 tokens) to 2; a 3-block pool cannot hold both at 2
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(14, 6), seq(14, 6)], [14, 14]))
