@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler.outdir import LOCK_NAME, claim_out_dir
+from profiler.errors import UsageError
+from profiler.outdir import LOCK_NAME, TRACE_KINDS, check_out_dir, claim_out_dir, clear_dir, project_kind
 from solm.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -198,3 +199,68 @@ def test_sweep_resume_does_not_depend_on_spelling(work, capsys):
     (work / "other" / "data.csv").write_text("1,2\n")
     refused(["sweep", "t", *args[:-3], "--out", "other"], capsys, "exists and is not empty")
     assert (work / "other" / "data.csv").read_text() == "1,2\n"
+
+
+def _solm_trace(d: Path, kind: str = "simulated") -> Path:
+    d.mkdir(parents=True)
+    (d / "meta.json").write_text(json.dumps({"kind": kind}))
+    (d / "requests.parquet").write_bytes(b"table")
+    return d
+
+
+def test_force_never_replaces_an_output_that_holds_an_input(tmp_path):
+    """A GPU capture folder holds traces: `--out FOLDER --force` with one of them as input would
+    clear it (a trace folder inside is the writer's to replace)."""
+    folder = _solm_trace(tmp_path / "capture", kind="gpu_capture")
+    inner = _solm_trace(folder / "run0")
+    with pytest.raises(UsageError, match="contains the input"):
+        check_out_dir(folder, [inner], force=True, kinds=TRACE_KINDS)
+    assert check_out_dir(folder, [tmp_path / "elsewhere"], force=True, kinds=TRACE_KINDS) == folder.resolve()
+
+
+def test_force_replaces_only_the_kinds_the_command_writes(tmp_path):
+    """A checkpoint is solm's, but not a trace or a sweep: `--force` of a trace writer refuses it;
+    `solm train` (kinds checkpoint) may replace it."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"format": "solm-tinylm-v1"}))
+    with pytest.raises(UsageError, match="is a solm checkpoint output"):
+        check_out_dir(ckpt, force=True)
+    assert check_out_dir(ckpt, force=True, kinds=("checkpoint",)) == ckpt.resolve()
+
+
+def test_a_sweep_folder_holds_nothing_foreign(tmp_path):
+    """results.jsonl beside a user's file is not a sweep folder: `--force` does not replace it."""
+    d = tmp_path / "sw"
+    d.mkdir()
+    (d / "results.jsonl").write_text("{}\n")
+    (d / LOCK_NAME).write_text("")
+    assert project_kind(d) == "sweep"
+    (d / "notes.txt").write_text("mine\n")
+    assert project_kind(d) is None
+    with pytest.raises(UsageError, match="not an output solm wrote"):
+        check_out_dir(d, force=True)
+
+
+def test_clearing_a_trace_keeps_the_users_folders_and_links(tmp_path):
+    """clear_dir removes what a trace writer writes (tables, meta, parts), never a folder or a link
+    of the user's, even one named like a table."""
+    d = _solm_trace(tmp_path / "t")
+    (d / "parts").mkdir()
+    (d / "parts" / "0.json").write_text("{}")
+    (d / "notes").mkdir()
+    (d / "notes" / "plan.txt").write_text("mine\n")
+    (tmp_path / "keep.parquet").write_bytes(b"user table")
+    (d / "linked.parquet").symlink_to(tmp_path / "keep.parquet")
+    clear_dir(d)
+    assert sorted(c.name for c in d.iterdir()) == ["linked.parquet", "notes"]
+    assert (d / "notes" / "plan.txt").read_text() == "mine\n"
+    assert (tmp_path / "keep.parquet").read_bytes() == b"user table"
+
+
+def test_releasing_a_claim_keeps_an_empty_folder_that_was_there(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    with claim_out_dir(out):
+        pass
+    assert out.is_dir() and [c.name for c in out.iterdir()] == [LOCK_NAME]  # only the lock was added

@@ -185,6 +185,54 @@ def test_validator_catches_cross_table_problems(tmp_path):
     assert any("output_tokens" in p for p in problems(t))
 
 
+def _drop(frame: pd.DataFrame, mask) -> pd.DataFrame:
+    return frame[~mask].reset_index(drop=True)
+
+
+def _set(frame: pd.DataFrame, row: int, col: str, value) -> pd.DataFrame:
+    frame = frame.copy()
+    frame.loc[row, col] = value
+    return frame
+
+
+def _with_link(t, source, target) -> None:
+    t.graphs[0]["links"].append({"source": source, "target": target})
+
+
+VALIDATOR_DAMAGE = {  # one problem each, the validator's words for it
+    "requests: duplicate request_id": lambda t: setattr(t, "requests", pd.concat([t.requests, t.requests.iloc[[1]]])),
+    "steps: rows for unknown requests [9]": lambda t: setattr(
+        t, "steps", pd.concat([t.steps, t.steps.iloc[[0]].assign(request_id=9)], ignore_index=True)
+    ),
+    "steps: negative kv_tokens_read": lambda t: setattr(t, "steps", _set(t.steps, 0, "kv_tokens_read", -1)),
+    "request 0: step_index not 0..n-1": lambda t: setattr(t, "steps", _set(t.steps, 1, "step_index", 5)),
+    "request 0: no steps": lambda t: setattr(t, "steps", _drop(t.steps, t.steps["request_id"] == 0)),
+    "request 0: token rows do not match": lambda t: setattr(t, "tokens", _drop(t.tokens, t.tokens.index == 1)),
+    "request 0: ttft_s > e2e_s": lambda t: setattr(t, "requests", _set(t.requests, 0, "ttft_s", 0.7)),
+    "requests: e2e_s infinite, negative or missing for requests [0]": lambda t: setattr(
+        t, "requests", _set(t.requests, 0, "e2e_s", float("nan"))
+    ),
+    "graph 0: duplicate node ids": lambda t: t.graphs[0]["nodes"].append({"id": "prompt"}),
+    "graph 0: node 'prompt': tokens must be an integer >= 0, got True": lambda t: t.graphs[0]["nodes"][0].update(
+        tokens=True
+    ),
+    "graph 0: the dependence graph has a cycle": lambda t: _with_link(t, "main:0", "main:0"),
+    "counters: t_s infinite, negative or NaN": lambda t: setattr(t, "counters", pd.DataFrame({"t_s": [float("nan")]})),
+}
+
+
+@pytest.mark.parametrize("needle", sorted(VALIDATOR_DAMAGE))
+def test_validator_names_each_problem(tmp_path, needle):
+    w = TraceWriter(tmp_path / "t", META)
+    for rid in (0, 1):
+        w.add_request(*_rows(rid))
+    t = read_trace(w.close())
+    assert problems(t) == []
+    VALIDATOR_DAMAGE[needle](t)
+    found = problems(t)
+    assert any(p.startswith(needle) for p in found), found
+
+
 def test_captured_trace_is_valid(small_trace):
     t = read_trace(small_trace)
     assert problems(t) == []

@@ -8,6 +8,7 @@ import torch
 
 from profiler.errors import KVPoolFull
 from runtime.engines.base import visibility_rows
+from runtime.kv import KVLayout, PagedKVStore, RequestKV
 from runtime.model import ModelConfig, TinyLM, causal_mask
 
 
@@ -93,6 +94,48 @@ def test_freeing_pages_lowers_bytes_and_slots_are_reused(tiny_model):
     new = kv.allocate(4)
     assert sorted(new) == sorted(slots[:4])
     assert kv.bytes_allocated == held
+
+
+def test_the_lowest_free_page_id_is_reused():
+    """Two pages free (2, then 0): the next page taken is 0, the one after it 2."""
+    kv = PagedKVStore(KVLayout(1, 1, 2), page_size=2)
+    pages = {owner: kv.allocate(2, owner=owner) for owner in "abc"}
+    assert [pages[o] for o in "abc"] == [[0, 1], [2, 3], [4, 5]]
+    kv.free(pages["c"])
+    kv.free(pages["a"])
+    assert kv.allocate(1, owner="d") == [0]
+    assert kv.allocate(1, owner="e") == [4]
+
+
+def test_an_owner_whose_page_was_freed_never_writes_into_its_reuse():
+    """Owner a's open page is released and taken by owner b: a's next slot lies in a new page,
+    never at a's old offset in b's page."""
+    kv = PagedKVStore(KVLayout(1, 1, 2), page_size=4)
+    kv.free(kv.allocate(1, owner="a"))
+    b = kv.allocate(2, owner="b")
+    (a,) = kv.allocate(1, owner="a")
+    assert b == [0, 1] and a // 4 == 1
+    assert kv.live_tokens == 3 and kv.pages_held == 2
+
+
+def test_request_kv_counts_the_pages_it_would_take_and_holds():
+    """A request's share of a 3-page pool of 4-slot pages: its open page's room fills first, a
+    pass that cannot fit takes nothing, and freeing a page's last slot gives the page back."""
+    store = PagedKVStore(KVLayout(1, 1, 2), page_size=4, max_pages=3)
+    req = RequestKV(store, request_id=7)
+    first = req.allocate(1)
+    assert [req.pages_for(n) for n in (3, 4, 5, 7, 8)] == [0, 1, 1, 1, 2]
+    assert req.pages_for(1, owner="other") == 1
+    rest = req.allocate(7)
+    assert (req.pages_held, req.live_tokens, store.pages_held) == (2, 8, 2)
+    with pytest.raises(KVPoolFull):  # 5 slots need 2 pages, 1 is free: nothing is taken
+        req.allocate(5)
+    assert (store.pages_held, store.live_tokens, req.live_tokens) == (2, 8, 8)
+    req.free(first)
+    assert req.pages_held == 2
+    req.free(rest[:3])
+    assert req.pages_held == 1 and store.pages_held == 1
+    assert req.release() == store.page_bytes and req.pages_held == 0 and store.pages_held == 0
 
 
 def test_store_capacity_and_bad_slots(tiny_model):

@@ -294,3 +294,14 @@ def test_set_keeps_text_fields_as_text_and_refuses_what_no_part_has() -> None:
             override("h100-sxm", **bad)
         assert "\n" not in str(info.value)
     assert override("h100-sxm", hbm_capacity_bytes=80e9).hbm_capacity_bytes == 80e9
+
+
+def test_a_part_never_sustains_more_than_its_boost_clock_nor_counts_sms_in_booleans() -> None:
+    """`override` lifts the boost to a sustained clock set above it; a spec built directly with a
+    sustained clock over its boost (beyond rounding), or a chip count given as a bool, is refused."""
+    a100 = get_hardware("a100-80g")
+    with pytest.raises(ValueError, match="sustained_clock_hz exceeds boost_clock_hz"):
+        dataclasses.replace(a100, sustained_clock_hz=a100.boost_clock_hz * 1.01)
+    assert dataclasses.replace(a100, sustained_clock_hz=a100.boost_clock_hz * 1.00005).sustained_clock_hz > 0
+    with pytest.raises(ValueError, match="num_sms must be > 0, got True"):
+        override("a100-80g", num_sms=True)

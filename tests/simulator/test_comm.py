@@ -83,3 +83,23 @@ def test_solm_cost_comm_json(capsys) -> None:
     assert main(["cost", "--hardware", "h100-sxm", "--comm", "all_reduce", "--workers", "16"]) == 2
     assert main(["cost", "--hardware", "h100-sxm"]) == 2  # no --model, no --comm
     assert "error" in capsys.readouterr().err
+
+
+def test_across_nodes_the_ring_between_nodes_carries_a_gpus_share_after_the_nodes_own() -> None:
+    """16 H100s in 2 nodes of 8: the node's all-reduce, then a 2-node ring over the NICs carrying
+    1/8 of the buffer (its traffic 2 (2 - 1) / 2 x B / 8; the network ring copies the network
+    send/recv fit, so it is a send/recv of B / 8 across nodes), the two one after the other."""
+    h100 = get_hardware("h100-sxm")
+    for nbytes in (2**16, 2**26):
+        inside = collective_time_s("all_reduce", nbytes, 8, h100)
+        between = collective_time_s("send_recv", nbytes / 8, 2, h100, across_nodes=True)
+        assert collective_time_s("all_reduce", nbytes, 16, h100) == pytest.approx(inside + between, rel=1e-12)
+    assert between > collective_time_s("send_recv", nbytes / 8, 2, h100)  # NICs are slower than NVLink
+
+
+def test_send_recv_on_one_gpu_takes_a_pairs_link() -> None:
+    """A send/recv is one pair's time on its link, also when named for 1 worker (a mesh part's
+    link count for a ring of 1 would be 0)."""
+    for part in ("mi300x", "a100-80g"):
+        hw = get_hardware(part)
+        assert collective_time_s("send_recv", 2**20, 1, hw) == collective_time_s("send_recv", 2**20, 2, hw)

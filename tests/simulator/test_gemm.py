@@ -60,6 +60,20 @@ def test_five_tiles_take_two_waves_four_tiles_one() -> None:
     assert (kernel.tiles, kernel.waves, kernel.tile) == (5, 2, ["128x128x32"])
 
 
+def test_waves_counts_a_full_last_wave_once() -> None:
+    """`waves` (printed by `solm cost --explain`): 4 tiles on 4 SMs are one wave, 8 two, 9 three;
+    with 2 CTAs per SM a wave holds 8 tiles."""
+    part = _four_sm_part()
+    params = GemmParams(fill_iters=0.0, choice_q=0.0)
+
+    def waves(n_tiles: int, ctas: int = 1) -> float:
+        tile = (Tile(128, 128, 32, ctas_per_sm=ctas),)
+        return gemm_kernel(128, 4096, 128 * n_tiles, part, params, tiles=tile, splits=(1,)).waves
+
+    assert [waves(n) for n in (1, 4, 5, 8, 9)] == [1, 1, 2, 2, 3]
+    assert [waves(n, ctas=2) for n in (8, 9, 16)] == [1, 2, 2]
+
+
 def test_cluster_multicast_halves_the_longer_operand_slab() -> None:
     """A 2-CTA cluster reads the slab its tiles share once: a feed-bound tile runs faster."""
     assert Tile(128, 256, 64).feed_bytes_per_k == 384

@@ -272,6 +272,19 @@ def test_host_work_is_fitted_on_each_size_once_so_a_stall_does_not_carry_it():
     assert per_row == pytest.approx(5e-6, rel=1e-6)
 
 
+def test_each_request_pays_its_host_work_in_every_pass_of_a_long_stretch(tmp_path):
+    """200 passes of one request are costed in one vectorised call (over VECTOR_COST_FROM): each
+    still pays its per-request host work, as a pass costed alone does."""
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 200), seq(4, 3)], [4, 4], arrivals=[0.0, 1000.0]))
+    e2e = [
+        replay(w, toy_part(), MODEL, ReplayConfig(), cost=HostCost(LinearCost(), 0.0, 0.0, per_request_s=r))
+        .requests["e2e_s"]
+        .to_numpy()
+        for r in (0.0, 0.5)
+    ]
+    assert np.allclose(e2e[1] - e2e[0], [200 * 0.5, 3 * 0.5])
+
+
 class _Admitting(LinearCost):
     """1 s a pass + 0.25 s a row, and 0.5 s of the server's work to take in each arrival."""
 
@@ -326,7 +339,11 @@ def test_the_first_pass_after_the_server_idled_runs_as_much_slower_as_the_sweep_
     # one request at 0 (the engine had not idled), one at 100 s (after an idle wait): only its first pass doubles
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 3)] * 2, [4] * 2, arrivals=[0.0, 100.0]))
     plain = replay(w, toy_part(), MODEL, ReplayConfig(), cost=LinearCost()).requests
-    woken = replay(w, toy_part(), MODEL, ReplayConfig(), cost=Waking()).requests
+    woken_res = replay(w, toy_part(), MODEL, ReplayConfig(), cost=Waking())
+    woken = woken_res.requests
+    starts, durations = woken_res.rows.pass_start_s, woken_res.rows.pass_duration_s
+    assert len(starts) == 6 and starts[3] == 100.0  # the second request's 3 passes start when it arrives
+    assert np.allclose(starts[4:], starts[3:5] + durations[3:5], rtol=1e-12)  # each after the slower first one
     first = LinearCost().step_time_s(4, 0)  # the 4-row prefill: 1 s + 4 x 0.25 s
     assert woken["ttft_s"].iloc[0] == pytest.approx(plain["ttft_s"].iloc[0])
     assert woken["ttft_s"].iloc[1] == pytest.approx(plain["ttft_s"].iloc[1] + first)

@@ -143,6 +143,20 @@ def test_chunked_prefill_fills_the_token_budget(tmp_path):
     assert b["kv_tokens_read"].tolist()[:2] == [3, 18]  # rows 1-2 and 3-6 of a causal 6-token prefill (21 slots)
 
 
+def test_a_prefill_sitting_out_rejoins_when_the_budget_frees(tmp_path):
+    """A (PASTA: 4-token prefill, 3 passes of 8 thread rows, 1 joined row) and B (10-token prompt)
+    under a budget of 8: B's first chunk (4) rides A's prefill, then B sits out while A's threads
+    take all 8 tokens, and runs its last 6 beside A's 1-row pass (5.0), not after A finishes."""
+    w = load_workload(write_toy_trace(tmp_path / "t", [pasta(4, 8, 3), seq(10, 2)], [4, 10]))
+    res = run(w, ReplayConfig(max_batch_tokens=8))
+    assert [e for e in res.timeline() if e[1] in ("first_token", "finish")] == [
+        (0, "first_token", 1.0),
+        (1, "first_token", 5.0),
+        (0, "finish", 5.0),
+        (1, "finish", 6.0),
+    ]
+
+
 def test_small_pool_preempts_and_recomputes(tmp_path):
     # prompt 14, 6 tokens: KV grows from 1 block (<= 16 tokens) to 2; a 3-block pool cannot hold both at 2
     w = load_workload(write_toy_trace(tmp_path / "t", [seq(14, 6), seq(14, 6)], [14, 14]))
@@ -170,6 +184,16 @@ def test_small_pool_preempts_and_recomputes(tmp_path):
     # B had 16 tokens of KV (14 prompt + 2 written by decodes): re-prefilled with its next decode row
     assert rebuild.iloc[0]["query_tokens"] == 17 and rebuild.iloc[0]["start_s"] == 6.0
     assert rebuild.iloc[0]["emitted_tokens"] == 1 and rebuild.iloc[0]["phase"] == "decode"
+
+
+def test_the_head_joins_when_its_pages_fill_the_pool_exactly(tmp_path):
+    """B (14-token prompt, 1 page) waits while A's prefill takes the 16-token budget; at A's first
+    decode B's page and A's fill the 2-page pool exactly and B joins at once (the stretch planned
+    from A's prefill must stop there, as a pass-by-pass loop would)."""
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(14, 3), seq(14, 2)], [14, 14]))
+    res = run(w, ReplayConfig(kv_capacity_bytes=2 * BLOCK_BYTES, max_batch_tokens=16, chunked_prefill=False))
+    assert [e for e in res.timeline() if e[1] == "admit"] == [(0, "admit", 0.0), (1, "admit", 1.0)]
+    assert res.metrics["preemptions"] == 0 and res.metrics["peak_kv_bytes"] == 2 * BLOCK_BYTES
 
 
 def test_small_pool_queues_without_dropping(tmp_path):
