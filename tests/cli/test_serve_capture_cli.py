@@ -138,3 +138,32 @@ def test_chunked_load_capture_with_the_task_default_max_tokens(tmp_path):
     # was: its chunk rows (step_index -1, live KV -1) made it invalid, so inspect, simulate and validate refused it
     assert validate(out) == []
     assert json.loads(r.stdout.strip().splitlines()[-1])["quality_mean"] == 1.0
+
+
+def test_serving_capture_cut_short_keeps_the_requests_that_ended(tmp_path, monkeypatch):
+    """Was: a serving capture wrote its requests when serving ended, so Ctrl-C kept none (a folder
+    every reader refused). Now each request is committed when it ends: an interrupt after some
+    passes leaves an incomplete trace of exactly those requests, valid, with all their passes."""
+    from runtime.capture import CaptureConfig
+    from runtime.serve_capture import LoadConfig, capture_load
+    from runtime.server import Server
+
+    step, calls = Server.step, []
+
+    def step_then_interrupt(self):
+        calls.append(1)
+        if len(calls) > 40:  # Ctrl-C in the middle of serving
+            raise KeyboardInterrupt
+        return step(self)
+
+    monkeypatch.setattr(Server, "step", step_then_interrupt)
+    cfg = CaptureConfig(system="sequential", n=12, max_tokens=8, warmup=0)
+    with pytest.raises(KeyboardInterrupt):
+        capture_load(cfg, LoadConfig(concurrency=2, kv_budget_mib=0.5), tmp_path / "t")
+    t = read_trace(tmp_path / "t")
+    assert not t.meta["complete"] and 0 < len(t.requests) < 12
+    assert validate(tmp_path / "t") == []
+    ok = t.requests[t.requests["status"] != "error"]
+    assert (ok["output_tokens"] > 0).all() and (
+        ok["steps"] == ok["request_id"].map(t.steps.groupby("request_id").size())
+    ).all()
