@@ -187,17 +187,21 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
     server = Server(engine, scheduler=make_scheduler(load), clock=clock, **server_args)
     meta = {**capture_meta(cfg, model, info, sampler, "perf_counter", scored), "serving": serving_meta(load, server)}
     writer = TraceWriter(out, meta, overwrite=overwrite)
-    committer = ServedRequests(writer, examples, task, tok, scored)
-    server.on_pass = lambda rec: committer.after_pass(rec, server.tracked, server.finished)
+    passes: list[PassRecord] = []  # as they run (serve returns them, unless it is cut short)
+    server.on_pass = passes.append
     arrivals, more = load_arrivals(load, [ex.prompt for ex in examples], cfg.seed)
     sampler.start()
     server.clock = clock = WallClock()  # arrivals count from here
     sampler.origin = clock.t0
     try:
         result = server.serve(arrivals, more)
+    except KeyboardInterrupt:  # Ctrl-C: keep every request that ended, as one-at-a-time capture does
+        ended = [server.tracked[rid] for rid in server.finished]
+        write_requests(writer, passes, ended, examples, task, tok, scored, whole_only=True)
+        raise
     finally:
         counters = sampler.stop()
-    committer.commit_rest(result["requests"])
+    write_requests(writer, result["passes"], result["requests"], examples, task, tok, scored)
     writer.set_counters(counters)
     extra = serving_summary(result)
     if load.rows_sweep:
@@ -248,46 +252,39 @@ def rows_sweep_meta(model, page_size: int, attention: str) -> dict:
     }
 
 
-class ServedRequests:
-    """Commits each served request to the trace as soon as it ends (finished, or failed), with its
-    pass rows and tokens, so that a serving capture cut short (Ctrl-C) keeps every request that
-    ended before it, as one-at-a-time capture does (the trace is then marked incomplete). Before,
-    every request was written once serving ended, and an interrupted run kept none."""
-
-    def __init__(self, writer: TraceWriter, examples: list, task, tok: Tokenizer, scored: bool) -> None:
-        self.writer, self.examples, self.task, self.tok, self.scored = writer, examples, task, tok, scored
-        self.steps: dict[int, list[dict]] = {}
-        self.committed: set[int] = set()
-        self.seen = 0  # requests of the server's `finished` list looked at
-
-    def after_pass(self, rec: PassRecord, tracked: dict, finished: list[int]) -> None:
-        """Keep the pass's rows; commit the requests that ended in it (or in a failure before it)."""
+def write_requests(
+    writer: TraceWriter,
+    passes: list[PassRecord],
+    tracked: list,
+    examples: list,
+    task,
+    tok: Tokenizer,
+    scored: bool,
+    whole_only: bool = False,
+) -> None:
+    """Commit each of the `tracked` requests with its rows of `passes` and its tokens, after serving
+    (nothing is written while requests are timed). `whole_only` (a run cut short): a request whose
+    last pass was cut before it was recorded is left out rather than committed with rows missing."""
+    steps: dict[int, list[dict]] = {}
+    for rec in passes:
         for rid, rows in step_rows(rec).items():
-            self.steps.setdefault(rid, []).extend(rows)
-        for rid in finished[self.seen :]:
-            self.commit(tracked[rid])
-        self.seen = len(finished)
-
-    def commit_rest(self, tracked: list) -> None:
-        """Every request not committed yet (one that failed after the last pass), in request order."""
-        for t in tracked:
-            if t.request.request_id not in self.committed:
-                self.commit(t)
-
-    def commit(self, t) -> None:
-        c, ex = t.completion, self.examples[t.request.request_id]
+            steps.setdefault(rid, []).extend(rows)
+    for t in tracked:
+        c, ex = t.completion, examples[t.request.request_id]
+        rows = steps.get(c.request_id, [])
+        if whole_only and sum(not row["chunk"] for row in rows) != c.steps:
+            continue
         times = SimpleNamespace(
             start_s=t.start_s if not math.isnan(t.start_s) else t.end_s, first_token_s=t.first_token_s, end_s=t.end_s
         )
-        quality = self.task.score(ex, c.text) if self.scored and c.status != "error" else math.nan
+        quality = task.score(ex, c.text) if scored and c.status != "error" else math.nan
         row = request_row(ex, c, times, quality, t.arrival_s)
         row.update(
             queue_s=times.start_s - t.arrival_s,
             preemptions=t.preemptions,
             recompute_tokens=t.state.recompute_tokens if t.state else 0,
         )
-        self.writer.add_request(row, self.steps.pop(c.request_id, []), token_rows(c, self.tok), c.graph)
-        self.committed.add(c.request_id)
+        writer.add_request(row, rows, token_rows(c, tok), c.graph)
 
 
 def serving_summary(result: dict) -> dict:

@@ -140,30 +140,36 @@ def test_chunked_load_capture_with_the_task_default_max_tokens(tmp_path):
     assert json.loads(r.stdout.strip().splitlines()[-1])["quality_mean"] == 1.0
 
 
-def test_serving_capture_cut_short_keeps_the_requests_that_ended(tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["step", "_after_pass"])
+def test_serving_capture_cut_short_keeps_the_requests_that_ended(tmp_path, monkeypatch, where):
     """Was: a serving capture wrote its requests when serving ended, so Ctrl-C kept none (a folder
-    every reader refused). Now each request is committed when it ends: an interrupt after some
-    passes leaves an incomplete trace of exactly those requests, valid, with all their passes."""
+    every reader refused). Now the cut writes the requests that ended before it: an incomplete trace
+    of exactly those, valid, with all their passes. `_after_pass`: the cut falls after a pass's
+    requests finished but before the pass was recorded; those requests are left out, not kept short."""
     from runtime.capture import CaptureConfig
     from runtime.serve_capture import LoadConfig, capture_load
     from runtime.server import Server
 
-    step, calls = Server.step, []
+    original, calls = getattr(Server, where), []
 
-    def step_then_interrupt(self):
+    def then_interrupt(self, *args):
         calls.append(1)
-        if len(calls) > 40:  # Ctrl-C in the middle of serving
+        if where == "step":
+            if len(calls) > 40:  # Ctrl-C in the middle of serving, between passes
+                raise KeyboardInterrupt
+            return original(self, *args)
+        ended = len(self.finished)
+        out = original(self, *args)
+        if len(calls) > 20 and len(self.finished) > ended:  # a request just finished in this pass
             raise KeyboardInterrupt
-        return step(self)
+        return out
 
-    monkeypatch.setattr(Server, "step", step_then_interrupt)
+    monkeypatch.setattr(Server, where, then_interrupt)
     cfg = CaptureConfig(system="sequential", n=12, max_tokens=8, warmup=0)
     with pytest.raises(KeyboardInterrupt):
         capture_load(cfg, LoadConfig(concurrency=2, kv_budget_mib=0.5), tmp_path / "t")
     t = read_trace(tmp_path / "t")
     assert not t.meta["complete"] and 0 < len(t.requests) < 12
     assert validate(tmp_path / "t") == []
-    ok = t.requests[t.requests["status"] != "error"]
-    assert (ok["output_tokens"] > 0).all() and (
-        ok["steps"] == ok["request_id"].map(t.steps.groupby("request_id").size())
-    ).all()
+    rows = t.requests["request_id"].map(t.steps.groupby("request_id").size())
+    assert (t.requests["output_tokens"] > 0).all() and (t.requests["steps"] == rows).all()
