@@ -209,7 +209,7 @@ VALIDATOR_DAMAGE = {  # one problem each, the validator's words for it
     "request 0: no steps": lambda t: setattr(t, "steps", _drop(t.steps, t.steps["request_id"] == 0)),
     "request 0: token rows do not match": lambda t: setattr(t, "tokens", _drop(t.tokens, t.tokens.index == 1)),
     "request 0: ttft_s > e2e_s": lambda t: setattr(t, "requests", _set(t.requests, 0, "ttft_s", 0.7)),
-    "requests: e2e_s infinite, negative or missing for requests [0]": lambda t: setattr(
+    "requests: e2e_s infinite, negative or missing (or over 1e+15 s) for requests [0]": lambda t: setattr(
         t, "requests", _set(t.requests, 0, "e2e_s", float("nan"))
     ),
     "graph 0: duplicate node ids": lambda t: t.graphs[0]["nodes"].append({"id": "prompt"}),
