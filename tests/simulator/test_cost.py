@@ -116,6 +116,35 @@ def test_tensor_parallel_shards_the_work() -> None:
     assert w4["input_layernorm"] == w1["input_layernorm"]  # norms are not sharded
 
 
+def test_tensor_parallel_shards_the_lm_head() -> None:
+    """The lm_head's vocab columns are split over the shards, in the tile model's shapes (GPUs)
+    and in the roofline's work (parts without a chip layout) alike."""
+    from simulator.cost import gemm_shapes, pass_work
+
+    model = get_model("llama-3-70b")
+    d, vocab = model.d_model, model.vocab_size
+    assert gemm_shapes(model, 4)["lm_head"] == (d, vocab / 4)
+    flops = pass_work(model, 10.0, 10.0, 4)["lm_head"][0]
+    assert flops == pytest.approx(2 * 10 * d * vocab / 4 + 5 * 10 * d)
+
+
+def test_tile_lm_head_is_its_gemm_plus_the_final_norm(a100_llama3: CostModel) -> None:
+    gemm_s = a100_llama3.gemm_kernel("lm_head", 64).time_s
+    lm_head_s = a100_llama3.pass_op_times_s(64)["lm_head"]
+    assert gemm_s < lm_head_s < 1.5 * gemm_s  # the norm over 64 rows is small beside a 128k-wide GEMM
+
+
+def test_tensor_parallel_adds_two_all_reduces_of_the_activations_per_layer() -> None:
+    from simulator.comm import collective_time_s
+
+    hardware, model = get_hardware("h100-sxm"), get_model("llama-3-70b")
+    tp4 = CostModel(hardware, model, tensor_parallel=4)
+    activations = 512 * model.d_model * model.dtype_bytes
+    expected = 2 * collective_time_s("all_reduce", activations, 4, hardware)
+    assert tp4.op_times_s(512, causal_kv(512))["all_reduce"] == pytest.approx(expected, rel=1e-12)
+    assert "all_reduce" not in CostModel(hardware, model).op_times_s(512, causal_kv(512))
+
+
 def test_scalar_and_vector_agree(a100_llama3: CostModel) -> None:
     n = np.array([1, 7, 64, 300, 4096])
     kv = causal_kv(n, 500)
@@ -147,6 +176,19 @@ def test_default_params_carry_the_a100_fit_to_other_parts() -> None:
     ratio = HARDWARE["mi300x"].matmul_efficiency / HARDWARE["a100-80g"].matmul_efficiency
     assert mi300x.families["up_proj"].compute_eff_max == pytest.approx(a100.families["up_proj"].compute_eff_max * ratio)
     assert default_params(get_hardware("host-cpu")).source == "prior(host-cpu)"
+
+
+def test_scaled_to_carries_compute_and_memory_by_their_own_ratios() -> None:
+    a100 = get_hardware("a100-80g")
+    part = override(
+        "a100-80g", matmul_efficiency=a100.matmul_efficiency / 2, memory_efficiency=a100.memory_efficiency * 0.8
+    )
+    prior = CostParams.prior(a100)
+    carried = prior.scaled_to(part, a100)
+    assert carried.families["norm"].compute_eff_max == pytest.approx(prior.families["norm"].compute_eff_max / 2)
+    assert carried.families["norm"].memory_eff == pytest.approx(prior.families["norm"].memory_eff * 0.8)
+    assert carried.gemm is not None and prior.gemm is not None
+    assert carried.gemm.memory_eff == pytest.approx(prior.gemm.memory_eff * 0.8)
 
 
 # ---- calibration ----------------------------------------------------------------------------
