@@ -14,7 +14,7 @@ from simulator.cluster.parallel import (
 )
 from simulator.cluster.run import ClusterConfig, comm_shares, simulate
 from simulator.comm import CommParams, Ramp
-from simulator.hardware import GIB, override
+from simulator.hardware import GIB, get_hardware, override
 from simulator.models import ModelSpec, get_model
 from simulator.replay import ReplayConfig, replay
 from simulator.workload import load_workload
@@ -496,3 +496,105 @@ def test_sweep_takes_the_pp_schedule(tmp_path, small_trace):
         cluster={"pp": [2], "pp_schedule": "interleave"},
     )
     assert table["status"].tolist() == ["ok"] and table["pp_schedule"].tolist() == ["interleave"]
+
+
+# ---- focused checks added by hand-made mutants (each fails on a mutant the tests above let through) ----
+def test_tied_embedding_is_held_once_on_one_stage_and_twice_across_stages():
+    import dataclasses
+
+    from simulator.cluster.parallel import stage_weight_bytes
+
+    model = get_model("llama-3-8b")
+    tied, untied = (dataclasses.replace(model, tied_embeddings=flag) for flag in (True, False))
+    embed = model.vocab_size * model.d_model * model.dtype_bytes
+    assert stage_weight_bytes(untied, Parallelism())[0] - stage_weight_bytes(tied, Parallelism())[0] == embed
+    assert stage_weight_bytes(untied, Parallelism(pp=2)) == stage_weight_bytes(tied, Parallelism(pp=2))
+
+
+def test_kv_capacity_fits_every_pipeline_stage():
+    from simulator.cluster.parallel import _kv_share, stage_weight_bytes
+
+    hw, model = override("h100-sxm", name="made-up-80g", hbm_capacity_bytes=80 * GIB), get_model("llama-3-70b")
+    par = Parallelism(tp=2, pp=3)  # 27, 27, 26 layers; the embedding on the first stage, lm_head on the last
+    plan = memory_plan(hw, model, par)
+    room = [
+        (plan.usable_bytes_per_gpu - w) // (layers * model.kv_bytes_per_token_per_layer * _kv_share(model, 2))
+        for w, layers in zip(stage_weight_bytes(model, par), stage_layers(model.n_layers, 3))
+    ]
+    assert len(set(room)) > 1 and plan.kv_capacity_tokens == min(room)
+
+
+def test_stages_cross_nodes_only_past_one_node_and_tp_fills_whole_nodes():
+    from simulator.comm import collective_time_s
+
+    hw, model = get_hardware("h100-sxm"), get_model("llama-3-70b")  # 8 GPUs a node
+    assert not ParallelCost(hw, model, Parallelism(tp=4, pp=2)).cross_node
+    assert ParallelCost(hw, model, Parallelism(tp=8, pp=2)).cross_node
+    cost = ParallelCost(hw, model, Parallelism(tp=4, pp=2))  # each rank sends its 1/tp of the activations
+    expected = collective_time_s("send_recv", 64 * model.d_model * model.dtype_bytes / 4, 2, hw, across_nodes=False)
+    assert cost._send_s(64) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="whole nodes"):
+        ParallelCost(hw, get_model("internlm-20b"), Parallelism(tp=10))  # 40 heads over 1.25 nodes
+    ParallelCost(hw, get_model("internlm-20b"), Parallelism(tp=8))  # one whole node
+
+
+def test_pp_pipeline_waits_on_a_send_slower_than_a_stage(tmp_path, monkeypatch):
+    ramp = Ramp(eff_max=1.0, ramp_bytes=1e-30, ramp_exponent=1.0, latency_s=2.0)
+    monkeypatch.setattr(comm, "load_params", lambda: CommParams({p: {"ring": ramp, "p2p": ramp} for p in comm.PATHS}))
+    cost = one_second_stages(toy_part(interconnect_bytes_per_s=1e30), Parallelism(pp=2, micro_batches=2))
+    # 2 micro-batches: stage 1 s + send 2 s + stage 1 s, the second one a bottleneck (the 2 s send) later
+    assert cost.breakdown(8, 20, 2)["total_s"][0] == 6.0
+
+
+class HeadedLayer(OneSecondLayer):
+    """A layer of 1 s and an lm_head of 0.5 s (the last stage's)."""
+
+    def step_time_s(self, q, kv, g, lg):
+        return 1.5 + 0 * q
+
+    def pass_op_times_s(self, q, lg):
+        return {"emb": 0 * q, "lm_head": 0.5 + 0 * q, "step_overhead": 0 * q}
+
+
+def test_the_lm_head_runs_on_the_last_stage(quarter_second_collectives):
+    cost = one_second_stages(toy_part(interconnect_bytes_per_s=1e30), Parallelism(pp=2, schedule="interleave"))
+    cost.layer = HeadedLayer()
+    stages, send = cost.stage_times(4, 10, 1)
+    assert stages.tolist() == [1.0, 1.5] and send == 0.25
+
+
+def test_pp_comm_share_counts_the_stage_sends(tmp_path, quarter_second_collectives):
+    hw = toy_part(interconnect_bytes_per_s=1e30)
+    par = Parallelism(pp=2)
+    m = simulate_with(one_second_stages(hw, par), two_requests(tmp_path), hw, ClusterConfig(par)).metrics
+    assert m["all_reduce_share_percent"] == 0.0 and m["send_recv_share_percent"] > 0
+    assert m["comm_share_percent"] == pytest.approx(m["send_recv_share_percent"])
+    assert m["router"] is None  # one replica: no router to report
+
+
+def test_disaggregation_sends_each_gpus_shard_and_prices_each_side(tmp_path, monkeypatch):
+    from simulator.cluster import disaggregation
+    from tests.simulator.toy_traces import KV_BYTES_PER_TOKEN
+
+    sent = []
+
+    def fake_send(kind, nbytes, workers, hardware, across_nodes):
+        sent.append((kind, np.asarray(nbytes).tolist(), across_nodes))
+        return 0.25 + 0 * np.asarray(nbytes)
+
+    monkeypatch.setattr(disaggregation, "collective_time_s", fake_send)
+    hw = toy_part(interconnect_bytes_per_s=1e30, price_per_gpu_hour=3.0)  # 8 GPUs a node
+    cheap = toy_part(interconnect_bytes_per_s=1e30, price_per_gpu_hour=1.0)
+    res = simulate(
+        two_requests(tmp_path),
+        hw,
+        MODEL,
+        ReplayConfig(max_seqs=2),
+        ClusterConfig(Parallelism(tp=2), disaggregate=(1, 3), decode_hardware=cheap),  # 8 GPUs: one node
+        params=one_second_cost(hw, MODEL).params,
+    )
+    assert sent == [("send_recv", [4 * KV_BYTES_PER_TOKEN / 2] * 2, False)]  # each of the 2 ranks its half
+    m = res.metrics
+    assert m["mean_kv_transfer_ms"] == 250.0
+    hours = m["duration_s"] / 3600
+    assert m["cost_usd"] == pytest.approx(hours * 2 * (1 * 3.0 + 3 * 1.0))  # 2 GPUs a replica, each side its price
