@@ -102,3 +102,13 @@ def test_bad_slo_or_scheduler_is_one_line_exit_2(tmp_path, capsys, flags, needle
     assert main(["simulate", str(trace), "--hardware", "h100-sxm", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("solm simulate: error:") and needle in err[0]
+
+
+def test_goodput_boundaries_and_denominator():
+    """An objective met exactly is met (vLLM's <=); the attained share counts failed requests too;
+    an infinite objective is refused (it would read as an objective that was set)."""
+    ttft, tpot = np.array([0.25, 0.25]), np.array([0.5, 0.5])
+    assert goodput(ttft, tpot, [True, True], 1.0, slo_ttft_ms=250, slo_tpot_ms=500)["request_goodput"] == 2.0
+    assert goodput(ttft, tpot, [True, False], 1.0, slo_ttft_ms=1000)["slo_attained_percent"] == 50.0
+    with pytest.raises(ValueError, match="slo-ttft-ms must be > 0 ms and finite"):
+        goodput(ttft, tpot, [True, True], 1.0, slo_ttft_ms=float("inf"))
