@@ -98,3 +98,37 @@ def test_serving_trace_reads_back_as_its_own_passes(tmp_path, shape, extra):
     back = load_workload(write_simulated_trace(res, tmp_path / "sim"))
     for name in ("offsets", "query_tokens", "kv_tokens_read", "emits", "live_kv_tokens", "phase"):
         assert np.array_equal(getattr(back, name), getattr(w, name)), name
+
+
+def test_own_passes_of_hand_written_serving_rows():
+    """Rows as a serving capture writes them: a chunk folds into the pass that ends it; a bare
+    recompute note takes out the KV the request held on its row before (a request's first row has
+    none: never the previous request's); a counted note takes out its count; a trailing chunk (a
+    capture cut short) is still a pass."""
+    import pandas as pd
+
+    from simulator.workload import own_passes
+
+    rows = [  # request_id, step_index, query_tokens, kv_tokens_read, live_kv_tokens, emitted_tokens, note
+        (0, 0, 4, 10, 4, 0, "prefill chunk"),
+        (0, 1, 4, 26, 8, 1, ""),
+        (0, 2, 1, 9, 9, 1, ""),
+        (0, 3, 10, 55, 10, 1, "recompute after preemption"),  # 9 held before: 1 new row
+        (0, 4, 5, 40, 11, 1, "recompute after preemption (4 tokens)"),
+        (1, 0, 5, 15, 5, 1, "recompute after preemption"),
+        (1, 1, 3, 21, 8, 0, "prefill chunk"),
+    ]
+    cols = ["request_id", "step_index", "query_tokens", "kv_tokens_read", "live_kv_tokens", "emitted_tokens", "note"]
+    steps = pd.DataFrame(rows, columns=cols)
+    tokens = pd.DataFrame({"request_id": [0, 0], "step_index": [1, 4]})
+    out, toks = own_passes(steps, tokens)
+    got = out[["request_id", "step_index", "query_tokens", "kv_tokens_read", "emitted_tokens"]].values.tolist()
+    assert got == [
+        [0, 0, 8, 36, 1],
+        [0, 1, 1, 9, 1],
+        [0, 2, 1, 10, 1],  # 55 - 9 * 10 / 2
+        [0, 3, 1, 30, 1],  # 40 - 4 * 5 / 2
+        [1, 0, 5, 15, 1],
+        [1, 1, 3, 21, 0],
+    ]
+    assert toks["step_index"].tolist() == [0, 3]
