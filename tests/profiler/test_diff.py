@@ -122,3 +122,48 @@ def test_text_diffs_of_all_pairs_equal_text_diff_of_each(tmp_path):
     assert got[0]["ops"] == [("equal", "".join(texts(ta, 0)), "".join(texts(ta, 0)))]
     lean, full = read_trace(a, tokens=False), read_trace(a)
     assert text_diffs(lean, lean, pairs) == {r: text_diff(texts(full, r), texts(full, r)) for r in range(4)}
+
+
+# ---- focused checks added by hand-made mutants (each fails on a mutant the tests above let through) ----
+def test_figures_users_read_tokens_per_s_and_ratios_of_zeros(tmp_path):
+    from profiler.diff import _delta
+
+    a = make_trace(tmp_path / "a", e2e_s=[1.0, 2.0, 3.0], quality=0.0)
+    b = make_trace(tmp_path / "b", e2e_s=[0.5, 0.5, 1.0], quality=0.0)
+    d = diff_paths(a, b)
+    o = d.summary()["overall"]
+    tokens_b = float(d.requests["output_tokens_b"].sum())
+    assert o["tokens_per_s_b"] == pytest.approx(tokens_b / 2.0)  # B's tokens over B's total latency
+    assert d.requests["quality_score_ratio"].tolist() == [1.0, 1.0, 1.0]  # 0 / 0: unchanged, not undefined
+    assert _delta(0.0, 0.0) == (0.0, 1.0) and _delta(0.0, 2.0) == (2.0, None) and _delta(4.0, 2.0) == (-2.0, 0.5)
+
+
+def test_replaced_tokens_count_the_longer_side():
+    t = text_diff(list("abcd"), list("aXYZd"))
+    assert t["replaced_tokens"] == 3 and t["equal_tokens"] == 2
+
+
+def test_shared_ids_with_other_prompts_match_by_prompt_and_repeats_pair_in_order(tmp_path):
+    p0, p1 = "reverse: abc,de", "reverse: fgh,ij,kl"
+    swapped = diff_paths(
+        make_trace(tmp_path / "a", e2e_s=[1.0, 2.0], prompts=(p0, p1)),
+        make_trace(tmp_path / "b", e2e_s=[1.0, 2.0], prompts=(p1, p0)),
+    )
+    assert swapped.matched_by == "prompt"
+    assert list(zip(swapped.requests["a_id"], swapped.requests["b_id"])) == [(0, 1), (1, 0)]
+    repeats = diff_paths(
+        make_trace(tmp_path / "ra", e2e_s=[1.0, 2.0], prompts=(p0, p0)),
+        make_trace(tmp_path / "rb", e2e_s=[1.0, 2.0], prompts=(p0, p0), first_id=10),
+    )
+    assert list(zip(repeats.requests["a_id"], repeats.requests["b_id"])) == [(0, 10), (1, 11)]  # k-th with k-th
+
+
+def test_counter_span_and_unsorted_request_means():
+    import numpy as np
+
+    from profiler.diff import _mean_by_request, counter_summary
+
+    counters = pd.DataFrame({"energy_mj": [100.0, 150.0, 400.0], "power_w": [10.0, 20.0, 30.0]})
+    assert counter_summary(counters) == {"energy_mj": 300.0, "mean_power_w": 20.0}  # energy: last - first
+    means = _mean_by_request(np.array([1, 0, 1, 0]), np.array([1.0, 2.0, 3.0, 6.0]))  # interleaved requests
+    assert means.to_dict() == {0: 4.0, 1: 2.0}
