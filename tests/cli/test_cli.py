@@ -148,3 +148,28 @@ def test_capture_repeats_records_one_run_per_request(tmp_path):
             and (s["start_s"] + s["duration_s"]).max() <= req["arrival_s"] + req["e2e_s"] + 1e-9
         )
     assert not trace_problems(out)
+
+
+def test_inspect_figures_follow_their_definitions(tmp_path):
+    """`solm inspect`'s figures (profiler.summary) on a trace with one failed request: latencies over
+    the requests that did not fail, p99 the 99th percentile, the speedup a geometric mean, peaks maxima."""
+    import dataclasses
+    import statistics
+
+    import numpy as np
+
+    from profiler.reader import read_trace
+    from profiler.summary import summarize
+    from tests.dashboard.traces import make_trace
+
+    path = make_trace(tmp_path / "t", e2e_s=[1.0, 2.0, 3.0, 6.0, 10.0], threads=[0, 1, 3, 0, 7], passes=4)
+    trace = read_trace(path)
+    req = trace.requests.copy()
+    req.loc[req["e2e_s"] == 10.0, "status"] = "error"
+    s = summarize(dataclasses.replace(trace, requests=req))
+    assert s["requests"] == 5 and s["errors"] == 1
+    assert s["tokens_per_s"] == pytest.approx(req["output_tokens"].sum() / 12.0)  # over the 1 + 2 + 3 + 6 s that ran
+    assert s["ttft_s_p50"] == pytest.approx(2.5 / 4) and s["e2e_s_p50"] == pytest.approx(2.5)
+    assert s["e2e_s_mean"] == pytest.approx(3.0) and s["e2e_s_p99"] == pytest.approx(np.percentile([1, 2, 3, 6], 99))
+    assert s["theoretical_speedup_geomean"] == pytest.approx(statistics.geometric_mean([1, 2, 4, 1, 8]))
+    assert s["peak_kv_tokens"] == req["peak_live_kv_tokens"].max() > req["peak_live_kv_tokens"].min()
