@@ -31,7 +31,28 @@ def test_replay_implements_the_protocol():
     assert sim.prompt_tokens_of([1]).tolist() == [4] and sim.max_tokens_of([0, 1]).tolist() == [3, 3]
 
 
-class Script:
+class Queues:
+    """The queue moves a hand-written ServingState makes (`running`, `waiting`, `preempted` lists);
+    requests arrive in id order."""
+
+    running: list[int]
+    waiting: list[int]
+    preempted: list[int]
+
+    def admit(self, rid):
+        self.waiting.remove(rid)
+        self.running.append(rid)
+
+    def preempt(self, rid):
+        self.running.remove(rid)
+        self.waiting.insert(0, rid)
+        self.preempted.append(rid)
+
+    def arrival_of(self, ids):
+        return np.asarray(ids, float)
+
+
+class Script(Queues):
     """A hand-written ServingState: 2-block requests of 4 query tokens in a 5-block pool."""
 
     def __init__(self, n: int) -> None:
@@ -47,18 +68,6 @@ class Script:
 
     def peak_blocks_of(self, ids):
         return np.full(len(ids), 3)
-
-    def admit(self, rid):
-        self.waiting.remove(rid)
-        self.running.append(rid)
-
-    def preempt(self, rid):
-        self.running.remove(rid)
-        self.waiting.insert(0, rid)
-        self.preempted.append(rid)
-
-    def arrival_of(self, ids):
-        return np.asarray(ids, float)
 
     def prompt_tokens_of(self, ids):
         return self.next_tokens_and_blocks(ids)[0]
@@ -83,7 +92,7 @@ def test_any_state_object_is_scheduled_under_pool_and_caps():
     assert sorted(SCHEDULERS) == ["fcfs", "sjf"]
 
 
-class Table:
+class Table(Queues):
     """A hand-written ServingState from per-request columns: each request's next pass (`q` query
     tokens, a prefill or not: only a prefill is cut to a limit) and the pages it holds after it."""
 
@@ -103,18 +112,6 @@ class Table:
 
     def peak_blocks_of(self, ids):
         return np.array([self.blocks[r] for r in ids], np.int64)
-
-    def admit(self, rid):
-        self.waiting.remove(rid)
-        self.running.append(rid)
-
-    def preempt(self, rid):
-        self.running.remove(rid)
-        self.waiting.insert(0, rid)
-        self.preempted.append(rid)
-
-    def arrival_of(self, ids):
-        return np.asarray(ids, float)
 
     def prompt_tokens_of(self, ids):
         return np.array([self.prompt[r] for r in ids], np.int64)
