@@ -134,3 +134,31 @@ def test_chunked_prefill_equals_alone(system):
     assert chunks and all(not e.query_tokens and not e.step for e in chunks)
     for a, t in zip(alone, out["requests"]):
         assert t.completion.output_ids == a.output_ids and t.completion.text == a.text
+
+
+class PreemptFirstPass:
+    """Admits everything; on its first call preempts the last request admitted, before that request
+    ran any pass; then runs every running request's whole next pass."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def schedule(self, state) -> dict[int, int]:
+        self.calls += 1
+        for r in list(state.waiting):
+            state.admit(r)
+        if self.calls == 1:
+            state.preempt(state.running[-1])
+        q, _ = state.next_tokens_and_blocks(state.running)
+        return dict(zip(state.running, q.tolist()))
+
+
+def test_a_request_preempted_before_its_first_pass_owes_no_recompute():
+    """Nothing of it was computed, so its readmission re-prefills nothing: no recompute counted,
+    and its answer is what it gives alone."""
+    eng, ps = engine("sequential"), prompts("sequential", 2)
+    alone = [eng.generate(Request(i, p)) for i, p in enumerate(ps)]
+    out = served(eng, ps, max_pages=4096, scheduler=PreemptFirstPass())
+    assert out["preemptions"] == 1 and out["requests"][1].preemptions == 1
+    assert out["recomputes"] == 0 and out["recompute_tokens"] == 0
+    assert [t.completion.output_ids for t in out["requests"]] == [a.output_ids for a in alone]
