@@ -162,3 +162,41 @@ def test_a_request_preempted_before_its_first_pass_owes_no_recompute():
     assert out["preemptions"] == 1 and out["requests"][1].preemptions == 1
     assert out["recomputes"] == 0 and out["recompute_tokens"] == 0
     assert [t.completion.output_ids for t in out["requests"]] == [a.output_ids for a in alone]
+
+
+class PreemptAForkedRequest:
+    """Runs request 0 (PASTA) whole passes until its next pass has several rows (threads forked),
+    preempts it there and readmits it at once, offering a budget of one row more than its replay:
+    less than its whole next pass, more than the replay a chunk may take."""
+
+    def __init__(self) -> None:
+        self.replay = self.offered = 0
+
+    def schedule(self, state) -> dict[int, int]:
+        for r in list(state.waiting):
+            state.admit(r)
+        st = state._state(0)
+        if not self.replay and st.passes_done and st.next_rows() > 1:
+            state.preempt(0)
+            self.replay = len(state.preempted_ids[0])
+            state.admit(0)
+            q, _ = state.next_tokens_and_blocks([0], [self.replay + 1])
+            self.offered = int(q[0])
+            return {0: self.offered}
+        q, _ = state.next_tokens_and_blocks(state.running)
+        return dict(zip(state.running, q.tolist()))
+
+
+def test_a_readmitted_request_chunks_no_more_than_its_replay():
+    """A readmission offered a budget between its replay and its whole next pass re-prefills its
+    replay alone in that pass (a chunk never takes rows of the pass after the replay), and the
+    answer is what the request gives alone."""
+    eng, ps = engine("pasta"), prompts("pasta", 1)
+    alone = eng.generate(Request(0, ps[0]))
+    policy = PreemptAForkedRequest()
+    out = served(eng, ps, max_pages=4096, scheduler=policy)
+    assert policy.replay > 0 and out["preemptions"] == 1
+    assert policy.offered == policy.replay  # the tokens the scheduler counts for the chunk
+    chunk = next(e for p in out["passes"] for e in p.entries if e.chunk)
+    assert chunk.recompute_tokens == policy.replay
+    assert out["requests"][0].completion.output_ids == alone.output_ids
