@@ -24,3 +24,13 @@ def check_limits(args, limits: dict[str, tuple[str, int, int]]) -> None:
         value = getattr(args, attr)
         if value is not None and not lo <= value <= hi:
             raise UsageError(f"{flag} must be in {lo}..{hi}, got {value}")
+
+
+def check_listed_once(values: list, flag: str, text: str) -> None:
+    """A value listed twice in a comma-separated flag is one UsageError line (was: sweep ran the
+    same configurations twice, their rows doubled; cost printed a column twice)."""
+    from profiler.errors import UsageError
+
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:
+        raise UsageError(f"{flag} names {twice[0]} twice, got {text!r}")

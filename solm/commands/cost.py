@@ -57,6 +57,7 @@ from simulator.cost import LAYER_OPS, CostModel
 from simulator.hardware import HARDWARE, get_hardware
 from simulator.models import MODELS, get_model
 from simulator.workload import MAX_CONTEXT_TOKENS
+from solm.commands import check_listed_once
 from solm.jsonline import json_line
 
 PROG = "solm cost"
@@ -150,15 +151,8 @@ def _parse_tokens(text: str) -> list[int]:
         tokens = [_int(part, "--tokens", 1) for part in parts]
     except UsageError:
         raise UsageError(f"--tokens must be comma-separated positive integers, got {text!r}") from None
-    _check_once(tokens, "--tokens", text)
+    check_listed_once(tokens, "--tokens", text)
     return [_int(str(n), "--tokens", 1, MAX_CONTEXT_TOKENS) for n in tokens]
-
-
-def _check_once(values: list, flag: str, text: str) -> None:
-    """A value listed twice is refused (was: its column or rows printed twice), as sweep's lists."""
-    twice = [v for i, v in enumerate(values) if v in values[:i]]
-    if twice:
-        raise UsageError(f"{flag} names {twice[0]} twice, got {text!r}")
 
 
 def _lookup(kind: str, name: str) -> Any:
@@ -215,7 +209,7 @@ def _int_list(text: str, flag: str, minimum: int, maximum: int | None = None, wh
     if not parts:
         raise UsageError(f"{flag} must be comma-separated integers >= {minimum}, got {text!r}")
     values = [_int(part, flag, minimum, maximum, why) for part in parts]
-    _check_once(values, flag, text)
+    check_listed_once(values, flag, text)
     return values
 
 

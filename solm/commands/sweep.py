@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from profiler.errors import UsageError
 from profiler.outdir import check_given_once, claim_out_dir
 from profiler.services import terminate_on_signal
+from solm.commands import check_listed_once
 from solm.commands.simulate import add_batch_args, check_batch_flags, scheduling_kwargs
 from solm.jsonline import json_line
 
@@ -45,9 +46,7 @@ def _list(text: str, flag: str, kind=str) -> list:
         values = [kind(x) for x in items]
     except ValueError:
         raise UsageError(f"{flag} must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
-    twice = [v for i, v in enumerate(values) if v in values[:i]]
-    if twice:  # was: the same configurations run twice, their rows doubled in the table
-        raise UsageError(f"{flag} names {twice[0]} twice, got {text!r}")
+    check_listed_once(values, flag, text)
     return values
 
 
