@@ -41,9 +41,8 @@ class Sampler:
         if self.cfg.top_p < 1.0:
             sorted_p, idx = probs.sort(-1, descending=True)
             keep = sorted_p.cumsum(-1) - sorted_p < self.cfg.top_p
-            keep[..., 0] = (
-                True  # the top token always: a top_p below float32's least (1e-300) is 0 there, which kept none
-            )
+            # the top token always: a top_p below float32's least (1e-300) is 0 there, which kept none
+            keep[..., 0] = True
             sorted_p = sorted_p * keep
             probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
         return torch.multinomial(probs, 1, generator=self.gen).squeeze(-1)
