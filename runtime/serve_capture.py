@@ -25,7 +25,7 @@ import numpy as np
 
 from profiler.counters import CounterSampler
 from profiler.errors import UsageError
-from profiler.schema import MIN_RATE
+from profiler.schema import CHUNK_NOTE, MIN_RATE
 from profiler.writer import TraceWriter
 from runtime.answer_length import default_max_tokens
 from runtime.capture import (
@@ -125,7 +125,7 @@ def step_rows(rec: PassRecord, origin_s: float = 0.0) -> dict[int, list[dict]]:
                 "emitted_tokens": 0,
                 "evicted_tokens": 0,
                 "freed_kv_bytes": 0,
-                "note": "prefill chunk",
+                "note": CHUNK_NOTE,
                 "host_s": float("nan"),
             }
         row.update(
