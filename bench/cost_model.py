@@ -41,13 +41,18 @@ projection at 1, 300 and 4096 tokens on every GPU of the catalog. `--calibration
 tables the other way: the tile model calibrated on each part's own GEMMs (`solm calibrate`),
 scored on the (K, N) shapes its fit did not see, beside the carried A100 fit.
 
-    .venv/bin/python bench/cost_model.py [--quick | --transfer [--half dev|test] | --calibration | --steps |
+`--choice` asks how much of the error is the kernel choice (seconds): each tile shape's time per
+A100 row, the shape closest to the measured time (an oracle, per row or per shape and token
+band), and a learned preference per shape fitted on half of the dev split and scored on the other.
+
+    .venv/bin/python bench/cost_model.py [--quick | --transfer [--half dev|test] | --calibration | --steps | --choice |
                                           --dev [--fix NAME=VALUE] [--min NAME=VALUE]]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -71,6 +76,7 @@ from simulator.gemm_fit import (  # noqa: E402
     gemm_rows,
     holdout_predictions,
     level_removed_ape,
+    predict_tiles,
     repeat_spread_percent,
     summary,
     unseen_keys,
@@ -283,6 +289,120 @@ def steps() -> dict:
     return {"bench": "cost_model_steps", "step_pairs": STEP_PAIRS, "jumps_percent": jumps, "series_us": series}
 
 
+CHOICE_TEMPERATURES: tuple[float, ...] = (0.1, 0.03)  # softmin temperatures of the learned choice, in log time
+
+
+def _softmin_choice(log_times: np.ndarray, times: np.ndarray, bias: np.ndarray, temperature: float) -> np.ndarray:
+    """Seconds of a kernel choice that weighs each tile shape (rows of `times`) by
+    exp(-(log time + bias) / temperature): a library heuristic with a learned preference per shape
+    (`bias`: shapes x rows)."""
+    score = log_times + bias
+    weight = np.exp(-(score - score.min(axis=0)) / temperature)
+    return (weight * times).sum(axis=0) / weight.sum(axis=0)
+
+
+def _fit_preference(
+    times: np.ndarray, log_measured: np.ndarray, features: np.ndarray, temperature: float
+) -> np.ndarray:
+    """Weights (shapes x features) of the preference `features` make for each tile shape, fitted by
+    soft-L1 least squares on log(chosen / measured), as the tile parameters are."""
+    from scipy.optimize import least_squares
+
+    log_times, shape = np.log(times), (len(times), len(features))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        bias = x.reshape(shape) @ features
+        return np.log(_softmin_choice(log_times, times, bias, temperature)) - log_measured
+
+    fitted = least_squares(residuals, np.zeros(shape[0] * shape[1]), loss="soft_l1", f_scale=0.05, diff_step=1e-3)
+    return fitted.x.reshape(shape)
+
+
+def choice() -> dict:
+    """`--choice`: how much of the tile model's error is the kernel choice. Each tile shape's time
+    (at its best split-K, the shipped A100 parameters) per GEMM row; in-sample, the shipped power
+    mean, the fastest shape alone, and the shape closest to the measured time (an oracle that knows
+    the library's pick, a floor no rule can reach: the closest of eight also absorbs noise), or
+    one shape per (K, N) and token band or octave (16-32, 32-64, ...; far fewer choices). Then a
+    learned choice, one preference per tile shape in a softmin, fitted on one half of the dev
+    split's shapes (every 8th token count) and scored on the other, beside the power mean on the
+    same rows: whether the library's picks can be learned from other shapes."""
+    from simulator.cost import load_a100_params
+    from simulator.gemm import tile_shape_times
+    from simulator.gemm_fit import A100, shape_half
+
+    start = time.perf_counter()
+    rows = gemm_rows(load_vidur())
+    params = load_a100_params().gemm
+    assert params is not None, "the shipped A100 calibration has a GEMM fit"
+    shipped = predict_tiles(rows, params)
+    per_shape: dict[str, np.ndarray] = {}
+    for (k, n), group in rows.groupby(["K", "N"], sort=False):
+        idx = rows.index.get_indexer(group.index)
+        for label, times in tile_shape_times(group["num_tokens"].to_numpy(float), k, n, A100, params).items():
+            per_shape.setdefault(label, np.full(len(rows), np.nan))[idx] = times
+    labels = list(per_shape)
+    times = np.stack([per_shape[label] for label in labels])
+    measured = rows["time_s"].to_numpy(float)
+    log_times, log_measured = np.log(times), np.log(measured)
+    closest = np.argmin(np.abs(log_times - log_measured), axis=0)
+    columns = np.arange(len(rows))
+    figures: dict = {"bench": "cost_model_choice"}
+
+    def report(name: str, key: str, predicted: np.ndarray, truth: np.ndarray) -> None:
+        ape = ape_percent(predicted, truth)
+        median, p90 = float(np.median(ape)), float(np.percentile(ape, 90))
+        print(f"  {name:62s} median {median:5.2f}  p90 {p90:5.2f}")
+        figures.update({f"{key}_median_ape_percent": round(median, 2), f"{key}_p90_ape_percent": round(p90, 2)})
+
+    print(
+        f"Kernel choice, vidur A100 GEMMs ({len(rows)} rows, {len(labels)} tile shapes: {', '.join(labels)}), "
+        "shipped parameters, in-sample:"
+    )
+    report("shipped: power mean over tile shapes (choice_q)", "shipped", shipped, measured)
+    report("the model's fastest tile shape alone", "fastest", times.min(axis=0), measured)
+    report("oracle: the shape closest to the measured time", "oracle", times[closest, columns], measured)
+    # A kernel per shape and band instead of per row: far fewer choices to absorb noise with.
+    octaves = tuple([0] + [2**i for i in range(4, 14)] + [1 << 20])
+    for bins, name in ((TOKEN_BINS, "token band"), (octaves, "token octave")):
+        group = pd.Series(zip(rows["K"], rows["N"], pd.cut(rows["num_tokens"], bins).astype(str))).factorize()[0]
+        per_group = np.empty(len(rows))
+        for members in pd.Series(np.arange(len(rows))).groupby(group).groups.values():
+            idx = np.asarray(members)
+            best = np.argmin(np.median(np.abs(log_times[:, idx] - log_measured[idx]), axis=1))
+            per_group[idx] = times[best, idx]
+        key = "oracle_per_band" if bins is TOKEN_BINS else "oracle_per_octave"
+        report(f"oracle: one shape per (K, N) and {name}", key, per_group, measured)
+    fastest_share = float(np.mean(closest == np.argmin(times, axis=0))) * 100.0
+    print(f"  the closest shape is the model's fastest in {fastest_share:.1f}% of rows")
+    figures["oracle_is_fastest_percent"] = round(fastest_share, 1)
+    thinned = (rows.groupby(["model", "tp", "op"]).cumcount() % 8 == 0).to_numpy()
+    thinned = (rows.groupby(["model", "tp", "op"]).cumcount() % 8 == 0).to_numpy()
+    # Preference of each tile shape: a constant, or a constant and a slope in log K (the data's
+    # steps say cuBLAS runs taller tiles at longer K: docs/cost_model.md, "Where the steps are").
+    log_k = np.log(rows["K"].to_numpy(float) / 4096.0)
+    forms = {"per shape": np.ones((1, len(rows))), "per shape and log K": np.stack([np.ones(len(rows)), log_k])}
+    print(
+        "Learned choice (a preference per tile shape in a softmin), dev split: fit on one half's shapes "
+        "(every 8th token count), score the other:"
+    )
+    for (form, features), temperature in itertools.product(forms.items(), CHOICE_TEMPERATURES):
+        learned, truth = [], []
+        for seed in (0, 1):
+            in_half = shape_half(rows, seed)
+            for train in (in_half, ~in_half):
+                fit, test = np.flatnonzero(train & thinned), np.flatnonzero(~train)
+                weights = _fit_preference(times[:, fit], log_measured[fit], features[:, fit], temperature)
+                bias = weights @ features[:, test]
+                learned.append(_softmin_choice(log_times[:, test], times[:, test], bias, temperature))
+                truth.append(measured[test])
+        key = f"learned_{form.replace(' ', '_')}_t{temperature:g}".replace(".", "_")
+        report(f"{form}, temperature {temperature:g}", key, np.concatenate(learned), np.concatenate(truth))
+    print("  (the shipped power mean scores each row twice as well: the in-sample figures above)")
+    figures["elapsed_s"] = round(time.perf_counter() - start, 1)
+    return figures
+
+
 def calibration() -> dict:
     """`--calibration`: each XLA table fitted per part and scored on its held-out shapes."""
     keys = calibration_keys()
@@ -357,6 +477,11 @@ def main() -> None:
         "--min", action="append", default=[], metavar="NAME=VALUE", help="with --dev: set a lower bound"
     )
     parser.add_argument(
+        "--choice",
+        action="store_true",
+        help="only the kernel choice's share of the error: oracle and learned choices among the tile shapes",
+    )
+    parser.add_argument(
         "--calibration",
         action="store_true",
         help="only XLA's tables used the other way: the tile model calibrated on each part's own GEMMs (solm calibrate)",
@@ -367,7 +492,7 @@ def main() -> None:
         help="with --transfer: score one seeded half of each measured table (choose on dev, report test)",
     )
     args = parser.parse_args()
-    modes = [flag for flag in ("transfer", "dev", "calibration", "steps") if getattr(args, flag)]
+    modes = [flag for flag in ("transfer", "dev", "calibration", "steps", "choice") if getattr(args, flag)]
     if len(modes) > 1 or (modes and args.quick):
         parser.error(f"one mode at a time: --{' and --'.join(modes + ['quick'] * args.quick)} given together")
     if args.half and not args.transfer:
@@ -376,6 +501,8 @@ def main() -> None:
         parser.error("--fix and --min go with --dev")
     if args.steps:
         figures = steps()
+    elif args.choice:
+        figures = choice()
     elif args.dev:
         figures = dev(_settings(parser, args.fix), _settings(parser, args.min))
     elif args.calibration:

@@ -288,6 +288,42 @@ def _hbm_bytes(
     return a_bytes * a_passes + w_bytes * w_passes + out_bytes
 
 
+def _choices(
+    m: np.ndarray,
+    k: float,
+    n: float,
+    hw: HardwareSpec,
+    p: GemmParams,
+    dtype_bytes: int,
+    tiles: tuple[Tile, ...],
+    splits: tuple[int, ...],
+) -> list[tuple[Tile, int, tuple[np.ndarray, ...]]]:
+    """(tile, split, `_kernel` terms) of every kernel the library could run: each tile shape with
+    each split-K whose slices keep at least MIN_SPLIT_ITERS k-iterations."""
+    choices = []
+    for tile in tiles:
+        iters = np.ceil(k / tile.tk)
+        for split in splits:
+            if split > 1 and iters / split < MIN_SPLIT_ITERS:
+                break
+            choices.append((tile, split, _kernel(m, k, n, tile, split, hw, p, dtype_bytes)))
+    return choices
+
+
+def tile_shape_times(
+    m: np.ndarray, k: float, n: float, hw: HardwareSpec, p: GemmParams, dtype_bytes: int = 2
+) -> dict[str, np.ndarray]:
+    """Seconds of each of `hw.arch`'s tile shapes at its best split-K, per M (label -> times): the
+    candidates `gemm_kernel`'s choice weighs (bench/cost_model.py --choice studies that choice)."""
+    if not hw.has_chip_layout or hw.arch is None:
+        raise ValueError(f"hardware {hw.name!r} has no chip layout (num_sms, clocks, L2, arch)")
+    m_arr = np.atleast_1d(np.asarray(m, dtype=float))
+    best: dict[Tile, np.ndarray] = {}
+    for tile, _split, terms in _choices(m_arr, k, n, hw, p, dtype_bytes, TILES[hw.arch], SPLITS):
+        best[tile] = np.minimum(best.get(tile, np.inf), terms[0])
+    return {tile.label: times for tile, times in best.items()}
+
+
 def gemm_kernel(
     m: Number,
     k: float,
@@ -303,13 +339,7 @@ def gemm_kernel(
         raise ValueError(f"hardware {hw.name!r} has no chip layout (num_sms, clocks, L2, arch)")
     scalar = not isinstance(m, np.ndarray)
     m_arr = np.atleast_1d(np.asarray(m, dtype=float))
-    choices = []
-    for tile in TILES[hw.arch] if tiles is None else tiles:
-        iters = np.ceil(k / tile.tk)
-        for split in splits:
-            if split > 1 and iters / split < MIN_SPLIT_ITERS:
-                break
-            choices.append((tile, split, _kernel(m_arr, k, n, tile, split, hw, p, dtype_bytes)))
+    choices = _choices(m_arr, k, n, hw, p, dtype_bytes, TILES[hw.arch] if tiles is None else tiles, splits)
     times = np.stack([terms[0] for _, _, terms in choices])  # (choices, M)
     best = np.argmin(times, axis=0)
     cols = np.arange(m_arr.size)

@@ -22,7 +22,7 @@ from simulator.cost import (
     gemm_shapes,
     load_a100_params,
 )
-from simulator.gemm import GemmParams, Tile, gemm_kernel, gemm_time_s
+from simulator.gemm import TILES, GemmParams, Tile, gemm_kernel, gemm_time_s
 from simulator.hardware import CHIP_FIELDS, HARDWARE, get_hardware, override
 from simulator.models import get_model
 
@@ -468,3 +468,53 @@ def test_the_steps_bench_prints_the_profiles_it_quotes() -> None:
         round(span.min(), 1),
         round(span.max(), 1),
     ]
+
+
+def test_tile_shape_times_are_the_candidates_of_the_choice() -> None:
+    """`tile_shape_times` (each tile shape at its best split-K, what `--choice` studies) holds the
+    candidates `gemm_kernel` weighs: their minimum is the fastest kernel (choice_q 0), their power
+    mean the shipped time."""
+    from simulator.gemm import tile_shape_times
+
+    a100 = get_hardware("a100-80g")
+    shipped = load_a100_params().gemm
+    m = np.array([1.0, 7.0, 136.0, 200.0, 1000.0, 4096.0, 20000.0])
+    for k, n in SHAPES:
+        candidates = np.stack(list(tile_shape_times(m, k, n, a100, shipped).values()))
+        fastest = gemm_kernel(m, k, n, a100, dataclasses.replace(shipped, choice_q=0.0)).time_s
+        np.testing.assert_allclose(candidates.min(axis=0), fastest, rtol=1e-12)
+        q = shipped.choice_q
+        mean = np.mean(candidates**-q, axis=0) ** (-1 / q)
+        np.testing.assert_allclose(mean, gemm_kernel(m, k, n, a100, shipped).time_s, rtol=1e-9)
+    assert set(tile_shape_times(m, 4096, 4096, a100, shipped)) == {tile.label for tile in TILES["ampere"]}
+    with pytest.raises(ValueError, match="chip layout"):
+        tile_shape_times(m, 4096, 4096, get_hardware("host-cpu"), shipped)
+
+
+def test_the_choice_bench_scores_its_oracle_and_learned_choices() -> None:
+    """`bench/cost_model.py --choice`: the shipped figure is the shipped model's in-sample error,
+    the oracle (the shape closest to each measured time) beats both the power mean and the
+    fastest shape, and every learned choice is scored."""
+    import subprocess
+    import sys
+
+    from simulator.calibrate import load_vidur
+    from simulator.gemm_fit import ape_percent, gemm_rows, predict_tiles
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "cost_model.py"), "--choice"], capture_output=True, text=True, check=True
+    )
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = gemm_rows(load_vidur())
+    ape = ape_percent(predict_tiles(rows, load_a100_params().gemm), rows["time_s"])
+    assert figures["shipped_median_ape_percent"] == pytest.approx(np.median(ape), abs=0.006)
+    assert figures["shipped_p90_ape_percent"] == pytest.approx(np.percentile(ape, 90), abs=0.006)
+    for stat in ("median", "p90"):
+        oracle = figures[f"oracle_{stat}_ape_percent"]
+        assert oracle < figures[f"shipped_{stat}_ape_percent"] and oracle < figures[f"fastest_{stat}_ape_percent"]
+        # the pick per row is each row's closest: no pick per shape and band can beat it anywhere
+        for group in ("per_octave", "per_band"):
+            assert oracle <= figures[f"oracle_{group}_{stat}_ape_percent"]
+    assert 0 < figures["oracle_is_fastest_percent"] < 100
+    learned = [key for key in figures if key.startswith("learned_") and key.endswith("_median_ape_percent")]
+    assert len(learned) == 4 and all(0 < figures[key] < 100 for key in learned)
