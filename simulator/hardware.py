@@ -123,19 +123,19 @@ def _validate(spec: HardwareSpec) -> None:
     for field in _POSITIVE_FIELDS:
         value = getattr(spec, field)
         if not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"hardware {spec.name!r}: {field} must be > 0, got {value!r}")
+            raise ValueError(f"hardware {spec.name!r}: {field} must be a number > 0, got {value!r}")
     for field in _NON_NEGATIVE_FIELDS:
         value = getattr(spec, field)
         if not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"hardware {spec.name!r}: {field} must be >= 0, got {value!r}")
+            raise ValueError(f"hardware {spec.name!r}: {field} must be a number >= 0, got {value!r}")
     for field in _FRACTION_FIELDS:
         value = getattr(spec, field)
         if not isinstance(value, (int, float)) or not 0 < value <= 1:
-            raise ValueError(f"hardware {spec.name!r}: {field} must be in (0, 1], got {value!r}")
+            raise ValueError(f"hardware {spec.name!r}: {field} must be a number in (0, 1], got {value!r}")
     for field in _CHIP_NUMBERS:
         value = getattr(spec, field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
-            raise ValueError(f"hardware {spec.name!r}: {field} must be > 0, got {value!r}")
+            raise ValueError(f"hardware {spec.name!r}: {field} must be a number > 0, got {value!r}")
     if spec.arch is not None and spec.arch not in ARCHES:
         raise ValueError(f"hardware {spec.name!r}: arch must be one of {', '.join(ARCHES)}, got {spec.arch!r}")
     for field in ("num_sms", "hbm_capacity_bytes", "l2_bytes"):  # counts of SMs and bytes
@@ -182,7 +182,7 @@ def _validate_links(spec: HardwareSpec) -> None:
     for name in ("pcie_bytes_per_s", "network_bytes_per_s"):
         value = getattr(spec, name)
         if not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"hardware {spec.name!r}: {name} must be > 0, got {value!r}")
+            raise ValueError(f"hardware {spec.name!r}: {name} must be a number > 0, got {value!r}")
     # A what-if part names a generation that exists: NVLink 1-6 (6: Rubin), PCIe 1-7 (`override`
     # derives the bandwidth from a generation given alone).
     for name, top, allowed_none in (

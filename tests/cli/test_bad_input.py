@@ -64,7 +64,7 @@ def test_a_task_that_cannot_draw_n_prompts_says_so():
         (["--set", "hbm_capacity_bytes=1e400"], "finite number"),  # was OverflowError
         (["--set", "launch_overhead_s=inf"], "finite number"),  # was: throughput 0 reported as success
         (["--set", "peak_flops_per_s=nan"], "finite number"),
-        (["--set", "hbm_capacity_bytes=0"], "must be > 0"),
+        (["--set", "hbm_capacity_bytes=0"], "must be a number > 0"),
         (["--rate", "1e-300"], "at least 1e-05"),  # was: every latency 0.0 ms
         (["--rate", "nan"], "rate must be"),
         (["--num-requests", "1000000000"], "num-requests must be in"),

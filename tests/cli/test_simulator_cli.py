@@ -136,7 +136,7 @@ def test_sweep(small_trace, tmp_path, capsys):
         (["simulate", "{t}", "--hardware", "tpu-v9"], "unknown hardware 'tpu-v9'"),
         (
             ["simulate", "{t}", "--hardware", "a100-80g", "--set", "hbm_capacity_bytes=0"],
-            "hbm_capacity_bytes must be > 0",
+            "hbm_capacity_bytes must be a number > 0",
         ),
         (["simulate", "{t}", "--hardware", "a100-80g", "--model", "llama-2-70b"], "leave no room for KV"),
         (["simulate", "{t}", "--hardware", "a100-80g", "--memory-utilization", "0"], "memory utilization"),

@@ -405,6 +405,8 @@ def _run(argv: list[str]) -> int:
         ("num_sms", "FIELD=VALUE"),
         ("num_sms=0", "num_sms"),
         ("num_sms=12.5", "whole number"),
+        ("num_sms=true", "num_sms must be a number > 0, got 'true'"),  # was "must be > 0, got 'true'"
+        ("memory_efficiency=high", "memory_efficiency must be a number in (0, 1]"),
     ],
 )
 def test_solm_cost_bad_set_is_one_line(setting: str, needle: str, capsys: pytest.CaptureFixture[str]) -> None:
