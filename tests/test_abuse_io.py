@@ -295,7 +295,11 @@ def test_an_empty_output_file_is_refused(argv, needle, work, capsys):
         (["--system", "planned_diffusion", "--knob", "block_sparse=nan"], "block_sparse takes bool"),
         (["--system", "tip", "--knob", "registers=2.5"], "tip's registers takes int"),
         # was: internal error (a bug): ValueError from the diffusion layout (exit 1)
-        (["--system", "masked_diffusion", "--knob", "length=5000"], "exceeds the model's 2048 positions"),
+        (
+            ["--system", "masked_diffusion", "--knob", "length=5000", "--max-tokens", "5000"],
+            "exceeds the model's 2048 positions",
+        ),
+        (["--system", "masked_diffusion", "--knob", "length=5000"], "length 5000 exceeds max_tokens 192"),
     ],
 )
 def test_capture_model_and_knob_values(flags, needle, work, capsys):

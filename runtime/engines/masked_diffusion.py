@@ -1,6 +1,6 @@
 """`masked_diffusion`: the plain masked-diffusion baseline (LLaDA / Dream style; Fast-dLLM with a
-confidence threshold). No plan: the whole answer is one span of `length` [MASK] tokens after the
-prompt, denoised bidirectionally in a fixed number of `steps` (default: `length`, one token a
+confidence threshold). No plan: the whole answer is one span of `length` [MASK] tokens (default 144, at
+most `GenerationConfig.max_tokens`; a longer `length` is refused) after the prompt, denoised bidirectionally in a fixed number of `steps` (default: `length`, one token a
 step), in entropy order by default; `confidence_threshold` also commits, each step, every
 prediction at least that confident (Fast-dLLM), so the run can end in fewer steps. `[PAD]` lets
 the answer end before the span does.
@@ -18,6 +18,7 @@ import json
 import numpy as np
 import torch
 
+from profiler.errors import UsageError
 from profiler.schema import linear_graph
 from runtime.engines.base import (
     Completion,
@@ -36,6 +37,8 @@ from runtime.model import TinyLM
 from runtime.sampling import Sampler
 from runtime.tokenizer import Tokenizer
 
+DEFAULT_LENGTH = 144  # the span's length when the `length` knob is not given (at most max_tokens)
+
 
 class MaskedDiffusionEngine(Engine):
     name = "masked_diffusion"
@@ -48,16 +51,24 @@ class MaskedDiffusionEngine(Engine):
         tokenizer: Tokenizer,
         config: GenerationConfig = GenerationConfig(),
         *,
-        length: int = 144,
+        length: int | None = None,
         steps: int | None = None,
         order: str = "entropy",
         confidence_threshold: float | None = None,
     ) -> None:
         super().__init__(model, tokenizer, config)
         check_knobs(1.0, order, confidence_threshold, 1.0)
-        if int(length) < 1 or (steps is not None and int(steps) < 1):
+        if (length is not None and int(length) < 1) or (steps is not None and int(steps) < 1):
             raise ValueError(f"length and steps must be >= 1, got length={length}, steps={steps}")
-        self.length, self.steps = int(length), int(steps) if steps is not None else int(length)
+        # The span is the whole answer, so `max_tokens` bounds it (was: ignored, a 144-token span
+        # for --max-tokens 20): the default span fits it, a longer one asked for is refused.
+        if length is not None and int(length) > config.max_tokens:
+            raise UsageError(
+                f"length {length} exceeds max_tokens {config.max_tokens} (the span is the whole answer): "
+                "ask for a shorter span or more tokens (--max-tokens)"
+            )
+        self.length = min(DEFAULT_LENGTH, config.max_tokens) if length is None else int(length)
+        self.steps = int(steps) if steps is not None else self.length
         self.order, self.threshold = order, confidence_threshold or None
         t = tokenizer.token_id
         self.tags, self.mask_id, self.span_pad = (t(ASYNC), t(ASYNC_END)), t(MASK), t(PAD)

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from profiler.errors import UsageError
 from runtime.engines.base import GenerationConfig, Request, drain
 from runtime.engines.diffusion_common import scheduled, steps_for
 from runtime.engines.masked_diffusion import MaskedDiffusionEngine
@@ -85,6 +86,19 @@ def test_masked_diffusion_fixed_steps(tok, tiny_model):
     assert c.steps == 6
     c = MaskedDiffusionEngine(tiny_model, tok, length=6, confidence_threshold=1e-9).generate(Request(0, "hi"))
     assert c.steps == 1
+
+
+def test_masked_diffusion_span_is_bounded_by_max_tokens(tok, tiny_model):
+    """The span is the whole answer: the default span fits `max_tokens`, a longer span asked for
+    is refused (was: a 144-token span whatever --max-tokens said)."""
+    eng = MaskedDiffusionEngine(tiny_model, tok, GenerationConfig(max_tokens=5))
+    c = eng.generate(Request(0, "hi"))
+    assert eng.length == 5 and c.steps == 5 and len(c.output_ids) == 5 + 2  # the span and its two tags
+    assert MaskedDiffusionEngine(tiny_model, tok, GenerationConfig(max_tokens=500)).length == 144
+    c = MaskedDiffusionEngine(tiny_model, tok, GenerationConfig(max_tokens=12), length=12).generate(Request(0, "hi"))
+    assert c.steps == 12 and len(c.output_ids) == 14
+    with pytest.raises(UsageError, match="length 13 exceeds max_tokens 12"):
+        MaskedDiffusionEngine(tiny_model, tok, GenerationConfig(max_tokens=12), length=13)
 
 
 def test_hybrid_training_sequence(tok):
