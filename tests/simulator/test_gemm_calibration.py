@@ -256,6 +256,7 @@ def test_a_vidur_profile_calibrates(tmp_path, capsys):
     assert main(["calibrate", str(profile), "--hardware", "a100-80g", "--out", str(out), "--json"]) == 0
     data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert data["shapes"] == 4 and data["heldout"]["fitted"]["n"] == 1036
+    assert data["heldout"]["split"].startswith("(K, N) shapes halved")  # 4 shapes: enough to hold 2 out
     assert data["heldout"]["fitted"]["median"] < 10 and data["in_sample"]["median"] < 10
 
 
@@ -311,3 +312,95 @@ def test_several_tables_are_pooled(tmp_path, capsys):
     code = main(["calibrate", str(small), str(other), "--hardware", "h100-sxm", "--out", str(tmp_path / "s.json")])
     assert code == 0  # 4 + 4 GEMMs pooled reach the minimum of 8
     capsys.readouterr()
+
+
+def test_a_flops_column_reads_as_the_time_of_2mnk_flops(tmp_path):
+    """An achieved FLOP/s column is 2*M*N*K FLOPs over the time: 2 * 1024^3 FLOP at 2.147e12 FLOP/s is 1 ms."""
+    table = tmp_path / "flops.csv"
+    table.write_text("m,n,k,bf16_flops_per_s\n1024,1024,1024,2147483648000\n")
+    assert read_gemm_table(table)["time_s"].tolist() == pytest.approx([1e-3], rel=1e-12)
+
+
+@pytest.mark.parametrize("column", ["m", "n", "k", "time_us"])
+def test_a_zero_in_a_table_is_refused(tmp_path, column):
+    """Sizes and times must be > 0: a zero is one clear line naming its row and column."""
+    row = {"m": "64", "n": "4096", "k": "4096", "time_us": "10", column: "0"}
+    table = tmp_path / "zero.csv"
+    table.write_text(GOOD_HEADER + ",".join(row[c] for c in ("m", "n", "k", "time_us")) + "\n" + _good_rows(7))
+    with pytest.raises(ValueError, match=f"row 1: {column} must be a positive number, got '0'"):
+        read_gemm_table(table)
+
+
+def test_sizes_up_to_2_to_the_24_are_read(tmp_path):
+    table = tmp_path / "big.csv"
+    table.write_text(f"{GOOD_HEADER}{1 << 24},64,64,100\n")
+    assert read_gemm_table(table)["num_tokens"].tolist() == [1 << 24]
+    table.write_text(f"{GOOD_HEADER}{(1 << 24) + 1},64,64,100\n")
+    with pytest.raises(ValueError, match="row 1: m must be a whole number up to 2\\^24"):
+        read_gemm_table(table)
+
+
+def test_times_faster_than_twice_the_peak_are_refused(tmp_path, capsys):
+    """GEMMs at 3x the part's dense peak were not timed on it (another part, another unit): refused."""
+    peak = get_hardware("h100-sxm").peak_flops_per_s
+    rows = [(64 * (i + 1), 4096, 4096) for i in range(MIN_ROWS)]
+    table = tmp_path / "fast.csv"
+    table.write_text(GOOD_HEADER + "".join(f"{m},{n},{k},{2 * m * n * k / (3 * peak) * 1e6!r}\n" for m, n, k in rows))
+    code = main(["calibrate", str(table), "--hardware", "h100-sxm", "--out", str(tmp_path / "cal.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "the 64x4096x4096 GEMM" in err[0] and "over 2x h100-sxm's" in err[0], err
+
+
+def test_an_empty_vidur_time_drops_its_rows(tmp_path):
+    """A vidur profile's empty timing cells are a GEMM not measured (at one token count here): left out, the rest read."""
+    import pandas as pd
+
+    source = ROOT / "simulator" / "data" / "vidur-a100" / "phi-2.mlp.csv"
+    wide = pd.read_csv(source)
+    wide.loc[wide["num_tokens"] == wide["num_tokens"].iloc[0], "time_stats.mlp_up_proj.median"] = None
+    profile = tmp_path / "phi-2.mlp.csv"
+    wide.to_csv(profile, index=False)
+    assert len(read_gemm_table(profile)) == len(read_gemm_table(source)) - 1
+
+
+def test_held_out_figures_come_from_fits_that_did_not_see_the_rows_they_score(monkeypatch):
+    """Two fits on complementary halves (each scored on the other), then the refit on every row
+    (the fitter replaced by one that records its rows and answers the carried parameters)."""
+    import simulator.gemm_fit as gemm_fit
+    from simulator.gemm_calibration import calibrate
+
+    part = get_hardware("h100-sxm")
+    seen: list[set] = []
+
+    def spy(rows, *args, **kwargs):
+        seen.append(set(zip(rows["num_tokens"], rows["K"], rows["N"])))
+        return default_params(part).gemm
+
+    monkeypatch.setattr(gemm_fit, "fit_gemm", spy)
+    rows = read_gemm_table(H100_TABLE)
+    every = set(zip(rows["num_tokens"], rows["K"], rows["N"]))
+    calibrate(rows, part)
+    assert len(seen) == 3 and seen[0] and seen[1] and not seen[0] & seen[1]
+    assert seen[0] | seen[1] == every == seen[2]
+
+
+@pytest.mark.parametrize("value", [True, "0.8"])
+def test_a_calibration_param_that_is_not_a_number_is_refused(tmp_path, value):
+    """true (JSON's boolean, which Python counts as 1) or text is not a fitted parameter."""
+    cal = tmp_path / "cal.json"
+    params = {**GemmParams().to_json(), "tensor_eff": value}
+    cal.write_text(
+        json.dumps({"format": "solm-gemm-calibration", "version": 1, "hardware": "h100-sxm", "params": params})
+    )
+    with pytest.raises(ValueError, match="params must be finite numbers"):
+        read_calibration(cal)
+
+
+def test_a_calibration_with_a_field_too_many_is_refused(tmp_path):
+    cal = tmp_path / "cal.json"
+    params = {**GemmParams().to_json(), "warp_eff": 0.5}
+    cal.write_text(
+        json.dumps({"format": "solm-gemm-calibration", "version": 1, "hardware": "h100-sxm", "params": params})
+    )
+    with pytest.raises(ValueError, match="params must name exactly"):
+        read_calibration(cal)

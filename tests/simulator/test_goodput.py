@@ -112,3 +112,11 @@ def test_goodput_boundaries_and_denominator():
     assert goodput(ttft, tpot, [True, False], 1.0, slo_ttft_ms=1000)["slo_attained_percent"] == 50.0
     with pytest.raises(ValueError, match="slo-ttft-ms must be > 0 ms and finite"):
         goodput(ttft, tpot, [True, True], 1.0, slo_ttft_ms=float("inf"))
+
+
+def test_an_unknown_ttft_does_not_meet_a_ttft_objective_and_no_duration_has_no_goodput():
+    """A request without a TTFT (not recorded) is not counted as meeting a TTFT objective; a run of
+    no duration has no goodput (None), not a rate of 0."""
+    g = goodput([np.nan, 0.05], [0.01, 0.01], [True, True], 2.0, slo_ttft_ms=100)
+    assert g["request_goodput"] == 0.5 and g["slo_attained_percent"] == 50.0
+    assert goodput([0.05], [0.01], [True], 0.0, slo_ttft_ms=100)["request_goodput"] is None

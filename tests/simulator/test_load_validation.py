@@ -23,7 +23,15 @@ from simulator.load_calibration import (
     sweep_passes,
     wake_factors,
 )
-from simulator.load_validation import BREAKDOWN_COLUMNS, pass_breakdown, serving_config, validate_load
+from simulator.load_validation import (
+    BREAKDOWN_COLUMNS,
+    load_level,
+    pass_breakdown,
+    pass_time_ratios,
+    serving_config,
+    summarize_run,
+    validate_load,
+)
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig, replay
 from simulator.simtrace import write_simulated_trace
@@ -232,26 +240,30 @@ def test_a_rows_sweep_teaches_the_fit_how_batched_passes_grow(tmp_path):
     assert error(with_sweep) < 0.1 < error(without)
 
 
+def _two_request_passes(query_tokens: int = 1, batch_index: bool = True) -> list[dict]:
+    """4 passes 2.25 ms apart, 2 requests of `query_tokens` rows each (batch_index -1: not batched)."""
+    return [
+        {
+            "request_id": rid,
+            "batch_index": b if batch_index else -1,
+            "start_s": b * 0.00225,
+            "duration_s": 0.0021,
+            "forward_s": 0.002,
+            "host_s": 0.0001,
+            "query_tokens": query_tokens,
+            "batch_query_tokens": 2 * query_tokens,
+            "attention_kv_tokens": 64,
+            "active_streams": 1,
+            "chunk": False,
+        }
+        for b in range(4)
+        for rid in (0, 1)
+    ]
+
+
 def test_pass_breakdown_splits_a_pass_into_forward_host_and_the_servers_own_work():
     """Each pass: 2 requests, 1 row each; forward 2 ms, host 0.1 ms per request, 0.05 ms of the server's own."""
-    rows = []
-    for b in range(4):
-        for rid in (0, 1):
-            rows.append(
-                {
-                    "request_id": rid,
-                    "batch_index": b,
-                    "start_s": b * 0.00225,
-                    "duration_s": 0.0021,
-                    "forward_s": 0.002,
-                    "host_s": 0.0001,
-                    "query_tokens": 1,
-                    "batch_query_tokens": 2,
-                    "attention_kv_tokens": 64,
-                    "active_streams": 1,
-                    "chunk": False,
-                }
-            )
+    rows = _two_request_passes()
     trace = type("T", (), {"steps": pd.DataFrame(rows)})()
     cost = HostCost(LinearCost(), per_pass_s=5e-5, per_stream_s=0.0, per_request_s=1e-4)
     b = pass_breakdown(trace, cost)
@@ -261,6 +273,29 @@ def test_pass_breakdown_splits_a_pass_into_forward_host_and_the_servers_own_work
     assert np.allclose(b[:, 2], LinearCost().step_time_s(2, 128, 2))
     no_forward = type("T", (), {"steps": pd.DataFrame(rows).assign(forward_s=np.nan)})()
     assert pass_breakdown(no_forward, cost).shape == (0, len(BREAKDOWN_COLUMNS))
+    assert not b[:, 7].any()  # 1 row per request: decodes
+    prefill = type("T", (), {"steps": pd.DataFrame(_two_request_passes(query_tokens=4))})()
+    assert pass_breakdown(prefill, cost)[:, 7].all()  # 4 rows in a request's stream: multi-row
+    batch1 = type("T", (), {"steps": pd.DataFrame(_two_request_passes(batch_index=False))})()
+    assert pass_breakdown(batch1, cost).shape == (0, len(BREAKDOWN_COLUMNS))  # not a batched run
+
+
+class _FlatForward:
+    """A forward of 2 ms whatever the pass."""
+
+    def step_time_s(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None):
+        return np.full(np.shape(query_tokens), 0.002)
+
+
+def test_pass_time_ratios_are_one_for_a_cost_that_matches_the_run():
+    """Each pass measured start to next start (2.25 ms) against the forward (2 ms), the server's own
+    work (0.05 ms) and each of its 2 requests' host work (0.1 ms each): 1 where the cost is right."""
+    trace = type("T", (), {"steps": pd.DataFrame(_two_request_passes())})()
+    cost = HostCost(_FlatForward(), per_pass_s=5e-5, per_stream_s=0.0, per_request_s=1e-4)
+    ratios = pass_time_ratios(trace, cost)
+    assert ratios.shape == (3, 2) and np.allclose(ratios[:, 0], 2) and np.allclose(ratios[:, 1], 1.0)
+    batch1 = type("T", (), {"steps": pd.DataFrame(_two_request_passes(batch_index=False))})()
+    assert pass_time_ratios(batch1, cost).shape == (0, 2)
 
 
 def test_host_work_is_fitted_on_each_size_once_so_a_stall_does_not_carry_it():
@@ -348,3 +383,66 @@ def test_the_first_pass_after_the_server_idled_runs_as_much_slower_as_the_sweep_
     assert woken["ttft_s"].iloc[0] == pytest.approx(plain["ttft_s"].iloc[0])
     assert woken["ttft_s"].iloc[1] == pytest.approx(plain["ttft_s"].iloc[1] + first)
     assert woken["e2e_s"].iloc[1] == pytest.approx(plain["e2e_s"].iloc[1] + first)
+
+
+def test_summarize_run_uses_vllms_definitions():
+    """Requests arriving at 10, 11, 12 s; the third failed. TPOT = (E2E - TTFT) / (output tokens - 1);
+    the duration runs from the first arrival (3.2 s) for every throughput and the goodput."""
+    s = summarize_run([10.0, 11.0, 12.0], [0.1, 0.2, np.nan], [1.1, 2.2, np.nan], [11, 21, 5], slo_ttft_ms=150.0)
+    assert s["tpot_p50_ms"] == pytest.approx(100.0) and s["ttft_p50_ms"] == pytest.approx(150.0)
+    assert s["e2e_p99_ms"] == pytest.approx(1100 + 0.99 * 1100)
+    assert s["output_throughput"] == pytest.approx(32 / 3.2) and s["request_throughput"] == pytest.approx(2 / 3.2)
+    assert s["request_goodput"] == pytest.approx(1 / 3.2) and s["slo_attained_percent"] == pytest.approx(100 / 3)
+
+
+def test_serving_settings_precedence():
+    """meta["serving"] (what the runtime records) over meta["knobs"]; a pool in bytes over one in MiB;
+    the runtime's rate_per_s read as the load level's rate; the reserve mode read."""
+    c = serving_config(
+        {
+            "knobs": {"max_seqs": 2, "kv_budget_mib": 1},
+            "serving": {"max_seqs": 6, "pool_bytes": 4096, "reserve": "peak"},
+        },
+        MODEL,
+    )
+    assert (c.max_seqs, c.kv_capacity_bytes, c.reserve) == (6, 4096, "peak")
+    assert load_level({"serving": {"rate_per_s": 4.0, "concurrency": None}}) == {"rate": 4.0, "concurrency": None}
+    assert load_level({"knobs": {"rate": 2.0}, "serving": {"rate": 3.0}})["rate"] == 3.0
+
+
+def test_errors_compare_requests_measured_with_a_positive_time():
+    """A request measured at 0 s (not timed) is left out of both sides; the p99 error is the p99's;
+    a throughput measured as 0 has no percentage error (NaN), not a division by zero."""
+    from simulator.load_validation import _compare
+
+    def figures(ttft: list[float], throughput: float) -> dict:
+        v = np.array(ttft)
+        return {"ttft": v, "tpot": v, "e2e": v, "output_throughput": throughput, "request_throughput": throughput}
+
+    measured, simulated, errors = _compare(figures([0.0, 1.0, 2.0], 0.0), figures([5.0, 2.0, 2.0], 3.0))
+    assert measured["ttft_p50_ms"] == pytest.approx(1500.0) and simulated["ttft_p50_ms"] == pytest.approx(2000.0)
+    assert errors["ttft_p50_ape_percent"] == pytest.approx(100 / 3)
+    assert errors["ttft_p99_ape_percent"] == pytest.approx((2.0 / 1.99 - 1) * 100)
+    assert errors["ttft_mape_percent"] == pytest.approx(50.0)
+    assert np.isnan(errors["throughput_ape_percent"])
+
+
+def test_preemptions_counted_by_the_runtime_or_from_replay_events():
+    from simulator.load_validation import _preemptions
+
+    counted = type("T", (), {"requests": pd.DataFrame({"preemptions": [1, 2], "events": ["[]", "[]"]})})()
+    assert _preemptions(counted) == 3
+    events = json.dumps([{"event": "preempted"}, {"event": "finished"}, {"event": "preempted"}])
+    replayed = type("T", (), {"requests": pd.DataFrame({"preemptions": [0, 0], "events": [events, "[]"]})})()
+    assert _preemptions(replayed) == 2
+
+
+def test_a_simulated_trace_is_not_validated_against(tmp_path):
+    """Validation compares with what was measured: a simulated trace on either side is refused."""
+    reqs, prompts = _requests(4, "seq")
+    batch1 = write_toy_trace(tmp_path / "b1", reqs, prompts, timed_by=TRUTH)
+    w = load_workload(batch1)
+    simulated = write_simulated_trace(replay(w, HW, MODEL, ReplayConfig(memory_utilization=1.0)), tmp_path / "sim")
+    for serving, calibration in ((simulated, batch1), (batch1, simulated)):
+        with pytest.raises(ValueError, match="validate needs measured traces, this one is simulated"):
+            validate_load([serving], calibration)

@@ -56,6 +56,12 @@ def test_exact_timeline_continuous_batching(tmp_path):
     assert (m["passes"], m["duration_s"], m["mean_ttft_ms"], m["mean_e2el_ms"]) == (3, 3.0, 1250.0, 2750.0)
     assert m["mean_itl_ms"] == 1000.0 and m["mean_tpot_ms"] == 1000.0
     assert m["request_throughput"] == 2 / 3 and m["output_throughput"] == 5 / 3
+    assert m["total_token_throughput"] == (8 + 5) / 3  # prompts and outputs
+    assert m["p99_ttft_ms"] == 1000.0 + 0.99 * 500.0  # np.percentile, linear, over TTFTs of 1 and 1.5 s
+    assert m["mean_batch_requests"] == 5 / 3  # A in 3 passes, B in 2
+    wide = run(w, ReplayConfig(max_seqs=2, block_size=32))  # pages of 32 tokens for the trace's 16
+    pages = wide.requests["peak_kv_bytes"] // wide.bytes_per_block  # whole pages that hold each request's KV
+    assert pages.tolist() == [1, 1]
 
 
 def test_exact_timeline_one_sequence_at_a_time(tmp_path):
@@ -208,12 +214,18 @@ def test_small_pool_queues_without_dropping(tmp_path):
 
 
 def test_request_larger_than_pool_gets_error_row(tmp_path):
-    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 2), seq(40, 2), seq(4, 2)], [4, 40, 4]))
+    reqs, prompts = [seq(4, 2), seq(40, 2), seq(4, 2)], [4, 40, 4]
+    w = load_workload(write_toy_trace(tmp_path / "t", reqs, prompts, quality=[1.0, 0.0, 0.5]))
     res = run(w, ReplayConfig(kv_capacity_bytes=2 * BLOCK_BYTES))
     rows = res.requests
     assert rows["status"].tolist() == ["ok", "error", "ok"]
     assert "more than the whole pool" in rows.loc[1, "error"] and "toy-part" in rows.loc[1, "error"]
     assert res.metrics["completed"] == 2 and res.metrics["failed"] == 1
+    # the failed request counts in no completed figure: tokens, latencies, quality
+    ok = rows[rows["status"] == "ok"]
+    assert res.metrics["total_output_tokens"] == ok["output_tokens"].sum() < rows["output_tokens"].sum()
+    assert res.metrics["mean_e2el_ms"] == pytest.approx(ok["e2e_s"].mean() * 1e3)
+    assert res.metrics["quality_mean"] == 0.75
     trace = read_trace(write_simulated_trace(res, tmp_path / "sim"))
     assert len(trace.requests) == 3 and trace.requests.loc[1, "status"] == "error"
 

@@ -104,3 +104,20 @@ def test_cycled_passes_and_sliced_writes_change_nothing(tmp_path, monkeypatch):
     for name in ("requests", "steps", "tokens"):
         pd.testing.assert_frame_equal(getattr(whole, name), getattr(sliced, name))
     assert pq.ParquetFile(tmp_path / "sliced" / "steps.parquet").metadata.num_row_groups == -(-len(whole.steps) // 7)
+
+
+def test_step_index_counts_each_requests_passes_from_zero(tmp_path):
+    """steps.step_index is within the request (profiler.schema): 0, 1, ... for each request's passes
+    in order, whatever the other requests did (a request's rows are not numbered by their global position)."""
+    src = write_toy_trace(tmp_path / "src", [seq(4, 3), seq(6, 2)], [4, 6])
+    hw, model = toy_part(), ModelSpec.from_trace_meta(MODEL_META)
+    res = replay(
+        load_workload(src), hw, model, ReplayConfig(num_requests=6, rate=100.0), cost=one_second_cost(hw, model)
+    )
+    rows = res.rows
+    for r in range(6):
+        mine = rows["request"] == r
+        assert rows["step_index"][mine].tolist() == list(range(int(mine.sum())))
+    steps = read_trace(write_simulated_trace(res, tmp_path / "sim")).steps
+    for _, own in steps[steps["query_tokens"] > 0].groupby("request_id"):
+        assert own.sort_values("batch_index")["step_index"].tolist() == list(range(len(own)))

@@ -106,3 +106,82 @@ def test_ray_backend_matches_process_pool(traces, monkeypatch):
     ray_table = sweep(traces, workers=2, backend="ray", **small)
     pd.testing.assert_frame_equal(local, ray_table)
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+
+
+def test_deployment_objectives_follow_the_columns():
+    """Cost, p99 TTFT and goodput for a sweep over GPU counts; GPUs and throughput where it has no
+    price or SLO; the replay objectives when every row has the same GPU count."""
+    from simulator.sweep import OBJECTIVES, objectives_for
+
+    gpus = pd.DataFrame({"gpus": [4, 8]})
+    assert objectives_for(gpus) == (("gpus", -1), ("p99_ttft_ms", -1), ("output_throughput", 1))
+    full = gpus.assign(cost_per_million_output_tokens=[1.0, 2.0], request_goodput=[3.0, 4.0])
+    assert objectives_for(full) == (
+        ("cost_per_million_output_tokens", -1),
+        ("p99_ttft_ms", -1),
+        ("request_goodput", 1),
+    )
+    unpriced = gpus.assign(cost_per_million_output_tokens=[None, None], request_goodput=[None, None])
+    assert objectives_for(unpriced) == objectives_for(gpus)
+    assert objectives_for(pd.DataFrame({"gpus": [8, 8]})) == OBJECTIVES
+    assert objectives_for(pd.DataFrame({"quality_mean": [0.5]})) == OBJECTIVES
+
+
+def test_grid_closed_loop_and_options(traces):
+    """Each client count is a closed-loop configuration after the open-loop rates; the options reach
+    the replay settings and are checked before any work."""
+    configs = grid(traces[:1], ["a100-80g"], rates=[2.0], concurrency=[1, 3])
+    assert [(c["rate"], c["concurrency"]) for c in configs] == [(2.0, None), (None, 1), (None, 3)]
+    assert [(c["rate"], c["concurrency"]) for c in grid(traces[:1], ["a100-80g"])] == [(None, None)]
+    with pytest.raises(ValueError, match="reserve must be one of"):
+        grid(traces[:1], ["a100-80g"], options={"reserve": "everything"})
+
+
+def test_grid_size_limit_is_inclusive(traces, monkeypatch):
+    """A grid of exactly MAX_CONFIGS configurations runs; one more is refused."""
+    import simulator.sweep as sweep_module
+
+    monkeypatch.setattr(sweep_module, "MAX_CONFIGS", 4)
+    assert len(grid(traces, ["a100-80g"], max_seqs=[1, 2])) == 4
+    with pytest.raises(ValueError, match="the grid has 6 configurations"):
+        grid(traces, ["a100-80g"], max_seqs=[1, 2, 3])
+
+
+def test_local_workers_limit_is_inclusive(monkeypatch):
+    """Up to LOCAL_WORKERS_PER_CORE local processes per core are accepted, one more is refused."""
+    import simulator.sweep as sweep_module
+
+    monkeypatch.setattr(sweep_module, "usable_cores", lambda: 2)
+    limit = sweep_module.LOCAL_WORKERS_PER_CORE * 2
+    assert sweep_module._workers("local", limit) == limit
+    assert sweep_module._workers("ray", limit + 1) == limit + 1
+    with pytest.raises(ValueError, match="only thrashes"):
+        sweep_module._workers("local", limit + 1)
+
+
+def test_a_calibration_is_part_of_the_configuration_key(traces):
+    """A calibrated configuration is not the uncalibrated one: a resume must not take one's rows for the other."""
+    from simulator.sweep import config_key
+
+    plain = grid(traces[:1], ["a100-80g"])[0]
+    calibrated = grid(traces[:1], ["a100-80g"], cluster={"gemm_calibrations": {"a100-80g": '{"x": 1}'}})[0]
+    assert calibrated["gemm_calibration"] == '{"x": 1}'
+    assert config_key(calibrated) != config_key(plain)
+
+
+def test_table_in_grid_order_and_last_row_wins(traces, tmp_path):
+    """Rows come back in grid order whatever order they finished in; a configuration written twice
+    to results.jsonl reads as its later row."""
+    from simulator.sweep import _table, config_key, read_results
+
+    configs = grid(traces, ["h100-sxm", "a100-80g"], num_requests=2)
+    table = sweep(traces, ["h100-sxm", "a100-80g"], num_requests=2, workers=1)
+    keys = [config_key(c) for c in configs]
+    assert table["key"].tolist() == keys
+    order = {k: i for i, k in enumerate(keys)}
+    shuffled = _table(table.drop(columns="pareto").to_dict("records")[::-1], order)
+    assert shuffled["key"].tolist() == keys
+    first = table.iloc[0].drop("pareto").to_dict()
+    lines = [json.dumps({**first, "mean_e2el_ms": ms}) for ms in (1.0, 2.0)]
+    (tmp_path / RESULTS_JSONL).write_text("\n".join(lines) + "\n")
+    assert read_results(tmp_path)["mean_e2el_ms"].tolist() == [2.0]
