@@ -7,10 +7,11 @@ import json
 import random
 
 import pytest
+import torch
 
 from profiler.errors import UsageError
 from runtime.engines.base import GenerationConfig, Request, drain
-from runtime.engines.diffusion_common import scheduled, steps_for
+from runtime.engines.diffusion_common import Layout, check_knobs, order_scores, scheduled, steps_for
 from runtime.engines.masked_diffusion import MaskedDiffusionEngine
 from runtime.engines.planned_diffusion import PlannedDiffusionEngine
 from runtime.lang.planned_diffusion import annotate, entry_text
@@ -44,6 +45,8 @@ def test_spans_finish_at_their_length_and_trace(tok, tiny_model):
     assert len(denoise) == 10 and {s.phase for s in steps} == {"prefill", "plan", "denoise", "sync"}
     left = [json.loads(s.note)["masks_left"] for s in denoise]
     assert left[0] == {"1": 4, "2": 9} and left[4] == {"1": 0, "2": 5} and left[-1] == {"2": 0}
+    unmasked = [json.loads(s.note)["unmasked"] for s in denoise]
+    assert all(u == dict.fromkeys(m, 1) for u, m in zip(unmasked, left))  # one token a step per active span
     assert denoise[5].streams == (2,)  # span 1 left the passes
     span2 = [t for t in c.tokens if t.stream == 2 and t.kind != "tag"]
     assert sorted(t.step_index for t in span2) == [d.step_index for d in denoise]  # one token per step
@@ -143,3 +146,43 @@ def test_cache_committed_computes_fewer_rows(tok, tiny_model):
     exact, approx = denoise_rows(), denoise_rows(cache_committed=True)
     assert exact[0] == approx[0] == 8 + 14  # the first pass computes both spans whole
     assert approx[2] < exact[2] and len(approx) == len(exact) == 12
+    # spans of 6 and 12 tokens, one committed a step: pass i >= 1 computes each active span's masked
+    # rows (L - i) and the row it committed in pass i - 1; the pass after span 1 finished (i = 6)
+    # refreshes only its last commit, not its whole span (exact: every row of active spans, and
+    # span 1's 8 rows once more after it finished)
+    assert approx == [22] + [(6 - i + 1 if i < 6 else 1 if i == 6 else 0) + (12 - i + 1) for i in range(1, 12)]
+    assert exact == [22] * 6 + [14 + 8] + [14] * 5
+
+
+def test_layout_holds_exactly_the_models_positions():
+    lay = Layout(6, kv=None)
+    assert lay.append("ar", [1] * 4) == range(0, 4) and lay.append("span", [2, 3]) == range(4, 6)
+    with pytest.raises(UsageError, match="sequence of 7 tokens exceeds the model's 6 positions"):
+        lay.append("ar", [1])
+
+
+def test_steps_round_the_ratio_and_knobs_are_checked():
+    assert steps_for(3, 0.9) == 3 and steps_for(7, 0.5) == 4 and steps_for(10, 0.01) == 1  # round, at least 1
+    for bad, match in (
+        (dict(steps_ratio=float("inf")), "steps_ratio"),
+        (dict(threshold=1.5), "confidence_threshold"),
+        (dict(threshold=-0.1), "confidence_threshold"),
+        (dict(length_scale=0.0), "length_scale"),
+    ):
+        kw = dict(steps_ratio=1.0, order="entropy", threshold=None, length_scale=1.0) | bad
+        with pytest.raises(ValueError, match=match):
+            check_knobs(**kw)
+
+
+def test_unmasking_orders_rank_as_documented():
+    """entropy: the most certain row first; margin: the largest top-1 minus top-2 gap, which can
+    differ from max_prob's ranking."""
+    probs = torch.tensor([[0.9, 0.05, 0.05, 0.0], [0.4, 0.3, 0.3, 0.0]])
+    chosen = probs.argmax(-1)
+    e = order_scores(probs, chosen, "entropy")
+    assert e[0] > e[1]
+    probs = torch.tensor([[0.5, 0.49, 0.01, 0.0], [0.4, 0.2, 0.2, 0.2]])
+    chosen = probs.argmax(-1)
+    assert order_scores(probs, chosen, "max_prob")[0] > order_scores(probs, chosen, "max_prob")[1]
+    m = order_scores(probs, chosen, "margin")
+    assert m[1] > m[0] and torch.allclose(m, torch.tensor([0.01, 0.2]))
