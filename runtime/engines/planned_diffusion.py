@@ -291,6 +291,8 @@ class PlannedDiffusionState(RequestState):
             self.recs[i] = TokenRecord(tid, 0, pos_step, i, parsed.kind, -1, (-1, 0, *self.revealed))
             if self.ar_generated >= eng.config.max_tokens:
                 self._stop("max_tokens")
+            elif i + 1 >= eng.model.cfg.max_positions:  # the next token would have no position (was: UsageError)
+                self._stop("max_positions")
             else:
                 self.phase, self.ar_rows = "plan", [i]
             return step
@@ -392,6 +394,10 @@ class PlannedDiffusionState(RequestState):
             return
         if self.rnd >= self.eng.max_rounds:
             self._stop("max_rounds")
+            return
+        if len(self.lay) + 1 >= self.eng.model.cfg.max_positions:  # no position after `<sync/>`
+            self.tail.append(TokenRecord(tid, 0, pos_step, len(self.lay), "tag", -1, (-1, 0, *self.revealed)))
+            self._stop("max_positions")
             return
         self.revealed = [s.sid for s in self.spans]
         (i,) = self.lay.append("sync", [tid])

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from profiler.counters import CounterSampler
 from profiler.recorder import Recorder
 
@@ -71,3 +73,75 @@ def test_default_source_follows_nvml():
         assert meta["counters_source"] == "host" and meta["nvml"] is False
         assert meta["nvml_reason"].startswith(("NVML unavailable", "pynvml not importable")), meta
         assert all(r["source"] == "host" and r["rss_bytes"] > 0 for r in rows)
+
+
+class FakeNVML:
+    """A stand-in `pynvml`: a 1 GB, 200 W device; energy counter (mJ) only if `energy`."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+
+    def __init__(self, energy: bool) -> None:
+        self.energy, self.total_mj, self.shut = energy, 5_000_000.0, 0
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shut += 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return type("Mem", (), {"used": 10**9})()
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return type("Util", (), {"gpu": 50})()
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 200_000  # mW
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        return 1500
+
+    def nvmlDeviceGetTemperature(self, h, kind):
+        return 60
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        if not self.energy:
+            raise self.NVMLError("not supported")
+        self.total_mj += 1000.0
+        return self.total_mj
+
+
+def test_nvml_counters_from_a_fake_device(monkeypatch):
+    """The NVML path without a GPU: units (W, bytes), energy relative to the first sample, and
+    where the energy counter is unsupported, power integrated over the samples' times (mJ)."""
+    import math
+    import sys
+
+    for energy in (True, False):
+        fake = FakeNVML(energy)
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
+        s = CounterSampler(interval_s=1.0, origin=0.0)
+        assert s.meta()["counters_source"] == "nvml" and s.meta()["nvml"] is True
+        for _ in range(3):
+            s.rows.append(s.sample_once())
+        rows = s.stop()
+        assert fake.shut == 1 and len(rows) == 4  # the final sample at stop, then NVML shut down
+        assert all(r["power_w"] == 200.0 and r["gpu_memory_used_bytes"] == 1e9 for r in rows)
+        assert all(math.isnan(r["cpu_percent"]) for r in rows)
+        energy_mj = [r["energy_mj"] for r in rows]
+        if energy:
+            assert energy_mj == [0.0, 1000.0, 2000.0, 3000.0]
+        else:
+            want = [200.0 * (r["t_s"] - rows[0]["t_s"]) * 1000.0 for r in rows]
+            assert energy_mj == pytest.approx(want) and energy_mj[-1] > 0
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(True))
+    cpu = CounterSampler(use_nvml=False)
+    assert cpu.source == "host" and sys.modules["pynvml"].shut == 1  # NVML present, not used: shut down
+    with pytest.raises(ValueError, match="interval"):
+        CounterSampler(interval_s=0.0)

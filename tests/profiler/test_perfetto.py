@@ -61,3 +61,47 @@ def test_several_traces_side_by_side(traces):
     assert kinds == ["measured", "simulated"]
     names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
     assert {"forward passes", "stream 0", "stream 1", "stream 2"} <= names
+
+
+def test_tracks_counters_and_summary_agree_with_the_steps(traces, tmp_path):
+    """Each stream has its own track (never the forward-pass track), the KV counters are sampled at
+    each pass's end, notes travel with the pass, passes come in time order whatever the steps
+    table's row order, the counters process names its source, and the export's summary counts
+    what it wrote."""
+    t = read_trace(traces[1])
+    t.steps = t.steps.sample(frac=1.0, random_state=0)  # rows out of order
+    t.steps.loc[t.steps.index[0], "note"] = "hello"
+    events = to_chrome_trace([t])["traceEvents"]
+    steps = t.steps.sort_values(["request_id", "start_s", "step_index"])
+    for rid, group in steps.groupby("request_id"):
+        pid = int(rid) + 1
+        passes = [e for e in events if e["pid"] == pid and e["ph"] == "X" and e["cat"] == "step"]
+        assert [e["ts"] for e in passes] == [round(s * 1e6, 3) for s in group["start_s"]]
+        assert [e["args"]["step_index"] for e in passes] == group["step_index"].tolist()
+        ends = [round((a + b) * 1e6, 3) for a, b in zip(group["start_s"], group["duration_s"])]
+        for name, col in (("live KV", "live_kv_tokens"), ("KV bytes held", "kv_bytes_allocated")):
+            kv = [(e["ts"], e["args"][col]) for e in events if e["pid"] == pid and e["name"] == name]
+            assert kv == list(zip(ends, group[col].tolist())), name
+        for e in events:
+            if e["pid"] == pid and e["ph"] == "X" and e["cat"] == "stream":
+                assert e["tid"] == e["args"]["stream"] + 1 != 0
+                assert e["args"]["step_index"] == next(x["args"]["step_index"] for x in passes if x["ts"] == e["ts"])
+                assert e["name"].endswith(f" s{e['args']['stream']}")
+    noted = [e for e in events if e["ph"] == "X" and e["cat"] == "step" and e["args"].get("note") == "hello"]
+    assert len(noted) == 1
+    sorts = [e for e in events if e["ph"] == "M" and e["name"].endswith("sort_index")]
+    assert {e["name"] for e in sorts if e["tid"] == 0 and e["args"]["sort_index"] == e["pid"]} == {"process_sort_index"}
+
+    seq = read_trace(traces[0])
+    counters = to_chrome_trace([seq])["traceEvents"]
+    name = next(e["args"]["name"] for e in counters if e["ph"] == "M" and e["pid"] == 0 and e["name"] == "process_name")
+    assert name.endswith("counters (nvml)")
+    out = tmp_path / "both.json"
+    s = export_perfetto(list(traces), out)
+    doc = json.loads(out.read_text())
+    ev = doc["traceEvents"]
+    assert s["complete_events"] == sum(e["ph"] == "X" for e in ev) < s["events"] == len(ev)
+    both = [seq, read_trace(traces[1])]
+    assert s["counter_events"] == sum(int(x.counters.drop(columns=["t_s", "source"]).notna().sum().sum()) for x in both)
+    assert s["requests"] == sum(len(x.requests) for x in both) == 4
+    assert [o["pid_base"] for o in doc["otherData"]["solm_traces"]] == [0, PID_BLOCK]

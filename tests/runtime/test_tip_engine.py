@@ -105,6 +105,9 @@ def test_budget_policies_hold_their_budget(tiny_model, tok, policy, budget):
     steps, c = run_steps(eng, ex.prompt)
     assert all(s.live_kv_tokens <= budget - 1 for s in steps)
     assert c.peak_live_kv_tokens <= max(budget, c.prompt_tokens)  # a longer prompt is prefilled whole, then cut
+    # the peaks are over the whole run (a pass's holdings before it evicts), not the last pass
+    assert c.peak_live_kv_tokens == max(s.live_kv_tokens + s.evicted_tokens for s in steps)
+    assert c.peak_kv_bytes == max(s.kv_bytes_allocated + s.freed_kv_bytes for s in steps)
     assert sum(s.evicted_tokens for s in steps) == c.prompt_tokens + len(c.output_ids) - 1 - steps[-1].live_kv_tokens
     if policy == "streaming":  # the sinks (first tokens of the prompt) are never evicted
         assert steps[-1].live_kv_tokens == budget - 1
@@ -141,3 +144,101 @@ def test_serving_batches_requests_and_matches_single_runs(tiny_model, tok):
     for r in (roomy, tight):
         for c, ids in zip(r["completions"], single):
             assert c.output_ids == ids
+
+
+def test_max_tokens_cuts_at_exactly_max_tokens(tiny_model, tok):
+    """A script that never stops: the answer is exactly `max_tokens` long, reported truncated."""
+    from runtime.structure_replay import ForcedLogits
+
+    model = ForcedLogits(tiny_model, tok.encode("a")[0], script=tok.encode("a b c " * 10))
+    c = TipEngine(model, tok, GenerationConfig(max_tokens=7, page_size=4)).generate(Request(0, "hi"))
+    assert len(c.output_ids) == 7 and c.stop_reason == "max_tokens" and c.status == "truncated"
+
+
+def test_max_positions_stops_at_the_models_last_position(tok):
+    """A model with few positions: generation stops when the sequence fills them, whatever
+    `max_tokens` allows, and says why."""
+    import dataclasses
+
+    from runtime.model import ModelConfig, TinyLM
+    from runtime.structure_replay import ForcedLogits
+
+    cfg = dataclasses.replace(ModelConfig.from_name("tiny-2l"), max_positions=16)
+    model = ForcedLogits(TinyLM(cfg, seed=1).eval(), tok.encode("a")[0])
+    eng = TipEngine(model, tok, GenerationConfig(max_tokens=100, page_size=4))
+    n = len(eng.prompt_ids(Request(0, "hi")))
+    c = eng.generate(Request(0, "hi"))
+    assert n + len(c.output_ids) == 16 and c.stop_reason == "max_positions" and c.status == "truncated"
+
+
+def test_kv_read_counts_what_each_pass_reads(tiny_model, tok):
+    """Prefill reads the causal triangle; a decode pass reads every live slot (its own included);
+    a prompt cut in chunks reads, chunk by chunk, exactly the rows of that chunk's triangle."""
+    from runtime.kv import RequestKV
+
+    ex = var_example()
+    eng, _ = scripted_engine(tiny_model, tok, annotated(ex), policy="full")
+    steps, c = run_steps(eng, ex.prompt)
+    n = c.prompt_tokens
+    assert steps[0].phase == "prefill" and steps[0].kv_tokens_read == n * (n + 1) // 2
+    assert all(s.kv_tokens_read == s.live_kv_tokens for s in steps[1:])  # nothing evicted: live = read
+    st = eng.start(Request(1, ex.prompt), RequestKV(eng.new_store(), 1))
+    reads = []
+    for k in (3, 4, n - 7):
+        st.prompt_chunk(k)
+        reads.append(st.kv_read)
+    assert reads == [1 + 2 + 3, 4 + 5 + 6 + 7, sum(range(8, n + 1))]
+
+
+def test_evictions_and_graph_agree_with_the_steps(tiny_model, tok):
+    """Each token records the pass that evicted it; the graph's nodes count every generated token
+    once, a step's `dead_at_step` is the pass whose note says it was killed, and no step is its
+    own parent."""
+    import re
+
+    ex = var_example()
+    eng, _ = scripted_engine(tiny_model, tok, "so " + annotated(ex), page_size=4)  # "so ": main-stream text
+    steps, c = run_steps(eng, ex.prompt)
+    by_step: dict[int, int] = {}
+    for t in c.tokens:
+        if t.evicted_at_step >= 0:
+            by_step[t.evicted_at_step] = by_step.get(t.evicted_at_step, 0) + 1
+    assert by_step and by_step == {s.step_index: s.evicted_tokens for s in steps if s.evicted_tokens}
+    links = c.graph["links"]
+    assert links and all(link["source"] != link["target"] for link in links)
+    nodes = {n["id"]: n for n in c.graph["nodes"]}
+    assert nodes.pop("prompt")["tokens"] == c.prompt_tokens
+    assert sum(n["tokens"] for n in nodes.values()) == len(c.output_ids)
+    # the main stream (0) is `main:0`, as in every engine's graph; step k is `step:k`
+    assert nodes["main:0"]["stream"] == 0 and nodes["main:0"]["kind"] == "main"
+    assert all(i == f"step:{n['stream']}" for i, n in nodes.items() if n["stream"] > 0)
+    assert c.steps == len(steps)
+    # peaks are taken before a pass evicts: what a step holds after it, plus what it let go
+    assert c.peak_kv_bytes == max(s.kv_bytes_allocated + s.freed_kv_bytes for s in steps)
+    assert c.peak_live_kv_tokens == max(s.live_kv_tokens + s.evicted_tokens for s in steps)
+    assert c.critical_path_tokens == len(c.output_ids)  # one stream of passes: every token is on it
+    kills = {int(m.group(1)): s.step_index for s in steps if (m := re.search(r"kills step (\d+)", s.note))}
+    assert kills and {n["stream"]: n["dead_at_step"] for n in nodes.values() if n["dead_at_step"] >= 0} == kills
+
+
+@pytest.mark.parametrize(
+    "knobs", [{"policy": "h2o", "budget_tokens": 16}, {"policy": "window", "budget_tokens": 16, "free_pages": False}]
+)
+def test_preempted_requests_match_single_runs(tiny_model, tok, knobs):
+    """Preemption and re-prefill change nothing a request generates, whatever the policy (H2O's
+    per-slot scores follow the slots); in masked mode (`free_pages=False`) nothing is freed, so a
+    preempted request holds, pass by pass, exactly what it held running alone, replay included."""
+    from runtime.server import Server
+
+    prompts = [e.prompt for e in get_task("var_tracking").examples("test", 3)]
+    eng = TipEngine(tiny_model, tok, GenerationConfig(max_tokens=24, page_size=4), **knobs)
+    single = [drain(eng.run(Request(i, p))) for i, p in enumerate(prompts)]
+    out = Server(eng, max_pages=12).serve([(0.0, p) for p in prompts])
+    assert out["preemptions"] > 0
+    assert [t.completion.output_ids for t in out["requests"]] == [c.output_ids for _, c in single]
+    if not eng.free_pages:
+        for rid, (steps, _) in enumerate(single):
+            held = [
+                e.step.kv_bytes_allocated for p in out["passes"] for e in p.entries if e.request_id == rid and e.step
+            ]
+            assert held == [s.kv_bytes_allocated for s in steps]

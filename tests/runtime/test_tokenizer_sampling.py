@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from profiler.errors import UsageError
 from runtime.sampling import Sampler, SamplingConfig
 from runtime.tokenizer import BYTE_TOKENS, Tokenizer
 
@@ -68,3 +71,41 @@ def test_top_p_below_float32s_least_keeps_the_top_token(top_p):
     logits = torch.tensor([[1.0, 3.0, 2.0]])
     s = Sampler(SamplingConfig(temperature=1.0, top_p=top_p, seed=0))
     assert {int(s(logits)[0]) for _ in range(20)} == {1}
+
+
+def drawn(cfg: SamplingConfig, logits: list[float], n: int = 200) -> set[int]:
+    s = Sampler(cfg)
+    return {int(s(torch.tensor([logits]))[0]) for _ in range(n)}
+
+
+def test_top_p_is_the_smallest_set_reaching_p():
+    """The nucleus: the most probable tokens until their mass reaches top_p, the token that
+    crosses top_p included, none after a set that reaches it exactly."""
+    logp = torch.tensor([0.6, 0.3, 0.1]).log().tolist()
+    assert drawn(SamplingConfig(temperature=1.0, top_p=0.7), logp) == {0, 1}
+    logp = torch.tensor([0.5, 0.25, 0.25]).log().tolist()
+    assert drawn(SamplingConfig(temperature=1.0, top_p=0.5), logp) == {0}
+
+
+def test_temperature_sharpens_and_flattens():
+    assert drawn(SamplingConfig(temperature=0.05), [2.0, 1.0]) == {0}
+    assert drawn(SamplingConfig(temperature=20.0), [2.0, 1.0]) == {0, 1}
+
+
+def test_seed_and_request_id_give_distinct_streams():
+    logits = torch.zeros(1, 1000)
+    streams = [
+        [int(s(logits)[0]) for _ in range(10)]
+        for s in (
+            Sampler(SamplingConfig(1.0, 1.0, 1), 0),
+            Sampler(SamplingConfig(1.0, 1.0, 0), 1),
+            Sampler(SamplingConfig(1.0, 1.0, 0), 0),
+        )
+    ]
+    assert len({tuple(s) for s in streams}) == 3
+
+
+@pytest.mark.parametrize("kw", [{"top_p": 0.0}, {"temperature": math.inf}, {"temperature": math.nan}])
+def test_bad_sampling_settings_are_usage_errors(kw):
+    with pytest.raises(UsageError):
+        SamplingConfig(**kw)
