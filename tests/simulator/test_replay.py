@@ -415,3 +415,14 @@ def test_bad_settings(kwargs, needle):
 def test_unknown_scheduler_lists_the_valid_ones():
     with pytest.raises(KeyError, match="fcfs, sjf"):
         ReplayConfig(scheduler="lottery")
+
+
+def test_a_one_token_request_has_no_tpot(tmp_path):
+    """TPOT is the time per output token after the first: a request that writes one token has none
+    (NaN), and the run's TPOT figures are the other requests' alone."""
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 1), seq(4, 3)], [4, 4], arrivals=[0.0, 0.0]))
+    res = run(w, ReplayConfig(max_seqs=2))
+    tpot = res.requests["tpot_s"].tolist()
+    assert np.isnan(tpot[0]) and tpot[1] == 1.0  # B: first token at 1 s, two more by 3 s
+    m = res.metrics
+    assert m["mean_tpot_ms"] == 1000.0 and m["p99_tpot_ms"] == 1000.0
