@@ -65,7 +65,8 @@ def parse_columns(text: str | None) -> dict[str, str]:
         if not sep or key.strip() not in COLUMNS or not value.strip():
             raise UsageError(f"--columns takes EXPECTED=FILE_COLUMN pairs for {', '.join(COLUMNS)}; got {item!r}")
         mapping[key.strip()] = value.strip()
-    shared = [have for i, have in enumerate(mapping.values()) if have in list(mapping.values())[:i]]
+    columns = list(mapping.values())
+    shared = [have for i, have in enumerate(columns) if have in columns[:i]]
     if shared:  # was: arrived_at=num_prefill_tokens read each prompt length as an arrival time, exit 0
         users = [want for want, have in mapping.items() if have == shared[0]]
         raise UsageError(

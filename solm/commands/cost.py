@@ -138,9 +138,13 @@ def _int(text: str, flag: str, minimum: int, maximum: int | None = None, why: st
         raise UsageError(f"{flag} must be an integer >= {minimum}, got {text!r}") from None
     if value < minimum:
         raise UsageError(f"{flag} must be an integer >= {minimum}, got {value}")
+    _check_at_most(value, flag, maximum, why)
+    return value
+
+
+def _check_at_most(value: int, flag: str, maximum: int | None, why: str = CONTEXT) -> None:
     if maximum is not None and value > maximum:  # was: 1e20 tokens, kv_tokens_read 5e39, a pass of 1e15 ms
         raise UsageError(f"{flag} must be at most {maximum}{why}, got {value}")
-    return value
 
 
 def _parse_tokens(text: str) -> list[int]:
@@ -152,7 +156,9 @@ def _parse_tokens(text: str) -> list[int]:
     except UsageError:
         raise UsageError(f"--tokens must be comma-separated positive integers, got {text!r}") from None
     check_listed_once(tokens, "--tokens", text)
-    return [_int(str(n), "--tokens", 1, MAX_CONTEXT_TOKENS) for n in tokens]
+    for n in tokens:  # after the parse: its own message, not the malformed list's
+        _check_at_most(n, "--tokens", MAX_CONTEXT_TOKENS)
+    return tokens
 
 
 def _lookup(kind: str, name: str) -> Any:
