@@ -56,6 +56,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -318,6 +319,56 @@ def _fit_preference(
     return fitted.x.reshape(shape)
 
 
+def _oracle_per_group(report: Callable, rows: pd.DataFrame, times: np.ndarray, measured: np.ndarray) -> None:
+    """A kernel per shape and band instead of per row: far fewer choices to absorb noise with."""
+    log_times, log_measured = np.log(times), np.log(measured)
+    octaves = tuple([0] + [2**i for i in range(4, 14)] + [1 << 20])
+    for bins, name in ((TOKEN_BINS, "token band"), (octaves, "token octave")):
+        group = pd.Series(zip(rows["K"], rows["N"], pd.cut(rows["num_tokens"], bins).astype(str))).factorize()[0]
+        per_group = np.empty(len(rows))
+        for members in pd.Series(np.arange(len(rows))).groupby(group).groups.values():
+            idx = np.asarray(members)
+            best = np.argmin(np.median(np.abs(log_times[:, idx] - log_measured[idx]), axis=1))
+            per_group[idx] = times[best, idx]
+        key = "oracle_per_band" if bins is TOKEN_BINS else "oracle_per_octave"
+        report(f"oracle: one shape per (K, N) and {name}", key, per_group, measured)
+
+
+def _learned_choice(
+    report: Callable, rows: pd.DataFrame, times: np.ndarray, measured: np.ndarray, shipped: np.ndarray
+) -> None:
+    """A preference per tile shape in a softmin, fitted on one half of the dev split's shapes
+    (every 8th token count) and scored on the other. The preference is a constant, or a constant
+    and a slope in log K (the data's steps say cuBLAS runs taller tiles at longer K:
+    docs/cost_model.md, "Where the steps are")."""
+    from simulator.gemm_fit import shape_half
+
+    log_times, log_measured = np.log(times), np.log(measured)
+    thinned = (rows.groupby(["model", "tp", "op"]).cumcount() % 8 == 0).to_numpy()
+    log_k = np.log(rows["K"].to_numpy(float) / 4096.0)
+    forms = {"per shape": np.ones((1, len(rows))), "per shape and log K": np.stack([np.ones(len(rows)), log_k])}
+    print(
+        "Learned choice (a preference per tile shape in a softmin), dev split: fit on one half's shapes "
+        "(every 8th token count), score the other:"
+    )
+    held_out = np.concatenate(
+        [np.flatnonzero(~train) for seed in (0, 1) for train in (shape_half(rows, seed), ~shape_half(rows, seed))]
+    )
+    report("no preference: the shipped power mean, same rows", "dev_shipped", shipped[held_out], measured[held_out])
+    for (form, features), temperature in itertools.product(forms.items(), CHOICE_TEMPERATURES):
+        learned, truth = [], []
+        for seed in (0, 1):
+            in_half = shape_half(rows, seed)
+            for train in (in_half, ~in_half):
+                fit, test = np.flatnonzero(train & thinned), np.flatnonzero(~train)
+                weights = _fit_preference(times[:, fit], log_measured[fit], features[:, fit], temperature)
+                bias = weights @ features[:, test]
+                learned.append(_softmin_choice(log_times[:, test], times[:, test], bias, temperature))
+                truth.append(measured[test])
+        key = f"learned_{form.replace(' ', '_')}_t{temperature:g}".replace(".", "_")
+        report(f"{form}, temperature {temperature:g}", key, np.concatenate(learned), np.concatenate(truth))
+
+
 def choice() -> dict:
     """`--choice`: how much of the tile model's error is the kernel choice. Each tile shape's time
     (at its best split-K, the shipped A100 parameters) per GEMM row; in-sample, the shipped power
@@ -329,7 +380,7 @@ def choice() -> dict:
     same rows: whether the library's picks can be learned from other shapes."""
     from simulator.cost import load_a100_params
     from simulator.gemm import tile_shape_times
-    from simulator.gemm_fit import A100, shape_half
+    from simulator.gemm_fit import A100
 
     start = time.perf_counter()
     rows = gemm_rows(load_vidur())
@@ -362,43 +413,11 @@ def choice() -> dict:
     report("shipped: power mean over tile shapes (choice_q)", "shipped", shipped, measured)
     report("the model's fastest tile shape alone", "fastest", times.min(axis=0), measured)
     report("oracle: the shape closest to the measured time", "oracle", times[closest, columns], measured)
-    # A kernel per shape and band instead of per row: far fewer choices to absorb noise with.
-    octaves = tuple([0] + [2**i for i in range(4, 14)] + [1 << 20])
-    for bins, name in ((TOKEN_BINS, "token band"), (octaves, "token octave")):
-        group = pd.Series(zip(rows["K"], rows["N"], pd.cut(rows["num_tokens"], bins).astype(str))).factorize()[0]
-        per_group = np.empty(len(rows))
-        for members in pd.Series(np.arange(len(rows))).groupby(group).groups.values():
-            idx = np.asarray(members)
-            best = np.argmin(np.median(np.abs(log_times[:, idx] - log_measured[idx]), axis=1))
-            per_group[idx] = times[best, idx]
-        key = "oracle_per_band" if bins is TOKEN_BINS else "oracle_per_octave"
-        report(f"oracle: one shape per (K, N) and {name}", key, per_group, measured)
+    _oracle_per_group(report, rows, times, measured)
     fastest_share = float(np.mean(closest == np.argmin(times, axis=0))) * 100.0
     print(f"  the closest shape is the model's fastest in {fastest_share:.1f}% of rows")
     figures["oracle_is_fastest_percent"] = round(fastest_share, 1)
-    thinned = (rows.groupby(["model", "tp", "op"]).cumcount() % 8 == 0).to_numpy()
-    thinned = (rows.groupby(["model", "tp", "op"]).cumcount() % 8 == 0).to_numpy()
-    # Preference of each tile shape: a constant, or a constant and a slope in log K (the data's
-    # steps say cuBLAS runs taller tiles at longer K: docs/cost_model.md, "Where the steps are").
-    log_k = np.log(rows["K"].to_numpy(float) / 4096.0)
-    forms = {"per shape": np.ones((1, len(rows))), "per shape and log K": np.stack([np.ones(len(rows)), log_k])}
-    print(
-        "Learned choice (a preference per tile shape in a softmin), dev split: fit on one half's shapes "
-        "(every 8th token count), score the other:"
-    )
-    for (form, features), temperature in itertools.product(forms.items(), CHOICE_TEMPERATURES):
-        learned, truth = [], []
-        for seed in (0, 1):
-            in_half = shape_half(rows, seed)
-            for train in (in_half, ~in_half):
-                fit, test = np.flatnonzero(train & thinned), np.flatnonzero(~train)
-                weights = _fit_preference(times[:, fit], log_measured[fit], features[:, fit], temperature)
-                bias = weights @ features[:, test]
-                learned.append(_softmin_choice(log_times[:, test], times[:, test], bias, temperature))
-                truth.append(measured[test])
-        key = f"learned_{form.replace(' ', '_')}_t{temperature:g}".replace(".", "_")
-        report(f"{form}, temperature {temperature:g}", key, np.concatenate(learned), np.concatenate(truth))
-    print("  (the shipped power mean scores each row twice as well: the in-sample figures above)")
+    _learned_choice(report, rows, times, measured, shipped)
     figures["elapsed_s"] = round(time.perf_counter() - start, 1)
     return figures
 

@@ -518,5 +518,8 @@ def test_the_choice_bench_scores_its_oracle_and_learned_choices() -> None:
         for group in ("per_octave", "per_band"):
             assert oracle <= figures[f"oracle_{group}_{stat}_ape_percent"]
     assert 0 < figures["oracle_is_fastest_percent"] < 100
+    # each seed's two halves hold every row out once, so the learned choices' rows are every row twice
+    for stat in ("median", "p90"):
+        assert figures[f"dev_shipped_{stat}_ape_percent"] == figures[f"shipped_{stat}_ape_percent"]
     learned = [key for key in figures if key.startswith("learned_") and key.endswith("_median_ape_percent")]
     assert len(learned) == 4 and all(0 < figures[key] < 100 for key in learned)
