@@ -114,6 +114,33 @@ def test_max_positions_stops_the_plan(tok, plan):
     assert c.prompt_tokens + len(c.output_ids) == 16
 
 
+def test_a_round_starts_only_if_its_spans_sync_and_next_token_fit(tok):
+    """A round's spans are laid out and denoised only when they, the `<sync/>` after them and one
+    more token all have positions: with the spans ending at position e, a model of e + 3 positions
+    denoises them (and stops at max_positions two tokens later), one of e + 2 stops before the
+    round, with no span in its output (docs/planned_diffusion.md)."""
+    import dataclasses
+
+    from runtime.model import ModelConfig, TinyLM
+
+    plan = entry_text("a", 1) + "<sync/>xyz<eos>"
+
+    def run(max_positions):
+        cfg = dataclasses.replace(ModelConfig.from_name("tiny-2l"), max_positions=max_positions)
+        return pd(tok, TinyLM(cfg, seed=1).eval(), max_tokens=100, forced_plan=plan, length_scale=2).generate(
+            Request(0, "hi")
+        )
+
+    full = run(64)
+    assert full.stop_reason == "stop_token"
+    end = max(t.position_id for t in full.tokens if t.stream == 1)
+    fits = run(end + 3)
+    assert any(t.stream == 1 for t in fits.tokens) and fits.stop_reason == "max_positions"
+    assert fits.prompt_tokens + len(fits.output_ids) == end + 3
+    short = run(end + 2)
+    assert short.stop_reason == "max_positions" and not any(t.stream == 1 for t in short.tokens)
+
+
 def test_threshold_and_ratio_cut_steps(tok, tiny_model):
     base = pd(tok, tiny_model, forced_plan=PLAN, length_scale=8).generate(Request(0, "hi"))
     half = pd(tok, tiny_model, forced_plan=PLAN, length_scale=8, steps_ratio=0.5).generate(Request(0, "hi"))
