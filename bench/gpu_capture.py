@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from profiler.counters import CounterSampler  # noqa: E402
+from profiler.provenance import git_commit, solm_version  # noqa: E402
 from profiler.reader import read_trace  # noqa: E402
 from profiler.writer import write_json  # noqa: E402
 from runtime.capture import (  # noqa: E402
@@ -49,10 +50,8 @@ from runtime.capture import (  # noqa: E402
     CaptureConfig,
     capture,
     device_meta,
-    git_commit,
     model_meta,
     quality_applicable,
-    solm_version,
 )
 from runtime.checkpoint import CHECKPOINTS_DIR, load_model  # noqa: E402
 from runtime.engines import GenerationConfig, Request, get_engine, systems  # noqa: E402

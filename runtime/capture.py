@@ -17,7 +17,6 @@ import math
 import os
 import platform
 import socket
-import subprocess
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,11 +26,12 @@ import torch
 from profiler.counters import CounterSampler
 from profiler.errors import UsageError
 from profiler.host import read_host_cpu
+from profiler.provenance import git_commit, solm_version
 from profiler.recorder import RecordedRun, Recorder, make_timer
 from profiler.runs import run_rows, write_runs
 from profiler.writer import TraceWriter
 from runtime.answer_length import default_max_tokens
-from runtime.checkpoint import REPO_ROOT, load_model
+from runtime.checkpoint import load_model
 from runtime.engines import Completion, GenerationConfig, Request, drain, get_engine
 from runtime.engines.operating_points import check_knob_types
 from runtime.hf_tokenizer import tokenizer_for
@@ -77,23 +77,6 @@ class CaptureConfig:
         model = self.model or engine.default_model
         default_task = REAL_DEFAULT_TASK if is_gguf_spec(model) and not self.structure_from else engine.default_task
         return CaptureConfig(**{**asdict(self), "model": model, "task": self.task or default_task})
-
-
-def solm_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("solm")
-    except Exception:  # not installed: running from a checkout
-        return "0.1.0+checkout"
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() if out.returncode == 0 else ""
-    except (OSError, subprocess.SubprocessError):
-        return ""
 
 
 def device_meta(device: str, sampler: CounterSampler) -> dict:

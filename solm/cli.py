@@ -45,10 +45,24 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
+class _Version(argparse.Action):
+    """`solm --version`: the version and the checkout's commit (looked up only when asked)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print solm's version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> NoReturn:
+        from profiler.provenance import version_line
+
+        print(version_line())
+        parser.exit(0)
+
+
 def build_parser() -> tuple[OneLineParser, dict]:
     parser = OneLineParser(
         prog="solm", description="self-orchestrating language models: capture, inspect, simulate and compare runs"
     )
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}
     for name in COMMANDS:

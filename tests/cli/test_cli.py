@@ -24,6 +24,23 @@ REQUIRED = {
 }
 
 
+def test_version_names_the_release_and_the_checkouts_commit(tmp_path, monkeypatch):
+    """`solm --version`: one line, exit 0, with the commit a capture records in meta.json; outside
+    a checkout (an installed package, perhaps inside someone else's repository) no commit."""
+    from profiler import provenance
+
+    out = solm("--version")
+    assert out.returncode == 0 and out.stderr == ""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=provenance.REPO_ROOT, capture_output=True, text=True)
+    assert out.stdout == f"solm {provenance.solm_version()} (commit {commit.stdout.strip()[:12]})\n"
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=u", "-c", "user.email=u@localhost"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "someone else's"], check=True)
+    (tmp_path / "site-packages").mkdir()
+    monkeypatch.setattr(provenance, "REPO_ROOT", tmp_path / "site-packages")  # inside that repository
+    assert provenance.git_commit() == "" and provenance.version_line() == f"solm {provenance.solm_version()}"
+
+
 def test_inspect_json_fields(small_trace):
     r = solm("inspect", str(small_trace), "--json")
     assert r.returncode == 0, r.stderr
