@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import networkx as nx
@@ -36,7 +37,7 @@ COUNTER_COLUMNS = (
 
 
 # ---- finding and loading ---------------------------------------------------------------------
-def find_trace_dirs(roots: list[str | Path], depth: int = 2) -> list[Path]:
+def find_trace_dirs(roots: Sequence[str | Path], depth: int = 2) -> list[Path]:
     """Trace directories under `roots`: a root that is a trace, or folders below it (to `depth`
     levels) that hold any trace file. Folders that only look like traces are kept so the
     Overview can say why they do not load."""
@@ -72,7 +73,7 @@ def path_problem(path: str) -> str | None:
     return None
 
 
-def within(path: str | Path, allowed: list[str | Path]) -> bool:
+def within(path: str | Path, allowed: Sequence[str | Path]) -> bool:
     """True if `path` (symlinks resolved) is one of the `allowed` folders or below one. A `~` is a
     name, as everywhere in solm (the shell expands it): expanded here alone, `~/x` was judged as
     $HOME/x while the pages read ./~/x."""
@@ -287,7 +288,7 @@ def pareto_front(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     return front.drop_duplicates(subset=[x, y])
 
 
-def find_sweep_tables(roots: list[str | Path], depth: int = 2) -> list[Path]:
+def find_sweep_tables(roots: Sequence[str | Path], depth: int = 2) -> list[Path]:
     """`sweep.parquet` tables (from `solm sweep --out DIR`) under `roots`, to `depth` levels."""
     found: list[Path] = []
     for r in map(Path, roots):
@@ -310,7 +311,7 @@ def sweep_points(files: list[str | bytes | Path], errors: list[str] | None = Non
                 errors.append(f"{one_line(str(f))}: {NOT_UTF8}")
             continue
         t, problem = _read_sweep_table(f)
-        if problem:
+        if problem or t is None:
             if errors is not None:
                 errors.append(f"{f}: not a solm sweep table: {problem}; its configurations are not drawn")
             continue

@@ -13,7 +13,9 @@ from dashboard.views import _shared
 def predict(calibration: str, serving: tuple[str, ...], signature: tuple, rate: float | None) -> dict:
     from simulator.load_validation import validate_load
 
-    return validate_load(list(serving), calibration, **({"rate": rate} if rate else {}))
+    if rate:
+        return validate_load(list(serving), calibration, rate=rate)
+    return validate_load(list(serving), calibration)
 
 
 st.title("Load")

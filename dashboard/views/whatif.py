@@ -121,7 +121,11 @@ if _shared.need_traces(measured):
     max_tokens = c4.number_input("Max batched tokens", 16, 1 << 20, 8192, step=512, key="whatif_max_tokens")
     rate = c5.number_input("Arrival rate (req/s, 0 = trace's)", 0.0, 1e6, 0.0, key="whatif_rate")
     chosen = st.multiselect(
-        "Traces to replay", list(labels), default=list(labels)[:6], format_func=labels.get, key="whatif_traces"
+        "Traces to replay",
+        list(labels),
+        default=list(labels)[:6],
+        format_func=lambda key: labels[key],
+        key="whatif_traces",
     )
     deployment = deployment_ui()
     gemm_calibration = st.text_input(

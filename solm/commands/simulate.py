@@ -22,10 +22,14 @@ import argparse
 import contextlib
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from profiler.errors import UsageError
 from profiler.outdir import claim_out_dir
 from solm.jsonline import json_line
+
+if TYPE_CHECKING:
+    from simulator.simtrace import ReplayResult
 
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
@@ -177,7 +181,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_cluster_args(p)
 
 
-def simulate(args: argparse.Namespace) -> tuple[dict, object]:
+def simulate(args: argparse.Namespace) -> tuple[dict, ReplayResult]:
     """Run `solm simulate`: (the figures its JSON line prints, the replay result)."""
     from simulator.cluster.cli import cluster_config
     from simulator.cluster.run import simulate as simulate_cluster
