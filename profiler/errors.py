@@ -14,6 +14,9 @@ tests that already catch `ValueError` keep working.
 
 from __future__ import annotations
 
+import json
+import sys
+
 
 class SolmError(Exception):
     """A failure the user can act on: printed as one line, exit status 2."""
@@ -62,3 +65,17 @@ def one_line(text: str) -> str:
     line) and bytes that are not UTF-8 shown as \\xNN (os.fsdecode's surrogates cannot be printed)."""
     text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def parse_json(text: str | bytes, what: str) -> object:
+    """`json.loads(text)`, its every failure one UsageError naming `what`: malformed text or bytes
+    that are not UTF-8, nesting deeper than Python's recursion allows, and an integer of more
+    digits than Python converts (4300; json's ValueError, not a JSONDecodeError)."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UsageError(f"{what}: not JSON ({one_line(str(error))})") from None
+    except RecursionError:
+        raise UsageError(f"{what}: not JSON (nested too deeply)") from None
+    except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise UsageError(f"{what}: not JSON (an integer of more than {sys.get_int_max_str_digits()} digits)") from None

@@ -21,7 +21,6 @@ and choice spread instead, and the held-out figures say how much that buys befor
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profiler.errors import UsageError
+from profiler.errors import UsageError, parse_json
 from profiler.outdir import input_file
 from simulator.csv_input import read_csv_table
 from simulator.gemm import GemmParams
@@ -253,9 +252,10 @@ def read_calibration(path: str | Path) -> tuple[str, GemmParams]:
     """(part it was fitted on, parameters) from a file `solm calibrate` wrote (UsageError if not one)."""
     path = input_file(path, "GEMM calibration", MAX_CALIBRATION_BYTES)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UsageError(f"GEMM calibration {path}: not JSON ({error})") from None
+        text = path.read_bytes()
+    except OSError as error:
+        raise UsageError(f"GEMM calibration {path}: cannot read it ({error.strerror})") from None
+    data = parse_json(text, f"GEMM calibration {path}")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UsageError(f"GEMM calibration {path}: not a solm GEMM calibration (write one with `solm calibrate`)")
     if data.get("version") != VERSION:

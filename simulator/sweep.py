@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from profiler.errors import UsageError
+from profiler.errors import UsageError, parse_json
 from profiler.host import usable_cores
 from profiler.outdir import input_file
 from profiler.services import die_with_parent
@@ -376,9 +376,16 @@ def read_results(out: str | Path) -> pd.DataFrame:
     input_file(path, "sweep results")  # a FIFO there blocked the resume for ever
     try:
         lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-        # a row cut short (a sweep killed mid-write) is skipped; any other line must be a row (was: `[1, 2]` skipped)
-        rows = [json.loads(line) for line in lines if line and not (line.startswith("{") and not line.endswith("}"))]
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except UnicodeDecodeError as error:
+        raise UsageError(f"{path}: not a sweep's results ({error}); choose another --out") from None
+    # a row cut short (a sweep killed mid-write) is skipped; any other line must be a row (was: `[1, 2]` skipped)
+    try:
+        rows = [
+            parse_json(line, "a line")
+            for line in lines
+            if line and not (line.startswith("{") and not line.endswith("}"))
+        ]
+    except UsageError as error:
         raise UsageError(f"{path}: not a sweep's results ({error}); choose another --out") from None
     if not all(isinstance(row, dict) and "key" in row for row in rows):
         raise UsageError(f"{path}: a line that is not a sweep's result row; choose another --out")

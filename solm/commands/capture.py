@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import re
+import sys
 
 from profiler.errors import UsageError, one_line
 from profiler.outdir import claim_out_dir
@@ -115,6 +116,8 @@ def parse_knobs(items: list[str]) -> dict:
             knobs[key] = value
         except RecursionError:  # was: exit 1
             raise UsageError(f"--knob {key}: value nested too deeply") from None
+        except ValueError:  # an integer of more digits than Python converts (was: exit 1)
+            raise UsageError(f"--knob {key}: an integer of more than {sys.get_int_max_str_digits()} digits") from None
     return knobs
 
 

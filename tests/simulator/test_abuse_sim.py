@@ -283,6 +283,11 @@ def test_sweep_refuses_results_it_cannot_read(home, capsys):
     results = home / "sw" / "results.jsonl"
     results.write_text("{bad}\n")
     refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "not a sweep's results")
+    # was: json's ValueError for an integer of more than 4300 digits, an internal error (exit 1)
+    results.write_text('{"key": ' + "9" * 5000 + "}\n")
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "an integer of more than 4300 digits")
+    results.write_text('{"key": ' + "[" * 100000 + "]" * 100000 + "}\n")  # was: RecursionError, exit 1
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "nested too deeply")
     results.unlink()
     os.mkfifo(results)
     refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "not a regular file")
