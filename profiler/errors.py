@@ -79,3 +79,10 @@ def parse_json(text: str | bytes, what: str) -> object:
         raise UsageError(f"{what}: not JSON (nested too deeply)") from None
     except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
         raise UsageError(f"{what}: not JSON (an integer of more than {sys.get_int_max_str_digits()} digits)") from None
+
+
+def quoted(value: object, most: int = 60) -> str:
+    """`repr(value)` for an error line, cut after `most` characters (a CSV cell of 5,000 digits
+    would otherwise be the whole line)."""
+    text = repr(value)
+    return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profiler.errors import UsageError, parse_json
+from profiler.errors import UsageError, parse_json, quoted
 from profiler.outdir import input_file
 from simulator.csv_input import read_csv_table
 from simulator.gemm import GemmParams
@@ -78,7 +78,7 @@ def read_gemm_table(path: str | Path) -> pd.DataFrame:
         bad = np.flatnonzero(~(np.isfinite(col) & (col > 0)))
         if len(bad):
             raise UsageError(
-                f"{path}: row {bad[0] + 1}: {columns[name]} must be a positive number, got {str(table[columns[name]].iloc[bad[0]])!r}"
+                f"{path}: row {bad[0] + 1}: {columns[name]} must be a positive number, got {quoted(str(table[columns[name]].iloc[bad[0]]))}"
             )
         if name in ("m", "n", "k"):
             bad = np.flatnonzero((col != np.round(col)) | (col > 1 << 24))
@@ -120,7 +120,9 @@ def _vidur_gemms(path: Path, wide: pd.DataFrame) -> pd.DataFrame:
         values = pd.to_numeric(wide[column], errors="coerce")  # an empty cell drops its row below
         bad = np.flatnonzero(values.isna() & wide[column].notna())
         if len(bad):
-            raise UsageError(f"{path}: row {bad[0] + 1}: {column} is not a number ({str(wide[column].iloc[bad[0]])!r})")
+            raise UsageError(
+                f"{path}: row {bad[0] + 1}: {column} is not a number ({quoted(str(wide[column].iloc[bad[0]]))})"
+            )
         wide[column] = values
     try:
         rows = gemm_rows(read_vidur_csv(path, wide))

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from profiler.errors import UsageError
+from profiler.errors import UsageError, quoted
 from profiler.outdir import input_file
 from simulator.replay import MAX_REQUESTS, MIN_RATE
 from simulator.workload import MAX_CONTEXT_TOKENS, Workload
@@ -124,7 +124,7 @@ def _columns(path: Path, mapping: dict[str, str]) -> dict[str, np.ndarray]:
         if len(bad):
             value = frame[have].iloc[bad[0]]
             value = value.item() if isinstance(value, np.generic) else value  # np.True_ -> True
-            raise UsageError(f"{path}: row {bad[0] + 1}: {have} is not a number ({value!r})")
+            raise UsageError(f"{path}: row {bad[0] + 1}: {have} is not a number ({quoted(value)})")
         values[want] = col
     for want in COLUMNS[1:]:
         col = values[want]

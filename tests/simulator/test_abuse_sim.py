@@ -129,6 +129,7 @@ def test_simulate_settings_refused(argv, needle, home, capsys):
         # was: read_csv made True a boolean and to_numeric made it 1 token (False: 0)
         ("0,True,5\n1,False,5\n", [], "row 1: num_prefill_tokens is not a number (True)"),
         ("0,10,5\n1,True,5\n", [], "row 2: num_prefill_tokens is not a number ('True')"),
+        ("0," + "9" * 5000 + ",5\n", [], "not a number ('" + "9" * 59 + "... (5002 characters))"),  # was: quoted whole
         # was: "duration 1e300 s", GPU-hours 2.8e296 and the second request's e2e 0 ms
         ("0,10,5\n1e300,10,5\n", [], "the arrivals span 1e+300 s"),
         # was: arrivals overflowed to inf: "duration inf s", "GPU-hours inf", a RuntimeWarning

@@ -91,6 +91,8 @@ def test_cost_and_simulate_use_the_calibration(h100_calibration, capsys, tmp_pat
         (GOOD_HEADER + _good_rows(7).replace("10\n", "x\n", 1), "row 1: time_us must be a positive number"),
         (GOOD_HEADER + "-64,4096,4096,10\n" + _good_rows(7), "row 1: m must be a positive number, got '-64'"),
         (GOOD_HEADER + "64.5,4096,4096,10\n" + _good_rows(7), "row 1: m must be a whole number"),
+        # was: the 5,000-digit cell quoted whole, an error line of 5,000 characters
+        (GOOD_HEADER + "9" * 5000 + ",4096,4096,10\n" + _good_rows(7), "got '" + "9" * 59 + "... (5002 characters)"),
         (GOOD_HEADER + _good_rows(7).replace(",10\n", ",inf\n"), "row 1: time_us must be a positive number"),
         (GOOD_HEADER + _good_rows(MIN_ROWS - 1), f"a calibration needs at least {MIN_ROWS}"),
         (GOOD_HEADER, "no GEMMs"),
