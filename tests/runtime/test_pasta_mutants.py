@@ -245,3 +245,52 @@ def test_only_the_prompt_is_prefilled_in_chunks(tiny_model, tok):
     assert [e.query_tokens for e in entries if e.chunk] == [0] * (n // 3 - (n % 3 == 0))
     assert max(e.query_tokens for e in entries) == 4  # main and three threads in one pass
     assert out["requests"][0].completion.output_ids == alone.output_ids
+
+
+class PreemptOnce:
+    """Prefill chunks of 3 rows; on call `at` preempts request 0 and readmits it at once, noting the
+    KV tokens it held then."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.calls, self.held = at, 0, -1
+
+    def schedule(self, state) -> dict[int, int]:
+        self.calls += 1
+        for r in list(state.waiting):
+            state.admit(r)
+        if self.calls == self.at:
+            self.held = state._state(0).kv.live_tokens
+            state.preempt(0)
+            state.admit(0)
+        q, _ = state.next_tokens_and_blocks(state.running, [3] * len(state.running))
+        return dict(zip(state.running, q.tolist()))
+
+
+def serve_preempted(model, tok, at: int):
+    from runtime.server import FakeClock, Server
+
+    main = [*promise(tok, b"a"), *promise(tok, b"b"), tok.token_id(SYNC), *b"ok"]
+    eng = Script(model, tok, GenerationConfig(max_tokens=64, page_size=4), main=main, thread=list(b"pqr"))
+    alone = eng.generate(Request(0, PROMPT))
+    policy = PreemptOnce(at)
+    out = Server(eng, scheduler=policy, clock=FakeClock(), max_pages=4096).serve([(0.0, PROMPT)])
+    assert out["preemptions"] == 1 and out["requests"][0].completion.output_ids == alone.output_ids
+    return alone, out, policy.held
+
+
+def test_a_prefill_preempted_between_chunks_starts_over(tiny_model, tok):
+    """Preempted after one chunk of its prompt (nothing sampled yet): that chunk's pages are freed,
+    the prompt is prefilled again from its first token (no recompute counted) and the answer and
+    its slots are what the request gives alone."""
+    alone, out, held = serve_preempted(tiny_model, tok, at=2)
+    assert held == 3 and out["recompute_tokens"] == 0
+    chunks = [e for p in out["passes"] for e in p.entries if e.chunk]
+    assert len(chunks) == 1 + (alone.prompt_tokens - 1) // 3  # the lost chunk, then the prompt again
+    assert [t.kv_slot for t in out["requests"][0].completion.tokens] == [t.kv_slot for t in alone.tokens]
+
+
+def test_a_preempted_request_recomputes_exactly_the_kv_it_held(tiny_model, tok):
+    """Preempted while its threads run: the readmission re-prefills the tokens it held, not the
+    rows its next pass has yet to feed."""
+    alone, out, held = serve_preempted(tiny_model, tok, at=12)
+    assert held > alone.prompt_tokens and out["recompute_tokens"] == held
