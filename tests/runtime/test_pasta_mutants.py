@@ -294,3 +294,27 @@ def test_a_preempted_request_recomputes_exactly_the_kv_it_held(tiny_model, tok):
     rows its next pass has yet to feed."""
     alone, out, held = serve_preempted(tiny_model, tok, at=12)
     assert held > alone.prompt_tokens and out["recompute_tokens"] == held
+
+
+@pytest.mark.parametrize("max_threads", [1, 8])
+@pytest.mark.parametrize("shape", ["forks", "inline", "nested"])
+def test_the_kv_never_outgrows_the_requests_peak_reservation(tiny_model, tok, shape, max_threads):
+    """`max_kv_tokens` (what a server with reserve="peak" keeps for the request) bounds the KV the
+    request ever holds, also for an answer of nothing but promises: each forces an <async> that is
+    fed beside the sampled tokens, however few threads are live at once."""
+    fused = [tok.token_id('<promise topic="b'), tok.token_id(promise_close(10))]
+    main, thread = {
+        "forks": (fused * 40, []),  # every thread ends at once: promise after promise forks
+        "inline": ([*promise(tok, b"a"), *fused * 40], list(b"x" * 100)),  # one live thread, the rest inline
+        "nested": (fused * 40, fused * 40),  # threads inline promises of their own
+    }[shape]
+    held = {}
+
+    class Holds(Script):
+        def start(self, request, kv):
+            held["state"] = st = super().start(request, kv)
+            return st
+
+    _, _, c = run(tiny_model, tok, max_tokens=20, cls=Holds, main=main, thread=thread, max_threads=max_threads)
+    assert c.stop_reason == "max_tokens"
+    assert c.peak_live_kv_tokens == len(held["state"].lay.fed) <= held["state"].max_kv_tokens()
