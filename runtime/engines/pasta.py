@@ -432,7 +432,10 @@ class PastaState(RequestState):
         return {None: len(self.batch)}
 
     def max_kv_tokens(self) -> int:
-        return self.n + self.eng.max_total_tokens + 2 * self.eng.max_threads  # tags forced besides sampled ones
+        # fed: the prompt, the tokens sampled before the last pass (fewer than max_total_tokens; the
+        # last pass's are never fed) and a forced <async> per promise, which takes two of them
+        m = self.eng.max_total_tokens
+        return self.n + m + m // 2
 
     def prompt_left(self) -> int:
         return len(self.batch) if self.phase == "prefill" else 0
