@@ -446,3 +446,61 @@ def test_a_simulated_trace_is_not_validated_against(tmp_path):
     for serving, calibration in ((simulated, batch1), (batch1, simulated)):
         with pytest.raises(ValueError, match="validate needs measured traces, this one is simulated"):
             validate_load([serving], calibration)
+
+
+def test_pass_time_error_is_the_mean_over_passes_of_the_forward_where_timed():
+    """Five batch-1 passes against a flat 2 ms forward: four timed apart (forward_s 1, 2, 2, 4 ms:
+    errors 100 %, 0, 0, 50 %), one not (NaN: its whole pass, 2.5 ms, 20 %). The mean is 34 %; the
+    median (20 %) or the whole passes (5 ms each, 60 %) would be another figure (kills L12)."""
+    from simulator.load_validation import _pass_time_mape
+
+    forward = [0.001, 0.002, 0.002, 0.004, np.nan]
+    steps = pd.DataFrame(
+        {
+            "request_id": 0,
+            "batch_index": -1,
+            "step_index": range(5),
+            "start_s": [0.01 * i for i in range(5)],
+            "duration_s": [0.005] * 4 + [0.0025],
+            "forward_s": forward,
+            "host_s": 0.0001,
+            "query_tokens": [4, 1, 1, 1, 1],
+            "attention_kv_tokens": [4, 5, 6, 7, 8],
+            "active_streams": 1,
+        }
+    )
+    trace = type("T", (), {"steps": steps})()
+    passes, mape = _pass_time_mape(trace, HostCost(_FlatForward(), 0.0, 0.0))
+    assert passes.shape == (5, len(PASS_COLUMNS))
+    assert mape == pytest.approx((100 + 0 + 0 + 50 + 20) / 5)
+
+
+def test_errored_requests_stay_out_of_the_measured_figures(tmp_path):
+    """A serving run whose request 3 failed (the KV pool) after waiting 50 times the longest E2E:
+    the measured latencies, throughputs and goodput count the other requests only, computed here
+    from the requests table itself (kills L21: errored requests' times leaking into the figures)."""
+    from simulator.load_validation import validate_one
+
+    out = serving_trace(tmp_path / "s", "seq", rate=50.0, n=8)
+    df = pd.read_parquet(out / "requests.parquet")
+    late = 50 * df["e2e_s"].max()
+    df.loc[3, ["status", "stop_reason", "error", "ttft_s", "e2e_s"]] = [
+        "error",
+        "kv_pool",
+        "request 3: no room",
+        late,
+        late,
+    ]
+    df.to_parquet(out / "requests.parquet", index=False)
+    good = df[df["status"] != "error"]
+    assert len(good) == 7
+    duration = (good["arrival_s"] + good["e2e_s"]).max() - df["arrival_s"].min()
+    # a TPOT SLO every request meets; the failed one too (no TPOT: it reads as 0), were it counted
+    lv = validate_one(read_trace(out), HostCost(TRUTH, 0.0, 0.0), HW, MODEL, slo_tpot_ms=1e6)
+    m = lv["measured"]
+    assert m["e2e_p50_ms"] == pytest.approx(np.median(good["e2e_s"]) * 1e3)
+    assert m["e2e_p99_ms"] == pytest.approx(np.percentile(good["e2e_s"], 99) * 1e3)
+    assert m["ttft_p99_ms"] == pytest.approx(np.percentile(good["ttft_s"], 99) * 1e3)
+    assert m["output_throughput"] == pytest.approx(good["output_tokens"].sum() / duration)
+    assert m["request_throughput"] == pytest.approx(7 / duration)
+    assert m["request_goodput"] == pytest.approx(7 / duration) and m["slo_attained_percent"] == pytest.approx(87.5)
