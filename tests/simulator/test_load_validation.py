@@ -504,3 +504,34 @@ def test_errored_requests_stay_out_of_the_measured_figures(tmp_path):
     assert m["output_throughput"] == pytest.approx(good["output_tokens"].sum() / duration)
     assert m["request_throughput"] == pytest.approx(7 / duration)
     assert m["request_goodput"] == pytest.approx(7 / duration) and m["slo_attained_percent"] == pytest.approx(87.5)
+
+
+def _gapped_steps(gap, streams_of, requests=(0, 1), n=6, apart_s=5.0) -> pd.DataFrame:
+    """Batch-1 steps: `requests` run `apart_s` apart, `n` passes each of 2 ms, pass i of `streams_of(i)`
+    streams followed by `gap(streams)` of host time before the request's next pass."""
+    rows = []
+    for k, rid in enumerate(requests):
+        t = k * apart_s
+        for i in range(n):
+            g = streams_of(i)
+            rows.append({"request_id": rid, "step_index": i, "start_s": t, "duration_s": 0.002, "active_streams": g})
+            t += 0.002 + gap(g)
+    return pd.DataFrame(rows)
+
+
+def test_host_line_takes_each_requests_own_gaps_in_step_order():
+    """1 ms + 0.5 ms per stream between a request's passes, a pass of no active stream paying for
+    one; rows stored shuffled, the requests 5 s apart: the line is still 1 ms + 0.5 ms (kills C01,
+    no sort by request and step; C02, streams not floored at 1; C03, the gap from one request's
+    last pass to the next request's first taken as host time)."""
+    steps = _gapped_steps(lambda g: 0.001 + 0.0005 * max(g, 1), lambda i: (0, 1, 2, 3, 2, 1)[i])
+    shuffled = steps.sample(frac=1.0, random_state=3).reset_index(drop=True)
+    per_pass, per_stream = host_line(type("T", (), {"steps": shuffled})())
+    assert per_pass == pytest.approx(0.001) and per_stream == pytest.approx(0.0005)
+
+
+def test_host_line_reads_overlapping_passes_as_no_host_time():
+    """Each pass starting 1 ms before the last one ended (clock skew) is no host time, not a
+    negative one (kills C04, the gaps not floored at 0)."""
+    steps = _gapped_steps(lambda g: -0.001, lambda i: 1, requests=(0,))
+    assert host_line(type("T", (), {"steps": steps})()) == (0.0, 0.0)
