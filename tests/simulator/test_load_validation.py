@@ -535,3 +535,17 @@ def test_host_line_reads_overlapping_passes_as_no_host_time():
     negative one (kills C04, the gaps not floored at 0)."""
     steps = _gapped_steps(lambda g: -0.001, lambda i: 1, requests=(0,))
     assert host_line(type("T", (), {"steps": steps})()) == (0.0, 0.0)
+
+
+def test_host_line_falls_back_to_the_median_per_stream():
+    """One stream count (no line to fit) or a line falling with the streams: all of the host time
+    is per stream, the median gap over the median count (a 100 ms stall left out); no gaps: none
+    (kills C05, a line fitted through a single x; C06, a negative slope kept; C07, means for
+    medians; C40, a slope made up for no gaps)."""
+    from simulator.load_calibration import _line
+
+    one_x = _line(np.array([2.0] * 4), np.array([0.002, 0.002, 0.002, 0.1]))
+    assert one_x == (0.0, pytest.approx(0.001))
+    falling = _line(np.array([1.0, 2.0, 3.0]), np.array([0.003, 0.002, 0.001]))
+    assert falling == (0.0, pytest.approx(0.001))
+    assert _line(np.zeros(0), np.zeros(0)) == (0.0, 0.0)
