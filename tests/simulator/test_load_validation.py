@@ -549,3 +549,79 @@ def test_host_line_falls_back_to_the_median_per_stream():
     falling = _line(np.array([1.0, 2.0, 3.0]), np.array([0.003, 0.002, 0.001]))
     assert falling == (0.0, pytest.approx(0.001))
     assert _line(np.zeros(0), np.zeros(0)) == (0.0, 0.0)
+
+
+def test_wake_factors_are_the_median_per_sleep_at_least_one_never_falling():
+    """Three shapes per slept time: medians 0.9, 1.3, 1.2 (means 0.88, 1.5, 1.17) read as 1.0,
+    1.3, 1.3 (kills C27, the mean per sleep; C28, a factor below 1 kept; C29, a factor that falls
+    with the time slept kept)."""
+    ratios = {0.01: (0.8, 0.9, 0.95), 0.05: (1.2, 1.3, 2.0), 0.1: (1.1, 1.2, 1.2)}
+    rows = [
+        {"rows": r, "slots": 64, "idle_s": idle, "busy_s": 0.002, "after_idle_s": 0.002 * f}
+        for idle, fs in ratios.items()
+        for r, f in zip((1, 8, 24), fs)
+    ]
+    idle, factor = wake_factors({"rows_sweep": {"after_idle": rows[::-1]}})
+    assert idle == (0.01, 0.05, 0.1) and factor == pytest.approx((1.0, 1.3, 1.3))
+
+
+def test_admission_is_never_negative():
+    """A queue shorter than one pass's own work is no admission work (kills C31, the floor at 0)."""
+    trace = type("T", (), {"requests": pd.DataFrame({"queue_s": [0.0001, 0.0002, 0.0001]})})()
+    assert admission_s(trace, per_pass_s=0.0005) == 0.0
+
+
+def test_pass_overhead_is_the_median_left_of_a_requests_consecutive_passes():
+    """Request 0: 5 passes 2.15 ms apart (2 ms forward, 0.1 ms host, 0.05 ms the server's own) but
+    one held 1 ms more, with two rows that computed nothing (no forward, no host time) between
+    them; requests 1-4 one pass each, 1 s apart. The server's own work is 0.05 ms (kills C32, rows
+    of no query tokens kept; C33, the host work not taken off; C34, the gap from one request to
+    the next taken as the server's work; C35, the mean for the median)."""
+    from simulator.load_calibration import pass_overhead_s
+
+    def row(rid, i, start, q=1):
+        timed = q > 0
+        return {
+            "request_id": rid,
+            "step_index": i,
+            "start_s": start,
+            "query_tokens": q,
+            "forward_s": 0.002 if timed else np.nan,
+            "host_s": 0.0001 if timed else np.nan,
+        }
+
+    starts = np.cumsum([0.0, 0.00215, 0.00215, 0.00315, 0.00215])
+    rows = [row(0, 2 * i, t) for i, t in enumerate(starts)] + [row(0, 1, 0.001, q=0), row(0, 5, 0.0044, q=0)]
+    rows += [row(rid, 0, float(rid)) for rid in (1, 2, 3, 4)]
+    trace = type("T", (), {"steps": pd.DataFrame(rows)})()
+    assert pass_overhead_s(trace) == pytest.approx(0.00005)
+
+
+def test_pass_host_s_only_where_every_pass_records_it():
+    from simulator.load_calibration import pass_host_s
+
+    assert np.allclose(pass_host_s(pd.DataFrame({"host_s": [1e-4, 2e-4]})), [1e-4, 2e-4])
+    assert pass_host_s(pd.DataFrame({"host_s": [1e-4, np.nan]})) is None  # kills C08: any() for all()
+    assert pass_host_s(pd.DataFrame({"host_s": np.zeros(0)})) is None
+
+
+def test_host_work_is_per_stream_and_per_row_each_on_its_own_count():
+    """8 rows in 2 streams: 2 x 10 ms + 8 x 1 ms of host work, and 5 ms of the server's own per pass
+    on top of the forward (kills C10, the per-pass term dropped; C11, rows and streams swapped)."""
+    cost = HostCost(LinearCost(), per_pass_s=0.005, per_stream_s=0.01, per_row_s=0.001)
+    assert cost.host_work_s(8, 2) == pytest.approx(0.028)
+    assert cost.step_time_s(8, 0, 2) == pytest.approx(LinearCost().step_time_s(8, 0, 2) + 0.005 + 0.028)
+
+
+def test_calibration_refuses_an_unknown_fit_and_too_few_passes(tmp_path):
+    """A forward fit not in FORWARD_FITS (kills C14) and a trace of 3 passes (kills C15: the
+    bound lowered) are one UsageError each, not a fit."""
+    from profiler.errors import UsageError
+
+    three = read_trace(write_toy_trace(tmp_path / "three", [seq(4, 3)], [4], timed_by=TRUTH))
+    with pytest.raises(UsageError, match="the calibration trace has 3 forward passes; need >= 4"):
+        calibrate_batch1(three, HW, MODEL)
+    four = read_trace(write_toy_trace(tmp_path / "four", [seq(4, 4)], [4], timed_by=TRUTH))
+    with pytest.raises(UsageError, match="forward fit 'guess': choose one of auto, sweep, line, roofline"):
+        calibrate_batch1(four, HW, MODEL, forward_fit="guess")
+    assert calibrate_batch1(four, HW, MODEL).per_pass_s >= 0
