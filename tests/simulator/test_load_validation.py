@@ -216,6 +216,14 @@ def test_every_pass_size_counts_once_in_the_fit():
     assert np.isclose(sizes[0, 2], 0.002)  # one slow 1-row pass (another process took the core) is dropped
 
 
+def test_pass_sizes_of_the_same_rows_apart_in_kv_read_stay_apart():
+    """1-row decodes over 10 keys and over 1000 (two sizes: their KV reads differ more than twice),
+    and 1-row decodes over 10 and 12 (one size): kills C12, the KV read left out of a size."""
+    steps = np.array([[1, 10, 0.002, 1]] * 3 + [[1, 12, 0.002, 1]] * 2 + [[1, 1000, 0.006, 1]] * 3)
+    sizes = size_medians(steps)
+    assert sizes[np.argsort(sizes[:, 1])].tolist() == [[1, 10, 0.002, 1], [1, 1000, 0.006, 1]]
+
+
 def test_a_rows_sweep_teaches_the_fit_how_batched_passes_grow(tmp_path):
     # this machine's batched passes (what the sweep timed) run their ops 4x slower than its batch-1 passes
     # suggest; the fit with the sweep predicts such a pass far closer than the batch-1 passes alone
