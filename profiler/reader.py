@@ -121,6 +121,8 @@ def load_json_file(file: Path, max_bytes: int = MAX_META_BYTES) -> dict:
         doc = json.loads(file.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TraceError(f"{file}: not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+    except ValueError as e:  # an integer of more digits than Python converts (4300): was a traceback
+        raise TraceError(f"{file}: not valid JSON ({str(e).split(':')[0]})") from None
     except RecursionError:
         raise TraceError(f"{file}: nested too deeply") from None
     except OSError as e:
