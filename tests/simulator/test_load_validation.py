@@ -633,3 +633,88 @@ def test_calibration_refuses_an_unknown_fit_and_too_few_passes(tmp_path):
     with pytest.raises(UsageError, match="forward fit 'guess': choose one of auto, sweep, line, roofline"):
         calibrate_batch1(four, HW, MODEL, forward_fit="guess")
     assert calibrate_batch1(four, HW, MODEL).per_pass_s >= 0
+
+
+SIZES = [(8, 1), (1, 1), (2, 2), (3, 3), (3, 1), (4, 2), (1, 1), (1, 1), (16, 1), (2, 1)]  # (rows, streams) per pass
+
+
+def _forward_s(rows):
+    return 0.001 + 0.0001 * np.asarray(rows, float)  # 1 ms + 0.1 ms a row
+
+
+def _calibration_trace(timed=True, host_s=None, extra_s=0.0002, device="cpu", sweep=None, queue_s=0.00055):
+    """A batch-1 calibration, one request's passes of SIZES, KV read 10 keys a row: forward
+    `_forward_s`, host work 0.1 ms + 0.01 ms a row + 0.05 ms a stream (or `host_s`), the pass
+    `extra_s` longer than both, and 0.05 ms of the server's own work before the next pass;
+    `timed`: the forward timed apart (forward_s), else NaN (schema minor 2)."""
+    rows, streams = (np.array(c, float) for c in zip(*SIZES))
+    host = 0.0001 + 0.00001 * rows + 0.00005 * streams if host_s is None else np.full(len(rows), host_s)
+    duration = _forward_s(rows) + host + extra_s
+    start = np.r_[0.0, np.cumsum(duration + 0.00005)[:-1]]
+    steps = pd.DataFrame(
+        {
+            "request_id": 0,
+            "step_index": range(len(rows)),
+            "batch_index": -1,
+            "query_tokens": rows.astype(int),
+            "attention_kv_tokens": (10 * rows).astype(int),
+            "active_streams": streams.astype(int),
+            "start_s": start,
+            "duration_s": duration,
+            "host_s": host,
+            "forward_s": _forward_s(rows) if timed else np.nan,
+        }
+    )
+    meta = {"device": {"type": device}, **({"rows_sweep": {"passes": sweep}} if sweep else {})}
+    requests = pd.DataFrame({"request_id": [0], "queue_s": [queue_s]})
+    return type("T", (), {"steps": steps, "meta": meta, "requests": requests, "path": "cal"})()
+
+
+def test_calibration_on_timed_passes_splits_forward_host_and_the_servers_own_work():
+    """Timed passes: the forward as timed (not the pass less its host work: the pass holds 0.2 ms
+    more, kills C18); the host terms per request, row and stream on their own counts (kills C19,
+    rows taken for streams); the server's own work per pass the 0.2 ms + 0.05 ms left (kills
+    C24, the line over gaps between passes); admission the queue less that (0.3 ms)."""
+    from simulator.measured_forward import LineForward
+
+    cost = calibrate_batch1(_calibration_trace(), HW, MODEL, rows_sweep=False)
+    assert isinstance(cost.forward, LineForward)
+    q = np.array([1.0, 4.0, 16.0])
+    assert np.allclose(cost.forward_s(q, 10 * q, 1), _forward_s(q), rtol=1e-3)
+    terms = (cost.per_request_s, cost.per_row_s, cost.per_stream_s)
+    assert np.allclose(terms, (0.0001, 0.00001, 0.00005), rtol=1e-6, atol=1e-12)
+    assert cost.per_pass_s == pytest.approx(0.00025) and cost.admission_s == pytest.approx(0.0003)
+
+
+def test_calibration_on_untimed_passes_keeps_at_least_half_of_each_pass_as_forward():
+    """Passes without a timed forward and 3 ms of host work each: the forward is the pass less its
+    host work but at least half the pass, (forward + 3 ms) / 2 here (kills C17, the floor
+    dropped); no admission where the forward was not timed (kills C25)."""
+    from simulator.measured_forward import LineForward
+
+    cost = calibrate_batch1(_calibration_trace(timed=False, host_s=0.003, extra_s=0.0), HW, MODEL, rows_sweep=False)
+    assert isinstance(cost.forward, LineForward) and cost.admission_s == 0.0
+    q = np.array([1.0, 4.0, 16.0])
+    assert np.allclose(cost.forward_s(q, 10 * q, 1), (_forward_s(q) + 0.003) / 2, rtol=1e-3)
+
+
+def _sweep(row_counts):
+    return [
+        {"rows": r, "keys": r * span, "duration_s": float(_forward_s(r)) + 1e-7 * r * span}
+        for r in row_counts
+        for span in (64, 256, 1024)
+    ]
+
+
+def test_the_forward_fit_auto_takes_a_sweep_of_two_row_counts_on_a_cpu_trace_only():
+    """auto: on a CPU trace, the sweep where it has >= 2 row counts (carried by the trace's own
+    passes, kills C23), else a line (kills C22: one row count); a GPU trace validated on a CPU part
+    gets the roofline (kills C21: the trace's device left unchecked)."""
+    from simulator.measured_forward import LineForward, SweepForward
+
+    swept = calibrate_batch1(_calibration_trace(sweep=_sweep([1, 4, 16])), HW, MODEL)
+    assert isinstance(swept.forward, SweepForward) and "carried by 10 own passes" in swept.source
+    one = calibrate_batch1(_calibration_trace(sweep=_sweep([4])), HW, MODEL)
+    assert isinstance(one.forward, LineForward)
+    gpu = calibrate_batch1(_calibration_trace(device="cuda"), HW, MODEL, rows_sweep=False)
+    assert isinstance(gpu.forward, CostModel)
