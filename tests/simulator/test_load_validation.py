@@ -718,3 +718,19 @@ def test_the_forward_fit_auto_takes_a_sweep_of_two_row_counts_on_a_cpu_trace_onl
     assert isinstance(one.forward, LineForward)
     gpu = calibrate_batch1(_calibration_trace(device="cuda"), HW, MODEL, rows_sweep=False)
     assert isinstance(gpu.forward, CostModel)
+
+
+def test_the_line_forward_is_fitted_on_each_pass_size_once():
+    """30 more 1-row passes, 14 of them held to 4 ms by another process (under half: the size's
+    median is the true forward): the line is still the forward, where a fit over every pass is
+    pulled by them (kills C20, the passes fitted instead of the sizes' medians)."""
+    from simulator.measured_forward import LineForward
+
+    trace = _calibration_trace()
+    more = trace.steps[trace.steps["query_tokens"] == 1].iloc[[0] * 30].copy()
+    more["forward_s"] = np.where(np.arange(30) < 14, 0.004, more["forward_s"])
+    trace.steps = pd.concat([trace.steps, more], ignore_index=True).assign(step_index=lambda s: range(len(s)))
+    cost = calibrate_batch1(trace, HW, MODEL, rows_sweep=False)
+    q = np.array([1.0, 4.0, 16.0])
+    assert isinstance(cost.forward, LineForward)
+    assert np.allclose(cost.forward_s(q, 10 * q, 1), _forward_s(q), rtol=1e-4)
