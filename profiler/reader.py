@@ -188,7 +188,7 @@ def read_table(
         copied = [v[1] for f, v in MINOR_COLUMNS.get(name, []) if f.name in want and isinstance(v, tuple)]
         read = [c for c in dict.fromkeys(want + copied) if c in present]
         table = pq.read_table(file, columns=read, filters=filters)
-    except (pa.ArrowException, OSError) as e:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:  # a column name not UTF-8: was a traceback
         raise TraceError(f"{file}: unreadable Parquet ({str(e).splitlines()[0]})") from None
     table = fill_defaults(name, table, want)  # columns of later minor revisions
     missing = [c for c in want if c not in table.column_names]

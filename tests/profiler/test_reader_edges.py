@@ -176,3 +176,14 @@ def test_an_empty_trace_path_is_not_the_current_directory(path, tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     with pytest.raises(TraceError, match="the trace path is empty"):
         read_trace(path)
+
+
+def test_a_column_name_that_is_not_utf8_is_one_trace_error(t, capsys):
+    """Was: pyarrow's UnicodeDecodeError out of the Parquet footer, `solm inspect` exit 1 (a bug)."""
+    f = t / "requests.parquet"
+    f.write_bytes(f.read_bytes().replace(b"peak_kv_bytes", b"\xffeak_kv_bytes"))
+    with pytest.raises(TraceError, match="requests.parquet: unreadable Parquet \\('utf-8' codec can't decode"):
+        read_trace(t)
+    assert main(["inspect", str(t)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("solm inspect: error: ") and err.count("\n") == 1, err
