@@ -187,3 +187,25 @@ def test_a_column_name_that_is_not_utf8_is_one_trace_error(t, capsys):
     assert main(["inspect", str(t)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("solm inspect: error: ") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("zeroed", ["footer", "pages"])
+def test_a_parquet_file_zeroed_in_part_is_one_line(t, zeroed, capsys):
+    """Zeroed bytes make pyarrow raise an OSError of several lines ("Couldn't deserialize thrift:
+    TProtocolException: Invalid data\\nDeserializing page header failed.\\n"): one TraceError of
+    its first line (kills R25, the whole message kept; R43, OSError not caught)."""
+    f = t / "steps.parquet"
+    b = f.read_bytes()
+    footer = len(b) - 8 - int.from_bytes(b[-8:-4], "little")  # the footer's length, then PAR1
+    b = (
+        b[:footer] + bytes(len(b) - 8 - footer) + b[-8:]
+        if zeroed == "footer"
+        else b[:4] + bytes(footer - 4) + b[footer:]
+    )
+    f.write_bytes(b)
+    with pytest.raises(TraceError, match="steps.parquet: unreadable Parquet \\(Couldn't deserialize thrift") as e:
+        read_trace(t)
+    assert "\n" not in str(e.value)
+    assert main(["inspect", str(t)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("solm inspect: error: ") and err.count("\n") == 1, err
