@@ -210,3 +210,13 @@ def test_a_parquet_file_zeroed_in_part_is_one_line(t, zeroed, capsys):
     assert main(["inspect", str(t)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("solm inspect: error: ") and err.count("\n") == 1, err
+
+
+def test_a_trace_marked_complete_without_its_tables_reads_its_committed_parts(tmp_path):
+    """meta.json says complete but requests.parquet is not there (yet): the committed parts are
+    the trace (kills R36, the tables' presence left unchecked: "missing requests.parquet")."""
+    w = _unfinished(tmp_path, [0, 1])
+    meta = json.loads((w.dir / "meta.json").read_text())
+    (w.dir / "meta.json").write_text(json.dumps({**meta, "complete": True}))
+    t = read_trace(w.dir)
+    assert not t.complete and t.requests["request_id"].tolist() == [0, 1]
