@@ -734,3 +734,16 @@ def test_the_line_forward_is_fitted_on_each_pass_size_once():
     q = np.array([1.0, 4.0, 16.0])
     assert isinstance(cost.forward, LineForward)
     assert np.allclose(cost.forward_s(q, 10 * q, 1), _forward_s(q), rtol=1e-4)
+
+
+@pytest.mark.parametrize("events", ["[{bad", "5", "[1]", '{"event": "preempted"}'])
+def test_events_that_are_no_list_of_event_objects_are_one_trace_error(events):
+    """Was: json's JSONDecodeError (or a TypeError, AttributeError) out of `solm validate
+    --calibrate-from`, exit 1, for a serving trace whose requests.events is not a list of events."""
+    from profiler.errors import TraceError
+    from simulator.load_validation import _preemptions
+
+    requests = pd.DataFrame({"request_id": [7, 9], "preemptions": [0, 0], "events": ["[]", events]})
+    trace = type("T", (), {"requests": requests, "path": "serving"})()
+    with pytest.raises(TraceError, match="serving: requests.events of request 9: not a JSON list of event objects"):
+        _preemptions(trace)
