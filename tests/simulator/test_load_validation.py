@@ -747,3 +747,13 @@ def test_events_that_are_no_list_of_event_objects_are_one_trace_error(events):
     trace = type("T", (), {"requests": requests, "path": "serving"})()
     with pytest.raises(TraceError, match="serving: requests.events of request 9: not a JSON list of event objects"):
         _preemptions(trace)
+
+
+def test_sweep_passes_are_fit_rows_of_one_stream_per_row():
+    """A rows sweep's pass of R rows is R requests' decodes: R streams (kills C38, one stream)."""
+    passes = [
+        {"rows": 4, "slots": 64, "keys": 256, "duration_s": 0.002},
+        {"rows": 16, "keys": 1024, "duration_s": 0.003},
+    ]
+    assert sweep_passes({"rows_sweep": {"passes": passes}}).tolist() == [[4, 256, 0.002, 4], [16, 1024, 0.003, 16]]
+    assert sweep_passes({}).shape == sweep_passes({"rows_sweep": {"passes": []}}).shape == (0, 4)
