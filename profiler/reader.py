@@ -121,6 +121,8 @@ def load_json_file(file: Path, max_bytes: int = MAX_META_BYTES) -> dict:
         doc = json.loads(file.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TraceError(f"{file}: not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+    except ValueError as e:  # an integer of more digits than Python converts (4300): was a traceback
+        raise TraceError(f"{file}: not valid JSON ({str(e).split(':')[0]})") from None
     except RecursionError:
         raise TraceError(f"{file}: nested too deeply") from None
     except OSError as e:
@@ -186,7 +188,7 @@ def read_table(
         copied = [v[1] for f, v in MINOR_COLUMNS.get(name, []) if f.name in want and isinstance(v, tuple)]
         read = [c for c in dict.fromkeys(want + copied) if c in present]
         table = pq.read_table(file, columns=read, filters=filters)
-    except (pa.ArrowException, OSError) as e:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:  # a column name not UTF-8: was a traceback
         raise TraceError(f"{file}: unreadable Parquet ({str(e).splitlines()[0]})") from None
     table = fill_defaults(name, table, want)  # columns of later minor revisions
     missing = [c for c in want if c not in table.column_names]

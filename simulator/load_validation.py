@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from profiler.errors import UsageError
+from profiler.errors import TraceError, UsageError
 from profiler.reader import Trace
 from profiler.validate import read_valid_trace
 from simulator.hardware import HardwareSpec, get_hardware
@@ -318,8 +318,18 @@ def _preemptions(trace: Trace) -> int:
     """Preemptions of the run: the requests' `preemptions` column (schema minor 1, what the runtime
     writes), or where that is all zero (its default) the `preempted` events a replay writes."""
     counted = int(trace.requests["preemptions"].sum()) if "preemptions" in trace.requests else 0
-    ev = trace.requests["events"] if "events" in trace.requests else []
-    return counted or int(sum(sum(e.get("event") == "preempted" for e in json.loads(x or "[]")) for x in ev))
+    if counted or "events" not in trace.requests:
+        return counted
+    n = 0
+    for i, x in enumerate(trace.requests["events"]):
+        try:
+            n += sum(e.get("event") == "preempted" for e in json.loads(x or "[]"))
+        except (ValueError, RecursionError, TypeError, AttributeError):  # was: a traceback, exit 1
+            rid = trace.requests["request_id"].iloc[i] if "request_id" in trace.requests else i
+            raise TraceError(
+                f"{trace.path}: requests.events of request {rid}: not a JSON list of event objects"
+            ) from None
+    return n
 
 
 def validate_load(

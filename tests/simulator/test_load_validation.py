@@ -216,6 +216,14 @@ def test_every_pass_size_counts_once_in_the_fit():
     assert np.isclose(sizes[0, 2], 0.002)  # one slow 1-row pass (another process took the core) is dropped
 
 
+def test_pass_sizes_of_the_same_rows_apart_in_kv_read_stay_apart():
+    """1-row decodes over 10 keys and over 1000 (two sizes: their KV reads differ more than twice),
+    and 1-row decodes over 10 and 12 (one size): kills C12, the KV read left out of a size."""
+    steps = np.array([[1, 10, 0.002, 1]] * 3 + [[1, 12, 0.002, 1]] * 2 + [[1, 1000, 0.006, 1]] * 3)
+    sizes = size_medians(steps)
+    assert sizes[np.argsort(sizes[:, 1])].tolist() == [[1, 10, 0.002, 1], [1, 1000, 0.006, 1]]
+
+
 def test_a_rows_sweep_teaches_the_fit_how_batched_passes_grow(tmp_path):
     # this machine's batched passes (what the sweep timed) run their ops 4x slower than its batch-1 passes
     # suggest; the fit with the sweep predicts such a pass far closer than the batch-1 passes alone
@@ -446,3 +454,306 @@ def test_a_simulated_trace_is_not_validated_against(tmp_path):
     for serving, calibration in ((simulated, batch1), (batch1, simulated)):
         with pytest.raises(ValueError, match="validate needs measured traces, this one is simulated"):
             validate_load([serving], calibration)
+
+
+def test_pass_time_error_is_the_mean_over_passes_of_the_forward_where_timed():
+    """Five batch-1 passes against a flat 2 ms forward: four timed apart (forward_s 1, 2, 2, 4 ms:
+    errors 100 %, 0, 0, 50 %), one not (NaN: its whole pass, 2.5 ms, 20 %). The mean is 34 %; the
+    median (20 %) or the whole passes (5 ms each, 60 %) would be another figure (kills L12)."""
+    from simulator.load_validation import _pass_time_mape
+
+    forward = [0.001, 0.002, 0.002, 0.004, np.nan]
+    steps = pd.DataFrame(
+        {
+            "request_id": 0,
+            "batch_index": -1,
+            "step_index": range(5),
+            "start_s": [0.01 * i for i in range(5)],
+            "duration_s": [0.005] * 4 + [0.0025],
+            "forward_s": forward,
+            "host_s": 0.0001,
+            "query_tokens": [4, 1, 1, 1, 1],
+            "attention_kv_tokens": [4, 5, 6, 7, 8],
+            "active_streams": 1,
+        }
+    )
+    trace = type("T", (), {"steps": steps})()
+    passes, mape = _pass_time_mape(trace, HostCost(_FlatForward(), 0.0, 0.0))
+    assert passes.shape == (5, len(PASS_COLUMNS))
+    assert mape == pytest.approx((100 + 0 + 0 + 50 + 20) / 5)
+
+
+def test_errored_requests_stay_out_of_the_measured_figures(tmp_path):
+    """A serving run whose request 3 failed (the KV pool) after waiting 50 times the longest E2E:
+    the measured latencies, throughputs and goodput count the other requests only, computed here
+    from the requests table itself (kills L21: errored requests' times leaking into the figures)."""
+    from simulator.load_validation import validate_one
+
+    out = serving_trace(tmp_path / "s", "seq", rate=50.0, n=8)
+    df = pd.read_parquet(out / "requests.parquet")
+    late = 50 * df["e2e_s"].max()
+    df.loc[3, ["status", "stop_reason", "error", "ttft_s", "e2e_s"]] = [
+        "error",
+        "kv_pool",
+        "request 3: no room",
+        late,
+        late,
+    ]
+    df.to_parquet(out / "requests.parquet", index=False)
+    good = df[df["status"] != "error"]
+    assert len(good) == 7
+    duration = (good["arrival_s"] + good["e2e_s"]).max() - df["arrival_s"].min()
+    # a TPOT SLO every request meets; the failed one too (no TPOT: it reads as 0), were it counted
+    lv = validate_one(read_trace(out), HostCost(TRUTH, 0.0, 0.0), HW, MODEL, slo_tpot_ms=1e6)
+    m = lv["measured"]
+    assert m["e2e_p50_ms"] == pytest.approx(np.median(good["e2e_s"]) * 1e3)
+    assert m["e2e_p99_ms"] == pytest.approx(np.percentile(good["e2e_s"], 99) * 1e3)
+    assert m["ttft_p99_ms"] == pytest.approx(np.percentile(good["ttft_s"], 99) * 1e3)
+    assert m["output_throughput"] == pytest.approx(good["output_tokens"].sum() / duration)
+    assert m["request_throughput"] == pytest.approx(7 / duration)
+    assert m["request_goodput"] == pytest.approx(7 / duration) and m["slo_attained_percent"] == pytest.approx(87.5)
+
+
+def _gapped_steps(gap, streams_of, requests=(0, 1), n=6, apart_s=5.0) -> pd.DataFrame:
+    """Batch-1 steps: `requests` run `apart_s` apart, `n` passes each of 2 ms, pass i of `streams_of(i)`
+    streams followed by `gap(streams)` of host time before the request's next pass."""
+    rows = []
+    for k, rid in enumerate(requests):
+        t = k * apart_s
+        for i in range(n):
+            g = streams_of(i)
+            rows.append({"request_id": rid, "step_index": i, "start_s": t, "duration_s": 0.002, "active_streams": g})
+            t += 0.002 + gap(g)
+    return pd.DataFrame(rows)
+
+
+def test_host_line_takes_each_requests_own_gaps_in_step_order():
+    """1 ms + 0.5 ms per stream between a request's passes, a pass of no active stream paying for
+    one; rows stored shuffled, the requests 5 s apart: the line is still 1 ms + 0.5 ms (kills C01,
+    no sort by request and step; C02, streams not floored at 1; C03, the gap from one request's
+    last pass to the next request's first taken as host time)."""
+    steps = _gapped_steps(lambda g: 0.001 + 0.0005 * max(g, 1), lambda i: (0, 1, 2, 3, 2, 1)[i])
+    shuffled = steps.sample(frac=1.0, random_state=3).reset_index(drop=True)
+    per_pass, per_stream = host_line(type("T", (), {"steps": shuffled})())
+    assert per_pass == pytest.approx(0.001) and per_stream == pytest.approx(0.0005)
+
+
+def test_host_line_reads_overlapping_passes_as_no_host_time():
+    """Each pass starting 1 ms before the last one ended (clock skew) is no host time, not a
+    negative one (kills C04, the gaps not floored at 0)."""
+    steps = _gapped_steps(lambda g: -0.001, lambda i: 1, requests=(0,))
+    assert host_line(type("T", (), {"steps": steps})()) == (0.0, 0.0)
+
+
+def test_host_line_falls_back_to_the_median_per_stream():
+    """One stream count (no line to fit) or a line falling with the streams: all of the host time
+    is per stream, the median gap over the median count (a 100 ms stall left out); no gaps: none
+    (kills C05, a line fitted through a single x; C06, a negative slope kept; C07, means for
+    medians; C40, a slope made up for no gaps)."""
+    from simulator.load_calibration import _line
+
+    one_x = _line(np.array([2.0] * 4), np.array([0.002, 0.002, 0.002, 0.1]))
+    assert one_x == (0.0, pytest.approx(0.001))
+    falling = _line(np.array([1.0, 2.0, 3.0]), np.array([0.003, 0.002, 0.001]))
+    assert falling == (0.0, pytest.approx(0.001))
+    assert _line(np.zeros(0), np.zeros(0)) == (0.0, 0.0)
+
+
+def test_wake_factors_are_the_median_per_sleep_at_least_one_never_falling():
+    """Three shapes per slept time: medians 0.9, 1.3, 1.2 (means 0.88, 1.5, 1.17) read as 1.0,
+    1.3, 1.3 (kills C27, the mean per sleep; C28, a factor below 1 kept; C29, a factor that falls
+    with the time slept kept)."""
+    ratios = {0.01: (0.8, 0.9, 0.95), 0.05: (1.2, 1.3, 2.0), 0.1: (1.1, 1.2, 1.2)}
+    rows = [
+        {"rows": r, "slots": 64, "idle_s": idle, "busy_s": 0.002, "after_idle_s": 0.002 * f}
+        for idle, fs in ratios.items()
+        for r, f in zip((1, 8, 24), fs)
+    ]
+    idle, factor = wake_factors({"rows_sweep": {"after_idle": rows[::-1]}})
+    assert idle == (0.01, 0.05, 0.1) and factor == pytest.approx((1.0, 1.3, 1.3))
+
+
+def test_admission_is_never_negative():
+    """A queue shorter than one pass's own work is no admission work (kills C31, the floor at 0)."""
+    trace = type("T", (), {"requests": pd.DataFrame({"queue_s": [0.0001, 0.0002, 0.0001]})})()
+    assert admission_s(trace, per_pass_s=0.0005) == 0.0
+
+
+def test_pass_overhead_is_the_median_left_of_a_requests_consecutive_passes():
+    """Request 0: 5 passes 2.15 ms apart (2 ms forward, 0.1 ms host, 0.05 ms the server's own) but
+    one held 1 ms more, with two rows that computed nothing (no forward, no host time) between
+    them; requests 1-4 one pass each, 1 s apart. The server's own work is 0.05 ms (kills C32, rows
+    of no query tokens kept; C33, the host work not taken off; C34, the gap from one request to
+    the next taken as the server's work; C35, the mean for the median)."""
+    from simulator.load_calibration import pass_overhead_s
+
+    def row(rid, i, start, q=1):
+        timed = q > 0
+        return {
+            "request_id": rid,
+            "step_index": i,
+            "start_s": start,
+            "query_tokens": q,
+            "forward_s": 0.002 if timed else np.nan,
+            "host_s": 0.0001 if timed else np.nan,
+        }
+
+    starts = np.cumsum([0.0, 0.00215, 0.00215, 0.00315, 0.00215])
+    rows = [row(0, 2 * i, t) for i, t in enumerate(starts)] + [row(0, 1, 0.001, q=0), row(0, 5, 0.0044, q=0)]
+    rows += [row(rid, 0, float(rid)) for rid in (1, 2, 3, 4)]
+    trace = type("T", (), {"steps": pd.DataFrame(rows)})()
+    assert pass_overhead_s(trace) == pytest.approx(0.00005)
+
+
+def test_pass_host_s_only_where_every_pass_records_it():
+    from simulator.load_calibration import pass_host_s
+
+    assert np.allclose(pass_host_s(pd.DataFrame({"host_s": [1e-4, 2e-4]})), [1e-4, 2e-4])
+    assert pass_host_s(pd.DataFrame({"host_s": [1e-4, np.nan]})) is None  # kills C08: any() for all()
+    assert pass_host_s(pd.DataFrame({"host_s": np.zeros(0)})) is None
+
+
+def test_host_work_is_per_stream_and_per_row_each_on_its_own_count():
+    """8 rows in 2 streams: 2 x 10 ms + 8 x 1 ms of host work, and 5 ms of the server's own per pass
+    on top of the forward (kills C10, the per-pass term dropped; C11, rows and streams swapped)."""
+    cost = HostCost(LinearCost(), per_pass_s=0.005, per_stream_s=0.01, per_row_s=0.001)
+    assert cost.host_work_s(8, 2) == pytest.approx(0.028)
+    assert cost.step_time_s(8, 0, 2) == pytest.approx(LinearCost().step_time_s(8, 0, 2) + 0.005 + 0.028)
+
+
+def test_calibration_refuses_an_unknown_fit_and_too_few_passes(tmp_path):
+    """A forward fit not in FORWARD_FITS (kills C14) and a trace of 3 passes (kills C15: the
+    bound lowered) are one UsageError each, not a fit."""
+    from profiler.errors import UsageError
+
+    three = read_trace(write_toy_trace(tmp_path / "three", [seq(4, 3)], [4], timed_by=TRUTH))
+    with pytest.raises(UsageError, match="the calibration trace has 3 forward passes; need >= 4"):
+        calibrate_batch1(three, HW, MODEL)
+    four = read_trace(write_toy_trace(tmp_path / "four", [seq(4, 4)], [4], timed_by=TRUTH))
+    with pytest.raises(UsageError, match="forward fit 'guess': choose one of auto, sweep, line, roofline"):
+        calibrate_batch1(four, HW, MODEL, forward_fit="guess")
+    assert calibrate_batch1(four, HW, MODEL).per_pass_s >= 0
+
+
+SIZES = [(8, 1), (1, 1), (2, 2), (3, 3), (3, 1), (4, 2), (1, 1), (1, 1), (16, 1), (2, 1)]  # (rows, streams) per pass
+
+
+def _forward_s(rows):
+    return 0.001 + 0.0001 * np.asarray(rows, float)  # 1 ms + 0.1 ms a row
+
+
+def _calibration_trace(timed=True, host_s=None, extra_s=0.0002, device="cpu", sweep=None, queue_s=0.00055):
+    """A batch-1 calibration, one request's passes of SIZES, KV read 10 keys a row: forward
+    `_forward_s`, host work 0.1 ms + 0.01 ms a row + 0.05 ms a stream (or `host_s`), the pass
+    `extra_s` longer than both, and 0.05 ms of the server's own work before the next pass;
+    `timed`: the forward timed apart (forward_s), else NaN (schema minor 2)."""
+    rows, streams = (np.array(c, float) for c in zip(*SIZES))
+    host = 0.0001 + 0.00001 * rows + 0.00005 * streams if host_s is None else np.full(len(rows), host_s)
+    duration = _forward_s(rows) + host + extra_s
+    start = np.r_[0.0, np.cumsum(duration + 0.00005)[:-1]]
+    steps = pd.DataFrame(
+        {
+            "request_id": 0,
+            "step_index": range(len(rows)),
+            "batch_index": -1,
+            "query_tokens": rows.astype(int),
+            "attention_kv_tokens": (10 * rows).astype(int),
+            "active_streams": streams.astype(int),
+            "start_s": start,
+            "duration_s": duration,
+            "host_s": host,
+            "forward_s": _forward_s(rows) if timed else np.nan,
+        }
+    )
+    meta = {"device": {"type": device}, **({"rows_sweep": {"passes": sweep}} if sweep else {})}
+    requests = pd.DataFrame({"request_id": [0], "queue_s": [queue_s]})
+    return type("T", (), {"steps": steps, "meta": meta, "requests": requests, "path": "cal"})()
+
+
+def test_calibration_on_timed_passes_splits_forward_host_and_the_servers_own_work():
+    """Timed passes: the forward as timed (not the pass less its host work: the pass holds 0.2 ms
+    more, kills C18); the host terms per request, row and stream on their own counts (kills C19,
+    rows taken for streams); the server's own work per pass the 0.2 ms + 0.05 ms left (kills
+    C24, the line over gaps between passes); admission the queue less that (0.3 ms)."""
+    from simulator.measured_forward import LineForward
+
+    cost = calibrate_batch1(_calibration_trace(), HW, MODEL, rows_sweep=False)
+    assert isinstance(cost.forward, LineForward)
+    q = np.array([1.0, 4.0, 16.0])
+    assert np.allclose(cost.forward_s(q, 10 * q, 1), _forward_s(q), rtol=1e-3)
+    terms = (cost.per_request_s, cost.per_row_s, cost.per_stream_s)
+    assert np.allclose(terms, (0.0001, 0.00001, 0.00005), rtol=1e-6, atol=1e-12)
+    assert cost.per_pass_s == pytest.approx(0.00025) and cost.admission_s == pytest.approx(0.0003)
+
+
+def test_calibration_on_untimed_passes_keeps_at_least_half_of_each_pass_as_forward():
+    """Passes without a timed forward and 3 ms of host work each: the forward is the pass less its
+    host work but at least half the pass, (forward + 3 ms) / 2 here (kills C17, the floor
+    dropped); no admission where the forward was not timed (kills C25)."""
+    from simulator.measured_forward import LineForward
+
+    cost = calibrate_batch1(_calibration_trace(timed=False, host_s=0.003, extra_s=0.0), HW, MODEL, rows_sweep=False)
+    assert isinstance(cost.forward, LineForward) and cost.admission_s == 0.0
+    q = np.array([1.0, 4.0, 16.0])
+    assert np.allclose(cost.forward_s(q, 10 * q, 1), (_forward_s(q) + 0.003) / 2, rtol=1e-3)
+
+
+def _sweep(row_counts):
+    return [
+        {"rows": r, "keys": r * span, "duration_s": float(_forward_s(r)) + 1e-7 * r * span}
+        for r in row_counts
+        for span in (64, 256, 1024)
+    ]
+
+
+def test_the_forward_fit_auto_takes_a_sweep_of_two_row_counts_on_a_cpu_trace_only():
+    """auto: on a CPU trace, the sweep where it has >= 2 row counts (carried by the trace's own
+    passes, kills C23), else a line (kills C22: one row count); a GPU trace validated on a CPU part
+    gets the roofline (kills C21: the trace's device left unchecked)."""
+    from simulator.measured_forward import LineForward, SweepForward
+
+    swept = calibrate_batch1(_calibration_trace(sweep=_sweep([1, 4, 16])), HW, MODEL)
+    assert isinstance(swept.forward, SweepForward) and "carried by 10 own passes" in swept.source
+    one = calibrate_batch1(_calibration_trace(sweep=_sweep([4])), HW, MODEL)
+    assert isinstance(one.forward, LineForward)
+    gpu = calibrate_batch1(_calibration_trace(device="cuda"), HW, MODEL, rows_sweep=False)
+    assert isinstance(gpu.forward, CostModel)
+
+
+def test_the_line_forward_is_fitted_on_each_pass_size_once():
+    """30 more 1-row passes, 14 of them held to 4 ms by another process (under half: the size's
+    median is the true forward): the line is still the forward, where a fit over every pass is
+    pulled by them (kills C20, the passes fitted instead of the sizes' medians)."""
+    from simulator.measured_forward import LineForward
+
+    trace = _calibration_trace()
+    more = trace.steps[trace.steps["query_tokens"] == 1].iloc[[0] * 30].copy()
+    more["forward_s"] = np.where(np.arange(30) < 14, 0.004, more["forward_s"])
+    trace.steps = pd.concat([trace.steps, more], ignore_index=True).assign(step_index=lambda s: range(len(s)))
+    cost = calibrate_batch1(trace, HW, MODEL, rows_sweep=False)
+    q = np.array([1.0, 4.0, 16.0])
+    assert isinstance(cost.forward, LineForward)
+    assert np.allclose(cost.forward_s(q, 10 * q, 1), _forward_s(q), rtol=1e-4)
+
+
+@pytest.mark.parametrize("events", ["[{bad", "5", "[1]", '{"event": "preempted"}'])
+def test_events_that_are_no_list_of_event_objects_are_one_trace_error(events):
+    """Was: json's JSONDecodeError (or a TypeError, AttributeError) out of `solm validate
+    --calibrate-from`, exit 1, for a serving trace whose requests.events is not a list of events."""
+    from profiler.errors import TraceError
+    from simulator.load_validation import _preemptions
+
+    requests = pd.DataFrame({"request_id": [7, 9], "preemptions": [0, 0], "events": ["[]", events]})
+    trace = type("T", (), {"requests": requests, "path": "serving"})()
+    with pytest.raises(TraceError, match="serving: requests.events of request 9: not a JSON list of event objects"):
+        _preemptions(trace)
+
+
+def test_sweep_passes_are_fit_rows_of_one_stream_per_row():
+    """A rows sweep's pass of R rows is R requests' decodes: R streams (kills C38, one stream)."""
+    passes = [
+        {"rows": 4, "slots": 64, "keys": 256, "duration_s": 0.002},
+        {"rows": 16, "keys": 1024, "duration_s": 0.003},
+    ]
+    assert sweep_passes({"rows_sweep": {"passes": passes}}).tolist() == [[4, 256, 0.002, 4], [16, 1024, 0.003, 16]]
+    assert sweep_passes({}).shape == sweep_passes({"rows_sweep": {"passes": []}}).shape == (0, 4)
