@@ -275,6 +275,8 @@ def read_trace(path: str | Path, tokens: bool = True, steps_columns: Sequence[st
         graphs = _read_json(p / "graph.json")
     elif (p / PARTS).is_dir():
         tables, graphs = read_parts(p)
+    elif meta.get("complete", True):  # was: "trace is incomplete", of a trace whose meta says it is not
+        raise TraceError(f"{p}: missing requests.parquet (meta.json says the trace is complete) and no committed parts")
     else:
         raise TraceError(f"{p}: trace is incomplete and has no committed parts")
     try:

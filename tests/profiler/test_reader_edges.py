@@ -175,6 +175,12 @@ def test_an_unfinished_trace_without_parts_is_one_trace_error(t):
         read_trace(t)
 
 
+def test_a_complete_trace_without_its_tables_or_parts_names_the_missing_table(t):
+    (t / "requests.parquet").unlink()
+    with pytest.raises(TraceError, match=r"missing requests.parquet \(meta.json says the trace is complete\)"):
+        read_trace(t)
+
+
 @pytest.mark.parametrize("path", ["", "  "])
 def test_an_empty_trace_path_is_not_the_current_directory(path, tmp_path, monkeypatch):
     shutil.copytree(SHIPPED, tmp_path, dirs_exist_ok=True)  # '.' would read as a trace
