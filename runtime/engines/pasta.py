@@ -236,17 +236,13 @@ class Layout:
     # ------------------------------------------------------------------ feeding
     def feed_ready(self) -> list[int]:
         """Feed every ready stream's pending tokens: main first, then threads by id (a thread forked
-        by a promise fed in this very call starts in it too). Returns the new fed indices."""
+        by a promise fed in this very call starts in it too: threads are made when their promise is
+        sampled, before any feeding, and have higher ids). Returns the new fed indices."""
         new: list[int] = []
-        order, k = list(self.streams), 0  # ids increase with insertion: dict order is id order
-        while k < len(order):
-            s = self.streams[order[k]]
+        for s in list(self.streams.values()):  # ids increase with insertion: dict order is id order
             if s.pending and s.started and not (s.waiting and self.live):
                 new.extend(self._feed_one(s, out) for out in s.pending)
                 s.pending, s.waiting, s.last_row = [], False, new[-1]
-            k += 1
-            if k == len(order) and len(self.streams) > k:
-                order = list(self.streams)
         return new
 
     def _feed_one(self, s: StreamState, out: Out) -> int:
