@@ -272,7 +272,28 @@ def read_calibration(path: str | Path) -> tuple[str, GemmParams]:
         params = GemmParams.from_json(raw)
     except ValueError as error:
         raise UsageError(f"GEMM calibration {path}: {error}") from None
+    _check_fit_bounds(path, params)
     return str(data.get("hardware", "")), params
+
+
+def _check_fit_bounds(path: Path, params: GemmParams) -> None:
+    """A parameter outside the box `solm calibrate` fits in (widened to hold GemmParams' defaults:
+    choice_q 0, the fastest kernel) was not written by it. Inside GemmParams' own ranges but far out
+    (tensor_eff 5e-324, fill_iters or launch_overheads 1e308) the tile model's times came out NaN or
+    1e307 ms, printed with exit 0."""
+    from simulator.gemm_fit import _LOWER, _UPPER, FIT_FIELDS
+
+    default = GemmParams()
+    for name, fit_low, fit_high in zip(FIT_FIELDS, _LOWER, _UPPER, strict=True):
+        low = min(float(fit_low), float(getattr(default, name)))
+        high = max(float(fit_high), float(getattr(default, name)))
+        value = float(getattr(params, name))
+        slack = 1e-9 * max(1.0, abs(high))
+        if not low - slack <= value <= high + slack:
+            raise UsageError(
+                f"GEMM calibration {path}: params.{name} is {value:g}, outside {low:g}..{high:g}, "
+                f"the range `solm calibrate` fits it in"
+            )
 
 
 def gemm_fit_of(params: GemmParams) -> tuple[tuple[str, float], ...]:

@@ -409,3 +409,44 @@ def test_a_calibration_with_a_field_too_many_is_refused(tmp_path):
     )
     with pytest.raises(ValueError, match="params must name exactly"):
         read_calibration(cal)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("tensor_eff", 5e-324), ("memory_eff", 5e-324), ("feed_bytes_per_clock", 5e-324), ("fill_iters", 1e308)]
+    + [("launch_overheads", 1e308), ("overlap_p", 1e308), ("choice_q", 1e308)],
+)
+def test_a_calibration_param_far_outside_the_fitted_range_is_refused(tmp_path, capsys, field, value):
+    """Within GemmParams' own ranges but far outside what `solm calibrate` fits: were exit 0 with the
+    step times "nan" (or 5e307 ms) in `solm cost` and NaN latencies in `solm simulate`."""
+    cal = tmp_path / "cal.json"
+    params = {**GemmParams().to_json(), field: value}
+    cal.write_text(
+        json.dumps({"format": "solm-gemm-calibration", "version": 1, "hardware": "h100-sxm", "params": params})
+    )
+    for command in (
+        ["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--gemm-calibration", str(cal), "--json"],
+        ["simulate", str(ROOT / "traces" / "sequential-reverse_words"), "--hardware", "h100-sxm"]
+        + ["--gemm-calibration", str(cal), "--json"],
+    ):
+        code = main(command)
+        captured = capsys.readouterr()
+        err = captured.err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and err[0].startswith(f"solm {command[0]}: error:"), (code, err)
+        assert f"params.{field} is" in err[0] and not captured.out
+
+
+def test_a_calibration_at_the_defaults_or_the_fit_bounds_is_read(tmp_path):
+    """GemmParams' defaults (choice_q 0) and the fitter's own bounds are a calibration's values."""
+    from simulator.gemm_fit import _LOWER, _UPPER, FIT_FIELDS
+
+    for params in (
+        GemmParams().to_json(),
+        dict(zip(FIT_FIELDS, _LOWER.tolist())),
+        dict(zip(FIT_FIELDS, _UPPER.tolist())),
+    ):
+        cal = tmp_path / "cal.json"
+        cal.write_text(
+            json.dumps({"format": "solm-gemm-calibration", "version": 1, "hardware": "h100-sxm", "params": params})
+        )
+        assert read_calibration(cal)[1] == GemmParams(**params)
