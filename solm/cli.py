@@ -27,6 +27,7 @@ from solm.commands import COMMANDS
 
 EXIT_USAGE = 2  # bad input: the user can fix it
 EXIT_BUG = 1  # anything else: a bug in solm
+MAX_ERROR_CHARS = 300  # argparse's own error lines are cut here (they quote the value given whole)
 PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
 # plain OSErrors that name a path the system refuses as given (a name over NAME_MAX, a symlink loop,
 # a read-only file system) or has no room for (a full disk or quota, stdout on /dev/full): the
@@ -42,7 +43,10 @@ class OneLineParser(argparse.ArgumentParser):
     commands: dict[str, argparse.ArgumentParser]  # the top-level parser's: each command's own, by name
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+        line = one_line(message)  # a value of 5,000 digits is echoed in `invalid int value: '...'`
+        if len(line) > MAX_ERROR_CHARS:
+            line = f"{line[:MAX_ERROR_CHARS]}... ({len(line)} characters)"
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
 
 
 class _Version(argparse.Action):

@@ -115,3 +115,15 @@ def test_train_lambda_where_no_reward_reads_it(flags, needle, home, capsys, monk
     monkeypatch.setattr(runtime.train.sft, "train", lambda *a, **kw: pytest.fail("trained before refusing"))
     refused(["train", *flags, "--lambda", "5", "--out", "o"], home, capsys, needle)
     assert not (home / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        # was: the whole value echoed, an error line of 5,000 characters
+        (["simulate", "t", "--hardware", "a100-80g", "--max-seqs", "9" * 5000], "... (5042 characters) (see solm"),
+        (["cost", "--model", "llama-3-8b", "--hardware", "a100-80g", "--tokens", "9" * 5000], "... (5002 characters)"),
+    ],
+)
+def test_a_value_of_thousands_of_digits_is_not_echoed_whole(argv, needle, home, capsys):
+    assert len(refused(argv, home, capsys, needle)) < 400

@@ -52,7 +52,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from profiler.errors import UsageError
+from profiler.errors import UsageError, quoted
 from simulator.cost import LAYER_OPS, CostModel
 from simulator.hardware import HARDWARE, get_hardware
 from simulator.models import MODELS, get_model
@@ -150,11 +150,11 @@ def _check_at_most(value: int, flag: str, maximum: int | None, why: str = CONTEX
 def _parse_tokens(text: str) -> list[int]:
     parts = [part for part in str(text).split(",") if part.strip()]
     if not parts:
-        raise UsageError(f"--tokens must be comma-separated positive integers, got {text!r}")
+        raise UsageError(f"--tokens must be comma-separated positive integers, got {quoted(text)}")
     try:
         tokens = [_int(part, "--tokens", 1) for part in parts]
     except UsageError:
-        raise UsageError(f"--tokens must be comma-separated positive integers, got {text!r}") from None
+        raise UsageError(f"--tokens must be comma-separated positive integers, got {quoted(text)}") from None
     check_listed_once(tokens, "--tokens", text)
     for n in tokens:  # after the parse: its own message, not the malformed list's
         _check_at_most(n, "--tokens", MAX_CONTEXT_TOKENS)
