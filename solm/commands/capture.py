@@ -116,6 +116,8 @@ def parse_knobs(items: list[str]) -> dict:
             knobs[key] = value
         except RecursionError:  # was: exit 1
             raise UsageError(f"--knob {key}: value nested too deeply") from None
+        except UsageError:  # NaN or Infinity (_no_constant), a ValueError too
+            raise
         except ValueError:  # an integer of more digits than Python converts (was: exit 1)
             raise UsageError(f"--knob {key}: an integer of more than {sys.get_int_max_str_digits()} digits") from None
     return knobs
