@@ -69,8 +69,40 @@ def problems(trace: Trace) -> list[str]:
             out.append(f"request {rid}: quality_score {q} outside 0..1")
         if r.status == "ok" and not (r.ttft_s <= r.e2e_s + 1e-9):
             out.append(f"request {rid}: ttft_s > e2e_s")
+    out += count_problems(req)
     out += timing_problems(trace)
     out += list(graphs_problems(trace))
+    return out
+
+
+# per-request counts no writer leaves negative (was: `solm inspect` printed "peak KV ... -5 bytes"
+# and `solm diff` a -24166x ratio of it, both exit 0, from a requests table with a negative count)
+REQUEST_COUNTS = (
+    "prompt_tokens",
+    "output_tokens",
+    "steps",
+    "critical_path_tokens",
+    "peak_live_kv_tokens",
+    "peak_kv_bytes",
+    "preemptions",
+    "recompute_tokens",
+)
+
+
+def count_problems(req) -> list[str]:
+    """Request counts must be >= 0; theoretical_speedup (output tokens / critical path) finite and
+    >= 0, or NaN (was: a negative one made inspect's geomean "n/ax" and diff's ratio negative)."""
+    out = []
+    for col in REQUEST_COUNTS:
+        bad = req[col].to_numpy() < 0
+        if bad.any():
+            out.append(f"requests: negative {col} for requests {req.loc[bad, 'request_id'].tolist()[:5]}")
+    speedup = req["theoretical_speedup"].to_numpy(float)
+    bad = np.isinf(speedup) | (speedup < 0)
+    if bad.any():
+        out.append(
+            f"requests: theoretical_speedup infinite or negative for requests {req.loc[bad, 'request_id'].tolist()[:5]}"
+        )
     return out
 
 
