@@ -4,6 +4,7 @@ cross-table facts every trace must satisfy. Returns a list of problems; empty me
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,9 @@ import numpy as np
 
 from profiler.reader import Trace, TraceError, read_trace
 from profiler.schema import PHASES, STATUSES, TOKEN_KINDS, chunk_rows
+
+# steps.streams: the stream ids with a query row, comma-separated (none for a row without one)
+_STREAMS = re.compile(r"(\s*-?\d{1,18}\s*(,\s*-?\d{1,18}\s*)*)?")
 
 
 def problems(trace: Trace) -> list[str]:
@@ -31,6 +35,11 @@ def problems(trace: Trace) -> list[str]:
     bad_status = set(req["status"]) - set(STATUSES)
     if bad_status:  # was: read as finished requests (only "error" is told apart)
         out.append(f"requests: unknown statuses {sorted(bad_status)}")
+    bad_streams = [v for v in steps["streams"].unique() if not _STREAMS.fullmatch(v)]
+    if bad_streams:  # was: `solm export` exit 1 (int() of the text), the dashboard's timeline too
+        out.append(
+            f"steps: streams must be comma-separated stream ids, got {', '.join(map(repr, bad_streams[:3]))}"[:300]
+        )
     bad_kind = set(toks["kind"]) - set(TOKEN_KINDS)
     if bad_kind:
         out.append(f"tokens: unknown kinds {sorted(bad_kind)}")
@@ -203,6 +212,8 @@ def graph_problems(g: dict) -> list[str]:
             out.append(f"link {src!r} -> {dst!r} names a missing node")
         else:
             edges.append((src, dst))
+    if g.get("directed") is not True:  # was: read undirected by networkx, `solm diff --html` exit 1
+        out.append("not a directed graph (node-link 'directed' must be true)")
     if edges and has_cycle(known, edges):
         out.append("the dependence graph has a cycle")
     return out

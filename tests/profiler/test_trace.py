@@ -230,6 +230,10 @@ VALIDATOR_DAMAGE = {  # one problem each, the validator's words for it
     "requests: theoretical_speedup infinite or negative for requests [1]": lambda t: setattr(
         t, "requests", _set(t.requests, 1, "theoretical_speedup", float("inf"))
     ),
+    "steps: streams must be comma-separated stream ids, got 'x'": lambda t: setattr(
+        t, "steps", _set(t.steps, 0, "streams", "x")
+    ),
+    "graph 0: not a directed graph": lambda t: t.graphs[0].update(directed=False),
     "counters: t_s infinite, negative or NaN": lambda t: setattr(t, "counters", pd.DataFrame({"t_s": [float("nan")]})),
 }
 
