@@ -195,11 +195,18 @@ def read_table(
     if missing:
         raise TraceError(f"{file}: missing columns {', '.join(missing)}")
     try:
-        return table.select(want).cast(pa.schema([expected.field(c) for c in want]))
+        table = table.select(want).cast(pa.schema([expected.field(c) for c in want]))
     except (pa.ArrowException, ValueError) as e:
         raise TraceError(
             f"{file}: column types do not match schema v{SCHEMA_VERSION} ({str(e).splitlines()[0]})"
         ) from None
+    # a null reads as NaN in an integer column (a float then) and as None in a string one: was
+    # `solm inspect`'s internal error (int of NaN) on a requests table with a null peak_kv_bytes;
+    # no writer leaves one, and a float column's NaN (quality_score) is a value, not a null
+    nulls = [c for c in want if not pa.types.is_floating(table.schema.field(c).type) and table[c].null_count]
+    if nulls:
+        raise TraceError(f"{file}: missing (null) values in column {', '.join(nulls)}")
+    return table
 
 
 def _frame(table: pa.Table) -> pd.DataFrame:

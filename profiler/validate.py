@@ -4,6 +4,7 @@ cross-table facts every trace must satisfy. Returns a list of problems; empty me
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,9 @@ import numpy as np
 
 from profiler.reader import Trace, TraceError, read_trace
 from profiler.schema import PHASES, STATUSES, TOKEN_KINDS, chunk_rows
+
+# steps.streams: the stream ids with a query row, comma-separated (none for a row without one)
+_STREAMS = re.compile(r"(\s*-?\d{1,18}\s*(,\s*-?\d{1,18}\s*)*)?")
 
 
 def problems(trace: Trace) -> list[str]:
@@ -31,6 +35,11 @@ def problems(trace: Trace) -> list[str]:
     bad_status = set(req["status"]) - set(STATUSES)
     if bad_status:  # was: read as finished requests (only "error" is told apart)
         out.append(f"requests: unknown statuses {sorted(bad_status)}")
+    bad_streams = [v for v in steps["streams"].unique() if not _STREAMS.fullmatch(v)]
+    if bad_streams:  # was: `solm export` exit 1 (int() of the text), the dashboard's timeline too
+        out.append(
+            f"steps: streams must be comma-separated stream ids, got {', '.join(map(repr, bad_streams[:3]))}"[:300]
+        )
     bad_kind = set(toks["kind"]) - set(TOKEN_KINDS)
     if bad_kind:
         out.append(f"tokens: unknown kinds {sorted(bad_kind)}")
@@ -69,8 +78,40 @@ def problems(trace: Trace) -> list[str]:
             out.append(f"request {rid}: quality_score {q} outside 0..1")
         if r.status == "ok" and not (r.ttft_s <= r.e2e_s + 1e-9):
             out.append(f"request {rid}: ttft_s > e2e_s")
+    out += count_problems(req)
     out += timing_problems(trace)
     out += list(graphs_problems(trace))
+    return out
+
+
+# per-request counts no writer leaves negative (was: `solm inspect` printed "peak KV ... -5 bytes"
+# and `solm diff` a -24166x ratio of it, both exit 0, from a requests table with a negative count)
+REQUEST_COUNTS = (
+    "prompt_tokens",
+    "output_tokens",
+    "steps",
+    "critical_path_tokens",
+    "peak_live_kv_tokens",
+    "peak_kv_bytes",
+    "preemptions",
+    "recompute_tokens",
+)
+
+
+def count_problems(req) -> list[str]:
+    """Request counts must be >= 0; theoretical_speedup (output tokens / critical path) finite and
+    >= 0, or NaN (was: a negative one made inspect's geomean "n/ax" and diff's ratio negative)."""
+    out = []
+    for col in REQUEST_COUNTS:
+        bad = req[col].to_numpy() < 0
+        if bad.any():
+            out.append(f"requests: negative {col} for requests {req.loc[bad, 'request_id'].tolist()[:5]}")
+    speedup = req["theoretical_speedup"].to_numpy(float)
+    bad = np.isinf(speedup) | (speedup < 0)
+    if bad.any():
+        out.append(
+            f"requests: theoretical_speedup infinite or negative for requests {req.loc[bad, 'request_id'].tolist()[:5]}"
+        )
     return out
 
 
@@ -171,6 +212,8 @@ def graph_problems(g: dict) -> list[str]:
             out.append(f"link {src!r} -> {dst!r} names a missing node")
         else:
             edges.append((src, dst))
+    if g.get("directed") is not True:  # was: read undirected by networkx, `solm diff --html` exit 1
+        out.append("not a directed graph (node-link 'directed' must be true)")
     if edges and has_cycle(known, edges):
         out.append("the dependence graph has a cycle")
     return out

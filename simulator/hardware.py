@@ -636,15 +636,21 @@ def cpu_spec(cpu: dict, cores: int | None = None, origin: str = "this host") -> 
         cores = int(cores or cpu.get("usable_cores") or cpu.get("logical_cores") or 1)
         clock_hz = float(cpu["clock_mhz"]) * 1e6 if cpu.get("clock_mhz") else 3.0e9
         per_cycle = int(cpu.get("flops_per_cycle") or 32)
+        # was: int() of it below, outside this check, `solm validate` exit 1 on a ram_bytes of "x" or NaN
+        ram = int(cpu.get("ram_bytes") or base.hbm_capacity_bytes)
     except (TypeError, ValueError, OverflowError):
-        raise TraceError(f"CPU record {cpu!r}: cores, clock_mhz and flops_per_cycle must be numbers") from None
-    if not (cores >= 1 and 0 < clock_hz < 1e11 and per_cycle >= 1):
-        raise TraceError(f"CPU record {cpu!r}: impossible cores ({cores}), clock ({clock_hz:g} Hz) or FLOP/cycle")
+        raise TraceError(
+            f"CPU record {cpu!r}: cores, clock_mhz, flops_per_cycle and ram_bytes must be numbers"
+        ) from None
+    if not (cores >= 1 and 0 < clock_hz < 1e11 and per_cycle >= 1 and ram >= 1):
+        raise TraceError(
+            f"CPU record {cpu!r}: impossible cores ({cores}), clock ({clock_hz:g} Hz), FLOP/cycle or RAM ({ram} bytes)"
+        )
     return dataclasses.replace(
         base,
         name=f"host-cpu-{cores}c",
         peak_flops_per_s=cores * clock_hz * per_cycle,
-        hbm_capacity_bytes=int(cpu.get("ram_bytes") or base.hbm_capacity_bytes),
+        hbm_capacity_bytes=ram,
         source=f"{origin}: {cpu.get('model') or 'cpu'}, {cores} cores x {clock_hz / 1e9:.2f} GHz x {per_cycle} FLOP/cycle",
     )
 

@@ -306,7 +306,7 @@ def _pass_demands(trace: Trace, steps: pd.DataFrame, pos: np.ndarray, offsets: n
     _check_passes(trace, steps, q, kv)
     phase = steps["phase"].map(PHASE_CODE).to_numpy(np.int8) if len(steps) else np.zeros(0, np.int8)
     live = col("live_kv_tokens")
-    kv_per_token = int((trace.meta.get("model") or {}).get("kv_bytes_per_token") or 0)
+    kv_per_token = _kv_bytes_per_token(trace)
     alloc = -(-col("kv_bytes_allocated") // kv_per_token) if kv_per_token > 0 else live.copy()
     alloc = np.maximum(alloc, live)  # pages hold at least the live tokens
     logit = np.where(phase == PHASE_CODE["denoise"], q, groups)
@@ -323,6 +323,16 @@ def _pass_demands(trace: Trace, steps: pd.DataFrame, pos: np.ndarray, offsets: n
         "emits": emits,
         "streams": steps["streams"].to_numpy(object) if len(steps) else np.zeros(0, object),
     }
+
+
+def _kv_bytes_per_token(trace: Trace) -> int:
+    """meta.json's `model.kv_bytes_per_token` (0 when absent: allocation then counts live tokens);
+    anything but a count is a TraceError (was: int() of a string, NaN or 1e30 in the replay,
+    `solm simulate` and `solm validate` exit 1)."""
+    value = (trace.meta.get("model") or {}).get("kv_bytes_per_token") or 0
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**62:
+        raise TraceError(f"{trace.path}: meta.json model.kv_bytes_per_token must be an integer >= 0, got {value!r:.60}")
+    return value
 
 
 def _check_passes(trace: Trace, steps: pd.DataFrame, q: np.ndarray, kv: np.ndarray) -> None:

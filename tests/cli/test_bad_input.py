@@ -214,6 +214,11 @@ def _edit_table(t: Path, name: str, edit) -> None:
         (lambda t: _edit_requests(t, "e2e_s", 1e308), "e2e_s infinite, negative or missing (or over 1e+15 s)"),
         (lambda t: _edit_table(t, "steps", lambda s: s.assign(start_s=s["start_s"].to_numpy()[::-1])), "back in time"),
         (lambda t: _edit_table(t, "counters", lambda c: c.assign(cpu_percent=float("inf"))), "infinite values in"),
+        # found by fuzzing traces: export's int() of the streams text and diff --html's topological
+        # sort of a graph networkx read undirected were exit 1; a negative count was exit 0 with it
+        (lambda t: _edit_table(t, "steps", lambda s: s.assign(streams="0\nx")), "streams must be comma-separated"),
+        (lambda t: _edit_graph(t, lambda g: g.pop("directed")), "not a directed graph"),
+        (lambda t: _edit_requests(t, "peak_kv_bytes", -5), "negative peak_kv_bytes"),
     ],
 )
 def test_validate_rejects_what_it_used_to_pass(damage, needle, t, tmp_path, capsys):
@@ -234,6 +239,7 @@ def test_validate_rejects_what_it_used_to_pass(damage, needle, t, tmp_path, caps
     assert line["valid"] is False and any(needle in p for p in line["problems"])
     one_line_error(["export", str(t), "--perfetto", str(tmp_path / "x.json")], capsys, "not a valid trace")
     one_line_error(["diff", str(SHIPPED), str(t)], capsys, "not a valid trace")
+    one_line_error(["diff", str(SHIPPED), str(t), "--html", str(tmp_path / "d.html")], capsys, "not a valid trace")
     # was: simulate and validate replayed it, validate comparing against the broken figures
     one_line_error(["simulate", str(t), "--hardware", "h100-sxm"], capsys, "not a valid trace")
     one_line_error(["validate", str(t)], capsys, "not a valid trace")

@@ -230,3 +230,29 @@ def test_a_trace_marked_complete_without_its_tables_reads_its_committed_parts(tm
     (w.dir / "meta.json").write_text(json.dumps({**meta, "complete": True}))
     t = read_trace(w.dir)
     assert not t.complete and t.requests["request_id"].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize(("table", "column"), [("requests", "peak_kv_bytes"), ("steps", "streams"), ("tokens", "kind")])
+def test_a_null_in_an_integer_or_string_column_is_one_trace_error(t, table, column, capsys):
+    """Was: a null peak_kv_bytes read as NaN (the column a float), `solm inspect` exit 1 (int of
+    NaN in the summary); a null in streams the dashboard's int('nan'). A float column's null is its
+    NaN and reads."""
+    f = t / f"{table}.parquet"
+    tab = pq.read_table(f)
+    i = tab.column_names.index(column)
+    values = tab.column(column).to_pylist()
+    values[0] = None
+    pq.write_table(tab.set_column(i, column, pa.array(values, tab.schema.field(column).type)), f)
+    with pytest.raises(TraceError, match=f"{table}.parquet: missing \\(null\\) values in column {column}$"):
+        read_trace(t)
+    assert main(["inspect", str(t)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("solm inspect: error: ") and err.count("\n") == 1, err
+
+
+def test_a_null_in_a_float_column_reads_as_nan(t):
+    f = t / "requests.parquet"
+    tab = pq.read_table(f)
+    i = tab.column_names.index("quality_score")
+    pq.write_table(tab.set_column(i, "quality_score", pa.nulls(tab.num_rows, pa.float64())), f)
+    assert read_trace(t).requests["quality_score"].isna().all()

@@ -217,6 +217,23 @@ VALIDATOR_DAMAGE = {  # one problem each, the validator's words for it
         tokens=True
     ),
     "graph 0: the dependence graph has a cycle": lambda t: _with_link(t, "main:0", "main:0"),
+    # were: read as figures (inspect's "peak KV ... -5 bytes", a negative diff ratio), exit 0
+    "requests: negative peak_kv_bytes for requests [1]": lambda t: setattr(
+        t, "requests", _set(t.requests, 1, "peak_kv_bytes", -5)
+    ),
+    "requests: negative prompt_tokens for requests [0]": lambda t: setattr(
+        t, "requests", _set(t.requests, 0, "prompt_tokens", -1)
+    ),
+    "requests: theoretical_speedup infinite or negative for requests [0]": lambda t: setattr(
+        t, "requests", _set(t.requests, 0, "theoretical_speedup", -1.0)
+    ),
+    "requests: theoretical_speedup infinite or negative for requests [1]": lambda t: setattr(
+        t, "requests", _set(t.requests, 1, "theoretical_speedup", float("inf"))
+    ),
+    "steps: streams must be comma-separated stream ids, got 'x'": lambda t: setattr(
+        t, "steps", _set(t.steps, 0, "streams", "x")
+    ),
+    "graph 0: not a directed graph": lambda t: t.graphs[0].update(directed=False),
     "counters: t_s infinite, negative or NaN": lambda t: setattr(t, "counters", pd.DataFrame({"t_s": [float("nan")]})),
 }
 

@@ -50,3 +50,13 @@ def test_old_trace_falls_back_on_this_machine_and_says_so():
 def test_a_broken_cpu_record_is_one_clear_error(bad):
     with pytest.raises(TraceError, match="CPU record"):
         cpu_spec({**read_host_cpu(), **bad}, 2)
+
+
+@pytest.mark.parametrize("ram", ["x", float("nan"), float("inf"), -1, 1e-300])
+def test_a_cpu_record_whose_ram_is_not_a_size_is_one_trace_error(ram):
+    """Was: int() of device.cpu.ram_bytes outside cpu_spec's check (a ValueError, an OverflowError,
+    or the HardwareSpec's own ValueError of a size <= 0), `solm validate` exit 1; found by fuzzing."""
+    record = {"usable_cores": 2, "clock_mhz": 2400.0, "flops_per_cycle": 32, "ram_bytes": 8 << 30}
+    assert cpu_spec(record).hbm_capacity_bytes == 8 << 30
+    with pytest.raises(TraceError, match="CPU record"):
+        cpu_spec({**record, "ram_bytes": ram})

@@ -132,3 +132,28 @@ def test_own_passes_of_hand_written_serving_rows():
         [1, 1, 3, 21, 0],
     ]
     assert toks["step_index"].tolist() == [0, 3]
+
+
+@pytest.mark.parametrize("value", ["x", 1e30, float("nan"), 10**30, -1, True])
+def test_a_malformed_kv_bytes_per_token_is_one_trace_error(tmp_path, value, capsys):
+    """Was: int() of meta.json's model.kv_bytes_per_token in the replay (a ValueError or an
+    OverflowError), `solm simulate` and `solm validate` exit 1 (a bug); found by fuzzing traces."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from profiler.reader import TraceError
+    from solm.cli import main
+
+    t = Path(
+        shutil.copytree(Path(__file__).resolve().parents[2] / "traces" / "sequential-reverse_words", tmp_path / "t")
+    )
+    meta = json.loads((t / "meta.json").read_text())
+    assert load_workload(t).n_requests  # the shipped value reads
+    meta["model"]["kv_bytes_per_token"] = value
+    (t / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(TraceError, match="model.kv_bytes_per_token must be an integer >= 0, got "):
+        load_workload(t)
+    assert main(["simulate", str(t), "--hardware", "h100-sxm"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("solm simulate: error: ") and err.count("\n") == 1, err
