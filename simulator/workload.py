@@ -38,7 +38,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from profiler.errors import TraceError
+from profiler.errors import TraceError, quoted
 from profiler.reader import Trace
 from profiler.schema import PHASES, chunk_rows, linear_graph
 
@@ -331,7 +331,7 @@ def _kv_bytes_per_token(trace: Trace) -> int:
     `solm simulate` and `solm validate` exit 1)."""
     value = (trace.meta.get("model") or {}).get("kv_bytes_per_token") or 0
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**62:
-        raise TraceError(f"{trace.path}: meta.json model.kv_bytes_per_token must be an integer >= 0, got {value!r:.60}")
+        raise TraceError(f"{trace.path}: meta.json model.kv_bytes_per_token must be an integer >= 0, got {quoted(value)}")
     return value
 
 
