@@ -331,7 +331,9 @@ def _kv_bytes_per_token(trace: Trace) -> int:
     `solm simulate` and `solm validate` exit 1)."""
     value = (trace.meta.get("model") or {}).get("kv_bytes_per_token") or 0
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**62:
-        raise TraceError(f"{trace.path}: meta.json model.kv_bytes_per_token must be an integer >= 0, got {quoted(value)}")
+        raise TraceError(
+            f"{trace.path}: meta.json model.kv_bytes_per_token must be an integer >= 0, got {quoted(value)}"
+        )
     return value
 
 
