@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 
 
 class SolmError(Exception):
@@ -67,18 +68,35 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def parse_json(text: str | bytes, what: str) -> object:
-    """`json.loads(text)`, its every failure one UsageError naming `what`: malformed text or bytes
-    that are not UTF-8, nesting deeper than Python's recursion allows, and an integer of more
-    digits than Python converts (4300; json's ValueError, not a JSONDecodeError)."""
+_RAISE = object()
+
+
+def parse_json(
+    text: str | bytes,
+    what: str,
+    error: type[SolmError] = UsageError,
+    *,
+    default: object = _RAISE,
+    parse_constant: Callable[[str], object] | None = None,
+) -> object:
+    """`json.loads(text)`, its every failure one `error` (UsageError for a flag's or a named input
+    file's text, TraceError for a trace's) naming `what`: malformed text or bytes that are not
+    UTF-8, nesting deeper than Python's recursion allows, and an integer of more digits than
+    Python converts (4300; json's ValueError, not a JSONDecodeError). `default`, if given, is
+    returned for text that is not JSON at all (a `--knob` value that is a plain word); the other
+    failures still raise. A SolmError from `parse_constant` (refusing NaN) passes through."""
     try:
-        return json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UsageError(f"{what}: not JSON ({one_line(str(error))})") from None
+        return json.loads(text, parse_constant=parse_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        if default is not _RAISE:
+            return default
+        raise error(f"{what}: not valid JSON ({one_line(str(e))})") from None
     except RecursionError:
-        raise UsageError(f"{what}: not JSON (nested too deeply)") from None
+        raise error(f"{what}: not valid JSON (nested too deeply)") from None
+    except SolmError:
+        raise
     except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
-        raise UsageError(f"{what}: not JSON (an integer of more than {sys.get_int_max_str_digits()} digits)") from None
+        raise error(f"{what}: not valid JSON (an integer of more than {sys.get_int_max_str_digits()} digits)") from None
 
 
 def quoted(value: object, most: int = 60) -> str:

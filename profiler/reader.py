@@ -4,7 +4,6 @@ message says what is wrong and where, never a traceback from pyarrow or json.
 
 from __future__ import annotations
 
-import json
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from profiler.errors import TraceError
+from profiler.errors import TraceError, parse_json
 from profiler.outdir import PARTS
 from profiler.schema import KINDS, META_REQUIRED, MINOR_COLUMNS, SCHEMA_VERSION, TABLES, fill_defaults
 
@@ -118,15 +117,10 @@ def load_json_file(file: Path, max_bytes: int = MAX_META_BYTES) -> dict:
     if st.st_size > max_bytes:
         raise TraceError(f"{file}: {st.st_size} bytes, more than the {max_bytes} a trace's {file.name} may hold")
     try:
-        doc = json.loads(file.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TraceError(f"{file}: not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
-    except ValueError as e:  # an integer of more digits than Python converts (4300): was a traceback
-        raise TraceError(f"{file}: not valid JSON ({str(e).split(':')[0]})") from None
-    except RecursionError:
-        raise TraceError(f"{file}: nested too deeply") from None
+        text = file.read_bytes()
     except OSError as e:
         raise TraceError(f"{file}: cannot read it ({e.strerror})") from None
+    doc = parse_json(text, str(file), TraceError)
     if not isinstance(doc, dict):
         raise TraceError(f"{file}: expected a JSON object")
     if _depth(doc) > MAX_JSON_DEPTH:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
-import sys
 
-from profiler.errors import UsageError, one_line
+from profiler.errors import UsageError, one_line, parse_json
 from profiler.outdir import claim_out_dir
 from runtime.capture import KEEP, CaptureConfig, capture
 from runtime.engines import systems
@@ -110,16 +108,9 @@ def parse_knobs(items: list[str]) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"--knob expects KEY=VALUE, got {item!r}")
-        try:
-            knobs[key] = json.loads(value, parse_constant=_no_constant)
-        except json.JSONDecodeError:
-            knobs[key] = value
-        except RecursionError:  # was: exit 1
-            raise UsageError(f"--knob {key}: value nested too deeply") from None
-        except UsageError:  # NaN or Infinity (_no_constant), a ValueError too
-            raise
-        except ValueError:  # an integer of more digits than Python converts (was: exit 1)
-            raise UsageError(f"--knob {key}: an integer of more than {sys.get_int_max_str_digits()} digits") from None
+        # a value that is not JSON is the plain word (`--knob mode=greedy`); NaN, Infinity, deep
+        # nesting and a 5,000-digit integer are refused (were: exit 0 with "nan", exit 1)
+        knobs[key] = parse_json(value, f"--knob {key}", default=value, parse_constant=_no_constant)
     return knobs
 
 

@@ -57,7 +57,7 @@ def test_an_integer_of_more_digits_than_python_reads_is_one_trace_error(t, name,
     doc = json.loads((t / name).read_text())
     doc["x"] = 0
     (t / name).write_text(json.dumps(doc).replace('"x": 0', '"x": ' + "1" * 5000))
-    with pytest.raises(TraceError, match=f"{name}: not valid JSON \\(Exceeds the limit \\(4300 digits\\)"):
+    with pytest.raises(TraceError, match=f"{name}: not valid JSON \\(an integer of more than 4300 digits\\)"):
         read_trace(t)
     assert main(["inspect", str(t)]) == 2
     err = capsys.readouterr().err

@@ -154,10 +154,10 @@ def test_a_part_without_a_chip_layout_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize(
     "content,needle",
     [
-        ("not json", "not JSON"),
+        ("not json", "not valid JSON"),
         # were: json's ValueError and a RecursionError, internal errors (exit 1)
-        ('{"format": ' + "9" * 5000 + "}", "not JSON (an integer of more than 4300 digits)"),
-        ('{"format": ' + "[" * 100000 + "]" * 100000 + "}", "not JSON (nested too deeply)"),
+        ('{"format": ' + "9" * 5000 + "}", "not valid JSON (an integer of more than 4300 digits)"),
+        ('{"format": ' + "[" * 100000 + "]" * 100000 + "}", "not valid JSON (nested too deeply)"),
         ('{"format": "something-else"}', "not a solm GEMM calibration"),
         ('{"format": "solm-gemm-calibration", "version": 99, "params": {}}', "version 99"),
         (

@@ -736,8 +736,18 @@ def test_the_line_forward_is_fitted_on_each_pass_size_once():
     assert np.allclose(cost.forward_s(q, 10 * q, 1), _forward_s(q), rtol=1e-4)
 
 
-@pytest.mark.parametrize("events", ["[{bad", "5", "[1]", '{"event": "preempted"}'])
-def test_events_that_are_no_list_of_event_objects_are_one_trace_error(events):
+@pytest.mark.parametrize(
+    "events,says",
+    [
+        ("[{bad", "not valid JSON \\(Expecting property name"),
+        ("[" * 100000, "not valid JSON \\(nested too deeply\\)"),
+        ("9" * 5000, "not valid JSON \\(an integer of more than 4300 digits\\)"),
+        ("5", "not a JSON list of event objects"),
+        ("[1]", "not a JSON list of event objects"),
+        ('{"event": "preempted"}', "not a JSON list of event objects"),
+    ],
+)
+def test_events_that_are_no_list_of_event_objects_are_one_trace_error(events, says):
     """Was: json's JSONDecodeError (or a TypeError, AttributeError) out of `solm validate
     --calibrate-from`, exit 1, for a serving trace whose requests.events is not a list of events."""
     from profiler.errors import TraceError
@@ -745,7 +755,7 @@ def test_events_that_are_no_list_of_event_objects_are_one_trace_error(events):
 
     requests = pd.DataFrame({"request_id": [7, 9], "preemptions": [0, 0], "events": ["[]", events]})
     trace = type("T", (), {"requests": requests, "path": "serving"})()
-    with pytest.raises(TraceError, match="serving: requests.events of request 9: not a JSON list of event objects"):
+    with pytest.raises(TraceError, match=f"serving: requests.events of request 9: {says}"):
         _preemptions(trace)
 
 
