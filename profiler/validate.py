@@ -49,6 +49,14 @@ def problems(trace: Trace) -> list[str]:
     for col in ("query_tokens", "kv_tokens_read", "live_kv_tokens", "kv_bytes_allocated"):
         if (passes[col] < 0).any() or (steps[col] < -1).any():
             out.append(f"steps: negative {col}")
+    # counts no writer leaves negative on any row, chunk rows included (were: `inspect --validate` said
+    # valid, and simulate replayed the trace, exit 0); a negative batch_index is allowed: it marks a pass not
+    # batched (simulator.validation._pass_frame)
+    for col in ("emitted_tokens", "evicted_tokens", "freed_kv_bytes"):
+        if col in steps and (steps[col] < 0).any():
+            out.append(f"steps: negative {col}")
+    if "device_memory_bytes" in steps and (steps["device_memory_bytes"] < -1).any():
+        out.append("steps: device_memory_bytes below -1 (its mark for unknown)")
     for col in ("query_tokens", "active_streams"):  # was: 37 query rows for 0 streams, an internal error
         empty = int((passes[col] < 1).sum()) if col in passes else 0
         if empty:

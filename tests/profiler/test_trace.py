@@ -199,12 +199,22 @@ def _with_link(t, source, target) -> None:
     t.graphs[0]["links"].append({"source": source, "target": target})
 
 
+def _damage_steps(col: str, value):
+    return lambda t: setattr(t, "steps", _set(t.steps, 1, col, value))
+
+
 VALIDATOR_DAMAGE = {  # one problem each, the validator's words for it
     "requests: duplicate request_id": lambda t: setattr(t, "requests", pd.concat([t.requests, t.requests.iloc[[1]]])),
     "steps: rows for unknown requests [9]": lambda t: setattr(
         t, "steps", pd.concat([t.steps, t.steps.iloc[[0]].assign(request_id=9)], ignore_index=True)
     ),
     "steps: negative kv_tokens_read": lambda t: setattr(t, "steps", _set(t.steps, 0, "kv_tokens_read", -1)),
+    # were: valid (inspect --validate), and simulate replayed the trace, exit 0
+    **{
+        f"steps: negative {col}": _damage_steps(col, -3)
+        for col in ("emitted_tokens", "evicted_tokens", "freed_kv_bytes")
+    },
+    "steps: device_memory_bytes below -1": lambda t: setattr(t, "steps", _set(t.steps, 0, "device_memory_bytes", -2)),
     "request 0: step_index not 0..n-1": lambda t: setattr(t, "steps", _set(t.steps, 1, "step_index", 5)),
     "request 0: no steps": lambda t: setattr(t, "steps", _drop(t.steps, t.steps["request_id"] == 0)),
     "request 0: token rows do not match": lambda t: setattr(t, "tokens", _drop(t.tokens, t.tokens.index == 1)),
