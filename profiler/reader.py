@@ -248,8 +248,18 @@ def _graphs_by_id(graphs: dict) -> dict[int, dict]:
     "shared"`, written by simulator/simtrace.py); requests then share the graph objects."""
     if graphs.get("format") == "shared":
         structures = graphs["structures"]
-        return {int(r): structures[str(int(s))] for r, s in zip(graphs["request_ids"], graphs["structure_of"])}
+        ids, of = graphs["request_ids"], graphs["structure_of"]
+        # whole numbers only, one structure per id (were: a request id 0.5 read as 0, and a list shorter
+        # than the other cut the longer one short)
+        return {_whole(r): structures[str(_whole(s))] for r, s in zip(ids, of, strict=True)}
     return {int(k): v for k, v in graphs.items()}
+
+
+def _whole(x: object) -> int:
+    """An id of the shared graph form: a JSON integer (TypeError for anything else, a float or a bool)."""
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"not an integer: {x!r}")
+    return x
 
 
 def read_trace(path: str | Path, tokens: bool = True, steps_columns: Sequence[str] | None = None) -> Trace:

@@ -127,8 +127,19 @@ def test_a_trace_without_counters_or_a_complete_flag_reads(t):
     assert lean.requests.equals(full.requests)
 
 
-def test_a_graph_json_of_the_wrong_shape_is_one_trace_error(t):
-    shared = {"format": "shared", "structures": {"0": {}}, "request_ids": None, "structure_of": [0]}
+@pytest.mark.parametrize(
+    "ids,of",
+    [
+        (None, [0]),
+        ([0.5], [0]),  # was: read as request 0
+        ([True], [0]),  # was: read as request 1
+        ([0], [0.0]),
+        ([0, 1], [0]),  # was: request 1 dropped, the lists cut to the shorter
+        ([0], [0, 0]),
+    ],
+)
+def test_a_graph_json_of_the_wrong_shape_is_one_trace_error(t, ids, of):
+    shared = {"format": "shared", "structures": {"0": {}}, "request_ids": ids, "structure_of": of}
     (t / "graph.json").write_text(json.dumps(shared))
     with pytest.raises(TraceError, match="graph.json keys must be request ids"):
         read_trace(t)
