@@ -188,6 +188,15 @@ def read_table(
     missing = [c for c in want if c not in table.column_names]
     if missing:
         raise TraceError(f"{file}: missing columns {', '.join(missing)}")
+    # Arrow casts text to numbers and numbers to text (a string column "1.5" read as 1.5): a column of
+    # text where the schema wants numbers, or the reverse, is another table's (was: read quietly)
+    text = [c for c in want if _is_text(table.schema.field(c).type) not in (None, _is_text(expected.field(c).type))]
+    if text:
+        c = text[0]
+        raise TraceError(
+            f"{file}: column types do not match schema v{SCHEMA_VERSION} (column {c} holds "
+            f"{table.schema.field(c).type}, the schema says {expected.field(c).type})"
+        )
     try:
         table = table.select(want).cast(pa.schema([expected.field(c) for c in want]))
     except (pa.ArrowException, ValueError) as e:
@@ -201,6 +210,16 @@ def read_table(
     if nulls:
         raise TraceError(f"{file}: missing (null) values in column {', '.join(nulls)}")
     return table
+
+
+def _is_text(t: pa.DataType) -> bool | None:
+    """Whether a column of type `t` holds text (a dictionary of text does); None for the null type,
+    which casts to either."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_null(t):
+        return None
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
 
 def _frame(table: pa.Table) -> pd.DataFrame:

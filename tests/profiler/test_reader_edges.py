@@ -116,6 +116,22 @@ def test_columns_are_cast_to_the_schema_and_a_column_that_cannot_be_is_named(t):
     assert "\n" not in str(e.value)  # pyarrow's message quotes the value, its newline too: one line of it (R28)
 
 
+@pytest.mark.parametrize(
+    "column,values,says",
+    [
+        ("e2e_s", ["1.5"], "column e2e_s holds string, the schema says double"),  # was: read as 1.5
+        ("steps", ["7"], "column steps holds string, the schema says int64"),  # was: read as 7
+        ("status", [1], "column status holds int64, the schema says string"),  # was: read as "1"
+    ],
+)
+def test_text_where_the_schema_wants_numbers_or_the_reverse_is_refused(t, column, values, says):
+    req = pq.read_table(t / "requests.parquet")
+    i = req.column_names.index(column)
+    pq.write_table(req.set_column(i, column, pa.array(values * req.num_rows)), t / "requests.parquet")
+    with pytest.raises(TraceError, match=f"requests.parquet: column types do not match schema v1 \\({says}\\)"):
+        read_trace(t)
+
+
 def test_a_trace_without_counters_or_a_complete_flag_reads(t):
     """counters.parquet is optional (its table then empty); a meta.json without `complete` is a
     finished trace."""
