@@ -58,13 +58,21 @@ class RequestLog:
 def parse_columns(text: str | None) -> dict[str, str]:
     """`arrived_at=ts,num_prefill_tokens=in,num_decode_tokens=out` -> {expected: file column}."""
     mapping = {c: c for c in COLUMNS}
-    for item in (text or "").split(","):
+    if text is None:
+        return mapping
+    given: set[str] = set()
+    for item in text.split(","):
         if not item.strip():
             continue
         key, sep, value = item.partition("=")
         if not sep or key.strip() not in COLUMNS or not value.strip():
-            raise UsageError(f"--columns takes EXPECTED=FILE_COLUMN pairs for {', '.join(COLUMNS)}; got {item!r}")
+            raise UsageError(f"--columns takes EXPECTED=FILE_COLUMN pairs for {', '.join(COLUMNS)}; got {quoted(item)}")
+        if key.strip() in given:  # was: the last pair won quietly
+            raise UsageError(f"--columns maps {key.strip()} twice; map it once")
+        given.add(key.strip())
         mapping[key.strip()] = value.strip()
+    if not given:  # was: `--columns ",,"` (or "") read as no mapping
+        raise UsageError(f"--columns names no EXPECTED=FILE_COLUMN pair (for {', '.join(COLUMNS)}); got {quoted(text)}")
     columns = list(mapping.values())
     shared = [have for i, have in enumerate(columns) if have in columns[:i]]
     if shared:  # was: arrived_at=num_prefill_tokens read each prompt length as an arrival time, exit 0

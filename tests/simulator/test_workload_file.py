@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from profiler.errors import UsageError
 from simulator.cluster.workload_file import WORKLOADS_DIR, read_workload_file, stretch
 from simulator.workload import load_workload
 from solm.cli import main
@@ -50,6 +51,25 @@ def test_columns_mapping_and_time_scale(tmp_path):
     path.write_text("ts,in,out\n10.0,8,4\n12.0,16,2\n")
     log = read_workload_file(path, "arrived_at=ts,num_prefill_tokens=in,num_decode_tokens=out", time_scale=2.0)
     assert log.arrival_s.tolist() == [0.0, 1.0] and log.prompt_tokens.tolist() == [8, 16]
+
+
+@pytest.mark.parametrize(
+    "columns,needle",
+    [
+        (",,,", "--columns names no EXPECTED=FILE_COLUMN pair"),  # was: read as no mapping
+        ("", "--columns names no EXPECTED=FILE_COLUMN pair"),
+        ("arrived_at=ts,arrived_at=time", "--columns maps arrived_at twice"),  # was: the last one won
+        ("arrived_at", "--columns takes EXPECTED=FILE_COLUMN pairs"),
+        ("arrived_at=ts,num_prefill_tokens=ts", "reads arrived_at and num_prefill_tokens both from the column 'ts'"),
+        ("x" * 5000 + "=ts", "... (5005 characters)"),
+    ],
+)
+def test_bad_columns_mappings_are_refused(tmp_path, columns, needle):
+    path = tmp_path / "w.csv"
+    path.write_text("ts,in,out\n10.0,8,4\n")
+    with pytest.raises(UsageError) as error:
+        read_workload_file(path, columns)
+    assert needle in str(error.value) and len(str(error.value)) < 300
 
 
 def test_shipped_workloads_read():
