@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from runtime.tasks import task_names
 
-    ap = argparse.ArgumentParser(prog="python -m runtime.answer_length", description=main.__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m runtime.answer_length", description=(main.__doc__ or "").splitlines()[0]
+    )
     ap.add_argument("tasks", nargs="*", metavar="TASK", help="default: every task")
     tasks = ap.parse_args(argv).tasks or task_names()
     unknown = [t for t in tasks if t not in task_names()]

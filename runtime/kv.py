@@ -22,6 +22,7 @@ import os
 from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -289,6 +290,10 @@ class PagedKVModel:
     """What every model behind the one primitive shares about its KV (mixed into `TinyLM` and the
     transformers adapter): needs `self.cfg` (n_layers, n_kv_heads, head_dim) and `self.embed`."""
 
+    if TYPE_CHECKING:  # what the model class it is mixed into provides (declared for mypy only)
+        cfg: Any
+        embed: torch.nn.Embedding
+
     @property
     def kv_layout(self) -> KVLayout:
         return KVLayout(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim, self.embed.weight.dtype)
@@ -298,7 +303,7 @@ class PagedKVModel:
         return self.kv_layout.bytes_per_token
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        return sum(p.numel() for p in cast(torch.nn.Module, self).parameters())  # mixed into an nn.Module
 
     def new_kv_store(self, page_size: int = 16, max_pages: int | None = None) -> PagedKVStore:
         return PagedKVStore(self.kv_layout, page_size, self.embed.weight.device, max_pages)

@@ -153,7 +153,7 @@ def grouped_attention(
         w = ((qg @ Kr.transpose(-1, -2)) / math.sqrt(q.shape[-1])).masked_fill(~g.mask, float("-inf")).softmax(-1)
         per_slot[0].index_add_(0, g.cols, w.sum(dim=(1, 2))[0])
         ys.append(w @ Vr)
-    if attn_out is not None:
+    if attn_out is not None and per_slot is not None:  # one is set with the other
         attn_out.append(per_slot)
     return torch.cat(ys, dim=2)
 
@@ -269,6 +269,7 @@ class TinyLM(PagedKVModel, nn.Module):
         if not return_attention:
             return logits
         per_slot = torch.zeros(S if visibility is None else max(S, visibility.shape[1]), device=dev)
+        assert attn is not None  # a list whenever return_attention
         per_slot[:S] = torch.stack(attn).sum(0)[0].float()
         return logits, per_slot
 

@@ -96,7 +96,7 @@ def rows_sweep(
     """Per (rows, slots) shape: rows, the pool's slot span in the pass (at least S; more where R
     requests' own pages need more), keys scored and the median seconds of `reps` passes (after
     one untimed pass of the shape, `WARMUP` before the first)."""
-    out = []
+    out: list[dict] = []
     for s in slots:
         for r in rows:
             kv, context = decode_context(model, page_size, r, s)

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
@@ -163,12 +164,13 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
     from runtime.tasks import get_task
 
     task = get_task(cfg.task)
-    if cfg.max_tokens is None:  # as one-at-a-time capture: room for the task's longest answer
-        cfg = dataclasses.replace(cfg, max_tokens=default_max_tokens(cfg.task))
+    # as one-at-a-time capture: room for the task's longest answer unless told
+    max_tokens = default_max_tokens(cfg.task) if cfg.max_tokens is None else cfg.max_tokens
+    cfg = dataclasses.replace(cfg, max_tokens=max_tokens)
     model, info = load_model(cfg.model, cfg.device, seed=cfg.seed)
     tok = tokenizer_for(model)  # a real model: its own tokenizer
     gen_cfg = GenerationConfig(
-        max_tokens=cfg.max_tokens,
+        max_tokens=max_tokens,
         page_size=cfg.page_size,
         sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.seed),
     )
@@ -176,7 +178,7 @@ def capture_load(cfg: CaptureConfig, load: LoadConfig, out: str | Path, overwrit
         engine = get_engine(cfg.system)(model, tok, gen_cfg, **cfg.knobs)
     except TypeError as e:
         raise UsageError(f"bad knob for {cfg.system}: {e}") from None
-    server_args = dict(kv_budget_mib=load.kv_budget_mib, attention=load.attention)
+    server_args: dict[str, Any] = dict(kv_budget_mib=load.kv_budget_mib, attention=load.attention)
     Server(engine, scheduler=make_scheduler(load), **server_args)  # a budget below one page fails before any work
     examples = task.examples(cfg.split, cfg.n, cfg.seed)
     for i, ex in enumerate(task.examples("train", cfg.warmup, cfg.seed) if cfg.warmup else []):
@@ -230,6 +232,7 @@ def load_arrivals(load: LoadConfig, prompts: list[str], seed: int):
     """(the first arrivals as (arrival_s, prompt), the closed loop's next-arrival callback or None)."""
     if load.rate is not None:
         return list(zip(poisson_arrivals(len(prompts), load.rate, seed), prompts)), None
+    assert load.concurrency is not None  # LoadConfig holds exactly one of a rate and a concurrency
     first = min(load.concurrency, len(prompts))
     queue = list(prompts[first:])
 

@@ -115,6 +115,12 @@ class Tracked:
     preemptions: int = 0
     completion: Completion | None = None
 
+    @property
+    def live(self) -> RequestState:
+        """The state of a request the engine took (one refused at submission has none)."""
+        assert self.state is not None, f"request {self.request.request_id} has no state"
+        return self.state
+
 
 def device_memory_bytes(model) -> int:
     """Total memory of the device `model`'s weights live on: the GPU's, or the host's RAM."""
@@ -168,6 +174,7 @@ class Server:
 
             self.scheduler = get_scheduler("fcfs")(max_seqs=256, max_batch_tokens=8192)
         self.store = engine.model.new_kv_store(page_size=P, max_pages=max_pages)
+        self.pool_blocks = int(max_pages)
         self.clock = clock or WallClock()
         self.on_pass = on_pass
         self.tracked: dict[int, Tracked] = {}
@@ -185,10 +192,10 @@ class Server:
     # ------------------------------------------------------------------ ServingState protocol
     @property
     def pool_capacity_blocks(self) -> int:
-        return int(self.store.max_pages)
+        return self.pool_blocks
 
     def _state(self, rid: int) -> RequestState:
-        return self.tracked[rid].state
+        return self.tracked[rid].live
 
     def _next(self, rid: int, limit: int | None) -> tuple[int, int]:
         st = self._state(rid)
@@ -230,7 +237,7 @@ class Server:
             t.start_s = self.clock.now()
         if rid in self.preempted_ids:
             del self.preempted_ids[rid]
-            self.recompute_tokens += t.state.readmit()
+            self.recompute_tokens += t.live.readmit()
             self.recomputes += 1
         self._admitted.append(rid)
 
@@ -384,13 +391,13 @@ class Server:
             t = self.tracked[e.request_id]
             if not e.chunk:
                 t0 = time.perf_counter()
-                e.step = t.state.after(logits[r : r + inp.rows], attn)
+                e.step = t.live.after(logits[r : r + inp.rows], attn)
                 e.step.host_s = e.host_s + time.perf_counter() - t0
                 e.step.forward_s = forward_s
-                t.state.passes_done += 1
+                t.live.passes_done += 1
                 if e.step.emitted and math.isnan(t.first_token_s):
                     t.first_token_s = end
-                if t.state.done:
+                if t.live.done:
                     self._finish(e.request_id, end)
             r += inp.rows
         return r
@@ -407,9 +414,9 @@ class Server:
 
     def _finish(self, rid: int, end: float) -> None:
         t = self.tracked[rid]
-        t.state.release()
+        t.live.release()
         t.end_s = end
-        t.completion = t.state.completion()
+        t.completion = t.live.completion()
         self.running.remove(rid)
         self.finished.append(rid)
 

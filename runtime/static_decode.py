@@ -27,6 +27,9 @@ MODES = ("eager", "compile", "cuda-graphs", "trace")
 class DenseKV(nn.Module):
     """(L, Hkv, C, D) K and V buffers; slot = position. `write` / `keys_values` as the paged store's."""
 
+    k: torch.Tensor  # buffers (typed for mypy: nn.Module's attribute lookup says Tensor | Module)
+    v: torch.Tensor
+
     def __init__(self, n_layers: int, n_kv_heads: int, capacity: int, head_dim: int, dtype, device) -> None:
         super().__init__()
         shape = (n_layers, n_kv_heads, capacity, head_dim)
@@ -42,6 +45,8 @@ class DenseKV(nn.Module):
 
 
 class StaticDecoder(nn.Module):
+    arange: torch.Tensor  # a buffer
+
     def __init__(self, model, capacity: int, mode: str = "eager") -> None:
         super().__init__()
         if mode not in MODES:

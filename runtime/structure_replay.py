@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
 from torch import nn
 
 from profiler.errors import UsageError
-from runtime.engines import Engine, GenerationConfig, get_engine
+from runtime.engines import GenerationConfig, get_engine
 from runtime.tokenizer import Tokenizer
 
 REPLAYABLE = ("sequential", "tip", "pasta", "planned_diffusion")
@@ -82,7 +83,8 @@ class ForcedLogits(nn.Module):
         self, model: nn.Module, fallback: int, script: list[int] | None = None, keep_logits: bool = False
     ) -> None:
         super().__init__()
-        self.inner, self.fallback = model, fallback
+        self.inner: Any = model  # any model behind the one primitive (TinyLM, the transformers adapter)
+        self.fallback = fallback
         self.script: list[int] = list(script or [])
         self.i = 0
         self.cfg = model.cfg
@@ -122,10 +124,10 @@ class Replayer:
         if system not in REPLAYABLE:
             raise ValueError(f"structure replay supports {', '.join(REPLAYABLE)}, not {system!r}")
         self.system, self.tok = system, tok
-        cls = get_engine(system)
+        cls: Any = get_engine(system)  # its model is TinyLM-like: the ForcedLogits wrapper, or an adapter
         if system in ("sequential", "tip"):
             self.forced = ForcedLogits(model, tok.eos_id)
-            self.engine: Engine = cls(self.forced, tok, config, **knobs)
+            self.engine: Any = cls(self.forced, tok, config, **knobs)  # an Engine; `script` set on a ForcedPasta
         elif system == "pasta":
             self.engine = _forced_pasta(cls)(model, tok, config, **knobs)
         else:
@@ -148,7 +150,7 @@ class Replayer:
 def _forced_pasta(cls):
     from runtime.lang.pasta import ASYNC_END
 
-    class ForcedPasta(cls):
+    class ForcedPasta(cls):  # type: ignore[valid-type,misc]  # a class made from the engine class given
         script: dict[int, list[int]] = {}
 
         def choose(self, lay, sids, logits, sample):

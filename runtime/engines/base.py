@@ -12,7 +12,7 @@ them (a token's slot is known when it is fed back, its eviction later still).
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -184,14 +184,15 @@ class RequestState:
     or was preempted); `readmit()` after a preemption makes the next pass re-prefill what it held
     (vLLM's RECOMPUTE). `Engine.run` drives one alone; `runtime.server` drives many over one pool."""
 
+    eng: Engine  # the engine that runs it (each state class names its own engine class)
     kv: RequestKV
     n: int  # prompt tokens
     done: bool = False
     passes_done: int = 0  # passes whose `after` ran (a server counts them)
     recomputes: int = 0  # readmissions after a preemption
     recompute_tokens: int = 0  # tokens re-prefilled by them
-    prompt_owner = None  # the store owner of the prompt's pages
-    inp: PassInputs | None = None  # the rows of the pass in flight (a re-prefill's replay first)
+    prompt_owner: Hashable | None = None  # the store owner of the prompt's pages
+    inp: PassInputs  # the rows of the pass in flight (a re-prefill's replay first), set by inputs()
     _replay: PassInputs | None = None
 
     def inputs(self) -> PassInputs:

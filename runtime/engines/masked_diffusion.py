@@ -80,6 +80,8 @@ class MaskedDiffusionEngine(Engine):
 class MaskedDiffusionState(RequestState):
     """One request: the prompt and one span, then a denoising pass per step."""
 
+    eng: MaskedDiffusionEngine
+
     def __init__(self, eng: MaskedDiffusionEngine, request: Request, kv: RequestKV) -> None:
         self.eng, self.req, self.kv = eng, request, kv
         self.lay = Layout(eng.model.cfg.max_positions, kv)
@@ -98,7 +100,6 @@ class MaskedDiffusionState(RequestState):
             list(range(self.n)),
         )
         self.step, self.peak = 0, [0, 0]
-        self.inp: PassInputs | None = None
 
     def next_rows(self) -> int:
         return len(self.den.rows())

@@ -23,7 +23,9 @@ streams, tags included; 0 = 2 x max_tokens; `GenerationConfig.max_tokens` bounds
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -154,7 +156,8 @@ class Layout:
         self.live: set[int] = set()  # threads forked and not done
         self.unmerged: list[int] = []  # threads forked since the last fed `<sync/>`
         self.events: list[dict] = []
-        self._handlers = {
+        # the action's handler: (stream, its output, the action) -> None
+        self._handlers: dict[type, Callable[[StreamState, Out, Any], None]] = {
             Fork: self._fork,
             Inline: self._inline,
             Finish: self._finish,
@@ -292,9 +295,10 @@ class Layout:
 
     def graph(self, prompt_tokens: int) -> dict:
         """Chunk DAG (networkx node-link): main segments split at each fork and each sync."""
-        nodes = [{"id": "prompt", "kind": "prompt", "stream": -1, "tokens": prompt_tokens}]
-        links = [{"source": "prompt", "target": "main:0"}]
-        seg, cur = 0, {"id": "main:0", "kind": "main", "stream": MAIN, "tokens": 0}
+        nodes: list[dict[str, Any]] = [{"id": "prompt", "kind": "prompt", "stream": -1, "tokens": prompt_tokens}]
+        links: list[dict[str, Any]] = [{"source": "prompt", "target": "main:0"}]
+        seg = 0
+        cur: dict[str, Any] = {"id": "main:0", "kind": "main", "stream": MAIN, "tokens": 0}
         nodes.append(cur)
 
         def next_segment() -> dict:
@@ -409,6 +413,8 @@ class PastaState(RequestState):
     """One request: its layout, the slot of every fed token, and the fed rows of its next pass
     (every stream that can advance; the prompt's rows first)."""
 
+    eng: PastaEngine
+
     def __init__(self, eng: PastaEngine, request: Request, kv: RequestKV) -> None:
         self.eng, self.req, self.kv = eng, request, kv
         self.sample = Sampler(eng.config.sampling, request.request_id)
@@ -419,7 +425,6 @@ class PastaState(RequestState):
         self.batch = list(range(self.n))  # fed indices of the next pass
         self.step, self.phase, self.stop_reason = 0, "prefill", "stop_token"
         self.peak_tokens = self.peak_bytes = self.total = self.content = 0
-        self.inp: PassInputs | None = None
 
     def next_rows(self) -> int:
         return len(self.batch)

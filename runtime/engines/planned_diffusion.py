@@ -201,6 +201,8 @@ class PlannedDiffusionState(RequestState):
     """One request: autoregressive plan passes (`mode` "ar"), then the round's denoising passes
     (`mode` "denoise"), round after round. `after` decides what the next pass is."""
 
+    eng: PlannedDiffusionEngine
+
     def __init__(self, eng: PlannedDiffusionEngine, request: Request, kv: RequestKV) -> None:
         self.eng, self.req, self.kv = eng, request, kv
         self.sample = Sampler(eng.config.sampling, request.request_id)
@@ -223,19 +225,24 @@ class PlannedDiffusionState(RequestState):
         self.ar_rows = list(range(self.n))  # the next AR pass's own rows
         self.den: Denoiser | None = None
         self.round_end: tuple = ()  # (parsed end, its token, its step) of the round being denoised
-        self.inp: PassInputs | None = None
+
+    @property
+    def _den(self) -> Denoiser:
+        """The round being denoised (mode "denoise")."""
+        assert self.den is not None, "no round is being denoised"
+        return self.den
 
     # ------------------------------------------------------------------ the next pass
     def _rows(self) -> list[int]:
         if self.mode == "denoise":
-            return self.den.rows()
+            return self._den.rows()
         if self.eng.recompute_all:
             return list(range(len(self.lay)))
         return sorted({*self.ar_rows, *self.refresh})
 
     def next_rows(self) -> int:
         if self.mode == "denoise":
-            return len(self.den.rows())
+            return len(self._den.rows())
         return len(self._rows())
 
     def next_new_slots(self) -> dict:
@@ -331,7 +338,7 @@ class PlannedDiffusionState(RequestState):
         self.mode = "denoise"
 
     def _after_denoise(self, logits: torch.Tensor) -> Step:
-        d = self.den.after(logits, self.inp.kv_read)
+        d = self._den.after(logits, self.inp.kv_read)
         self.dn_passes += 1
         note = {"round": self.rnd, "step": d["i"] + 1, "masks_left": d["masks_left"], "unmasked": d["unmasked"]}
         step = Step(
@@ -347,14 +354,14 @@ class PlannedDiffusionState(RequestState):
             note=json.dumps(note),
         )
         self.step += 1
-        if self.den.finished:
-            self.refresh, self.mode = self.den.refresh, "ar"
+        if self._den.finished:
+            self.refresh, self.mode = self._den.refresh, "ar"
             self._record_round()
             self._end_round()
         return step
 
     def _record_round(self) -> None:
-        eng, group = self.eng, self.den.spans
+        eng, group = self.eng, self._den.spans
         older = [s.sid for s in self.spans[: self.first]]
         for s in group:
             sibs = tuple(x.sid for x in group) if not eng.block_sparse else (s.sid,)

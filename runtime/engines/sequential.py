@@ -34,6 +34,8 @@ class SequentialEngine(Engine):
 class SequentialState(RequestState):
     """One request: the prompt's prefill, then one decode row per pass."""
 
+    eng: SequentialEngine
+
     def __init__(self, eng: SequentialEngine, request: Request, kv: RequestKV) -> None:
         self.eng, self.req, self.kv = eng, request, kv
         self.sample = Sampler(eng.config.sampling, request.request_id)
@@ -43,7 +45,6 @@ class SequentialState(RequestState):
         self.tokens: list[TokenRecord] = []
         self.peak_tokens = self.peak_bytes = 0
         self.step, self.phase, self.stop_reason = 0, "prefill", "max_tokens"
-        self.inp: PassInputs | None = None
 
     def next_rows(self) -> int:
         return self.n - len(self.slots) if self.phase == "prefill" else 1

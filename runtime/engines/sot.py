@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Generator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from profiler.errors import UsageError
 from runtime.engines.base import (
@@ -38,6 +39,9 @@ from runtime.engines.base import (
     visibility_rows,
 )
 from runtime.sampling import Sampler
+
+if TYPE_CHECKING:
+    from runtime.hf_tokenizer import HFTokenizer
 
 SKELETON_PROMPT = (
     "You're an organizer responsible for only giving the skeleton (not the full content) for answering the "
@@ -93,6 +97,7 @@ class Stream:
 
 
 class SotEngine(Engine):
+    tok: HFTokenizer  # type: ignore[assignment]  # a chat model's: __init__ refuses one without followup_text
     name = "sot"
     default_model = "smollm2-135m"
     default_task = "open_questions"

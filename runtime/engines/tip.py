@@ -17,6 +17,8 @@ many requests into one forward pass over one fixed-size KV pool (memory-limited 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -58,7 +60,9 @@ class TipEngine(Engine):
     ) -> None:
         super().__init__(model, tokenizer, config)
         self.policy_name = str(policy)
-        self.policy_args = dict(budget_tokens=budget_tokens, sinks=int(sinks), heavy_fraction=float(heavy_fraction))
+        self.policy_args: dict[str, Any] = dict(
+            budget_tokens=budget_tokens, sinks=int(sinks), heavy_fraction=float(heavy_fraction)
+        )
         self.registers = check_registers(registers)
         self.free_pages = bool(free_pages)
         self.make_policy()  # fail now on a bad policy or budget, not mid-capture
@@ -72,6 +76,8 @@ class TipEngine(Engine):
 
 class TipStream(RequestState):
     """One request: its slots, liveness, parser and records. One query row per forward pass."""
+
+    eng: TipEngine
 
     def __init__(self, engine: TipEngine, request: Request, kv: RequestKV) -> None:
         self.eng, self.req, self.kv = engine, request, kv

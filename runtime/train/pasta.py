@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -198,7 +199,7 @@ class PastaRecipe(Recipe):
         return sample, dpo_loss(ref, self.dpo_beta)
 
 
-STAGES = {
+STAGES: dict[str, dict[str, Any]] = {
     "sft": {"stage": "sft"},
     # 128 tokens: a word_facts answer (about 110 content tokens) fits, so its prompts take part;
     # lr 5e-5: at 1e-4 both lambdas' models were 3-4 points less accurate (docs/pasta.md)

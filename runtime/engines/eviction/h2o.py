@@ -16,6 +16,7 @@ class HeavyHitters(EvictionPolicy):
 
     def __init__(self, budget_tokens: int | None = None, sinks: int = 4, heavy_fraction: float = 0.5) -> None:
         super().__init__(budget_tokens, sinks, heavy_fraction)
+        assert self.budget is not None  # needs_budget: the base class refused None
         self.recent = max(1, self.budget - int(self.budget * self.heavy_fraction) - 1)
         self.scores: dict[int, float] = {}
 
