@@ -191,12 +191,25 @@ def _graph(edit: Callable[[dict], None]) -> Callable[[Path], None]:
     return setup
 
 
-def _requests(col: str, value: float) -> Callable[[Path], None]:
+def _requests(col: str, value: float, table: str = "requests") -> Callable[[Path], None]:
+    def setup(base: Path) -> None:
+        import pandas as pd
+
+        df = pd.read_parquet(base / "t" / f"{table}.parquet")
+        df.loc[0, col] = value
+        df.to_parquet(base / "t" / f"{table}.parquet", index=False)
+
+    return setup
+
+
+def _text_column(col: str) -> Callable[[Path], None]:
+    """requests.`col` rewritten as text of the same numbers ("0.25" for 0.25)."""
+
     def setup(base: Path) -> None:
         import pandas as pd
 
         df = pd.read_parquet(base / "t" / "requests.parquet")
-        df.loc[0, col] = value
+        df[col] = df[col].astype(str)
         df.to_parquet(base / "t" / "requests.parquet", index=False)
 
     return setup
@@ -501,6 +514,18 @@ def wrong_result_cases() -> list[Case]:
             ["inspect", "t", "--validate"],
             setup=_requests("quality_score", 1.5),
             expect="invalid",
+        ),
+        Case(
+            "inspect --validate: negative emitted_tokens",
+            ["inspect", "t", "--validate"],
+            setup=_requests("emitted_tokens", -3, table="steps"),
+            expect="invalid",
+        ),
+        Case("simulate a trace whose e2e_s column is text", [*SIM], setup=_text_column("e2e_s")),
+        Case(
+            "simulate --workload --columns ',,,' (no mapping at all)",
+            ["simulate", "--workload", "w.csv", "--structure-from", "t", "--hardware", "h100-sxm", "--columns", ",,,"],
+            setup=lambda base: (base / "w.csv").write_text("ts,in,out\n0,10,5\n"),
         ),
         Case("diff an invalid trace (cycle)", ["diff", "runs/a", "t"], setup=cyc),
         Case(
