@@ -86,7 +86,7 @@ def problems(trace: Trace) -> list[str]:
             out.append(f"request {rid}: quality_score {q} outside 0..1")
         if r.status == "ok" and not (r.ttft_s <= r.e2e_s + 1e-9):
             out.append(f"request {rid}: ttft_s > e2e_s")
-    out += count_problems(req)
+    out += count_problems(req, measured=trace.kind == "measured")
     out += timing_problems(trace)
     out += list(graphs_problems(trace))
     return out
@@ -106,9 +106,11 @@ REQUEST_COUNTS = (
 )
 
 
-def count_problems(req) -> list[str]:
+def count_problems(req, measured: bool = False) -> list[str]:
     """Request counts must be >= 0; theoretical_speedup (output tokens / critical path) finite and
-    >= 0, or NaN (was: a negative one made inspect's geomean "n/ax" and diff's ratio negative)."""
+    >= 0, or NaN (was: a negative one made inspect's geomean "n/ax" and diff's ratio negative); in a
+    measured trace, where the runtime computed it, exactly output_tokens / max(1,
+    critical_path_tokens) (a simulated trace keeps its source request's, whose output it may stretch)."""
     out = []
     for col in REQUEST_COUNTS:
         bad = req[col].to_numpy() < 0
@@ -120,6 +122,14 @@ def count_problems(req) -> list[str]:
         out.append(
             f"requests: theoretical_speedup infinite or negative for requests {req.loc[bad, 'request_id'].tolist()[:5]}"
         )
+    elif measured:  # was: a speedup of 1e300 passed, inspect printed a geomean of 5.6e18x
+        crit = np.maximum(req["critical_path_tokens"].to_numpy(float), 1.0)
+        off = ~np.isnan(speedup) & ~np.isclose(speedup, req["output_tokens"].to_numpy(float) / crit, rtol=1e-9, atol=0)
+        if off.any():
+            out.append(
+                "requests: theoretical_speedup is not output_tokens / critical_path_tokens for requests "
+                f"{req.loc[off, 'request_id'].tolist()[:5]}"
+            )
     return out
 
 

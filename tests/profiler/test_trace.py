@@ -240,6 +240,10 @@ VALIDATOR_DAMAGE = {  # one problem each, the validator's words for it
     "requests: theoretical_speedup infinite or negative for requests [1]": lambda t: setattr(
         t, "requests", _set(t.requests, 1, "theoretical_speedup", float("inf"))
     ),
+    # was: valid, and inspect printed a geomean speedup of 5.6e18x (one request of 1e300 among 16)
+    "requests: theoretical_speedup is not output_tokens / critical_path_tokens for requests [1]": lambda t: setattr(
+        t, "requests", _set(t.requests, 1, "theoretical_speedup", 1e300)
+    ),
     "steps: streams must be comma-separated stream ids, got 'x'": lambda t: setattr(
         t, "steps", _set(t.steps, 0, "streams", "x")
     ),
