@@ -305,3 +305,10 @@ def test_a_double_dash_attached_to_a_flag_is_its_value(argv, needle, tmp_path, c
     assert e.value.code == 2 and err.startswith(f"solm {argv[0]}: error: ") and err.count("\n") == 1, err
     assert needle in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_counters_rate_whose_interval_overflows_is_refused(tmp_path, capsys):
+    """--counters-hz 1e-320 is in (0, 1000] but 1 / 1e-320 is inf: was a sampler thread traceback,
+    exit 0 and counters_interval_s inf in meta.json."""
+    one_line_error(["capture", "--counters-hz", "1e-320", "--out", str(tmp_path / "c")], capsys, "too small")
+    assert not (tmp_path / "c").exists()
