@@ -85,6 +85,8 @@ CORRUPT_CHECKPOINTS = [
     (_config("n_layers", 2), "does not match"),  # was RuntimeError from load_state_dict
     (lambda c: (c / "config.json").write_bytes(b"\xff\xfe\xff"), "not valid JSON"),  # was UnicodeDecodeError
     (_nan_weight, "tensor lm_head.weight holds NaN or infinite values"),  # was: exit 0, outputs from NaN logits
+    # the weights' shapes still match (128 x 128 q projection): was ValueError from apply_rope (exit 1)
+    (lambda c: _config("n_heads", 128)(c) or _config("n_kv_heads", 64)(c), "must be even"),
 ]
 
 
