@@ -87,7 +87,23 @@ CORRUPT_CHECKPOINTS = [
     (_nan_weight, "tensor lm_head.weight holds NaN or infinite values"),  # was: exit 0, outputs from NaN logits
     # the weights' shapes still match (128 x 128 q projection): was ValueError from apply_rope (exit 1)
     (lambda c: _config("n_heads", 128)(c) or _config("n_kv_heads", 64)(c), "must be even"),
+    # was: exit 0 with every output from NaN logits (1e-308 is 0 in float32, and so is every
+    # rotary frequency), or from constant logits (a norm eps beyond float32 is inf)
+    (_config("rope_theta", 1e-308), "rope_theta must be a number in [1.18e-38, 3.4e+38]"),
+    (_config("norm_eps", 1e308), "norm_eps must be a number in [1.18e-38, 3.4e+38]"),
+    # was: exit 0, the integers or booleans cast to float32 weights by load_state_dict
+    (lambda c: _retype(c, "int32"), "tensor embed.weight is of dtype I32, not a float"),
+    (lambda c: _retype(c, "bool"), "is of dtype BOOL, not a float"),
 ]
+
+
+def _retype(c: Path, dtype: str) -> None:
+    """The checkpoint's weights as integers or booleans: a well-formed safetensors file of the right shapes."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(c / "model.safetensors"))
+    save_file({k: v.to(getattr(torch, dtype)) for k, v in weights.items()}, str(c / "model.safetensors"))
 
 
 @pytest.mark.parametrize("damage,needle", CORRUPT_CHECKPOINTS)
