@@ -177,6 +177,8 @@ def _load_hf(spec: str, device: str, seed: int) -> tuple[TinyLM, dict]:
         return model, {"arch": name, "trained": False, "transformers": hf_adapter.transformers_version()}
     try:
         model = hf_adapter.load_hf_dir(spec, device, logits_vocab=vocab)
+    except UsageError:  # the adapter's own checks name the file and the fault
+        raise
     except (OSError, ValueError, KeyError) as e:  # transformers' own: no weights, an unknown model_type
         first = (str(e).splitlines() or [type(e).__name__])[0]
         raise UsageError(f"model {spec!r}: not a loadable transformers directory ({first})") from None

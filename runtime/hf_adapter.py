@@ -258,14 +258,94 @@ def build_arch(
     return HFCausalLM(hf, name=f"arch:{name}", logits_vocab=logits_vocab)
 
 
+HF_INT_FIELDS = (  # a local directory's config.json sizes: positive integers when given (head_dim may be null)
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+)
+MAX_HF_INT = 1 << 24  # beyond every real model's size (vocabularies 256k, contexts 1M)
+
+
 def load_hf_dir(
     path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None, logits_vocab: int | None = None
 ) -> HFCausalLM:
-    """A local HF checkpoint directory (config.json + safetensors); never touches the network."""
+    """A local HF checkpoint directory (config.json + safetensors); never touches the network.
+    UsageError, before any weight is read, for a config of an unsupported model_type or bad sizes
+    and for weights that miss a tensor of the config's model or hold one of another shape."""
+    from transformers.utils import logging as hf_logging
+
     p = Path(path)
+    cfg = _checked_hf_config(p)
+    _check_hf_weights(p, cfg)
     dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
+    hf_logging.disable_progress_bar()  # its loading bar went to stderr before solm's own one line
     hf = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True, attn_implementation="sdpa")
     return HFCausalLM(hf.to(device), name=p.name, logits_vocab=logits_vocab)
+
+
+def _checked_hf_config(p: Path):
+    """The directory's config, read by transformers after solm's own checks of config.json (was:
+    model_type gpt2 loaded a GPT-2 before the adapter refused it; hidden_size -1 or "4" a
+    transformers validation error, exit 1)."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    from profiler.errors import UsageError, quoted
+    from profiler.reader import TraceError, load_json_file
+
+    file = p / "config.json"
+    try:
+        doc = load_json_file(file)
+    except TraceError as e:
+        raise UsageError(f"transformers config {e}") from None
+    mt = doc.get("model_type")
+    if mt not in SUPPORTED:
+        raise UsageError(f"{file}: model_type {quoted(mt)} is not supported by the adapter ({', '.join(SUPPORTED)})")
+    for key in HF_INT_FIELDS:
+        v = doc.get(key)
+        if v is None and key in ("head_dim", "num_key_value_heads"):
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_HF_INT:
+            raise UsageError(f"{file}: {key} must be an integer in 1..{MAX_HF_INT}, got {quoted(v)}")
+    try:
+        return AutoConfig.from_pretrained(str(p), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise UsageError(f"{file}: not a usable {mt} config ({first})") from None
+
+
+def _check_hf_weights(p: Path, cfg) -> None:
+    """Every tensor of the config's model is in the directory's safetensors files, of its shape
+    (compared on the meta device: nothing allocated). Was: a missing tensor randomly initialised
+    with a warning (exit 0 on garbage), a shape of another hidden_size a RuntimeError (exit 1)."""
+    from safetensors import SafetensorError, safe_open
+
+    from profiler.errors import UsageError
+
+    files = sorted(p.glob("*.safetensors"))
+    if not files:  # no weights at all: transformers' own OSError says so, and load_model catches it
+        return
+    have: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), "pt") as st:
+                have.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})
+        except (SafetensorError, OSError) as e:
+            raise UsageError(f"{f}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(cfg).state_dict().items()}
+    if getattr(cfg, "tie_word_embeddings", False):
+        want.pop("lm_head.weight", None)  # the embedding's, not stored
+    diff = sorted(k for k in want if have.get(k) != want[k])
+    if diff:
+        raise UsageError(
+            f"{p}: weights do not match config.json: {len(diff)} tensors missing or of another shape "
+            f"(first {diff[0]}: {have.get(diff[0])} in the weights, {want[diff[0]]} by the config)"
+        )
 
 
 def transformers_version() -> str:
