@@ -149,6 +149,14 @@ def model_path(spec: str | None) -> Path | None:
     return None
 
 
+def is_transformers_spec(spec: str) -> bool:
+    """Whether `load_model(spec)` gives a transformers model (`HFCausalLM`), not solm's TinyLM: a
+    random architecture `arch:NAME`, a GGUF file or a local transformers directory."""
+    from runtime.gguf import is_gguf_spec
+
+    return is_gguf_spec(spec) or spec.startswith("arch:") or (Path(spec).is_dir() and _is_hf_dir(spec))
+
+
 def _is_hf_dir(path: str) -> bool:
     from profiler.reader import TraceError, load_json_file
 

@@ -421,3 +421,17 @@ def test_no_room_for_the_output_is_the_users_error(work, capsys, monkeypatch):
 def test_an_empty_value_is_not_taken_for_no_value(argv, needle, work, capsys, no_training):
     refused(argv, capsys, needle, work)
     assert not (work / "c").exists() and not (work / "o").exists()
+
+
+@pytest.mark.parametrize("init", ["arch:tiny-llama", "hf", "gguf:m.gguf"])
+def test_train_from_a_transformers_model_is_refused(init, work, capsys):
+    """Was: `train --init arch:tiny-llama` (or a local transformers directory) loaded the model,
+    then AttributeError 'HFCausalLM' object has no attribute 'forward_dense' (exit 1)."""
+    pytest.importorskip("transformers")
+    from runtime.hf_adapter import build_arch
+
+    build_arch("tiny-llama", seed=0).hf.save_pretrained(work / "hf")
+    (work / "m.gguf").write_bytes(b"GGUF")
+    capsys.readouterr()  # save_pretrained's own progress bar
+    refused(["train", "--init", init, "--steps", "1", "--out", "o"], capsys, "not a transformers or GGUF model", work)
+    assert not (work / "o").exists()
