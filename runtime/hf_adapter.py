@@ -244,7 +244,7 @@ def build_arch(
 ) -> HFCausalLM:
     """A randomly initialised model of a named architecture (`runtime/hf_configs/NAME.json`)."""
     path = HF_CONFIGS_DIR / f"{name}.json"
-    if not path.is_file():
+    if name not in arch_names():  # was: arch:../hf_configs/tiny-llama read a file outside the catalog by its path
         raise UnknownName(f"unknown architecture {name!r}; valid: {', '.join(arch_names())}")
     cfg = hf_config_from_file(path)
     cfg._attn_implementation = "sdpa"
@@ -285,6 +285,11 @@ def load_hf_dir(
     dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
     hf_logging.disable_progress_bar()  # its loading bar went to stderr before solm's own one line
     hf = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True, attn_implementation="sdpa")
+    bad = next((k for k, v in hf.state_dict().items() if v.is_floating_point() and not v.isfinite().all()), None)
+    if bad is not None:  # was: exit 0, every output from NaN logits (as runtime.checkpoint refuses for solm's own)
+        from profiler.errors import UsageError
+
+        raise UsageError(f"{p}: tensor {bad} holds NaN or infinite values (saved from a diverged run?)")
     return HFCausalLM(hf.to(device), name=p.name, logits_vocab=logits_vocab)
 
 

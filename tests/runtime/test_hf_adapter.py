@@ -167,6 +167,14 @@ def test_local_hf_directory_loads_through_load_model(models, tmp_path, tok):
     torch.testing.assert_close(b, a[:, : tok.vocab_size])
 
 
+def test_an_arch_name_is_a_catalog_name_not_a_path():
+    """Was: `arch:../hf_configs/tiny-llama` built the model of a file reached by its path."""
+    from profiler.errors import UnknownName
+
+    with pytest.raises(UnknownName, match="unknown architecture '../hf_configs/tiny-llama'"):
+        build_arch("../hf_configs/tiny-llama")
+
+
 def test_model_vocab_smaller_than_the_tokenizer_is_one_clear_error(tok):
     from runtime import hf_adapter
 
@@ -193,9 +201,19 @@ def _drop_tensor(d) -> None:
     save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
 
 
+def _nan_tensor(d) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(d / "model.safetensors"))
+    weights["model.norm.weight"][3] = float("nan")
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
 @pytest.mark.parametrize(
     "damage,needle",
     [
+        # was: exit 0, every output from NaN logits
+        (_nan_tensor, "tensor model.norm.weight holds NaN or infinite values"),
         # was: a GPT-2 built and loaded (its load report on stderr) before the adapter refused it
         (lambda d: _edit_config(d, model_type="gpt2"), "model_type 'gpt2' is not supported by the adapter"),
         # was: StrictDataclassClassValidationError / StrictDataclassFieldValidationError (exit 1)
