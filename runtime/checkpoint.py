@@ -39,6 +39,8 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[TinyLM, dict
     if not cfg_file.is_file() or not weights.is_file():
         raise FileNotFoundError(f"{p} is not a solm checkpoint (needs config.json and model.safetensors)")
     doc = _config_doc(cfg_file)
+    if "config" not in doc:  # was: "unreadable checkpoint config ('config')", a KeyError's repr
+        raise UsageError(f"{cfg_file}: not a solm checkpoint config (no 'config' key)")
     try:
         cfg = ModelConfig.from_dict(_checked_config(doc["config"]))
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:

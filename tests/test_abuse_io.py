@@ -94,6 +94,11 @@ CORRUPT_CHECKPOINTS = [
     # was: exit 0, the integers or booleans cast to float32 weights by load_state_dict
     (lambda c: _retype(c, "int32"), "tensor embed.weight is of dtype I32, not a float"),
     (lambda c: _retype(c, "bool"), "is of dtype BOOL, not a float"),
+    # was: "unreadable checkpoint config ('config')", a KeyError's repr
+    (
+        lambda c: _edit_json(c / "config.json", lambda d: d.pop("config")),
+        "not a solm checkpoint config (no 'config' key)",
+    ),
 ]
 
 
