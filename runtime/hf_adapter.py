@@ -28,6 +28,7 @@ S slot address space, M gathered slots, V vocab.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -316,6 +317,13 @@ def _checked_hf_config(p: Path):
             continue
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_HF_INT:
             raise UsageError(f"{file}: {key} must be an integer in 1..{MAX_HF_INT}, got {quoted(v)}")
+    rope = doc.get("rope_parameters")
+    floats = {"rms_norm_eps": doc.get("rms_norm_eps"), "rope_theta": doc.get("rope_theta")}
+    if isinstance(rope, dict):
+        floats["rope_parameters.rope_theta"] = rope.get("rope_theta")
+    for key, v in floats.items():  # was: rms_norm_eps NaN ran, exit 0, every output from NaN logits
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf):
+            raise UsageError(f"{file}: {key} must be a finite number > 0, got {quoted(v)}")
     try:
         return AutoConfig.from_pretrained(str(p), local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:

@@ -213,6 +213,8 @@ def _nan_tensor(d) -> None:
     "damage,needle",
     [
         # was: exit 0, every output from NaN logits
+        (lambda d: _edit_config(d, rms_norm_eps=float("nan")), "rms_norm_eps must be a finite number > 0, got nan"),
+        (lambda d: _edit_config(d, rope_parameters={"rope_theta": -1.0}), "rope_theta must be a finite number > 0"),
         (_nan_tensor, "tensor model.norm.weight holds NaN or infinite values"),
         # was: a GPT-2 built and loaded (its load report on stderr) before the adapter refused it
         (lambda d: _edit_config(d, model_type="gpt2"), "model_type 'gpt2' is not supported by the adapter"),
