@@ -106,7 +106,27 @@ def check_gguf(path: Path) -> str:
             f"{path}: GGUF architecture {arch!r} is not supported by the adapter "
             f"(supported: {', '.join(GGUF_ARCHITECTURES)})"
         )
+    _check_special_ids(path, reader)
     return arch
+
+
+SPECIAL_IDS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")
+
+
+def _check_special_ids(path: Path, reader) -> None:
+    """The tokenizer's special token ids lie inside its token list (was: an eos_token_id of 4e9 was
+    an IndexError in transformers' GGUF tokenizer mapping, exit 1)."""
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return
+    n = len(tokens.data)
+    for name in SPECIAL_IDS:
+        field = reader.fields.get(f"tokenizer.ggml.{name}")
+        if field is None:
+            continue
+        value = field.contents()
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+            raise UsageError(f"{path}: tokenizer.ggml.{name} {value!r} is outside its vocabulary of {n} tokens")
 
 
 def load_gguf(spec: str, device: str = "cpu", dtype: torch.dtype | None = None):

