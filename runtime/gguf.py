@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import math
 import os
 from importlib import metadata
 from pathlib import Path
@@ -107,7 +108,45 @@ def check_gguf(path: Path) -> str:
             f"(supported: {', '.join(GGUF_ARCHITECTURES)})"
         )
     _check_special_ids(path, reader)
+    _check_sizes(path, reader, arch)
     return arch
+
+
+def _check_sizes(path: Path, reader, arch: str) -> None:
+    """The model's sizes in the metadata are positive integers, its query heads a multiple of its
+    kv heads, its floats finite and > 0, and its block count that of the `blk.N` tensors it holds.
+    Was: head_count 0 a ZeroDivisionError, 7 a transformers validation error (exit 1); block_count
+    1000 built a thousand random layers (ran for minutes), block_count 0 ran a model of no layer
+    (exit 0 on garbage)."""
+
+    def value(key: str):
+        field = reader.fields.get(f"{arch}.{key}")
+        return None if field is None else field.contents()
+
+    for key in (
+        "block_count",
+        "embedding_length",
+        "feed_forward_length",
+        "context_length",
+        "attention.head_count",
+        "attention.head_count_kv",
+    ):
+        v = value(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise UsageError(f"{path}: {arch}.{key} must be a positive integer, got {v!r}")
+    heads, kv_heads = value("attention.head_count"), value("attention.head_count_kv")
+    if heads is not None and kv_heads is not None and heads % kv_heads:
+        raise UsageError(f"{path}: {arch}.attention.head_count {heads} is not a multiple of head_count_kv {kv_heads}")
+    for key in ("attention.layer_norm_rms_epsilon", "rope.freq_base"):
+        v = value(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf):
+            raise UsageError(f"{path}: {arch}.{key} must be a finite number > 0, got {v!r}")
+    blocks = {int(t.name.split(".")[1]) for t in reader.tensors if t.name.startswith("blk.")}
+    count = value("block_count")
+    if blocks and count != max(blocks) + 1:
+        raise UsageError(
+            f"{path}: {arch}.block_count is {count!r} but the file holds the tensors of {max(blocks) + 1} blocks"
+        )
 
 
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")

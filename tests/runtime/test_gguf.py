@@ -102,3 +102,42 @@ def test_a_special_token_id_outside_the_vocabulary(tmp_path, capsys):
     rc, err = _capture(f"gguf:{p}", tmp_path, capsys)
     assert rc == 2 and len(err.splitlines()) == 1
     assert "tokenizer.ggml.eos_token_id 4000000000 is outside its vocabulary of 3 tokens" in err
+
+
+def _write_sized(path, block_count: int = 2, heads: int = 4, kv_heads: int = 2, eps: float = 1e-5) -> None:
+    """A llama GGUF with the sizes given and the tensors of two blocks."""
+    w = gguf_pkg.GGUFWriter(str(path), "llama")
+    w.add_block_count(block_count)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(eps)
+    w.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
+    for i in range(2):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(64, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize(
+    "sizes,needle",
+    [
+        ({"heads": 0}, "llama.attention.head_count must be a positive integer, got 0"),  # was ZeroDivisionError
+        ({"kv_heads": 0}, "llama.attention.head_count_kv must be a positive integer, got 0"),
+        ({"heads": 7}, "head_count 7 is not a multiple of head_count_kv 2"),  # was a transformers validation error
+        ({"eps": float("nan")}, "layer_norm_rms_epsilon must be a finite number > 0, got nan"),
+        ({"block_count": 1000}, "block_count is 1000 but the file holds the tensors of 2 blocks"),  # ran for minutes
+        ({"block_count": 0}, "llama.block_count must be a positive integer, got 0"),  # was: exit 0, a model of no layer
+    ],
+)
+def test_model_sizes_that_cannot_be_a_model(sizes, needle, tmp_path, capsys):
+    p = tmp_path / "m.gguf"
+    _write_sized(p, **sizes)
+    rc, err = _capture(f"gguf:{p}", tmp_path, capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_sound_sizes_pass_the_check(tmp_path):
+    _write_sized(tmp_path / "m.gguf")
+    assert gguf.check_gguf(tmp_path / "m.gguf") == "llama"
