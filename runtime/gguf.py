@@ -141,6 +141,12 @@ def _check_sizes(path: Path, reader, arch: str) -> None:
         v = value(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf):
             raise UsageError(f"{path}: {arch}.{key} must be a finite number > 0, got {v!r}")
+    width = value("embedding_length")
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if width is not None and embd is not None and int(embd.shape[0]) != width:  # was: a transformers error (exit 1)
+        raise UsageError(
+            f"{path}: {arch}.embedding_length is {width} but token_embd.weight is {int(embd.shape[0])} wide"
+        )
     blocks = {int(t.name.split(".")[1]) for t in reader.tensors if t.name.startswith("blk.")}
     count = value("block_count")
     if blocks and count != max(blocks) + 1:

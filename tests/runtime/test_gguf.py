@@ -104,9 +104,12 @@ def test_a_special_token_id_outside_the_vocabulary(tmp_path, capsys):
     assert "tokenizer.ggml.eos_token_id 4000000000 is outside its vocabulary of 3 tokens" in err
 
 
-def _write_sized(path, block_count: int = 2, heads: int = 4, kv_heads: int = 2, eps: float = 1e-5) -> None:
+def _write_sized(
+    path, block_count: int = 2, heads: int = 4, kv_heads: int = 2, eps: float = 1e-5, width: int = 64
+) -> None:
     """A llama GGUF with the sizes given and the tensors of two blocks."""
     w = gguf_pkg.GGUFWriter(str(path), "llama")
+    w.add_embedding_length(width)
     w.add_block_count(block_count)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
@@ -129,6 +132,7 @@ def _write_sized(path, block_count: int = 2, heads: int = 4, kv_heads: int = 2, 
         ({"eps": float("nan")}, "layer_norm_rms_epsilon must be a finite number > 0, got nan"),
         ({"block_count": 1000}, "block_count is 1000 but the file holds the tensors of 2 blocks"),  # ran for minutes
         ({"block_count": 0}, "llama.block_count must be a positive integer, got 0"),  # was: exit 0, a model of no layer
+        ({"width": 72}, "embedding_length is 72 but token_embd.weight is 64 wide"),  # was: a transformers error
     ],
 )
 def test_model_sizes_that_cannot_be_a_model(sizes, needle, tmp_path, capsys):
