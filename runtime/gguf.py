@@ -141,11 +141,15 @@ def _check_sizes(path: Path, reader, arch: str) -> None:
         v = value(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf):
             raise UsageError(f"{path}: {arch}.{key} must be a finite number > 0, got {v!r}")
-    width = value("embedding_length")
+    width, vocab = value("embedding_length"), value("vocab_size")
     embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if width is not None and embd is not None and int(embd.shape[0]) != width:  # was: a transformers error (exit 1)
         raise UsageError(
             f"{path}: {arch}.embedding_length is {width} but token_embd.weight is {int(embd.shape[0])} wide"
+        )
+    if vocab is not None and embd is not None and len(embd.shape) > 1 and int(embd.shape[1]) != vocab:
+        raise UsageError(  # was: RuntimeError "ignore_mismatched_sizes" from transformers (exit 1)
+            f"{path}: {arch}.vocab_size is {vocab!r} but token_embd.weight has {int(embd.shape[1])} rows"
         )
     blocks = {int(t.name.split(".")[1]) for t in reader.tensors if t.name.startswith("blk.")}
     count = value("block_count")
@@ -189,9 +193,18 @@ def load_gguf(spec: str, device: str = "cpu", dtype: torch.dtype | None = None):
     dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
     kw = {"gguf_file": path.name, "local_files_only": True}
     hf_logging.disable_progress_bar()  # its loading bars would bury solm's own output
-    with _quiet_gguf_bar():
-        hf_tok = AutoTokenizer.from_pretrained(str(path.parent), **kw)
-        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=dtype, attn_implementation="sdpa", **kw)
+    from huggingface_hub.errors import StrictDataclassError
+
+    try:
+        with _quiet_gguf_bar():
+            hf_tok = AutoTokenizer.from_pretrained(str(path.parent), **kw)
+            hf = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=dtype, attn_implementation="sdpa", **kw)
+    except UsageError:
+        raise
+    except (ValueError, StrictDataclassError) as e:  # was exit 1: tokenizer 'xxxx', a config failing validation
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise UsageError(f"{path}: transformers cannot load this GGUF file ({type(e).__name__}: {first})") from None
+    check_chat_template(path, hf_tok)
     name = spec if spec in NAMED else path.name
     model = hf_adapter.HFCausalLM(hf.to(device), name=name)
     model.tokenizer = HFTokenizer(hf_tok, eos_ids=_eos_ids(hf))
@@ -206,6 +219,19 @@ def load_gguf(spec: str, device: str = "cpu", dtype: torch.dtype | None = None):
         package = NAMED[spec][0]
         info["package"] = f"{package}=={metadata.version(package)}"
     return model, info
+
+
+def check_chat_template(path: Path, hf_tok) -> None:
+    """The file's chat template renders a first user turn (was: a template of broken Jinja was a
+    TemplateSyntaxError at the first request, exit 1)."""
+    if not getattr(hf_tok, "chat_template", None):
+        return
+    from jinja2 import TemplateError
+
+    try:
+        hf_tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    except TemplateError as e:
+        raise UsageError(f"{path}: its chat template does not render ({type(e).__name__}: {e})") from None
 
 
 @contextlib.contextmanager

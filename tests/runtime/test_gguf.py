@@ -105,11 +105,12 @@ def test_a_special_token_id_outside_the_vocabulary(tmp_path, capsys):
 
 
 def _write_sized(
-    path, block_count: int = 2, heads: int = 4, kv_heads: int = 2, eps: float = 1e-5, width: int = 64
+    path, block_count: int = 2, heads: int = 4, kv_heads: int = 2, eps: float = 1e-5, width: int = 64, vocab: int = 8
 ) -> None:
     """A llama GGUF with the sizes given and the tensors of two blocks."""
     w = gguf_pkg.GGUFWriter(str(path), "llama")
     w.add_embedding_length(width)
+    w.add_vocab_size(vocab)
     w.add_block_count(block_count)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
@@ -133,6 +134,7 @@ def _write_sized(
         ({"block_count": 1000}, "block_count is 1000 but the file holds the tensors of 2 blocks"),  # ran for minutes
         ({"block_count": 0}, "llama.block_count must be a positive integer, got 0"),  # was: exit 0, a model of no layer
         ({"width": 72}, "embedding_length is 72 but token_embd.weight is 64 wide"),  # was: a transformers error
+        ({"vocab": 10}, "vocab_size is 10 but token_embd.weight has 8 rows"),  # was: RuntimeError, mismatched sizes
     ],
 )
 def test_model_sizes_that_cannot_be_a_model(sizes, needle, tmp_path, capsys):
@@ -145,3 +147,33 @@ def test_model_sizes_that_cannot_be_a_model(sizes, needle, tmp_path, capsys):
 def test_sound_sizes_pass_the_check(tmp_path):
     _write_sized(tmp_path / "m.gguf")
     assert gguf.check_gguf(tmp_path / "m.gguf") == "llama"
+
+
+def test_a_chat_template_that_does_not_render(tmp_path):
+    """Was: a GGUF whose chat template is broken Jinja loaded, then TemplateSyntaxError at the first request (exit 1)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>")))
+    tok.chat_template = "{% for x in %}"
+    with pytest.raises(gguf.UsageError, match="m.gguf: its chat template does not render"):
+        gguf.check_chat_template(tmp_path / "m.gguf", tok)
+    tok.chat_template = "{{ messages[0]['content'] }}"
+    gguf.check_chat_template(tmp_path / "m.gguf", tok)  # a template that renders passes
+
+
+def test_a_tokenizer_transformers_cannot_build(tmp_path, capsys):
+    """Was: tokenizer.ggml.model 'xxxx': ValueError from transformers' GGUF tokenizer (exit 1)."""
+    pytest.importorskip("accelerate")
+    p = tmp_path / "m.gguf"
+    w = gguf_pkg.GGUFWriter(str(p), "llama")
+    w.add_block_count(1)
+    w.add_tokenizer_model("xxxx")
+    w.add_token_list(["a", "b", "c"])
+    w.add_tensor("token_embd.weight", np.zeros((3, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    rc, err = _capture(f"gguf:{p}", tmp_path, capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and "transformers cannot load this GGUF file (ValueError" in err, err
