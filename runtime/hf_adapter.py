@@ -259,7 +259,7 @@ def build_arch(
     return HFCausalLM(hf, name=f"arch:{name}", logits_vocab=logits_vocab)
 
 
-HF_INT_FIELDS = (  # a local directory's config.json sizes: positive integers when given (head_dim may be null)
+HF_INT_FIELDS = (  # a local directory's config.json sizes: positive integers when given
     "hidden_size",
     "intermediate_size",
     "num_hidden_layers",
@@ -313,7 +313,7 @@ def _checked_hf_config(p: Path):
         raise UsageError(f"{file}: model_type {quoted(mt)} is not supported by the adapter ({', '.join(SUPPORTED)})")
     for key in HF_INT_FIELDS:
         v = doc.get(key)
-        if v is None and key in ("head_dim", "num_key_value_heads"):
+        if v is None:  # not given (or null): transformers' default, checked against the weights below
             continue
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_HF_INT:
             raise UsageError(f"{file}: {key} must be an integer in 1..{MAX_HF_INT}, got {quoted(v)}")

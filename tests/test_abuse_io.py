@@ -334,15 +334,13 @@ def test_capture_model_and_knob_values(flags, needle, work, capsys):
 def test_a_transformers_folder_that_does_not_load_is_one_line(work, capsys):
     """Was: transformers' OSError (no weights) or ValueError (unknown model_type), exit 1."""
     pytest.importorskip("transformers")
-    for cfg in ({"model_type": "llama"}, {"model_type": "nonesuch"}):
+    for cfg, needle in (
+        ({"model_type": "llama"}, "not a loadable transformers directory"),
+        ({"model_type": "nonesuch"}, "model_type 'nonesuch' is not supported by the adapter"),
+    ):
         (work / "hf").mkdir(exist_ok=True)
         (work / "hf" / "config.json").write_text(json.dumps(cfg))
-        refused(
-            ["capture", "--model", "hf", "--n", "1", "--out", "c"],
-            capsys,
-            "not a loadable transformers directory",
-            work,
-        )
+        refused(["capture", "--model", "hf", "--n", "1", "--out", "c"], capsys, needle, work)
 
 
 LONG = "a" * 300  # one path component over NAME_MAX (255)
