@@ -9,6 +9,7 @@ reason, which the capture writes into meta.json.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -37,8 +38,8 @@ class CounterSampler:
     def __init__(
         self, interval_s: float = 0.05, device_index: int = 0, origin: float | None = None, use_nvml: bool = True
     ) -> None:
-        if interval_s <= 0:
-            raise ValueError(f"sampling interval must be > 0 s, got {interval_s}")
+        if not 0 < interval_s < math.inf:  # also refuses NaN
+            raise ValueError(f"sampling interval must be a finite number > 0 s, got {interval_s}")
         self.interval_s = interval_s
         self.device_index = device_index
         self.origin = time.perf_counter() if origin is None else origin
@@ -116,7 +117,9 @@ class CounterSampler:
             row = self.sample_once()
             with self._lock:
                 self.rows.append(row)
-            self._stop.wait(self.interval_s)
+            # a wait beyond TIMEOUT_MAX (292 years; --counters-hz 1e-300) is an OverflowError that
+            # killed this thread (was: a thread traceback on stderr, the capture exit 0)
+            self._stop.wait(min(self.interval_s, threading.TIMEOUT_MAX))
 
     def start(self) -> CounterSampler:
         self._thread = threading.Thread(target=self._loop, name="solm-counters", daemon=True)

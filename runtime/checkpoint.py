@@ -6,7 +6,6 @@ gives a randomly initialised model (deterministic from `seed`).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import fields
 from pathlib import Path
 
@@ -40,6 +39,8 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[TinyLM, dict
     if not cfg_file.is_file() or not weights.is_file():
         raise FileNotFoundError(f"{p} is not a solm checkpoint (needs config.json and model.safetensors)")
     doc = _config_doc(cfg_file)
+    if "config" not in doc:  # was: "unreadable checkpoint config ('config')", a KeyError's repr
+        raise UsageError(f"{cfg_file}: not a solm checkpoint config (no 'config' key)")
     try:
         cfg = ModelConfig.from_dict(_checked_config(doc["config"]))
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
@@ -55,6 +56,8 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[TinyLM, dict
 
 
 MAX_CONFIG_INT = 1 << 20  # the largest dimension, layer count or vocabulary a checkpoint config may give
+FLOAT32 = torch.finfo(torch.float32)  # the model computes in float32: its floats lie in float32's normal range
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")  # weights load_state_dict may cast to the model's float32
 
 
 def _config_doc(cfg_file: Path) -> dict:
@@ -68,8 +71,9 @@ def _config_doc(cfg_file: Path) -> dict:
 
 
 def _checked_config(cfg: object) -> dict:
-    """The config's integers are in 1..MAX_CONFIG_INT and its floats finite and > 0 (a NaN or a
-    10^12-wide layer would fail deep in torch, or try to allocate it)."""
+    """The config's integers are in 1..MAX_CONFIG_INT and its floats in float32's normal range (a
+    NaN or a 10^12-wide layer would fail deep in torch, or try to allocate it; a rope_theta of
+    1e-308 is 0 in float32 and every logit NaN)."""
     if not isinstance(cfg, dict):
         raise TypeError(f"'config' must be a JSON object, got {type(cfg).__name__}")
     for f in fields(ModelConfig):
@@ -79,8 +83,12 @@ def _checked_config(cfg: object) -> dict:
         kind = type(f.default)
         if kind is int and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_CONFIG_INT):
             raise ValueError(f"{f.name} must be an integer in 1..{MAX_CONFIG_INT}, got {v!r}")
-        if kind is float and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf):
-            raise ValueError(f"{f.name} must be a finite number > 0, got {v!r}")
+        if kind is float and (
+            isinstance(v, bool) or not isinstance(v, int | float) or not FLOAT32.tiny <= v <= FLOAT32.max
+        ):
+            raise ValueError(
+                f"{f.name} must be a number in [{FLOAT32.tiny:.3g}, {FLOAT32.max:.3g}] (float32), got {v!r}"
+            )
     return cfg
 
 
@@ -90,8 +98,12 @@ def _check_weights(weights: Path, cfg: ModelConfig, cfg_file: Path) -> None:
     try:
         with safe_open(str(weights), "pt") as f:
             have = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
     except (SafetensorError, OSError) as e:
         raise UsageError(f"{weights}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
+    bad = next((k for k in sorted(dtypes) if dtypes[k] not in FLOAT_DTYPES), None)
+    if bad is not None:  # was: integers or booleans cast to float32 weights, capture exit 0 on garbage
+        raise UsageError(f"{weights}: tensor {bad} is of dtype {dtypes[bad]}, not a float ({', '.join(FLOAT_DTYPES)})")
     with torch.device("meta"):
         want = {k: tuple(v.shape) for k, v in TinyLM(cfg).state_dict().items()}
     if have != want:
@@ -139,6 +151,14 @@ def model_path(spec: str | None) -> Path | None:
     return None
 
 
+def is_transformers_spec(spec: str) -> bool:
+    """Whether `load_model(spec)` gives a transformers model (`HFCausalLM`), not solm's TinyLM: a
+    random architecture `arch:NAME`, a GGUF file or a local transformers directory."""
+    from runtime.gguf import is_gguf_spec
+
+    return is_gguf_spec(spec) or spec.startswith("arch:") or (Path(spec).is_dir() and _is_hf_dir(spec))
+
+
 def _is_hf_dir(path: str) -> bool:
     from profiler.reader import TraceError, load_json_file
 
@@ -167,6 +187,8 @@ def _load_hf(spec: str, device: str, seed: int) -> tuple[TinyLM, dict]:
         return model, {"arch": name, "trained": False, "transformers": hf_adapter.transformers_version()}
     try:
         model = hf_adapter.load_hf_dir(spec, device, logits_vocab=vocab)
+    except UsageError:  # the adapter's own checks name the file and the fault
+        raise
     except (OSError, ValueError, KeyError) as e:  # transformers' own: no weights, an unknown model_type
         first = (str(e).splitlines() or [type(e).__name__])[0]
         raise UsageError(f"model {spec!r}: not a loadable transformers directory ({first})") from None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import math
 import os
 from importlib import metadata
 from pathlib import Path
@@ -106,7 +107,75 @@ def check_gguf(path: Path) -> str:
             f"{path}: GGUF architecture {arch!r} is not supported by the adapter "
             f"(supported: {', '.join(GGUF_ARCHITECTURES)})"
         )
+    _check_special_ids(path, reader)
+    _check_sizes(path, reader, arch)
     return arch
+
+
+def _check_sizes(path: Path, reader, arch: str) -> None:
+    """The model's sizes in the metadata are positive integers, its query heads a multiple of its
+    kv heads, its floats finite and > 0, and its block count that of the `blk.N` tensors it holds.
+    Was: head_count 0 a ZeroDivisionError, 7 a transformers validation error (exit 1); block_count
+    1000 built a thousand random layers (ran for minutes), block_count 0 ran a model of no layer
+    (exit 0 on garbage)."""
+
+    def value(key: str):
+        field = reader.fields.get(f"{arch}.{key}")
+        return None if field is None else field.contents()
+
+    for key in (
+        "block_count",
+        "embedding_length",
+        "feed_forward_length",
+        "context_length",
+        "attention.head_count",
+        "attention.head_count_kv",
+    ):
+        v = value(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise UsageError(f"{path}: {arch}.{key} must be a positive integer, got {v!r}")
+    heads, kv_heads = value("attention.head_count"), value("attention.head_count_kv")
+    if heads is not None and kv_heads is not None and heads % kv_heads:
+        raise UsageError(f"{path}: {arch}.attention.head_count {heads} is not a multiple of head_count_kv {kv_heads}")
+    for key in ("attention.layer_norm_rms_epsilon", "rope.freq_base"):
+        v = value(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf):
+            raise UsageError(f"{path}: {arch}.{key} must be a finite number > 0, got {v!r}")
+    width, vocab = value("embedding_length"), value("vocab_size")
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if width is not None and embd is not None and int(embd.shape[0]) != width:  # was: a transformers error (exit 1)
+        raise UsageError(
+            f"{path}: {arch}.embedding_length is {width} but token_embd.weight is {int(embd.shape[0])} wide"
+        )
+    if vocab is not None and embd is not None and len(embd.shape) > 1 and int(embd.shape[1]) != vocab:
+        raise UsageError(  # was: RuntimeError "ignore_mismatched_sizes" from transformers (exit 1)
+            f"{path}: {arch}.vocab_size is {vocab!r} but token_embd.weight has {int(embd.shape[1])} rows"
+        )
+    blocks = {int(t.name.split(".")[1]) for t in reader.tensors if t.name.startswith("blk.")}
+    count = value("block_count")
+    if blocks and count != max(blocks) + 1:
+        raise UsageError(
+            f"{path}: {arch}.block_count is {count!r} but the file holds the tensors of {max(blocks) + 1} blocks"
+        )
+
+
+SPECIAL_IDS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")
+
+
+def _check_special_ids(path: Path, reader) -> None:
+    """The tokenizer's special token ids lie inside its token list (was: an eos_token_id of 4e9 was
+    an IndexError in transformers' GGUF tokenizer mapping, exit 1)."""
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return
+    n = len(tokens.data)
+    for name in SPECIAL_IDS:
+        field = reader.fields.get(f"tokenizer.ggml.{name}")
+        if field is None:
+            continue
+        value = field.contents()
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+            raise UsageError(f"{path}: tokenizer.ggml.{name} {value!r} is outside its vocabulary of {n} tokens")
 
 
 def load_gguf(spec: str, device: str = "cpu", dtype: torch.dtype | None = None):
@@ -124,9 +193,18 @@ def load_gguf(spec: str, device: str = "cpu", dtype: torch.dtype | None = None):
     dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
     kw = {"gguf_file": path.name, "local_files_only": True}
     hf_logging.disable_progress_bar()  # its loading bars would bury solm's own output
-    with _quiet_gguf_bar():
-        hf_tok = AutoTokenizer.from_pretrained(str(path.parent), **kw)
-        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=dtype, attn_implementation="sdpa", **kw)
+    from huggingface_hub.errors import StrictDataclassError
+
+    try:
+        with _quiet_gguf_bar():
+            hf_tok = AutoTokenizer.from_pretrained(str(path.parent), **kw)
+            hf = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=dtype, attn_implementation="sdpa", **kw)
+    except UsageError:
+        raise
+    except (ValueError, StrictDataclassError) as e:  # was exit 1: tokenizer 'xxxx', a config failing validation
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise UsageError(f"{path}: transformers cannot load this GGUF file ({type(e).__name__}: {first})") from None
+    check_chat_template(path, hf_tok)
     name = spec if spec in NAMED else path.name
     model = hf_adapter.HFCausalLM(hf.to(device), name=name)
     model.tokenizer = HFTokenizer(hf_tok, eos_ids=_eos_ids(hf))
@@ -141,6 +219,19 @@ def load_gguf(spec: str, device: str = "cpu", dtype: torch.dtype | None = None):
         package = NAMED[spec][0]
         info["package"] = f"{package}=={metadata.version(package)}"
     return model, info
+
+
+def check_chat_template(path: Path, hf_tok) -> None:
+    """The file's chat template renders a first user turn (was: a template of broken Jinja was a
+    TemplateSyntaxError at the first request, exit 1)."""
+    if not getattr(hf_tok, "chat_template", None):
+        return
+    from jinja2 import TemplateError
+
+    try:
+        hf_tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    except TemplateError as e:
+        raise UsageError(f"{path}: its chat template does not render ({type(e).__name__}: {e})") from None
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ S slot address space, M gathered slots, V vocab.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -244,7 +245,7 @@ def build_arch(
 ) -> HFCausalLM:
     """A randomly initialised model of a named architecture (`runtime/hf_configs/NAME.json`)."""
     path = HF_CONFIGS_DIR / f"{name}.json"
-    if not path.is_file():
+    if name not in arch_names():  # was: arch:../hf_configs/tiny-llama read a file outside the catalog by its path
         raise UnknownName(f"unknown architecture {name!r}; valid: {', '.join(arch_names())}")
     cfg = hf_config_from_file(path)
     cfg._attn_implementation = "sdpa"
@@ -258,14 +259,106 @@ def build_arch(
     return HFCausalLM(hf, name=f"arch:{name}", logits_vocab=logits_vocab)
 
 
+HF_INT_FIELDS = (  # a local directory's config.json sizes: positive integers when given
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+)
+MAX_HF_INT = 1 << 24  # beyond every real model's size (vocabularies 256k, contexts 1M)
+
+
 def load_hf_dir(
     path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None, logits_vocab: int | None = None
 ) -> HFCausalLM:
-    """A local HF checkpoint directory (config.json + safetensors); never touches the network."""
+    """A local HF checkpoint directory (config.json + safetensors); never touches the network.
+    UsageError, before any weight is read, for a config of an unsupported model_type or bad sizes
+    and for weights that miss a tensor of the config's model or hold one of another shape."""
+    from transformers.utils import logging as hf_logging
+
     p = Path(path)
+    cfg = _checked_hf_config(p)
+    _check_hf_weights(p, cfg)
     dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
+    hf_logging.disable_progress_bar()  # its loading bar went to stderr before solm's own one line
     hf = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True, attn_implementation="sdpa")
+    bad = next((k for k, v in hf.state_dict().items() if v.is_floating_point() and not v.isfinite().all()), None)
+    if bad is not None:  # was: exit 0, every output from NaN logits (as runtime.checkpoint refuses for solm's own)
+        from profiler.errors import UsageError
+
+        raise UsageError(f"{p}: tensor {bad} holds NaN or infinite values (saved from a diverged run?)")
     return HFCausalLM(hf.to(device), name=p.name, logits_vocab=logits_vocab)
+
+
+def _checked_hf_config(p: Path):
+    """The directory's config, read by transformers after solm's own checks of config.json (was:
+    model_type gpt2 loaded a GPT-2 before the adapter refused it; hidden_size -1 or "4" a
+    transformers validation error, exit 1)."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    from profiler.errors import UsageError, quoted
+    from profiler.reader import TraceError, load_json_file
+
+    file = p / "config.json"
+    try:
+        doc = load_json_file(file)
+    except TraceError as e:
+        raise UsageError(f"transformers config {e}") from None
+    mt = doc.get("model_type")
+    if mt not in SUPPORTED:
+        raise UsageError(f"{file}: model_type {quoted(mt)} is not supported by the adapter ({', '.join(SUPPORTED)})")
+    for key in HF_INT_FIELDS:
+        v = doc.get(key)
+        if v is None:  # not given (or null): transformers' default, checked against the weights below
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_HF_INT:
+            raise UsageError(f"{file}: {key} must be an integer in 1..{MAX_HF_INT}, got {quoted(v)}")
+    rope = doc.get("rope_parameters")
+    floats = {"rms_norm_eps": doc.get("rms_norm_eps"), "rope_theta": doc.get("rope_theta")}
+    if isinstance(rope, dict):
+        floats["rope_parameters.rope_theta"] = rope.get("rope_theta")
+    for key, v in floats.items():  # was: rms_norm_eps NaN ran, exit 0, every output from NaN logits
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf):
+            raise UsageError(f"{file}: {key} must be a finite number > 0, got {quoted(v)}")
+    try:
+        return AutoConfig.from_pretrained(str(p), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise UsageError(f"{file}: not a usable {mt} config ({first})") from None
+
+
+def _check_hf_weights(p: Path, cfg) -> None:
+    """Every tensor of the config's model is in the directory's safetensors files, of its shape
+    (compared on the meta device: nothing allocated). Was: a missing tensor randomly initialised
+    with a warning (exit 0 on garbage), a shape of another hidden_size a RuntimeError (exit 1)."""
+    from safetensors import SafetensorError, safe_open
+
+    from profiler.errors import UsageError
+
+    files = sorted(p.glob("*.safetensors"))
+    if not files:  # no weights at all: transformers' own OSError says so, and load_model catches it
+        return
+    have: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), "pt") as st:
+                have.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})
+        except (SafetensorError, OSError) as e:
+            raise UsageError(f"{f}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(cfg).state_dict().items()}
+    if getattr(cfg, "tie_word_embeddings", False):
+        want.pop("lm_head.weight", None)  # the embedding's, not stored
+    diff = sorted(k for k in want if have.get(k) != want[k])
+    if diff:
+        raise UsageError(
+            f"{p}: weights do not match config.json: {len(diff)} tensors missing or of another shape "
+            f"(first {diff[0]}: {have.get(diff[0])} in the weights, {want[diff[0]]} by the config)"
+        )
 
 
 def transformers_version() -> str:

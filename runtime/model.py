@@ -54,6 +54,11 @@ class ModelConfig:
                 f"{self.name}: d_model ({self.d_model}) must divide by n_heads ({self.n_heads}), "
                 f"and n_heads by n_kv_heads ({self.n_kv_heads})"
             )
+        if self.head_dim % 2:  # was: ValueError from apply_rope's chunk(2) at the first pass (exit 1)
+            raise ValueError(
+                f"{self.name}: the head dimension d_model / n_heads ({self.d_model} / {self.n_heads} = "
+                f"{self.head_dim}) must be even (the rotary embedding turns pairs of it)"
+            )
 
     @property
     def head_dim(self) -> int:

@@ -37,7 +37,12 @@ class Sampler:
         logits = logits.float().cpu()
         if self.cfg.temperature == 0.0:
             return logits.argmax(-1)
-        probs = (logits / self.cfg.temperature).softmax(-1)
+        # shifted so the top logit is 0 (others <= 0): a tiny temperature (1e-320 is 0 in float32,
+        # 1e-37 overflows 100 / T) then gives -inf for the rest, never inf - inf = NaN (was: capture
+        # --temperature 1e-320 exit 1, "probability tensor contains either inf, nan or element < 0")
+        tiny = torch.finfo(logits.dtype).tiny
+        shifted = logits - logits.max(-1, keepdim=True).values
+        probs = (shifted / max(self.cfg.temperature, tiny)).softmax(-1)
         if self.cfg.top_p < 1.0:
             sorted_p, idx = probs.sort(-1, descending=True)
             keep = sorted_p.cumsum(-1) - sorted_p < self.cfg.top_p

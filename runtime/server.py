@@ -154,7 +154,13 @@ class Server:
         if max_pages is None:
             if kv_budget_mib is None or not kv_budget_mib > 0:
                 raise UsageError(f"kv_budget_mib must be > 0, got {kv_budget_mib}")
-            max_pages = int(kv_budget_mib * MIB // page_bytes)
+            budget, memory = kv_budget_mib * MIB, device_memory_bytes(engine.model)
+            if budget > memory:  # 1e308 MiB is inf bytes: was ValueError from int(inf // page_bytes)
+                raise UsageError(
+                    f"a KV budget of {kv_budget_mib:g} MiB does not fit in the {memory / MIB:.0f} MiB "
+                    "of memory of the model's device (lower the KV budget)"
+                )
+            max_pages = int(budget // page_bytes)
             if max_pages < 1:
                 raise UsageError(
                     f"a KV budget of {kv_budget_mib} MiB is smaller than one page "

@@ -48,6 +48,16 @@ class OneLineParser(argparse.ArgumentParser):
             line = f"{line[:MAX_ERROR_CHARS]}... ({len(line)} characters)"
         self.exit(EXIT_USAGE, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> object:
+        """`--n=--` is the value '--', as the user wrote it: Python 3.11's argparse drops a '--'
+        even when it is an option's attached value and hands the command an empty list for it
+        (was: `solm capture --n=--` exit 1, "'<=' not supported between 'int' and 'list'")."""
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            value = self._get_value(action, "--")  # an int flag: "invalid int value: '--'"
+            self._check_value(action, value)
+            return value
+        return super()._get_values(action, arg_strings)
+
 
 class _Version(argparse.Action):
     """`solm --version`: the version and the checkout's commit (looked up only when asked)."""

@@ -85,7 +85,30 @@ CORRUPT_CHECKPOINTS = [
     (_config("n_layers", 2), "does not match"),  # was RuntimeError from load_state_dict
     (lambda c: (c / "config.json").write_bytes(b"\xff\xfe\xff"), "not valid JSON"),  # was UnicodeDecodeError
     (_nan_weight, "tensor lm_head.weight holds NaN or infinite values"),  # was: exit 0, outputs from NaN logits
+    # the weights' shapes still match (128 x 128 q projection): was ValueError from apply_rope (exit 1)
+    (lambda c: _config("n_heads", 128)(c) or _config("n_kv_heads", 64)(c), "must be even"),
+    # was: exit 0 with every output from NaN logits (1e-308 is 0 in float32, and so is every
+    # rotary frequency), or from constant logits (a norm eps beyond float32 is inf)
+    (_config("rope_theta", 1e-308), "rope_theta must be a number in [1.18e-38, 3.4e+38]"),
+    (_config("norm_eps", 1e308), "norm_eps must be a number in [1.18e-38, 3.4e+38]"),
+    # was: exit 0, the integers or booleans cast to float32 weights by load_state_dict
+    (lambda c: _retype(c, "int32"), "tensor embed.weight is of dtype I32, not a float"),
+    (lambda c: _retype(c, "bool"), "is of dtype BOOL, not a float"),
+    # was: "unreadable checkpoint config ('config')", a KeyError's repr
+    (
+        lambda c: _edit_json(c / "config.json", lambda d: d.pop("config")),
+        "not a solm checkpoint config (no 'config' key)",
+    ),
 ]
+
+
+def _retype(c: Path, dtype: str) -> None:
+    """The checkpoint's weights as integers or booleans: a well-formed safetensors file of the right shapes."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(c / "model.safetensors"))
+    save_file({k: v.to(getattr(torch, dtype)) for k, v in weights.items()}, str(c / "model.safetensors"))
 
 
 @pytest.mark.parametrize("damage,needle", CORRUPT_CHECKPOINTS)
@@ -311,15 +334,13 @@ def test_capture_model_and_knob_values(flags, needle, work, capsys):
 def test_a_transformers_folder_that_does_not_load_is_one_line(work, capsys):
     """Was: transformers' OSError (no weights) or ValueError (unknown model_type), exit 1."""
     pytest.importorskip("transformers")
-    for cfg in ({"model_type": "llama"}, {"model_type": "nonesuch"}):
+    for cfg, needle in (
+        ({"model_type": "llama"}, "not a loadable transformers directory"),
+        ({"model_type": "nonesuch"}, "model_type 'nonesuch' is not supported by the adapter"),
+    ):
         (work / "hf").mkdir(exist_ok=True)
         (work / "hf" / "config.json").write_text(json.dumps(cfg))
-        refused(
-            ["capture", "--model", "hf", "--n", "1", "--out", "c"],
-            capsys,
-            "not a loadable transformers directory",
-            work,
-        )
+        refused(["capture", "--model", "hf", "--n", "1", "--out", "c"], capsys, needle, work)
 
 
 LONG = "a" * 300  # one path component over NAME_MAX (255)
@@ -403,3 +424,17 @@ def test_no_room_for_the_output_is_the_users_error(work, capsys, monkeypatch):
 def test_an_empty_value_is_not_taken_for_no_value(argv, needle, work, capsys, no_training):
     refused(argv, capsys, needle, work)
     assert not (work / "c").exists() and not (work / "o").exists()
+
+
+@pytest.mark.parametrize("init", ["arch:tiny-llama", "hf", "gguf:m.gguf"])
+def test_train_from_a_transformers_model_is_refused(init, work, capsys):
+    """Was: `train --init arch:tiny-llama` (or a local transformers directory) loaded the model,
+    then AttributeError 'HFCausalLM' object has no attribute 'forward_dense' (exit 1)."""
+    pytest.importorskip("transformers")
+    from runtime.hf_adapter import build_arch
+
+    build_arch("tiny-llama", seed=0).hf.save_pretrained(work / "hf")
+    (work / "m.gguf").write_bytes(b"GGUF")
+    capsys.readouterr()  # save_pretrained's own progress bar
+    refused(["train", "--init", init, "--steps", "1", "--out", "o"], capsys, "not a transformers or GGUF model", work)
+    assert not (work / "o").exists()

@@ -137,6 +137,8 @@ def check_args(args: argparse.Namespace) -> None:
     args.model, args.task, args.structure_from = (v or "" for v in (args.model, args.task, args.structure_from))
     if not 0 < args.counters_hz <= 1000:  # also refuses NaN: a sampler at NaN Hz spins
         raise UsageError(f"--counters-hz must be a number in (0, 1000], got {args.counters_hz}")
+    if 1.0 / args.counters_hz == math.inf:  # 1e-320: was a thread traceback, exit 0, interval inf in meta.json
+        raise UsageError(f"--counters-hz {args.counters_hz} is too small: its sampling interval overflows")
     if not 0 <= args.temperature < math.inf:
         raise UsageError(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
     if args.top_p is not None and not 0 < args.top_p <= 1:

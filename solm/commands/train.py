@@ -116,9 +116,14 @@ def _checkpoint_info(
 
 
 def run(args: argparse.Namespace) -> int:
-    from runtime.checkpoint import model_path
+    from runtime.checkpoint import is_transformers_spec, model_path
 
     recipe, cfg = _recipe_and_config(args)
+    if args.init and is_transformers_spec(args.init):  # was: AttributeError, no forward_dense (exit 1)
+        raise UsageError(
+            f"--init {args.init}: solm train trains solm's own model (a checkpoint directory or a preset), "
+            "not a transformers or GGUF model"
+        )
     # checked, created and locked before hours of training; removed again if nothing was saved
     with claim_out_dir(args.out, [model_path(args.init) or ""], args.force, kinds=("checkpoint",)):
         return _train(args, recipe, cfg)

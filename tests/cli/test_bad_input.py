@@ -287,3 +287,28 @@ def test_a_trace_stopped_before_its_first_request_is_refused(t, tmp_path, capsys
     ):
         one_line_error(argv, capsys, needle)
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["capture", "--n=--"], "argument --n: invalid int value: '--'"),  # was: exit 1, TypeError int <= list
+        (["capture", "--split=--"], "argument --split: invalid choice: '--'"),
+        (["train", "--lr=--"], "argument --lr: invalid float value: '--'"),
+    ],
+)
+def test_a_double_dash_attached_to_a_flag_is_its_value(argv, needle, tmp_path, capsys):
+    """Python 3.11's argparse dropped a '--' given as `--flag=--` and handed the command [] for it."""
+    with pytest.raises(SystemExit) as e:  # argparse's own error: one line, exit 2
+        main([*argv, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"solm {argv[0]}: error: ") and err.count("\n") == 1, err
+    assert needle in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_counters_rate_whose_interval_overflows_is_refused(tmp_path, capsys):
+    """--counters-hz 1e-320 is in (0, 1000] but 1 / 1e-320 is inf: was a sampler thread traceback,
+    exit 0 and counters_interval_s inf in meta.json."""
+    one_line_error(["capture", "--counters-hz", "1e-320", "--out", str(tmp_path / "c")], capsys, "too small")
+    assert not (tmp_path / "c").exists()

@@ -145,3 +145,25 @@ def test_nvml_counters_from_a_fake_device(monkeypatch):
     assert cpu.source == "host" and sys.modules["pynvml"].shut == 1  # NVML present, not used: shut down
     with pytest.raises(ValueError, match="interval"):
         CounterSampler(interval_s=0.0)
+
+
+def test_an_interval_beyond_threadings_longest_wait_keeps_the_sampler_alive(monkeypatch):
+    """Was: `capture --counters-hz 1e-300` (an interval of 1e300 s): the sampler thread died of an
+    OverflowError in Event.wait after its first row, a traceback on stderr, the capture exit 0."""
+    import threading
+
+    died: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    s = CounterSampler(interval_s=1e300, use_nvml=False).start()
+    while not s.rows:  # the first sample taken: the thread waits next (or dies)
+        time.sleep(0.01)
+    s._thread.join(timeout=1)  # the buggy thread dies at once; a sound one is still waiting
+    alive = s._thread.is_alive()
+    s.stop()
+    assert died == [] and alive
+
+
+@pytest.mark.parametrize("interval", [0.0, -1.0, float("inf"), float("nan")])
+def test_an_interval_that_is_not_a_positive_finite_number_is_refused(interval):
+    with pytest.raises(ValueError, match="finite number > 0"):
+        CounterSampler(interval_s=interval, use_nvml=False)

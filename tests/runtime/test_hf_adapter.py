@@ -167,6 +167,14 @@ def test_local_hf_directory_loads_through_load_model(models, tmp_path, tok):
     torch.testing.assert_close(b, a[:, : tok.vocab_size])
 
 
+def test_an_arch_name_is_a_catalog_name_not_a_path():
+    """Was: `arch:../hf_configs/tiny-llama` built the model of a file reached by its path."""
+    from profiler.errors import UnknownName
+
+    with pytest.raises(UnknownName, match="unknown architecture '../hf_configs/tiny-llama'"):
+        build_arch("../hf_configs/tiny-llama")
+
+
 def test_model_vocab_smaller_than_the_tokenizer_is_one_clear_error(tok):
     from runtime import hf_adapter
 
@@ -175,3 +183,63 @@ def test_model_vocab_smaller_than_the_tokenizer_is_one_clear_error(tok):
     assert (
         hf_adapter.build_arch("tiny-llama", "cpu", seed=0, logits_vocab=tok.vocab_size).logits_vocab == tok.vocab_size
     )
+
+
+def _edit_config(d, **change) -> None:
+    import json
+
+    doc = json.loads((d / "config.json").read_text())
+    doc.update(change)
+    (d / "config.json").write_text(json.dumps(doc))
+
+
+def _drop_tensor(d) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(d / "model.safetensors"))
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _nan_tensor(d) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(d / "model.safetensors"))
+    weights["model.norm.weight"][3] = float("nan")
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize(
+    "damage,needle",
+    [
+        # was: exit 0, every output from NaN logits
+        (lambda d: _edit_config(d, rms_norm_eps=float("nan")), "rms_norm_eps must be a finite number > 0, got nan"),
+        (lambda d: _edit_config(d, rope_parameters={"rope_theta": -1.0}), "rope_theta must be a finite number > 0"),
+        (_nan_tensor, "tensor model.norm.weight holds NaN or infinite values"),
+        # was: a GPT-2 built and loaded (its load report on stderr) before the adapter refused it
+        (lambda d: _edit_config(d, model_type="gpt2"), "model_type 'gpt2' is not supported by the adapter"),
+        # was: StrictDataclassClassValidationError / StrictDataclassFieldValidationError (exit 1)
+        (lambda d: _edit_config(d, hidden_size=-1), "hidden_size must be an integer in 1..16777216, got -1"),
+        (lambda d: _edit_config(d, hidden_size="4"), "hidden_size must be an integer in 1..16777216, got '4'"),
+        (lambda d: _edit_config(d, num_attention_heads=3), "not a usable llama config"),
+        # was: RuntimeError "ignore_mismatched_sizes" (exit 1)
+        (lambda d: _edit_config(d, hidden_size=32, head_dim=8), "weights do not match config.json"),
+        # was: exit 0, the missing tensor randomly initialised (a warning on stderr)
+        (_drop_tensor, "first model.layers.1.mlp.up_proj.weight: None in the weights"),
+    ],
+)
+def test_a_broken_local_hf_directory_is_one_line(damage, needle, tmp_path, capsys):
+    from solm.cli import main
+
+    build_arch("tiny-llama", seed=0).hf.save_pretrained(tmp_path / "hf")
+    damage(tmp_path / "hf")
+    capsys.readouterr()  # save_pretrained's own progress bar
+    assert (
+        main(
+            ["capture", "--model", str(tmp_path / "hf"), "--n", "1", "--max-tokens", "2", "--out", str(tmp_path / "o")]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("solm capture: error: ") and err.count("\n") == 1 and needle in err, err
+    assert not (tmp_path / "o").exists()

@@ -4,8 +4,11 @@ recomputes without losing a request; a request larger than the pool gets an erro
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from profiler.errors import UsageError
 from runtime.checkpoint import load_model
 from runtime.engines import GenerationConfig, Request, get_engine
 from runtime.server import FakeClock, Server
@@ -107,6 +110,10 @@ def test_bad_budgets_are_clear_errors():
         Server(eng, kv_budget_mib=-1)
     with pytest.raises(ValueError, match="attention"):
         Server(eng, kv_budget_mib=1, attention="dense")
+    # was: ValueError "cannot convert float NaN to integer" (1e308 MiB in bytes is inf), exit 1
+    for huge in (1e308, 1e15):
+        with pytest.raises(UsageError, match=re.escape(f"a KV budget of {huge:g} MiB does not fit")):
+            Server(eng, kv_budget_mib=huge)
     srv = Server(eng, kv_budget_mib=0.5)  # fractions of a MiB are budgets too
     assert srv.pool_capacity_blocks == int(0.5 * 2**20 // srv.store.page_bytes)
 

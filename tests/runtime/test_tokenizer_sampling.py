@@ -73,6 +73,15 @@ def test_top_p_below_float32s_least_keeps_the_top_token(top_p):
     assert {int(s(logits)[0]) for _ in range(20)} == {1}
 
 
+@pytest.mark.parametrize("temperature", [1e-320, 1e-37])
+def test_a_tiny_temperature_samples_the_top_token(temperature):
+    """Was: `capture --temperature 1e-320` exit 1, RuntimeError from torch.multinomial: 1e-320 is 0
+    in float32 (0 / 0 = NaN), and at 1e-37 the logit 100 / T overflows (inf - inf = NaN)."""
+    logits = torch.tensor([[1.0, 100.0, 2.0]])
+    s = Sampler(SamplingConfig(temperature=temperature, seed=0))
+    assert {int(s(logits)[0]) for _ in range(20)} == {1}
+
+
 def drawn(cfg: SamplingConfig, logits: list[float], n: int = 200) -> set[int]:
     s = Sampler(cfg)
     return {int(s(torch.tensor([logits]))[0]) for _ in range(n)}
