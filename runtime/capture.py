@@ -37,7 +37,7 @@ from runtime.engines.operating_points import check_knob_types
 from runtime.hf_tokenizer import tokenizer_for
 from runtime.model import TinyLM
 from runtime.sampling import SamplingConfig
-from runtime.tasks import Example, get_task
+from runtime.tasks import Example, Task, get_task
 from runtime.tokenizer import Tokenizer
 
 # which of a request's repeated runs is recorded: index into its runs sorted by latency
@@ -120,7 +120,9 @@ def model_meta(model: TinyLM, spec: str, info: dict) -> dict:
         "kv_bytes_per_token": model.kv_bytes_per_token,
         "trained": bool(info.get("trained", True)),
         "checkpoint_info": info,
-        **(model.meta_extra() if hasattr(model, "meta_extra") else {}),  # real architectures: head_dim, tied embeddings
+        **(
+            extra() if (extra := getattr(model, "meta_extra", None)) else {}
+        ),  # real architectures: head_dim, tied embeddings
     }
 
 
@@ -235,7 +237,7 @@ def make_start(cfg: CaptureConfig, model, tok: Tokenizer, scripts: list | None):
     """`start(rid, example, script)`: a request's step generator, on the engine `cfg` names (or a
     replayer of `scripts`, the reference trace's structure)."""
     gen_cfg = GenerationConfig(
-        max_tokens=cfg.max_tokens,
+        max_tokens=default_max_tokens(cfg.task) if cfg.max_tokens is None else cfg.max_tokens,
         page_size=cfg.page_size,
         sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.seed),
     )
@@ -363,7 +365,7 @@ class Session:
     """What one capture commits with: its writer, scorer and the state of every request."""
 
     writer: TraceWriter
-    task: object
+    task: Task
     tok: Tokenizer
     examples: list[Example]
     scored: bool

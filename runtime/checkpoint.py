@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -15,6 +16,9 @@ from safetensors.torch import load_file, save_file
 
 from profiler.errors import UsageError
 from runtime.model import PRESETS, ModelConfig, TinyLM
+
+if TYPE_CHECKING:  # the transformers adapter is an optional extra
+    from runtime.hf_adapter import HFCausalLM
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINTS_DIR = REPO_ROOT / "checkpoints"
@@ -114,7 +118,7 @@ def _check_weights(weights: Path, cfg: ModelConfig, cfg_file: Path) -> None:
         )
 
 
-def load_model(spec: str, device: str = "cpu", seed: int = 0) -> tuple[TinyLM, dict]:
+def load_model(spec: str, device: str = "cpu", seed: int = 0) -> tuple[TinyLM | HFCausalLM, dict]:
     """`spec` is a checkpoint directory, a shipped checkpoint name, or a preset name; with the `hf`
     extra also `arch:NAME` (random weights, a real architecture) or a local transformers directory, and
     real pretrained weights from a GGUF file (`gguf:PATH`, `smollm2-135m`: `runtime.gguf`)."""
@@ -169,7 +173,7 @@ def _is_hf_dir(path: str) -> bool:
     return "model_type" in doc and "format" not in doc
 
 
-def _load_hf(spec: str, device: str, seed: int) -> tuple[TinyLM, dict]:
+def _load_hf(spec: str, device: str, seed: int) -> tuple[HFCausalLM, dict]:
     """transformers models through `runtime.hf_adapter` (logits restricted to our tokenizer's ids)."""
     try:
         from runtime import hf_adapter

@@ -63,7 +63,7 @@ def packaged_gguf(name: str = SMOLLM2) -> Path:
         raise ModelFileError(f"model {name!r} needs the package {package} (not installed): {INSTALL_HINT}") from None
     for f in dist.files or ():
         if f.name == filename:
-            path = Path(dist.locate_file(f))
+            path = Path(str(dist.locate_file(f)))
             if path.is_file():
                 return path
     raise ModelFileError(

@@ -31,6 +31,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,9 @@ from torch import nn
 
 from profiler.errors import UnknownName
 from runtime.kv import PagedKVModel, PagedKVStore, attention_mask
+
+if TYPE_CHECKING:
+    from runtime.hf_tokenizer import HFTokenizer
 
 try:
     import transformers
@@ -92,7 +96,11 @@ class HFConfigView:
 class HFCausalLM(PagedKVModel, nn.Module):
     """Wraps an HF `*ForCausalLM`; same attributes and primitive as `TinyLM`."""
 
-    def __init__(self, hf: nn.Module, name: str = "", logits_vocab: int | None = None) -> None:
+    tokenizer: HFTokenizer | None = (
+        None  # a GGUF model's own (runtime.gguf sets it; hf_tokenizer.tokenizer_for reads it)
+    )
+
+    def __init__(self, hf: Any, name: str = "", logits_vocab: int | None = None) -> None:
         super().__init__()
         mt = hf.config.model_type
         if mt not in SUPPORTED:
@@ -102,7 +110,7 @@ class HFCausalLM(PagedKVModel, nn.Module):
                 f"{name or mt}: vocab_size {hf.config.vocab_size} is smaller than the tokenizer's "
                 f"{logits_vocab} ids (every id the engines may feed needs an embedding row)"
             )
-        self.hf = hf.eval()
+        self.hf: Any = hf.eval()  # a transformers *ForCausalLM (typed loosely: nn.Module attribute lookups)
         self.cfg = HFConfigView.from_hf(name or mt, hf.config)
         self.logits_vocab = logits_vocab
 
@@ -128,7 +136,7 @@ class HFCausalLM(PagedKVModel, nn.Module):
     # ------------------------------------------------------------------ inference primitive
     def _attention(
         self,
-        attn: nn.Module,
+        attn: Any,  # a transformers attention module
         layer: int,
         h: torch.Tensor,
         cos: torch.Tensor,
@@ -205,12 +213,13 @@ class HFCausalLM(PagedKVModel, nn.Module):
         if not return_attention:
             return logits
         per_slot = torch.zeros(max(S, visibility.shape[1]), device=dev)
+        assert attn_sum is not None  # a list whenever return_attention
         per_slot[:S] = torch.stack(attn_sum).sum(0)[0]
         return logits, per_slot
 
 
 # ---------------------------------------------------------------------- loading
-def _init_random(hf: nn.Module, seed: int) -> None:
+def _init_random(hf: Any, seed: int) -> None:
     """Deterministic random init, on whatever device the (empty) parameters live on.
 
     Linear/embedding weights N(0, initializer_range), biases 0, norm weights at their identity
@@ -225,8 +234,9 @@ def _init_random(hf: nn.Module, seed: int) -> None:
             if isinstance(mod, (nn.Linear, nn.Embedding)):
                 w = mod.weight
                 w.copy_(torch.randn(w.shape, generator=g, device=dev, dtype=torch.float32).mul_(std).to(w.dtype))
-                if getattr(mod, "bias", None) is not None:
-                    mod.bias.zero_()
+                bias = getattr(mod, "bias", None)  # an Embedding has none, a Linear may
+                if bias is not None:
+                    bias.zero_()
             elif cls.endswith("RMSNorm") and getattr(mod, "weight", None) is not None:
                 mod.weight.fill_(0.0 if cls.startswith("Gemma") else 1.0)
             if hasattr(mod, "scalar_embed_scale"):

@@ -292,11 +292,10 @@ class PagedKVModel:
 
     if TYPE_CHECKING:  # what the model class it is mixed into provides (declared for mypy only)
         cfg: Any
-        embed: torch.nn.Embedding
 
     @property
     def kv_layout(self) -> KVLayout:
-        return KVLayout(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim, self.embed.weight.dtype)
+        return KVLayout(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim, self._embedding.weight.dtype)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -306,7 +305,12 @@ class PagedKVModel:
         return sum(p.numel() for p in cast(torch.nn.Module, self).parameters())  # mixed into an nn.Module
 
     def new_kv_store(self, page_size: int = 16, max_pages: int | None = None) -> PagedKVStore:
-        return PagedKVStore(self.kv_layout, page_size, self.embed.weight.device, max_pages)
+        return PagedKVStore(self.kv_layout, page_size, self._embedding.weight.device, max_pages)
+
+    @property
+    def _embedding(self) -> torch.nn.Embedding:
+        """The model's token embedding: TinyLM's attribute, the transformers adapter's property."""
+        return cast(Any, self).embed
 
 
 def attention_mask(visibility: torch.Tensor, n_queries: int, kv: PagedKVStore, device: torch.device) -> torch.Tensor:

@@ -313,7 +313,10 @@ def test_an_empty_output_file_is_refused(argv, needle, work, capsys):
     "flags,needle",
     [
         (["--knob", "a=" + "[" * 50000], "--knob a: not valid JSON (nested too deeply)"),  # was RecursionError (exit 1)
-        (["--knob", "a=" + "9" * 5000], "--knob a: not valid JSON (an integer of more than 4300 digits)"),  # was ValueError (exit 1)
+        (
+            ["--knob", "a=" + "9" * 5000],
+            "--knob a: not valid JSON (an integer of more than 4300 digits)",
+        ),  # was ValueError (exit 1)
         (["--model", "gguf:"], "needs a path"),  # model_path: "gguf:" alone is not the working directory
         # was: exit 0, the string "nan" (not JSON) taken as true by a bool knob; 1 likewise
         (["--system", "planned_diffusion", "--knob", "block_sparse=nan"], "block_sparse takes bool"),

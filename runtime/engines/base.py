@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Hashable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,6 +24,9 @@ from runtime.kv import PagedKVStore, RequestKV
 from runtime.model import TinyLM, check_fits
 from runtime.sampling import SamplingConfig
 from runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # the transformers adapter is an optional extra
+    from runtime.hf_adapter import HFCausalLM
 
 
 @dataclass(frozen=True)
@@ -312,7 +316,9 @@ class Engine:
     default_model = ""  # shipped checkpoint `solm capture` uses when --model is not given
     default_task = ""
 
-    def __init__(self, model: TinyLM, tokenizer: Tokenizer, config: GenerationConfig = GenerationConfig()) -> None:
+    def __init__(
+        self, model: TinyLM | HFCausalLM, tokenizer: Tokenizer, config: GenerationConfig = GenerationConfig()
+    ) -> None:
         self.model = model
         self.tok = tokenizer
         self.config = config

@@ -140,7 +140,10 @@ def _train(args: argparse.Namespace, recipe, cfg) -> int:
 
     tok = Tokenizer()
     if args.init:
-        model, _ = load_model(args.init)
+        loaded, _ = load_model(args.init)
+        if not isinstance(loaded, TinyLM):  # run() refused a transformers --init before claiming --out
+            raise UsageError(f"--init {args.init}: not a solm model")
+        model = loaded
     else:
         model = TinyLM(ModelConfig.from_name(recipe.preset), seed=args.seed)
     t0 = time.perf_counter()
