@@ -35,7 +35,7 @@ import pandas as pd
 
 from profiler.errors import UsageError, parse_json
 from profiler.host import usable_cores
-from profiler.outdir import input_file
+from profiler.outdir import input_file, write_file_atomic
 from profiler.services import die_with_parent
 from profiler.stats import non_dominated
 from simulator.hardware import get_hardware
@@ -413,9 +413,9 @@ def _check_column_types(table: pd.DataFrame, path: Path) -> None:
 def _write_parquet(table: pd.DataFrame, out: Path) -> None:
     if len(table):
         _check_column_types(table, out / RESULTS_JSONL)  # its rows are kept; the table is not written
-        tmp = out / f".{RESULTS_PARQUET}.tmp"
-        table.to_parquet(tmp, index=False)
-        os.replace(tmp, out / RESULTS_PARQUET)
+        # a temporary file of its own name: was a fixed `.sweep.parquet.tmp`, and a link there had the table
+        # written through it into the file it named
+        write_file_atomic(out / RESULTS_PARQUET, table.to_parquet(index=False))
 
 
 def sweep(
@@ -520,6 +520,8 @@ def _run_and_write(
 def _resume(out_dir: Path, configs: list[dict], order: dict[str, int]) -> tuple[list[dict], list[dict]]:
     """(rows already in `out_dir`'s results that belong to this grid, the configurations still to run)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    if (out_dir / RESULTS_PARQUET).is_dir():  # was: every configuration ran, then the table failed to replace it
+        raise UsageError(f"{out_dir / RESULTS_PARQUET}: a folder, not the table a sweep writes; choose another --out")
     finished = read_results(out_dir)
     keys = set(finished["key"]) if len(finished) else set()
     foreign = keys - set(order)

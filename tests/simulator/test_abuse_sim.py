@@ -328,6 +328,26 @@ def test_sweep_does_not_append_through_a_link(home, capsys):
     assert elsewhere.read_bytes() == before
 
 
+def test_sweep_does_not_write_its_table_through_a_link(home, capsys):
+    """Was: the table went to a fixed `.sweep.parquet.tmp` first: a link there had it written into
+    the file the link named (the user's notes replaced by Parquet bytes)."""
+    _sweep_into(home)
+    (home / "sw" / ".sweep.parquet.tmp").symlink_to(home / "notes.txt")
+    assert main([*SWEEP, "--out", "sw", "--max-seqs", "1,2,4"]) == 0  # resumed: one more row, the table rewritten
+    assert (home / "notes.txt").read_text() == "the user's notes\n"
+    assert len(pd.read_parquet(home / "sw" / "sweep.parquet")) == 3
+
+
+def test_sweep_refuses_a_folder_as_its_table(home, capsys):
+    """Was: a folder named sweep.parquet let the whole grid run, then failed to be replaced (an error
+    naming `.sweep.parquet.tmp`, after the rows were appended)."""
+    _sweep_into(home)
+    capsys.readouterr()
+    (home / "sw" / "sweep.parquet").unlink()
+    (home / "sw" / "sweep.parquet").mkdir()
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2,4"], home, capsys, "sweep.parquet: a folder, not the table")
+
+
 def test_sweep_resumes_twice_after_a_torn_row(home, capsys):
     """Was: the resume appended its rows to the torn last line, and the next resume could not parse it."""
     _sweep_into(home)
