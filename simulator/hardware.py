@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.errors import TraceError, UnknownName, UsageError
+from profiler.errors import TraceError, UnknownName, UsageError, quoted
 from profiler.host import read_host_cpu
 
 GIB = 2**30
@@ -546,7 +546,7 @@ def get_hardware(name: str) -> HardwareSpec:
     try:
         return HARDWARE[name]
     except KeyError:
-        raise UnknownName(f"unknown hardware {name!r}; valid names: {', '.join(sorted(HARDWARE))}") from None
+        raise UnknownName(f"unknown hardware {quoted(name)}; valid names: {', '.join(sorted(HARDWARE))}") from None
 
 
 def override(base_name: str, /, **fields: Any) -> HardwareSpec:

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from profiler.errors import UsageError, parse_json
+from profiler.errors import UsageError, parse_json, quoted
 from profiler.host import usable_cores
 from profiler.outdir import input_file, write_file_atomic
 from profiler.services import die_with_parent
@@ -139,6 +139,18 @@ def grid(
     fixed = {**CLUSTER_DEFAULTS, **(cluster or {})}
     calibrations = _pop_calibrations(fixed, hardware)
     shapes = _shapes(fixed)
+    _check_table_ints(
+        {
+            "--max-seqs": max_seqs,
+            "--concurrency": concurrency,
+            "--max-batch-tokens": [max_batch_tokens],
+            "--num-requests": [num_requests],
+            "--seed": [seed],
+            "--tp": [s[0] for s in shapes],
+            "--pp": [s[1] for s in shapes],
+            "--replicas": [s[2] for s in shapes],
+        }
+    )
     _check_size(traces, hardware, models, max_seqs, arrivals, shapes)
     configs = []
     for t, h, m, s, (r, c), (tp, pp, k) in itertools.product(traces, hardware, models, max_seqs, arrivals, shapes):
@@ -179,6 +191,15 @@ def _check_size(*axes: Sequence) -> None:
             f"the grid has {total:,} configurations ({factors}), more than the {MAX_CONFIGS:,} one sweep runs; "
             f"narrow the lists or split it into several sweeps"
         )
+
+
+def _check_table_ints(settings: dict[str, Sequence]) -> None:
+    """UsageError for an integer setting beyond a table column's 64 bits (was: --max-seqs
+    1,99999999999999999999 ran, then every write of the table, and every resume, an OverflowError)."""
+    for flag, values in settings.items():
+        for v in values:
+            if isinstance(v, (int, np.integer)) and not -(2**63) <= v < 2**63:
+                raise UsageError(f"{flag} {quoted(v)}: beyond the 64-bit integers a sweep's table holds")
 
 
 def _check_names(hardware: Sequence[str], models: Sequence[str]) -> None:
@@ -403,7 +424,7 @@ def _check_column_types(table: pd.DataFrame, path: Path) -> None:
 
     try:
         pa.Table.from_pandas(table, preserve_index=False)
-    except (pa.ArrowTypeError, pa.ArrowInvalid) as error:
+    except (pa.ArrowTypeError, pa.ArrowInvalid, OverflowError) as error:  # Overflow: an int beyond 64 bits
         column = str(error.args[-1]) if error.args else str(error)
         raise UsageError(
             f"{path}: rows of mixed types, not a sweep's results ({column}); choose another --out"

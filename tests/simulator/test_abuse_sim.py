@@ -259,6 +259,15 @@ SWEEP = ["sweep", "t", "--hardware", "h100-sxm", "--num-requests", "4", "--worke
             ["--max-seqs", ",".join(map(str, range(1, 400))), "--rate", ",".join(map(str, range(1, 400)))],
             "the grid has 159,201 configurations (399 max-seqs x 399 arrivals), more than the 100,000",
         ),
+        # was: ran, then writing sweep.parquet (and every resume) an internal error, OverflowError
+        (["--max-seqs", "1,99999999999999999999", "--out", "sw"], "--max-seqs 99999999999999999999: beyond the 64-bit"),
+        (["--rate", "1", "--seed", str(2**64)], f"--seed {2**64}: beyond the 64-bit integers"),
+        # was: the value echoed whole, an error line of 5,000 characters
+        (["--max-seqs", "9" * 5000], "list of ints, got '" + "9" * 59 + "... (5002 characters)"),
+        (["--max-seqs", "9" * 4000 + "," + "9" * 4000], "names " + "9" * 60 + "... (4000 characters) twice, got '"),
+        (["--hardware", "x" * 5000], "unknown hardware '" + "x" * 59 + "... (5002 characters); valid names"),
+        (["--model", "x" * 5000], "unknown model '" + "x" * 59 + "... (5002 characters); valid names"),
+        (["--scheduler", "x" * 5000], "unknown scheduler '" + "x" * 59 + "... (5002 characters); valid names"),
     ],
 )
 def test_sweep_settings_refused(flags, needle, home, capsys):
@@ -313,6 +322,19 @@ def test_sweep_refuses_results_edited_into_other_shapes(home, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "rows of mixed types" in err, err
     assert results.read_text().startswith(edited) and len(results.read_text().splitlines()) == 2
+
+
+def test_sweep_refuses_results_holding_an_integer_beyond_64_bits(home, capsys):
+    """Was: a row edited to max_seqs 99999999999999999999 beside the others was an internal error
+    (OverflowError) at every resume, not the one line of a row of the wrong type."""
+    import json
+
+    _sweep_into(home)
+    capsys.readouterr()
+    results = home / "sw" / "results.jsonl"
+    first, second = results.read_text().splitlines()
+    results.write_text(json.dumps({**json.loads(first), "max_seqs": 10**20}) + "\n" + second + "\n")
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "rows of mixed types")
 
 
 def test_sweep_does_not_append_through_a_link(home, capsys):
