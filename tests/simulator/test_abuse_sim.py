@@ -96,6 +96,13 @@ def test_argparse_errors_are_one_line(argv, needle, home, capsys):
         ([*SIM, "--set", "nvlink_generation=banana"], "nvlink_generation must be a whole number in 1..6, got 'banana'"),
         ([*SIM, "--set", "pcie_generation=0"], "pcie_generation must be a whole number in 1..7, got 0"),
         (["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--set", " =3"], "--set expects FIELD=VALUE"),
+        # was: the value echoed whole (an int of 5,000 digits is kept as text, then refused as no number)
+        (
+            [*SIM, "--set", "hbm_bytes_per_s=" + "9" * 5000],
+            "hbm_bytes_per_s must be a number > 0, got '" + "9" * 59 + "... (5002",
+        ),
+        ([*SIM, "--set", "num_sms=" + "9" * 5000], "num_sms must be a number > 0, got '" + "9" * 59 + "... (5002"),
+        ([*SIM, "--set", "x" * 5000], "--set expects FIELD=VALUE, got '" + "x" * 59 + "... (5002"),
         # was: exit 0, the GPU's KV sent to a CPU over NVLink in 0.02 ms, the deployment "= 2 GPUs"
         (
             [*SIM, "--model", "llama-3-8b", "--disaggregate", "1:1", "--decode-hardware", "host-cpu"],
