@@ -199,7 +199,8 @@ class OutLock:
         except OSError as error:
             if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
                 raise
-            raise UsageError(self._not_a_lock(flag, error.strerror or "cannot open it")) from None
+            why = "a link" if error.errno == errno.ELOOP else error.strerror or "cannot open it"  # ELOOP: O_NOFOLLOW's
+            raise UsageError(self._not_a_lock(flag, why)) from None
         if not stat.S_ISREG(os.fstat(self.fd).st_mode):  # a FIFO: ftruncate failed, an internal error
             os.close(self.fd)
             raise UsageError(self._not_a_lock(flag, "not a regular file"))

@@ -283,7 +283,10 @@ def test_a_lock_entry_that_is_not_a_lock_file_is_refused_untouched(work, capsys,
         os.mkfifo(lock)
     else:
         lock.mkdir()
-    with pytest.raises(UsageError, match=r"\.solm\.lock there is not a lock file solm made"):
+    why = {"link to a file": "a link", "dangling link": "a link", "fifo": "not a regular file"}.get(
+        kind, "Is a directory"
+    )
+    with pytest.raises(UsageError, match=rf"\.solm\.lock there is not a lock file solm made \({why}\)"):
         claim_out_dir(out)
     refused(
         ["sweep", "t", "--hardware", "h100-sxm", "--num-requests", "2", "--out", str(out)], capsys, "not a lock file"
