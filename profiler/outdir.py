@@ -23,10 +23,12 @@ and is a regular file, never a FIFO or a device that would block or never end.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -192,7 +194,16 @@ class OutLock:
         self.dir = d
         self.path = d / LOCK_NAME
         self.created = False  # set by claim_out_dir: the folder did not exist before
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # a link is not followed: was, a .solm.lock linked to a file truncated that file (or created its target)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as error:
+            if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise
+            why = "a link" if error.errno == errno.ELOOP else error.strerror or "cannot open it"  # ELOOP: O_NOFOLLOW's
+            raise UsageError(self._not_a_lock(flag, why)) from None
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):  # a FIFO: ftruncate failed, an internal error
+            os.close(self.fd)
+            raise UsageError(self._not_a_lock(flag, "not a regular file"))
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -204,6 +215,9 @@ class OutLock:
             ) from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def _not_a_lock(self, flag: str, why: str) -> str:
+        return f"{flag} {self.dir}: {LOCK_NAME} there is not a lock file solm made ({why}); remove it or choose another {flag}"
 
     def release(self) -> None:
         """Drop the lock; a folder claimed new that holds nothing but the lock goes away again."""

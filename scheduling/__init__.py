@@ -10,7 +10,7 @@ neither `runtime` nor `simulator` nor torch.
     batch = sched.schedule(state)   # state: anything implementing ServingState
 """
 
-from profiler.errors import UnknownName
+from profiler.errors import UnknownName, quoted
 from scheduling.base import Scheduler
 from scheduling.fcfs import FCFS
 from scheduling.protocol import ServingState
@@ -24,7 +24,7 @@ def get_scheduler(name: str) -> type[Scheduler]:
     try:
         return SCHEDULERS[name]
     except KeyError:
-        raise UnknownName(f"unknown scheduler {name!r}; valid names: {', '.join(sorted(SCHEDULERS))}") from None
+        raise UnknownName(f"unknown scheduler {quoted(name)}; valid names: {', '.join(sorted(SCHEDULERS))}") from None
 
 
 __all__ = ["FCFS", "SCHEDULERS", "SJF", "Scheduler", "ServingState", "get_scheduler"]

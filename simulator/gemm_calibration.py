@@ -45,6 +45,15 @@ TIME_COLUMNS: dict[str, float] = {"time_s": 1.0, "time_ms": 1e-3, "time_us": 1e-
 SIXTEEN_BIT = {"bfloat16", "bf16", "float16", "fp16", "half"}  # accepted values of an optional dtype column
 MIN_ROWS = 8  # fewer measured GEMMs than this cannot pin seven parameters
 MIN_SHAPES_FOR_SPLIT = 4  # (K, N) shapes needed to hold half of them out
+BOOLEANS = {"true": True, "false": False, "1": True, "0": False}  # a vidur profile's use_gated_mlp, as text
+MAX_COLUMNS_NAMED = 8  # an error line names at most this many of a table's columns
+
+
+def _column_list(columns: pd.Index) -> str:
+    """The columns found, for an error line: the first few, each cut (a binary file's header was the whole line)."""
+    names = [str(c) if len(str(c)) <= 30 else f"{str(c)[:30]}..." for c in columns]
+    more = f", ... ({len(names)} columns)" if len(names) > MAX_COLUMNS_NAMED else ""
+    return (", ".join(names[:MAX_COLUMNS_NAMED]) + more) or "none"
 
 
 def read_gemm_table(path: str | Path) -> pd.DataFrame:
@@ -61,7 +70,7 @@ def read_gemm_table(path: str | Path) -> pd.DataFrame:
     if missing or not (times or rates):
         raise UsageError(
             f"{path}: needs columns m, n, k and one of {', '.join(TIME_COLUMNS)} or an achieved "
-            f"FLOP/s column (e.g. bf16_flops_per_s); found {', '.join(map(str, table.columns)) or 'none'}"
+            f"FLOP/s column (e.g. bf16_flops_per_s); found {_column_list(table.columns)}"
         )
     if not len(table):
         raise UsageError(f"{path}: no GEMMs")
@@ -89,7 +98,15 @@ def read_gemm_table(path: str | Path) -> pd.DataFrame:
     if times:
         time_s = values[times[0]] * TIME_COLUMNS[times[0]]
     else:
-        time_s = 2.0 * m * n * k / values[rates[0]]
+        with np.errstate(over="ignore"):  # an overflow is refused just below, not warned of
+            time_s = 2.0 * m * n * k / values[rates[0]]
+    bad = np.flatnonzero(~np.isfinite(time_s))  # was: a rate of 1e-300 overflowed to an infinite time, scipy's error
+    if len(bad):
+        name = columns[(times or rates)[0]]
+        raise UsageError(
+            f"{path}: row {bad[0] + 1}: {name} {quoted(str(table[name].iloc[bad[0]]))} gives the "
+            f"{m[bad[0]]:.0f}x{k[bad[0]]:.0f}x{n[bad[0]]:.0f} GEMM (M x K x N) no finite time"
+        )
     return pd.DataFrame({"num_tokens": m, "K": k, "N": n, "time_s": time_s})
 
 
@@ -107,9 +124,18 @@ def _vidur_gemms(path: Path, wide: pd.DataFrame) -> pd.DataFrame:
         bad = np.flatnonzero(~(np.isfinite(values) & (values >= 1) & (values == np.round(values))))
         if len(bad):
             raise UsageError(
-                f"{path}: row {bad[0] + 1}: {column} must be a whole number >= 1, got {str(wide[column].iloc[bad[0]])!r}"
+                f"{path}: row {bad[0] + 1}: {column} must be a whole number >= 1, got {quoted(str(wide[column].iloc[bad[0]]))}"
             )
         wide[column] = values.astype(np.int64)
+    if "use_gated_mlp" not in wide.columns:
+        raise UsageError(f"{path}: a vidur profile without its column 'use_gated_mlp'")
+    gated = wide["use_gated_mlp"].map(lambda v: BOOLEANS.get(str(v).strip().lower()))
+    bad = np.flatnonzero(gated.isna())
+    if len(bad):  # was: bool() of the text, so "maybe" and, beside it, "False" read as True: gated MLP shapes
+        raise UsageError(
+            f"{path}: row {bad[0] + 1}: use_gated_mlp must be True or False, got {quoted(str(wide['use_gated_mlp'].iloc[bad[0]]))}"
+        )
+    wide["use_gated_mlp"] = gated.astype(bool)
     split = wide["n_head"] % wide["num_tensor_parallel_workers"] != 0
     if split.any():
         row = wide[split].iloc[0]
@@ -123,6 +149,13 @@ def _vidur_gemms(path: Path, wide: pd.DataFrame) -> pd.DataFrame:
             raise UsageError(
                 f"{path}: row {bad[0] + 1}: {column} is not a number ({quoted(str(wide[column].iloc[bad[0]]))})"
             )
+        if column.endswith(".median"):  # the time read: was, a negative, 0 or inf one was the median of its
+            # token count's repeats, or dropped as if not measured, and the file read as clean
+            bad = np.flatnonzero(values.notna() & ~(np.isfinite(values) & (values > 0)))
+            if len(bad):
+                raise UsageError(
+                    f"{path}: row {bad[0] + 1}: {column} must be a positive number of ms, got {quoted(str(wide[column].iloc[bad[0]]))}"
+                )
         wide[column] = values
     try:
         rows = gemm_rows(read_vidur_csv(path, wide))

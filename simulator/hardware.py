@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.errors import TraceError, UnknownName, UsageError
+from profiler.errors import TraceError, UnknownName, UsageError, quoted
 from profiler.host import read_host_cpu
 
 GIB = 2**30
@@ -117,37 +117,39 @@ ARCHES = ("ampere", "ada", "hopper", "blackwell", "cdna3")
 def _validate(spec: HardwareSpec) -> None:
     """Raise ValueError (one line) for a spec no real part could have."""
     if not isinstance(spec.name, str) or not spec.name.strip() or not spec.name.isprintable():
-        raise ValueError(f"hardware name must be printable text on one line, not empty, got {spec.name!r}")
+        raise ValueError(f"hardware name must be printable text on one line, not empty, got {quoted(spec.name)}")
     if spec.kind not in ("gpu", "cpu"):
-        raise ValueError(f"hardware {spec.name!r}: kind must be 'gpu' or 'cpu', got {spec.kind!r}")
+        raise ValueError(f"hardware {quoted(spec.name)}: kind must be 'gpu' or 'cpu', got {quoted(spec.kind)}")
     for field in _POSITIVE_FIELDS:
         value = getattr(spec, field)
         if not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"hardware {spec.name!r}: {field} must be a number > 0, got {value!r}")
+            raise ValueError(f"hardware {quoted(spec.name)}: {field} must be a number > 0, got {quoted(value)}")
     for field in _NON_NEGATIVE_FIELDS:
         value = getattr(spec, field)
         if not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"hardware {spec.name!r}: {field} must be a number >= 0, got {value!r}")
+            raise ValueError(f"hardware {quoted(spec.name)}: {field} must be a number >= 0, got {quoted(value)}")
     for field in _FRACTION_FIELDS:
         value = getattr(spec, field)
         if not isinstance(value, (int, float)) or not 0 < value <= 1:
-            raise ValueError(f"hardware {spec.name!r}: {field} must be a number in (0, 1], got {value!r}")
+            raise ValueError(f"hardware {quoted(spec.name)}: {field} must be a number in (0, 1], got {quoted(value)}")
     for field in _CHIP_NUMBERS:
         value = getattr(spec, field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
-            raise ValueError(f"hardware {spec.name!r}: {field} must be a number > 0, got {value!r}")
+            raise ValueError(f"hardware {quoted(spec.name)}: {field} must be a number > 0, got {quoted(value)}")
     if spec.arch is not None and spec.arch not in ARCHES:
-        raise ValueError(f"hardware {spec.name!r}: arch must be one of {', '.join(ARCHES)}, got {spec.arch!r}")
+        raise ValueError(
+            f"hardware {quoted(spec.name)}: arch must be one of {', '.join(ARCHES)}, got {quoted(spec.arch)}"
+        )
     for field in ("num_sms", "hbm_capacity_bytes", "l2_bytes"):  # counts of SMs and bytes
         value = getattr(spec, field)
         if value is not None and not float(value).is_integer():
-            raise ValueError(f"hardware {spec.name!r}: {field} must be a whole number, got {value!r}")
+            raise ValueError(f"hardware {quoted(spec.name)}: {field} must be a whole number, got {quoted(value)}")
     if (
         spec.boost_clock_hz is not None
         and spec.sustained_clock_hz is not None
         and spec.sustained_clock_hz > spec.boost_clock_hz * 1.0001
     ):
-        raise ValueError(f"hardware {spec.name!r}: sustained_clock_hz exceeds boost_clock_hz")
+        raise ValueError(f"hardware {quoted(spec.name)}: sustained_clock_hz exceeds boost_clock_hz")
     if spec.gemm_fit is not None and not (
         spec.has_chip_layout
         and isinstance(spec.gemm_fit, tuple)
@@ -161,7 +163,7 @@ def _validate(spec: HardwareSpec) -> None:
         )
     ):
         raise ValueError(
-            f"hardware {spec.name!r}: gemm_fit takes (field, number) pairs from a GEMM calibration "
+            f"hardware {quoted(spec.name)}: gemm_fit takes (field, number) pairs from a GEMM calibration "
             f"(solm calibrate), on a part with a chip layout"
         )
 
@@ -177,12 +179,12 @@ def _validate_links(spec: HardwareSpec) -> None:
     """ValueError (one line) for impossible interconnect or price fields."""
     if spec.topology not in TOPOLOGIES:
         raise ValueError(
-            f"hardware {spec.name!r}: topology must be one of {', '.join(TOPOLOGIES)}, got {spec.topology!r}"
+            f"hardware {quoted(spec.name)}: topology must be one of {', '.join(TOPOLOGIES)}, got {quoted(spec.topology)}"
         )
     for name in ("pcie_bytes_per_s", "network_bytes_per_s"):
         value = getattr(spec, name)
         if not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"hardware {spec.name!r}: {name} must be a number > 0, got {value!r}")
+            raise ValueError(f"hardware {quoted(spec.name)}: {name} must be a number > 0, got {quoted(value)}")
     # A what-if part names a generation that exists: NVLink 1-6 (6: Rubin), PCIe 1-7 (`override`
     # derives the bandwidth from a generation given alone).
     for name, top, allowed_none in (
@@ -193,12 +195,18 @@ def _validate_links(spec: HardwareSpec) -> None:
         if value is None and allowed_none:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-            raise ValueError(f"hardware {spec.name!r}: {name} must be a whole number in 1..{top}, got {value!r}")
+            raise ValueError(
+                f"hardware {quoted(spec.name)}: {name} must be a whole number in 1..{top}, got {quoted(value)}"
+            )
     if not isinstance(spec.gpus_per_node, int) or spec.gpus_per_node < 1:
-        raise ValueError(f"hardware {spec.name!r}: gpus_per_node must be a positive int, got {spec.gpus_per_node!r}")
+        raise ValueError(
+            f"hardware {quoted(spec.name)}: gpus_per_node must be a positive int, got {quoted(spec.gpus_per_node)}"
+        )
     price = spec.price_per_gpu_hour
     if price is not None and (not isinstance(price, (int, float)) or not 0 <= price < math.inf):
-        raise ValueError(f"hardware {spec.name!r}: price_per_gpu_hour must be a finite number >= 0, got {price!r}")
+        raise ValueError(
+            f"hardware {quoted(spec.name)}: price_per_gpu_hour must be a finite number >= 0, got {quoted(price)}"
+        )
 
 
 # Priors shared by the NVIDIA data-centre parts. Matmul 0.70: the vidur A100 data reaches about
@@ -546,7 +554,7 @@ def get_hardware(name: str) -> HardwareSpec:
     try:
         return HARDWARE[name]
     except KeyError:
-        raise UnknownName(f"unknown hardware {name!r}; valid names: {', '.join(sorted(HARDWARE))}") from None
+        raise UnknownName(f"unknown hardware {quoted(name)}; valid names: {', '.join(sorted(HARDWARE))}") from None
 
 
 def override(base_name: str, /, **fields: Any) -> HardwareSpec:

@@ -21,7 +21,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.errors import TraceMetaError, UnknownName
+from profiler.errors import TraceMetaError, UnknownName, quoted
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,7 @@ def get_model(name: str) -> ModelSpec:
     try:
         return MODELS[name]
     except KeyError:
-        raise UnknownName(f"unknown model {name!r}; valid names: {', '.join(sorted(MODELS))}") from None
+        raise UnknownName(f"unknown model {quoted(name)}; valid names: {', '.join(sorted(MODELS))}") from None
 
 
 if __name__ == "__main__":

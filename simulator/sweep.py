@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from profiler.errors import UsageError, parse_json
+from profiler.errors import UsageError, parse_json, quoted
 from profiler.host import usable_cores
-from profiler.outdir import input_file
+from profiler.outdir import input_file, write_file_atomic
 from profiler.services import die_with_parent
 from profiler.stats import non_dominated
 from simulator.hardware import get_hardware
@@ -139,6 +139,18 @@ def grid(
     fixed = {**CLUSTER_DEFAULTS, **(cluster or {})}
     calibrations = _pop_calibrations(fixed, hardware)
     shapes = _shapes(fixed)
+    _check_table_ints(
+        {
+            "--max-seqs": max_seqs,
+            "--concurrency": concurrency,
+            "--max-batch-tokens": [max_batch_tokens],
+            "--num-requests": [num_requests],
+            "--seed": [seed],
+            "--tp": [s[0] for s in shapes],
+            "--pp": [s[1] for s in shapes],
+            "--replicas": [s[2] for s in shapes],
+        }
+    )
     _check_size(traces, hardware, models, max_seqs, arrivals, shapes)
     configs = []
     for t, h, m, s, (r, c), (tp, pp, k) in itertools.product(traces, hardware, models, max_seqs, arrivals, shapes):
@@ -179,6 +191,15 @@ def _check_size(*axes: Sequence) -> None:
             f"the grid has {total:,} configurations ({factors}), more than the {MAX_CONFIGS:,} one sweep runs; "
             f"narrow the lists or split it into several sweeps"
         )
+
+
+def _check_table_ints(settings: dict[str, Sequence]) -> None:
+    """UsageError for an integer setting beyond a table column's 64 bits (was: --max-seqs
+    1,99999999999999999999 ran, then every write of the table, and every resume, an OverflowError)."""
+    for flag, values in settings.items():
+        for v in values:
+            if isinstance(v, (int, np.integer)) and not -(2**63) <= v < 2**63:
+                raise UsageError(f"{flag} {quoted(v)}: beyond the 64-bit integers a sweep's table holds")
 
 
 def _check_names(hardware: Sequence[str], models: Sequence[str]) -> None:
@@ -403,7 +424,7 @@ def _check_column_types(table: pd.DataFrame, path: Path) -> None:
 
     try:
         pa.Table.from_pandas(table, preserve_index=False)
-    except (pa.ArrowTypeError, pa.ArrowInvalid) as error:
+    except (pa.ArrowTypeError, pa.ArrowInvalid, OverflowError) as error:  # Overflow: an int beyond 64 bits
         column = str(error.args[-1]) if error.args else str(error)
         raise UsageError(
             f"{path}: rows of mixed types, not a sweep's results ({column}); choose another --out"
@@ -413,9 +434,9 @@ def _check_column_types(table: pd.DataFrame, path: Path) -> None:
 def _write_parquet(table: pd.DataFrame, out: Path) -> None:
     if len(table):
         _check_column_types(table, out / RESULTS_JSONL)  # its rows are kept; the table is not written
-        tmp = out / f".{RESULTS_PARQUET}.tmp"
-        table.to_parquet(tmp, index=False)
-        os.replace(tmp, out / RESULTS_PARQUET)
+        # a temporary file of its own name: was a fixed `.sweep.parquet.tmp`, and a link there had the table
+        # written through it into the file it named
+        write_file_atomic(out / RESULTS_PARQUET, table.to_parquet(index=False))
 
 
 def sweep(
@@ -520,6 +541,8 @@ def _run_and_write(
 def _resume(out_dir: Path, configs: list[dict], order: dict[str, int]) -> tuple[list[dict], list[dict]]:
     """(rows already in `out_dir`'s results that belong to this grid, the configurations still to run)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    if (out_dir / RESULTS_PARQUET).is_dir():  # was: every configuration ran, then the table failed to replace it
+        raise UsageError(f"{out_dir / RESULTS_PARQUET}: a folder, not the table a sweep writes; choose another --out")
     finished = read_results(out_dir)
     keys = set(finished["key"]) if len(finished) else set()
     foreign = keys - set(order)

@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from profiler.errors import UsageError
+from profiler.errors import UsageError, quoted
 from profiler.outdir import claim_out_dir
 from solm.jsonline import json_line
 
@@ -115,7 +115,7 @@ def parse_set(items: list[str] | None) -> dict:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"--set expects FIELD=VALUE, got {item!r}")
+            raise UsageError(f"--set expects FIELD=VALUE, got {quoted(item)}")
         if key.strip() in fields:  # was: the last one silently won
             raise UsageError(f"--set {key.strip()} is given twice")
         if key.strip() in TEXT_FIELDS:

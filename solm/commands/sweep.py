@@ -27,7 +27,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from profiler.errors import UsageError
+from profiler.errors import UsageError, quoted
 from profiler.outdir import check_given_once, claim_out_dir
 from profiler.services import terminate_on_signal
 from solm.commands import check_listed_once
@@ -41,11 +41,11 @@ if TYPE_CHECKING:
 def _list(text: str, flag: str, kind=str) -> list:
     items = [x.strip() for x in str(text).split(",") if x.strip()]
     if not items:
-        raise UsageError(f"{flag} needs a comma-separated list, got {text!r}")
+        raise UsageError(f"{flag} needs a comma-separated list, got {quoted(text)}")
     try:
         values = [kind(x) for x in items]
-    except ValueError:
-        raise UsageError(f"{flag} must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
+    except ValueError:  # was: the text echoed whole, 5,000 digits in the error line
+        raise UsageError(f"{flag} must be a comma-separated list of {kind.__name__}s, got {quoted(text)}") from None
     check_listed_once(values, flag, text)
     return values
 

@@ -264,3 +264,32 @@ def test_releasing_a_claim_keeps_an_empty_folder_that_was_there(tmp_path):
     with claim_out_dir(out):
         pass
     assert out.is_dir() and [c.name for c in out.iterdir()] == [LOCK_NAME]  # only the lock was added
+
+
+@pytest.mark.parametrize("kind", ["link to a file", "dangling link", "fifo", "directory"])
+def test_a_lock_entry_that_is_not_a_lock_file_is_refused_untouched(work, capsys, kind):
+    """Was: `.solm.lock` linked to the user's notes truncated them to the writer's pid (a dangling
+    link created its target); a FIFO there was an internal error (ftruncate: EINVAL)."""
+    import os
+
+    out = work / "s"
+    out.mkdir()
+    lock = out / LOCK_NAME
+    if kind == "link to a file":
+        lock.symlink_to(work / "notes.txt")
+    elif kind == "dangling link":
+        lock.symlink_to(work / "made-by-the-lock")
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.mkdir()
+    why = {"link to a file": "a link", "dangling link": "a link", "fifo": "not a regular file"}.get(
+        kind, "Is a directory"
+    )
+    with pytest.raises(UsageError, match=rf"\.solm\.lock there is not a lock file solm made \({why}\)"):
+        claim_out_dir(out)
+    refused(
+        ["sweep", "t", "--hardware", "h100-sxm", "--num-requests", "2", "--out", str(out)], capsys, "not a lock file"
+    )
+    assert (work / "notes.txt").read_text() == "my notes\n"
+    assert not (work / "made-by-the-lock").exists()

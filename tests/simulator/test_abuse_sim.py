@@ -96,6 +96,13 @@ def test_argparse_errors_are_one_line(argv, needle, home, capsys):
         ([*SIM, "--set", "nvlink_generation=banana"], "nvlink_generation must be a whole number in 1..6, got 'banana'"),
         ([*SIM, "--set", "pcie_generation=0"], "pcie_generation must be a whole number in 1..7, got 0"),
         (["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--set", " =3"], "--set expects FIELD=VALUE"),
+        # was: the value echoed whole (an int of 5,000 digits is kept as text, then refused as no number)
+        (
+            [*SIM, "--set", "hbm_bytes_per_s=" + "9" * 5000],
+            "hbm_bytes_per_s must be a number > 0, got '" + "9" * 59 + "... (5002",
+        ),
+        ([*SIM, "--set", "num_sms=" + "9" * 5000], "num_sms must be a number > 0, got '" + "9" * 59 + "... (5002"),
+        ([*SIM, "--set", "x" * 5000], "--set expects FIELD=VALUE, got '" + "x" * 59 + "... (5002"),
         # was: exit 0, the GPU's KV sent to a CPU over NVLink in 0.02 ms, the deployment "= 2 GPUs"
         (
             [*SIM, "--model", "llama-3-8b", "--disaggregate", "1:1", "--decode-hardware", "host-cpu"],
@@ -259,6 +266,15 @@ SWEEP = ["sweep", "t", "--hardware", "h100-sxm", "--num-requests", "4", "--worke
             ["--max-seqs", ",".join(map(str, range(1, 400))), "--rate", ",".join(map(str, range(1, 400)))],
             "the grid has 159,201 configurations (399 max-seqs x 399 arrivals), more than the 100,000",
         ),
+        # was: ran, then writing sweep.parquet (and every resume) an internal error, OverflowError
+        (["--max-seqs", "1,99999999999999999999", "--out", "sw"], "--max-seqs 99999999999999999999: beyond the 64-bit"),
+        (["--rate", "1", "--seed", str(2**64)], f"--seed {2**64}: beyond the 64-bit integers"),
+        # was: the value echoed whole, an error line of 5,000 characters
+        (["--max-seqs", "9" * 5000], "list of ints, got '" + "9" * 59 + "... (5002 characters)"),
+        (["--max-seqs", "9" * 4000 + "," + "9" * 4000], "names " + "9" * 60 + "... (4000 characters) twice, got '"),
+        (["--hardware", "x" * 5000], "unknown hardware '" + "x" * 59 + "... (5002 characters); valid names"),
+        (["--model", "x" * 5000], "unknown model '" + "x" * 59 + "... (5002 characters); valid names"),
+        (["--scheduler", "x" * 5000], "unknown scheduler '" + "x" * 59 + "... (5002 characters); valid names"),
     ],
 )
 def test_sweep_settings_refused(flags, needle, home, capsys):
@@ -315,6 +331,19 @@ def test_sweep_refuses_results_edited_into_other_shapes(home, capsys):
     assert results.read_text().startswith(edited) and len(results.read_text().splitlines()) == 2
 
 
+def test_sweep_refuses_results_holding_an_integer_beyond_64_bits(home, capsys):
+    """Was: a row edited to max_seqs 99999999999999999999 beside the others was an internal error
+    (OverflowError) at every resume, not the one line of a row of the wrong type."""
+    import json
+
+    _sweep_into(home)
+    capsys.readouterr()
+    results = home / "sw" / "results.jsonl"
+    first, second = results.read_text().splitlines()
+    results.write_text(json.dumps({**json.loads(first), "max_seqs": 10**20}) + "\n" + second + "\n")
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2"], home, capsys, "rows of mixed types")
+
+
 def test_sweep_does_not_append_through_a_link(home, capsys):
     """Was: a results.jsonl that is a link to a file elsewhere had the resume's rows appended to it."""
     _sweep_into(home)
@@ -326,6 +355,26 @@ def test_sweep_does_not_append_through_a_link(home, capsys):
     before = elsewhere.read_bytes()
     refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2,4"], home, capsys, "results.jsonl: a link, not the results")
     assert elsewhere.read_bytes() == before
+
+
+def test_sweep_does_not_write_its_table_through_a_link(home, capsys):
+    """Was: the table went to a fixed `.sweep.parquet.tmp` first: a link there had it written into
+    the file the link named (the user's notes replaced by Parquet bytes)."""
+    _sweep_into(home)
+    (home / "sw" / ".sweep.parquet.tmp").symlink_to(home / "notes.txt")
+    assert main([*SWEEP, "--out", "sw", "--max-seqs", "1,2,4"]) == 0  # resumed: one more row, the table rewritten
+    assert (home / "notes.txt").read_text() == "the user's notes\n"
+    assert len(pd.read_parquet(home / "sw" / "sweep.parquet")) == 3
+
+
+def test_sweep_refuses_a_folder_as_its_table(home, capsys):
+    """Was: a folder named sweep.parquet let the whole grid run, then failed to be replaced (an error
+    naming `.sweep.parquet.tmp`, after the rows were appended)."""
+    _sweep_into(home)
+    capsys.readouterr()
+    (home / "sw" / "sweep.parquet").unlink()
+    (home / "sw" / "sweep.parquet").mkdir()
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2,4"], home, capsys, "sweep.parquet: a folder, not the table")
 
 
 def test_sweep_resumes_twice_after_a_torn_row(home, capsys):

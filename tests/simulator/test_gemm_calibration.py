@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from profiler.errors import UsageError
 from simulator.cost import CostModel, default_params
 from simulator.gemm import GemmParams, gemm_kernel
 from simulator.gemm_calibration import MIN_ROWS, read_calibration, read_gemm_table, with_gemm_calibration
@@ -98,6 +99,13 @@ def test_cost_and_simulate_use_the_calibration(h100_calibration, capsys, tmp_pat
         (GOOD_HEADER, "no GEMMs"),
         ("", "not a CSV table of GEMMs"),
         ("m,n,k,time_s,dtype\n" + "64,64,64,1e-5,float32\n" * 8, "dtype float32: the tile model is fitted on 16-bit"),
+        # was: 2mnk / 1e-300 overflowed to an infinite time, and scipy's "Residuals are not finite" an internal error
+        (
+            "m,n,k,bf16_flops_per_s\n" + "4096,4096,4096,1e12\n" * 7 + "4096,4096,4096,1e-300\n",
+            "row 8: bf16_flops_per_s '1e-300' gives the 4096x4096x4096 GEMM (M x K x N) no finite time",
+        ),
+        # was: every column named, a header of 1,000 names (or a binary file's) an error line as long
+        (",".join(f"c{i}" for i in range(1000)) + "\n", "found c0, c1, c2, c3, c4, c5, c6, c7, ... (1000 columns)"),
     ],
 )
 def test_bad_tables_are_one_line_exit_2(tmp_path, capsys, text, needle):
@@ -279,7 +287,23 @@ def test_a_vidur_profile_calibrates(tmp_path, capsys):
         ),
         (lambda w: w.assign(n_kv_head=5), "layer shape or times cannot be read"),
         (lambda w: w.head(1), "4 GEMMs from "),
-        (lambda w: w.assign(**{"time_stats.mlp_up_proj.median": -1.0}), "time and tokens must be > 0"),
+        (
+            lambda w: w.assign(**{"time_stats.mlp_up_proj.median": -1.0}),
+            "row 1: time_stats.mlp_up_proj.median must be a positive",
+        ),
+        # was: the cell quoted whole, an error line of 5,000 characters
+        (lambda w: w.assign(num_tokens="9" * 5000), "got '" + "9" * 59 + "... (5002 characters)"),
+        # was: bool() of the text: "maybe" made the column text and every "False" beside it True (gated MLP
+        # shapes, calibrated without a word); an empty cell took the next row's value
+        (
+            lambda w: w.assign(use_gated_mlp=["maybe"] + [False] * (len(w) - 1)),
+            "row 1: use_gated_mlp must be True or False, got 'maybe'",
+        ),
+        (
+            lambda w: w.assign(use_gated_mlp=[None] + [False] * (len(w) - 1)),
+            "row 1: use_gated_mlp must be True or False, got 'nan'",
+        ),
+        (lambda w: w.drop(columns=["use_gated_mlp"]), "without its column 'use_gated_mlp'"),
     ],
 )
 def test_bad_vidur_profiles_are_one_line_exit_2(tmp_path, capsys, edit, needle):
@@ -292,6 +316,24 @@ def test_bad_vidur_profiles_are_one_line_exit_2(tmp_path, capsys, edit, needle):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("solm calibrate: error:"), err
     assert needle in err[0]
+
+
+@pytest.mark.parametrize("time", [0.0, -0.5, float("inf"), float("-inf"), -1e-300])
+def test_a_vidur_time_that_is_no_time_is_refused_even_beside_a_repeat(tmp_path, time):
+    """Was: a 0, negative or -0.5 ms median at a token count measured twice became the median of the two (a
+    plausible time), and an infinite one was dropped as if not measured: the file read as clean, exit 0."""
+    import pandas as pd
+
+    wide = pd.read_csv(ROOT / "simulator" / "data" / "vidur-a100" / "phi-2.mlp.csv")
+    keys = ["num_tensor_parallel_workers", "num_tokens"]
+    row = int(np.flatnonzero(wide.duplicated(keys, keep=False))[0])  # a token count measured twice
+    wide.loc[row, "time_stats.mlp_up_proj.median"] = time
+    profile = tmp_path / "phi-2.mlp.csv"
+    wide.to_csv(profile, index=False)
+    with pytest.raises(
+        UsageError, match=rf"row {row + 1}: time_stats.mlp_up_proj.median must be a positive number of ms"
+    ):
+        read_gemm_table(profile)
 
 
 def test_several_tables_are_pooled(tmp_path, capsys):
