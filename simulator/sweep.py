@@ -543,6 +543,14 @@ def _resume(out_dir: Path, configs: list[dict], order: dict[str, int]) -> tuple[
     out_dir.mkdir(parents=True, exist_ok=True)
     if (out_dir / RESULTS_PARQUET).is_dir():  # was: every configuration ran, then the table failed to replace it
         raise UsageError(f"{out_dir / RESULTS_PARQUET}: a folder, not the table a sweep writes; choose another --out")
+    table, rows_file = out_dir / RESULTS_PARQUET, out_dir / RESULTS_JSONL
+    if (table.exists() or table.is_symlink()) and not (rows_file.exists() or rows_file.is_symlink()):
+        # a sweep writes its rows before its table: without them, whose grid the table holds is unknown
+        # (was: this grid ran and replaced the table, perhaps another sweep's)
+        raise UsageError(
+            f"--out {out_dir} holds a {RESULTS_PARQUET} but no {RESULTS_JSONL}: not a sweep this one can resume; "
+            "choose another --out"
+        )
     finished = read_results(out_dir)
     keys = set(finished["key"]) if len(finished) else set()
     foreign = keys - set(order)

@@ -377,6 +377,16 @@ def test_sweep_refuses_a_folder_as_its_table(home, capsys):
     refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2,4"], home, capsys, "sweep.parquet: a folder, not the table")
 
 
+def test_sweep_refuses_a_table_without_its_rows(home, capsys):
+    """Was: with results.jsonl gone, the grid ran again and replaced sweep.parquet, whichever grid it held."""
+    _sweep_into(home)
+    capsys.readouterr()
+    (home / "sw" / "results.jsonl").unlink()
+    before = (home / "sw" / "sweep.parquet").read_bytes()
+    refused([*SWEEP, "--out", "sw", "--max-seqs", "1,2,4"], home, capsys, "holds a sweep.parquet but no results.jsonl")
+    assert (home / "sw" / "sweep.parquet").read_bytes() == before
+
+
 def test_sweep_resumes_twice_after_a_torn_row(home, capsys):
     """Was: the resume appended its rows to the torn last line, and the next resume could not parse it."""
     _sweep_into(home)
