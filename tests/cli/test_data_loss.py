@@ -6,13 +6,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 
+from profiler import outdir
 from profiler.errors import UsageError
-from profiler.outdir import LOCK_NAME, TRACE_KINDS, check_out_dir, claim_out_dir, clear_dir, project_kind
+from profiler.outdir import (
+    LOCK_NAME,
+    MAX_MARKER_BYTES,
+    TRACE_KINDS,
+    OutLock,
+    check_out_dir,
+    claim_out_dir,
+    clear_dir,
+    input_file,
+    project_kind,
+    write_file_atomic,
+)
 from solm.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -270,8 +285,6 @@ def test_releasing_a_claim_keeps_an_empty_folder_that_was_there(tmp_path):
 def test_a_lock_entry_that_is_not_a_lock_file_is_refused_untouched(work, capsys, kind):
     """Was: `.solm.lock` linked to the user's notes truncated them to the writer's pid (a dangling
     link created its target); a FIFO there was an internal error (ftruncate: EINVAL)."""
-    import os
-
     out = work / "s"
     out.mkdir()
     lock = out / LOCK_NAME
@@ -293,3 +306,201 @@ def test_a_lock_entry_that_is_not_a_lock_file_is_refused_untouched(work, capsys,
     )
     assert (work / "notes.txt").read_text() == "my notes\n"
     assert not (work / "made-by-the-lock").exists()
+
+
+# ---- the module's own checks, one property each (a mutation round on profiler/outdir.py) ------
+def test_input_file_limit_is_inclusive_and_a_missing_file_is_named(tmp_path):
+    """A file of exactly `max_bytes` is read; one byte more is refused; a missing file says so."""
+    f = tmp_path / "w.json"
+    f.write_bytes(b"x" * 64)
+    assert input_file(f, "workload file", 64) == f
+    f.write_bytes(b"x" * 65)
+    with pytest.raises(UsageError, match="65 bytes, more than the 64"):
+        input_file(f, "workload file", 64)
+    with pytest.raises(UsageError, match="absent.json does not exist"):
+        input_file(tmp_path / "absent.json", "workload file")
+
+
+def test_an_empty_input_does_not_end_the_input_checks(tmp_path):
+    """An empty input is skipped, not the end of the list: capture's inputs are [--structure-from or
+    None, the model's folder or ''], so a `break` there left `--out MODEL_DIR --force` unchecked."""
+    t = _solm_trace(tmp_path / "t")
+    with pytest.raises(UsageError, match="is the input"):
+        check_out_dir(t, ["", t], force=True)
+
+
+def _fifo_meta(d: Path, doc: str) -> threading.Thread:
+    """`d/meta.json` a FIFO a writer waits to fill with `doc`: read it and it is a solm trace."""
+    os.mkfifo(d / "meta.json")
+
+    def write() -> None:
+        with open(d / "meta.json", "w") as f:  # blocks until a reader opens it
+            f.write(doc)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    return writer
+
+
+def _let_go(fifo: Path, writer: threading.Thread) -> None:
+    """Open the FIFO's read end while the writer finishes (then it never blocks nor breaks a pipe)."""
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        writer.join()
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        "huge",  # larger than any meta.json solm writes
+        "deep",  # nested past the parser's recursion limit
+        "list",  # JSON, not an object
+        "fifo",  # a reader would block on it (and then read what another process feeds it)
+        "foreign kind",  # a meta.json of a kind no trace writer writes
+    ],
+)
+def test_a_meta_json_that_is_not_a_solm_trace_s_is_not_a_trace(tmp_path, make):
+    """project_kind reads only a small regular meta.json object naming a trace kind; anything else
+    beside the user's files is not an output `--force` may replace."""
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "notes.txt").write_text("mine\n")
+    writer = None
+    if make == "huge":
+        (d / "meta.json").write_text(json.dumps({"kind": "simulated", "pad": "x" * MAX_MARKER_BYTES}))
+    elif make == "deep":
+        (d / "meta.json").write_text("[" * 100_000 + "]" * 100_000)
+    elif make == "list":
+        (d / "meta.json").write_text('[{"kind": "simulated"}]')
+    elif make == "fifo":
+        writer = _fifo_meta(d, json.dumps({"kind": "simulated"}))
+    else:
+        (d / "meta.json").write_text(json.dumps({"kind": "sweep"}))
+    try:
+        assert project_kind(d) is None
+        with pytest.raises(UsageError, match="not an output solm wrote"):
+            check_out_dir(d, force=True)
+    finally:
+        if writer is not None:
+            _let_go(d / "meta.json", writer)
+
+
+def test_what_makes_a_sweep_folder_and_a_checkpoint(tmp_path):
+    """A folder of dotfiles only is not a sweep; a sweep with the temporary file of an interrupted
+    table write still is; a config.json is a checkpoint only in solm's format (not a Hugging Face
+    model folder)."""
+    dots = tmp_path / "dots"
+    dots.mkdir()
+    (dots / ".envrc").write_text("export X=1\n")
+    assert project_kind(dots) is None
+    sw = tmp_path / "sw"
+    sw.mkdir()
+    (sw / "results.jsonl").write_text("{}\n")
+    (sw / ".sweep.parquet.k2j4.tmp").write_bytes(b"half a table")
+    assert project_kind(sw) == "sweep"
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert project_kind(hf) is None
+    with pytest.raises(UsageError, match="not an output solm wrote"):
+        check_out_dir(hf, force=True, kinds=("checkpoint",))
+
+
+def test_resume_continues_only_its_own_kind(tmp_path):
+    """`sweep --out TRACE` (resume sweep, no --force) is refused: a trace is not a sweep to continue."""
+    t = _solm_trace(tmp_path / "t")
+    with pytest.raises(UsageError, match="exists and is not empty"):
+        check_out_dir(t, force=None, resume="sweep")
+
+
+def test_claim_force_does_not_replace_a_checkpoint_by_default(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"format": "solm-tinylm-v1"}))
+    with pytest.raises(UsageError, match="is a solm checkpoint output"):
+        claim_out_dir(ckpt, force=True)
+    with claim_out_dir(ckpt, force=True, kinds=("checkpoint",)):
+        pass
+
+
+def test_clearing_a_capture_folder_clears_its_traces_not_the_users_temp_files(tmp_path):
+    """A GPU capture folder's traces are the writer's; a `notes.tmp` of the user's is not (only the
+    writer's hidden `.NAME.tmp` are)."""
+    d = _solm_trace(tmp_path / "cap", kind="gpu_capture")
+    _solm_trace(d / "run0")
+    (d / ".meta.json.x1.tmp").write_text("half")
+    (d / "notes.tmp").write_text("mine\n")
+    clear_dir(d)
+    assert sorted(c.name for c in d.iterdir()) == ["notes.tmp"]
+
+
+def test_a_nested_new_out_is_created_and_a_file_is_not_a_folder(tmp_path):
+    with claim_out_dir(tmp_path / "a" / "b"):
+        assert (tmp_path / "a" / "b" / LOCK_NAME).is_file()
+    (tmp_path / "f").write_text("mine\n")
+    with pytest.raises(UsageError, match="exists and is not a directory"):
+        check_out_dir(tmp_path / "f", force=True)
+    assert (tmp_path / "f").read_text() == "mine\n"
+
+
+def test_a_socket_lock_entry_is_refused(tmp_path, monkeypatch):
+    """A `.solm.lock` that is a socket (open: ENXIO) is one line, not an internal error."""
+    out = tmp_path / "s"
+    out.mkdir()
+    monkeypatch.chdir(tmp_path)  # a short name: a socket's path is limited to 108 bytes
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(f"s/{LOCK_NAME}")
+        with pytest.raises(UsageError, match=r"not a lock file solm made \("):
+            claim_out_dir(out)
+
+
+def test_the_lock_holds_the_writers_pid_only(tmp_path):
+    """A lock file left with a longer pid names this writer's pid, not a mix of the two."""
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / LOCK_NAME).write_text("9" * 30)
+    with claim_out_dir(out):
+        assert (out / LOCK_NAME).read_text() == str(os.getpid())
+
+
+def test_the_checks_run_again_under_the_lock(tmp_path, monkeypatch):
+    """A folder filled by another writer between the first check and the lock is refused, the lock
+    dropped and the folder left as that writer left it."""
+    out = tmp_path / "s"
+
+    class Late(OutLock):
+        def __init__(self, d: Path, flag: str = "--out") -> None:
+            super().__init__(d, flag)
+            (d / "data.csv").write_text("another writer's\n")  # it finished just before we locked
+
+    monkeypatch.setattr(outdir, "OutLock", Late)
+    with pytest.raises(UsageError, match="exists and is not empty"):
+        claim_out_dir(out)
+    assert (out / "data.csv").read_text() == "another writer's\n"
+    monkeypatch.undo()
+    (out / "data.csv").unlink()
+    with claim_out_dir(out):  # the refused claim let its lock go
+        pass
+
+
+def test_write_file_atomic_leaves_no_temporary_file_and_hides_it_meanwhile(tmp_path, monkeypatch):
+    """A failed write leaves the old file and no temporary file; the temporary file is hidden (a
+    dot name), so one left by a killed writer keeps a sweep folder a sweep folder."""
+    sw = tmp_path / "sw"
+    sw.mkdir()
+    (sw / "results.jsonl").write_text("{}\n")
+    (sw / "sweep.parquet").write_bytes(b"old")
+    kinds = []
+
+    def replace(src, dst):
+        kinds.append(project_kind(sw))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError):
+        write_file_atomic(sw / "sweep.parquet", b"new")
+    assert kinds == ["sweep"]
+    assert sorted(c.name for c in sw.iterdir()) == ["results.jsonl", "sweep.parquet"]
+    assert (sw / "sweep.parquet").read_bytes() == b"old"
