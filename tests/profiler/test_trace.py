@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from profiler.reader import TraceError, read_trace
-from profiler.schema import BASE_TABLES, SCHEMA_VERSION
+from profiler.schema import BASE_TABLES, CHUNK_NOTE, SCHEMA_VERSION
 from profiler.validate import problems, validate
 from profiler.writer import TraceWriter
 
@@ -294,3 +294,101 @@ def test_every_shipped_trace_reads_with_the_minor_columns_filled():
             s = tr.steps.to_pandas() if steps is not None else tr.steps
             assert (s["batch_requests"] == 1).all() and (s["batch_query_tokens"] == s["query_tokens"]).all()
             assert (s["attention_kv_tokens"] == s["kv_tokens_read"]).all() and not s["chunk"].any()
+
+
+# found by a hand mutation round on profiler/validate.py (each entry fails on the mutant named): damage
+# that shares a needle with VALIDATOR_DAMAGE, or sits on a boundary the entries above do not reach
+MORE_DAMAGE = [
+    # tokens rows are checked for unknown requests too, not only steps rows (mutant: steps only)
+    (
+        "tokens: rows for unknown requests [9]",
+        lambda t: setattr(t, "tokens", pd.concat([t.tokens, t.tokens.iloc[[0]].assign(request_id=9)])),
+    ),
+    ("steps: unknown phases ['bogus']", _damage_steps("phase", "bogus")),  # mutant: phase check dropped
+    ("tokens: unknown kinds ['bogus']", lambda t: setattr(t, "tokens", _set(t.tokens, 0, "kind", "bogus"))),
+    # -1 is allowed on chunk rows only: on a pass it is a negative count (mutant: passes allowed -1 too)
+    *((f"steps: negative {col}", _damage_steps(col, -1)) for col in ("live_kv_tokens", "kv_bytes_allocated")),
+    *((f"steps: negative {col}", _damage_steps(col, -1)) for col in ("emitted_tokens", "freed_kv_bytes")),
+    # a pass computes at least one query row of at least one stream (mutant: < 0 instead of < 1)
+    ("steps: 1 passes with query_tokens < 1", _damage_steps("query_tokens", 0)),
+    ("steps: 1 passes with active_streams < 1", _damage_steps("active_streams", 0)),
+    # steps 1, 1 end at n-1 but do not start at 0 (mutant: the min == 0 test dropped)
+    ("request 0: step_index not 0..n-1", lambda t: setattr(t, "steps", _set(t.steps, 0, "step_index", 1))),
+]
+
+
+@pytest.mark.parametrize("needle,damage", MORE_DAMAGE, ids=[n for n, _ in MORE_DAMAGE])
+def test_validator_names_more_problems(tmp_path, needle, damage):
+    w = TraceWriter(tmp_path / "t", META)
+    for rid in (0, 1):
+        w.add_request(*_rows(rid))
+    t = read_trace(w.close())
+    assert problems(t) == []
+    damage(t)
+    found = problems(t)
+    assert any(p.startswith(needle) for p in found), found
+
+
+def _chunked_rows(rid: int):
+    """_rows with a serving capture's prefill-chunk row (runtime.serve_capture.step_rows) before the
+    prefill pass: step_index -1, no query rows or streams, -1 for its KV figures."""
+    req, steps, toks, graph = _rows(rid)
+    chunk = dict(
+        steps[0],
+        step_index=-1,
+        streams="",
+        active_streams=0,
+        query_tokens=0,
+        kv_tokens_read=0,
+        live_kv_tokens=-1,
+        kv_bytes_allocated=-1,
+        emitted_tokens=0,
+        note=CHUNK_NOTE,
+    )
+    return req, [chunk, *steps], toks, graph
+
+
+def _chunked_trace(tmp_path):
+    w = TraceWriter(tmp_path / "t", META)
+    for rid in (0, 1):
+        w.add_request(*_chunked_rows(rid))
+    return read_trace(w.close())
+
+
+def test_prefill_chunk_rows_are_valid(tmp_path):
+    """A chunk row's -1 KV figures, zero query rows and step_index -1 are not problems, and it is not
+    counted among the request's passes (mutants: chunk rows read as passes, in the negative-count, the
+    query-row or the step_index check; chunk rows start at the same time as the pass after them)."""
+    t = _chunked_trace(tmp_path)
+    assert len(t.steps) == 6 and problems(t) == []
+
+
+@pytest.mark.parametrize("col", ["query_tokens", "kv_tokens_read", "live_kv_tokens", "kv_bytes_allocated"])
+def test_a_chunk_row_below_minus_one_is_a_problem(tmp_path, col):
+    """-1 marks a chunk row's missing figure; -2 is a negative count (mutant: chunk rows allowed -2)."""
+    t = _chunked_trace(tmp_path)
+    t.steps = _set(t.steps, 0, col, -2)
+    assert f"steps: negative {col}" in problems(t)
+
+
+@pytest.mark.parametrize("streams", ["", "0", "0,1", " -1 , 2 "])
+def test_streams_any_comma_separated_integers_are_valid(tmp_path, streams):
+    """steps.streams holds what int() reads, signs and spaces included (mutant: the regex's '-?' dropped)."""
+    w = TraceWriter(tmp_path / "t", META)
+    w.add_request(*_rows(0))
+    t = read_trace(w.close())
+    t.steps = _set(t.steps, 0, "streams", streams)
+    assert problems(t) == []
+
+
+def test_a_simulated_trace_is_not_held_to_the_measured_step_rules(tmp_path):
+    """A simulated trace's steps need not number 0..n-1 nor match requests.steps (its passes are the
+    simulator's, not the runtime's count); a measured one must (mutants: the kind test inverted/dropped)."""
+    w = TraceWriter(tmp_path / "t", META)
+    w.add_request(*_rows(0))
+    t = read_trace(w.close())
+    t.steps = pd.concat([t.steps, t.steps.iloc[[1]].assign(step_index=7, start_s=0.5)], ignore_index=True)
+    measured = problems(t)
+    assert "request 0: 3 step rows but steps=2" in measured and "request 0: step_index not 0..n-1" in measured
+    t.meta["kind"] = "simulated"
+    assert problems(t) == []
