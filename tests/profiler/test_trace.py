@@ -392,3 +392,65 @@ def test_a_simulated_trace_is_not_held_to_the_measured_step_rules(tmp_path):
     assert "request 0: 3 step rows but steps=2" in measured and "request 0: step_index not 0..n-1" in measured
     t.meta["kind"] = "simulated"
     assert problems(t) == []
+
+
+def _three_step_trace(tmp_path):
+    w = TraceWriter(tmp_path / "t", META)
+    w.add_request(*_rows(0, n_steps=3))
+    t = read_trace(w.close())
+    assert problems(t) == []
+    return t
+
+
+def test_step_indices_must_be_distinct(tmp_path):
+    """Steps 0, 2, 2 have n rows, min 0 and max n-1 but are not 0..n-1 (was: valid, the check read count,
+    min and max only)."""
+    t = _three_step_trace(tmp_path)
+    t.steps = _set(t.steps, 1, "step_index", 2)
+    assert "request 0: step_index not 0..n-1" in problems(t)
+
+
+@pytest.mark.parametrize("indices", [[0, 2, 2], [0, 0, 1]])
+def test_token_indices_must_be_distinct(tmp_path, indices):
+    """Tokens 0, 2, 2 (was: valid) or 0, 0, 1 (mutant: max <= n-1 instead of == n-1)."""
+    t = _three_step_trace(tmp_path)
+    t.tokens = t.tokens.assign(token_index=indices)
+    assert "request 0: token rows do not match output_tokens=3" in problems(t)
+
+
+def test_a_truncated_request_without_steps_is_a_problem(tmp_path):
+    """Only a request that never ran ("error") may have no steps (mutant: only "ok" ones must)."""
+    t = _three_step_trace(tmp_path)
+    t.requests = _set(t.requests, 0, "status", "truncated")
+    assert problems(t) == []
+    t.steps = t.steps.iloc[:0]
+    assert "request 0: no steps" in problems(t)
+
+
+def test_a_request_that_never_ran_is_valid(tmp_path):
+    """An "error" request: no steps, no token rows for its 0 output tokens, no times (mutants: token rows
+    required for 0 output tokens; times required of every request that is not "ok"; the speedup checked
+    against output / critical path in a simulated trace)."""
+    w = TraceWriter(tmp_path / "t", META)
+    w.add_request(*_rows(0))
+    req, _, _, graph = _rows(1)
+    req.update(status="error", error="boom", output_tokens=0, steps=0, critical_path_tokens=0, output_text="")
+    req.update(theoretical_speedup=float("nan"), ttft_s=float("nan"), e2e_s=float("nan"), quality_score=float("nan"))
+    w.add_request(req, [], [], graph)
+    t = read_trace(w.close())
+    assert problems(t) == []
+
+
+def test_a_request_without_its_graph_is_a_problem(tmp_path):
+    """(mutant: the graph check skipped)"""
+    t = _three_step_trace(tmp_path)
+    del t.graphs[0]
+    assert "request 0: no dependence graph" in problems(t)
+
+
+@pytest.mark.parametrize("q,valid", [(float("nan"), True), (0.0, True), (1.0, True), (1.5, False), (-0.1, False)])
+def test_quality_score_is_nan_or_within_zero_to_one(tmp_path, q, valid):
+    """NaN (no reference) and both ends are valid (mutants: NaN refused; 1.0 refused)."""
+    t = _three_step_trace(tmp_path)
+    t.requests = _set(t.requests, 0, "quality_score", q)
+    assert (problems(t) == []) is valid, problems(t)
