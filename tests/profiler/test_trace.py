@@ -454,3 +454,39 @@ def test_quality_score_is_nan_or_within_zero_to_one(tmp_path, q, valid):
     t = _three_step_trace(tmp_path)
     t.requests = _set(t.requests, 0, "quality_score", q)
     assert (problems(t) == []) is valid, problems(t)
+
+
+def test_a_truncated_request_cut_before_its_first_token_is_valid(tmp_path):
+    """Only an "ok" request must have a TTFT and E2E (mutants: every request but an "error" one must have
+    times; ttft_s <= e2e_s asked of every request but an "error" one, where a NaN TTFT fails it)."""
+    t = _three_step_trace(tmp_path)
+    t.requests = _set(_set(t.requests, 0, "status", "truncated"), 0, "ttft_s", float("nan"))
+    assert problems(t) == []
+
+
+@pytest.mark.parametrize("ttft_above_e2e,valid", [(0.0, True), (1e-12, True), (1e-6, False)])
+def test_ttft_may_equal_e2e_within_rounding(tmp_path, ttft_above_e2e, valid):
+    """A one-token request's TTFT is its E2E, give or take float rounding (mutants: < for <=; the 1e-9 s
+    tolerance dropped)."""
+    t = _three_step_trace(tmp_path)
+    t.requests = _set(t.requests, 0, "ttft_s", float(t.requests["e2e_s"][0]) + ttft_above_e2e)
+    assert (problems(t) == []) is valid, problems(t)
+
+
+def test_only_a_measured_trace_has_its_speedup_recomputed(tmp_path):
+    """A simulated trace keeps its source request's speedup (mutant: held to output / critical path too)."""
+    t = _three_step_trace(tmp_path)
+    t.requests = _set(t.requests, 0, "theoretical_speedup", 5.0)
+    assert any(p.startswith("requests: theoretical_speedup is not") for p in problems(t))
+    t.meta["kind"] = "simulated"
+    assert problems(t) == []
+
+
+@pytest.mark.parametrize(
+    "col", ["output_tokens", "steps", "critical_path_tokens", "peak_live_kv_tokens", "preemptions", "recompute_tokens"]
+)
+def test_every_request_count_is_checked(tmp_path, col):
+    """(mutant: a column left out of REQUEST_COUNTS)"""
+    t = _three_step_trace(tmp_path)
+    t.requests = _set(t.requests, 0, col, -1)
+    assert f"requests: negative {col} for requests [0]" in problems(t)
