@@ -490,3 +490,18 @@ def test_every_request_count_is_checked(tmp_path, col):
     t = _three_step_trace(tmp_path)
     t.requests = _set(t.requests, 0, col, -1)
     assert f"requests: negative {col} for requests [0]" in problems(t)
+
+
+@pytest.mark.parametrize(
+    "speedup,crit,valid",
+    [
+        (float("nan"), 3, True),  # no speedup figured (mutant: NaN held to output / critical path)
+        (3.0, 0, True),  # output / max(1, critical path) (mutant: / 0, an infinite expected speedup)
+        (1.0 + 1e-12, 3, True),
+        (1.0 + 1e-6, 3, False),  # mutant: rtol 1e-3
+    ],
+)
+def test_measured_speedup_is_output_over_critical_path(tmp_path, speedup, crit, valid):
+    t = _three_step_trace(tmp_path)
+    t.requests = _set(_set(t.requests, 0, "theoretical_speedup", speedup), 0, "critical_path_tokens", crit)
+    assert (problems(t) == []) is valid, problems(t)
