@@ -505,3 +505,84 @@ def test_measured_speedup_is_output_over_critical_path(tmp_path, speedup, crit, 
     t = _three_step_trace(tmp_path)
     t.requests = _set(_set(t.requests, 0, "theoretical_speedup", speedup), 0, "critical_path_tokens", crit)
     assert (problems(t) == []) is valid, problems(t)
+
+
+def test_an_infinite_speedup_is_one_problem(tmp_path):
+    """(mutant: a measured trace's infinite speedup also reported as not output / critical path)"""
+    t = _three_step_trace(tmp_path)
+    t.requests = _set(t.requests, 0, "theoretical_speedup", float("inf"))
+    assert problems(t) == ["requests: theoretical_speedup infinite or negative for requests [0]"]
+
+
+TIMING_DAMAGE = [
+    # mutant: MAX_TIME_S ten times higher
+    ("requests: e2e_s infinite, negative or missing (or over 1e+15 s)", "requests", "e2e_s", 2e15),
+    ("steps: 1 rows with start_s infinite, negative or NaN", "steps", "start_s", float("nan")),  # mutants: NaN allowed
+    ("steps: 1 rows with duration_s infinite, negative or NaN", "steps", "duration_s", -0.1),  # mutant: not checked
+    ("steps: 1 rows with duration_s infinite, negative or NaN", "steps", "duration_s", float("inf")),
+    ("steps: start_s goes back in time between passes of requests [0]", "steps", "start_s", 0.05),  # pass 2 < 1
+]
+
+
+@pytest.mark.parametrize("needle,table,col,value", TIMING_DAMAGE)
+def test_timing_problems(tmp_path, needle, table, col, value):
+    t = _three_step_trace(tmp_path)
+    setattr(t, table, _set(getattr(t, table), 2 if table == "steps" else 0, col, value))
+    found = problems(t)
+    assert any(p.startswith(needle) for p in found), found
+
+
+def test_infinite_counter_values_are_a_problem(tmp_path):
+    """(mutant: the counters' values not checked, only t_s)"""
+    t = _three_step_trace(tmp_path)
+    t.counters = pd.DataFrame({"t_s": [0.0, 1.0], "source": "host", "cpu_percent": [1.0, float("inf")]})
+    assert problems(t) == ["counters: infinite values in cpu_percent"]
+
+
+def test_steps_rows_in_any_order_are_checked_in_pass_order(tmp_path):
+    """Rows not in (request, step) order are sorted before the back-in-time test; passes of different
+    requests overlap freely (mutants: no sort; request ids left unsorted; the same-request test dropped)."""
+    w = TraceWriter(tmp_path / "t", META)
+    for rid in (0, 1, 2):
+        w.add_request(*_rows(rid, n_steps=3))
+    t = read_trace(w.close())
+    t.steps = t.steps.iloc[[4, 0, 8, 2, 6, 1, 3, 7, 5]].reset_index(drop=True)
+    assert problems(t) == []
+    t.steps = _set(t.steps, 0, "start_s", 0.25)  # request 1's pass 1 now starts after its pass 2
+    assert problems(t) == ["steps: start_s goes back in time between passes of requests [1]"]
+
+
+GRAPH_DAMAGE = {  # mutants of graph_problems, each named
+    "not node-link": lambda g: g.update(links=None),  # `and` for `or`
+    "a node without an id": lambda g: g["nodes"].append({"tokens": 1}),  # the id test dropped
+    "a link without source and target": lambda g: g["links"].append({"source": "prompt"}),  # target not asked
+    "link 'prompt' -> 'gone' names a missing node": lambda g: g["links"].append({"source": "prompt", "target": "gone"}),
+    "not a directed graph": lambda g: g.pop("directed"),  # `is False` for `is not True`
+    "node 'main:0': tokens must be an integer >= 0, got -1": lambda g: g["nodes"][1].update(tokens=-1),
+}
+
+
+@pytest.mark.parametrize("needle", sorted(GRAPH_DAMAGE))
+def test_graph_problems(needle):
+    from profiler.validate import graph_problems
+
+    g = _rows(0)[3]
+    g["nodes"][1]["tokens"] = 0  # a count may be 0 (mutant: > 0)
+    assert graph_problems(g) == []
+    GRAPH_DAMAGE[needle](g)
+    assert any(p.startswith(needle) for p in graph_problems(g)), graph_problems(g)
+
+
+def test_a_shared_graph_is_checked_once_when_asked(tmp_path):
+    """each_once: a graph object several requests share is reported under the first only (the dashboard's
+    use); by default under each request (mutants: the skip dropped; each_once inverted)."""
+    from profiler.validate import graphs_problems
+
+    w = TraceWriter(tmp_path / "t", META)
+    for rid in (0, 1):
+        w.add_request(*_rows(rid))
+    t = read_trace(w.close())
+    t.graphs[0]["directed"] = False
+    t.graphs[1] = t.graphs[0]
+    assert [p.split(":")[0] for p in graphs_problems(t)] == ["graph 0", "graph 1"]
+    assert [p.split(":")[0] for p in graphs_problems(t, each_once=True)] == ["graph 0"]
