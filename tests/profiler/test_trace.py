@@ -586,3 +586,29 @@ def test_a_shared_graph_is_checked_once_when_asked(tmp_path):
     t.graphs[1] = t.graphs[0]
     assert [p.split(":")[0] for p in graphs_problems(t)] == ["graph 0", "graph 1"]
     assert [p.split(":")[0] for p in graphs_problems(t, each_once=True)] == ["graph 0"]
+
+
+def test_not_valid_names_the_first_problem_and_counts_the_rest():
+    """(mutants: "(and N more" with one problem; N counting the first too)"""
+    from profiler.validate import not_valid
+
+    assert not_valid("t", ["a"]) == "t: not a valid trace: a"
+    assert not_valid("t", ["a", "b", "c"]) == "t: not a valid trace: a (and 2 more: solm inspect t --validate)"
+    assert not_valid("t", ["a", "b"], " in X") == "t: not a valid trace: a (and 1 more in X)"
+
+
+def test_read_valid_trace_refuses_a_trace_with_one_problem(tmp_path):
+    """(mutant: refused only with two or more)"""
+    from profiler.validate import read_valid_trace
+
+    w = TraceWriter(tmp_path / "t", META)
+    req, steps, toks, graph = _rows(0)
+    w.add_request(req, steps, toks, {**graph, "directed": False})
+    p = w.close()
+    with pytest.raises(
+        TraceError, match=r"not a valid trace: graph 0: not a directed graph \(node-link 'directed' must be true\)$"
+    ):
+        read_valid_trace(p)
+    w = TraceWriter(tmp_path / "u", META)
+    w.add_request(*_rows(0))
+    assert len(read_valid_trace(w.close()).requests) == 1
