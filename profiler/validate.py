@@ -61,13 +61,14 @@ def problems(trace: Trace) -> list[str]:
         empty = int((passes[col] < 1).sum()) if col in passes else 0
         if empty:
             out.append(f"steps: {empty} passes with {col} < 1 (a forward pass computes query rows of a stream)")
-    steps_per_req = passes.groupby("request_id")["step_index"].agg(["count", "min", "max"])
-    toks_per_req = toks.groupby("request_id")["token_index"].agg(["count", "min", "max"])
+    # 0..n-1 is n distinct indices from 0 to n-1 (was: count, min and max only, so steps 0, 2, 2 passed)
+    steps_per_req = passes.groupby("request_id")["step_index"].agg(["count", "min", "max", "nunique"])
+    toks_per_req = toks.groupby("request_id")["token_index"].agg(["count", "min", "max", "nunique"])
     for r in req.itertuples():
         rid = r.request_id
         if rid in steps_per_req.index:
             s = steps_per_req.loc[rid]
-            if trace.kind == "measured" and not (s["min"] == 0 and s["max"] == s["count"] - 1):
+            if trace.kind == "measured" and not _zero_to_n(s):
                 out.append(f"request {rid}: step_index not 0..n-1")
             if trace.kind == "measured" and s["count"] != r.steps:
                 out.append(f"request {rid}: {s['count']} step rows but steps={r.steps}")
@@ -75,7 +76,7 @@ def problems(trace: Trace) -> list[str]:
             out.append(f"request {rid}: no steps")
         if rid in toks_per_req.index:
             t = toks_per_req.loc[rid]
-            if t["count"] != r.output_tokens or not (t["min"] == 0 and t["max"] == t["count"] - 1):
+            if t["count"] != r.output_tokens or not _zero_to_n(t):
                 out.append(f"request {rid}: token rows do not match output_tokens={r.output_tokens}")
         elif r.output_tokens > 0:
             out.append(f"request {rid}: no token rows for {r.output_tokens} output tokens")
@@ -90,6 +91,11 @@ def problems(trace: Trace) -> list[str]:
     out += timing_problems(trace)
     out += list(graphs_problems(trace))
     return out
+
+
+def _zero_to_n(agg) -> bool:
+    """A request's indices (count, min, max, nunique of them) are exactly 0..count-1."""
+    return agg["min"] == 0 and agg["max"] == agg["count"] - 1 and agg["nunique"] == agg["count"]
 
 
 # per-request counts no writer leaves negative (was: `solm inspect` printed "peak KV ... -5 bytes"
