@@ -151,10 +151,11 @@ class Server:
             raise UsageError("attention='gather' needs a model with per-request gathers (TinyLM)")
         P = engine.config.page_size
         page_bytes = engine.model.kv_bytes_per_token * P
+        memory = device_memory_bytes(engine.model)
         if max_pages is None:
             if kv_budget_mib is None or not kv_budget_mib > 0:
                 raise UsageError(f"kv_budget_mib must be > 0, got {kv_budget_mib}")
-            budget, memory = kv_budget_mib * MIB, device_memory_bytes(engine.model)
+            budget = kv_budget_mib * MIB
             if budget > memory:  # 1e308 MiB is inf bytes: was ValueError from int(inf // page_bytes)
                 raise UsageError(
                     f"a KV budget of {kv_budget_mib:g} MiB does not fit in the {memory / MIB:.0f} MiB "
@@ -168,7 +169,6 @@ class Server:
                 )
         if max_pages < 1:
             raise UsageError(f"max_pages must be >= 1, got {max_pages}")
-        memory = device_memory_bytes(engine.model)
         if max_pages * page_bytes > memory:  # was: torch's allocation error, a traceback
             raise UsageError(
                 f"a KV pool of {max_pages * page_bytes / MIB:.0f} MiB does not fit in the "
