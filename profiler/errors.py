@@ -99,8 +99,12 @@ def parse_json(
         raise error(f"{what}: not valid JSON (an integer of more than {sys.get_int_max_str_digits()} digits)") from None
 
 
-def quoted(value: object, most: int = 60) -> str:
-    """`repr(value)` for an error line, cut after `most` characters (a CSV cell of 5,000 digits
-    would otherwise be the whole line)."""
-    text = repr(value)
+def cut(text: str, most: int = 60) -> str:
+    """`text` for an error line, cut after `most` characters (a CSV cell of 5,000 digits, or a
+    binary file's header read as a column name, would otherwise be the whole line)."""
     return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"
+
+
+def quoted(value: object, most: int = 60) -> str:
+    """`repr(value)` for an error line, cut after `most` characters."""
+    return cut(repr(value), most)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profiler.errors import UsageError, parse_json, quoted
+from profiler.errors import UsageError, cut, parse_json, quoted
 from profiler.outdir import input_file
 from simulator.csv_input import read_csv_table
 from simulator.gemm import GemmParams
@@ -51,7 +51,7 @@ MAX_COLUMNS_NAMED = 8  # an error line names at most this many of a table's colu
 
 def _column_list(columns: pd.Index) -> str:
     """The columns found, for an error line: the first few, each cut (a binary file's header was the whole line)."""
-    names = [str(c) if len(str(c)) <= 30 else f"{str(c)[:30]}..." for c in columns]
+    names = [cut(str(c), 30) for c in columns]
     more = f", ... ({len(names)} columns)" if len(names) > MAX_COLUMNS_NAMED else ""
     return (", ".join(names[:MAX_COLUMNS_NAMED]) + more) or "none"
 

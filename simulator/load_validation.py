@@ -319,15 +319,13 @@ def _preemptions(trace: Trace) -> int:
     counted = int(trace.requests["preemptions"].sum()) if "preemptions" in trace.requests else 0
     if counted or "events" not in trace.requests:
         return counted
+    ids = trace.requests["request_id"] if "request_id" in trace.requests else range(len(trace.requests))
     n = 0
-    for i, x in enumerate(trace.requests["events"]):
-        try:  # the error names its request (was: a traceback, exit 1); `what` left empty, filled in below
-            events = parse_json(x or "[]", "", TraceError)
-            if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
-                raise TraceError(": not a JSON list of event objects")
-        except TraceError as error:
-            rid = trace.requests["request_id"].iloc[i] if "request_id" in trace.requests else i
-            raise TraceError(f"{trace.path}: requests.events of request {rid}{error}") from None
+    for rid, x in zip(ids, trace.requests["events"], strict=True):
+        what = f"{trace.path}: requests.events of request {rid}"  # (was: a traceback, exit 1)
+        events = parse_json(x or "[]", what, TraceError)
+        if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+            raise TraceError(f"{what}: not a JSON list of event objects")
         n += sum(e.get("event") == "preempted" for e in events)
     return n
 

@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from profiler.errors import SolmError, UsageError, is_utf8, one_line
+from profiler.errors import SolmError, UsageError, cut, is_utf8, one_line
 from profiler.services import received_signal
 from solm.commands import COMMANDS
 
@@ -43,9 +43,8 @@ class OneLineParser(argparse.ArgumentParser):
     commands: dict[str, argparse.ArgumentParser]  # the top-level parser's: each command's own, by name
 
     def error(self, message: str) -> NoReturn:
-        line = one_line(message)  # a value of 5,000 digits is echoed in `invalid int value: '...'`
-        if len(line) > MAX_ERROR_CHARS:
-            line = f"{line[:MAX_ERROR_CHARS]}... ({len(line)} characters)"
+        # a value of 5,000 digits is echoed in `invalid int value: '...'`
+        line = cut(one_line(message), MAX_ERROR_CHARS)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
 
     def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> object:

@@ -29,9 +29,8 @@ def check_limits(args, limits: dict[str, tuple[str, int, int]]) -> None:
 def check_listed_once(values: list, flag: str, text: str) -> None:
     """A value listed twice in a comma-separated flag is one UsageError line (was: sweep ran the
     same configurations twice, their rows doubled; cost printed a column twice)."""
-    from profiler.errors import UsageError, quoted
+    from profiler.errors import UsageError, cut, quoted
 
     twice = [v for i, v in enumerate(values) if v in values[:i]]
     if twice:  # each cut: a value of 4,000 digits named twice was the whole error line, twice
-        value = str(twice[0]) if len(str(twice[0])) <= 60 else quoted(twice[0])
-        raise UsageError(f"{flag} names {value} twice, got {quoted(text)}")
+        raise UsageError(f"{flag} names {cut(str(twice[0]))} twice, got {quoted(text)}")

@@ -438,10 +438,12 @@ def test_errors_compare_requests_measured_with_a_positive_time():
 def test_preemptions_counted_by_the_runtime_or_from_replay_events():
     from simulator.load_validation import _preemptions
 
-    counted = type("T", (), {"requests": pd.DataFrame({"preemptions": [1, 2], "events": ["[]", "[]"]})})()
+    counted = type("T", (), {"path": "t", "requests": pd.DataFrame({"preemptions": [1, 2], "events": ["[]", "[]"]})})()
     assert _preemptions(counted) == 3
     events = json.dumps([{"event": "preempted"}, {"event": "finished"}, {"event": "preempted"}])
-    replayed = type("T", (), {"requests": pd.DataFrame({"preemptions": [0, 0], "events": [events, "[]"]})})()
+    replayed = type(
+        "T", (), {"path": "t", "requests": pd.DataFrame({"preemptions": [0, 0], "events": [events, "[]"]})}
+    )()
     assert _preemptions(replayed) == 2
 
 
