@@ -448,6 +448,28 @@ def test_a_request_without_its_graph_is_a_problem(tmp_path):
     assert "request 0: no dependence graph" in problems(t)
 
 
+def test_request_problems_are_listed_request_by_request(tmp_path):
+    """The per-request checks run as columns over every request at once; the problems are still
+    listed request by request, each request's in the checks' order, values printed as counts."""
+    w = TraceWriter(tmp_path / "t", META)
+    w.add_request(*_rows(0, n_steps=3))
+    w.add_request(*_rows(1, n_steps=3))
+    t = read_trace(w.close())
+    assert problems(t) == []
+    del t.graphs[0], t.graphs[1]
+    t.requests = _set(_set(t.requests, 0, "ttft_s", 0.7), 1, "quality_score", 1.5)
+    t.steps = _set(t.steps, 1, "step_index", 7)
+    assert [p for p in problems(t) if p.startswith("request ")] == [
+        "request 0: step_index not 0..n-1",
+        "request 0: no dependence graph",
+        "request 0: ttft_s > e2e_s",
+        "request 1: no dependence graph",
+        "request 1: quality_score 1.5 outside 0..1",
+    ]
+    t.requests = _set(t.requests, 0, "steps", 9)
+    assert "request 0: 3 step rows but steps=9" in problems(t)
+
+
 @pytest.mark.parametrize("q,valid", [(float("nan"), True), (0.0, True), (1.0, True), (1.5, False), (-0.1, False)])
 def test_quality_score_is_nan_or_within_zero_to_one(tmp_path, q, valid):
     """NaN (no reference) and both ends are valid (mutants: NaN refused; 1.0 refused)."""
