@@ -36,12 +36,10 @@ from runtime.engines import Completion, GenerationConfig, Request, drain, get_en
 from runtime.engines.operating_points import check_knob_types
 from runtime.hf_tokenizer import tokenizer_for
 from runtime.model import TinyLM
+from runtime.options import KEEP
 from runtime.sampling import SamplingConfig
 from runtime.tasks import Example, Task, get_task
 from runtime.tokenizer import Tokenizer
-
-# which of a request's repeated runs is recorded: index into its runs sorted by latency
-KEEP = {"min": lambda n: 0, "median": lambda n: (n - 1) // 2}
 
 NOT_APPLICABLE = (
     "not applicable: a model that does not speak the project's tokenizer (random real-scale "

@@ -1,28 +1,15 @@
-"""Engines by name (plain string keys; each system adds one line)."""
+"""Engines by name: the table is runtime.options.ENGINES (importable without torch); `get_engine` resolves a name to its class."""
 
 from __future__ import annotations
 
 from runtime.engines.base import Completion, Engine, GenerationConfig, Request, Step, TokenRecord, drain
 from runtime.engines.sequential import SequentialEngine
-from runtime.registry import available, resolve
-
-ENGINES: dict[str, str] = {
-    "sequential": "runtime.engines.sequential:SequentialEngine",
-    "pasta": "runtime.engines.pasta:PastaEngine",
-    "skeleton": "runtime.engines.skeleton:SkeletonEngine",
-    "tip": "runtime.engines.tip:TipEngine",
-    "planned_diffusion": "runtime.engines.planned_diffusion:PlannedDiffusionEngine",
-    "masked_diffusion": "runtime.engines.masked_diffusion:MaskedDiffusionEngine",
-    "sot": "runtime.engines.sot:SotEngine",  # prompted Skeleton-of-Thought on a real chat model
-}
+from runtime.options import ENGINES, systems
+from runtime.registry import resolve
 
 
 def get_engine(name: str) -> type[Engine]:
     return resolve(ENGINES, name, "system")
-
-
-def systems() -> list[str]:
-    return available(ENGINES)
 
 
 __all__ = [

@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from typing import TYPE_CHECKING
 
 from profiler.errors import UsageError, one_line, parse_json
 from profiler.outdir import claim_out_dir
-from runtime.capture import KEEP, CaptureConfig, capture
-from runtime.engines import systems
+from runtime.options import KEEP, systems  # the engines and torch load in run(), not for the parser
 from runtime.tasks.base import MAX_EXAMPLES
 from solm.commands import check_limits
 from solm.jsonline import json_line
+
+if TYPE_CHECKING:
+    from runtime.capture import CaptureConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -184,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
 
             out = capture_load(cfg, _load_config(args), args.out, overwrite=args.force)
         else:
+            from runtime.capture import capture
+
             out = capture(cfg, args.out, overwrite=args.force, progress=not args.json)
     trace = read_trace(out)
     s = summarize(trace)
@@ -201,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _capture_config(args: argparse.Namespace) -> CaptureConfig:
     """The capture's settings from the flags (knobs parsed: UsageError on a malformed one)."""
+    from runtime.capture import CaptureConfig
+
     return CaptureConfig(
         system=args.system,
         model=args.model,

@@ -41,6 +41,47 @@ def test_version_names_the_release_and_the_checkouts_commit(tmp_path, monkeypatc
     assert provenance.git_commit() == "" and provenance.version_line() == f"solm {provenance.solm_version()}"
 
 
+def test_commands_that_read_traces_start_without_torch(small_trace):
+    """Every command's parser is built at start: capture's list of systems imported the engines,
+    and torch with them, for `solm inspect` and `--help` too (3.5 s of each start on this machine).
+    The commands that read traces and model costs never load torch."""
+    import sys
+
+    probe = "import sys, solm.cli as c\ntry:\n    c.main(sys.argv[1:])\nfinally:\n    print('torch' in sys.modules)"
+    for args in (
+        ["capture", "--help"],
+        ["inspect", str(small_trace), "--json"],
+        ["cost", "--hardware", "h100-sxm", "--model", "llama-3-8b", "--tokens", "1", "--json"],
+    ):
+        r = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines()[-1] == "False", args
+
+
+def test_registry_finds_modules_without_importing_their_packages(tmp_path, monkeypatch):
+    """`available` lists the names whose module is in the build, found on disk: no package's
+    __init__ runs (that was what imported torch), and a missing module or package is not listed."""
+    import sys
+
+    from runtime.registry import available
+
+    pkg = tmp_path / "solm_probe_pkg" / "sub"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (pkg / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (pkg / "here.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = {
+        "here": "solm_probe_pkg.sub.here:X",
+        "module_missing": "solm_probe_pkg.sub.gone:X",
+        "package_missing": "solm_probe_pkg.nope.here:X",
+        "not_a_package": "solm_probe_pkg.sub.here.deeper:X",
+        "top_missing": "solm_no_such_pkg.here:X",
+    }
+    assert available(table) == ["here"]
+    assert "solm_probe_pkg" not in sys.modules
+
+
 def test_inspect_json_fields(small_trace):
     r = solm("inspect", str(small_trace), "--json")
     assert r.returncode == 0, r.stderr
