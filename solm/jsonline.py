@@ -26,5 +26,10 @@ def strict(value: Any) -> Any:
 
 def json_line(value: Any) -> str:
     """`value` as one line of strict JSON (see the module docstring); raises on anything else
-    json cannot write, as `json.dumps` does."""
-    return json.dumps(strict(value), allow_nan=False)
+    json cannot write, as `json.dumps` does. Encoded once as it is, the usual case (strict's walk
+    of every value took 26 of diff's 60 s on two traces of 100,000 requests); walked only when a
+    non-finite float is in it."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:  # "Out of range float values are not JSON compliant"
+        return json.dumps(strict(value), allow_nan=False)
