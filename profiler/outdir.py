@@ -306,11 +306,17 @@ def check_out_file(
 
 def write_file_atomic(path: Path, data: str | bytes) -> None:
     """Write `path` whole or not at all: a temporary file beside it, renamed over it."""
-    raw = data.encode() if isinstance(data, str) else data
+    write_chunks_atomic(path, [data])
+
+
+def write_chunks_atomic(path: Path, chunks: Iterable[str | bytes]) -> None:
+    """`write_file_atomic` of the pieces `chunks` yields, one after another (a text too large to
+    hold whole); if one of them raises, `path` is as it was and the temporary file is removed."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(raw)
+            for chunk in chunks:
+                f.write(chunk.encode() if isinstance(chunk, str) else chunk)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

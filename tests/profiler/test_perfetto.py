@@ -105,3 +105,82 @@ def test_tracks_counters_and_summary_agree_with_the_steps(traces, tmp_path):
     assert s["counter_events"] == sum(int(x.counters.drop(columns=["t_s", "source"]).notna().sum().sum()) for x in both)
     assert s["requests"] == sum(len(x.requests) for x in both) == 4
     assert [o["pid_base"] for o in doc["otherData"]["solm_traces"]] == [0, PID_BLOCK]
+
+
+def test_the_file_is_the_document_written_in_pieces(traces, tmp_path):
+    """The export streams its events to the file in batches; the bytes are json.dumps of the whole
+    document, whatever the batch size (one event per piece, a few, all of them at once)."""
+    from profiler.perfetto import _document
+
+    ts = [read_trace(p) for p in traces]
+    whole = json.dumps(to_chrome_trace(ts), separators=(",", ":"))
+    for batch in (1, 3, 10**9):
+        counts = dict.fromkeys(("events", "complete_events", "counter_events"), 0)
+        assert "".join(_document(ts, counts, batch)) == whole, batch
+        assert counts["events"] == len(to_chrome_trace(ts)["traceEvents"])
+    out = tmp_path / "both.json"
+    export_perfetto(list(traces), out)
+    assert out.read_text() == whole
+
+
+def test_any_request_ids_stay_in_their_own_process_and_block(traces):
+    """A request's process is its rank among the trace's ids plus one: ids -1 and 1,500,000 (was:
+    -1 landed in the counters process 0, and 1,500,000 in the next trace's block)."""
+    seq, par = (read_trace(p) for p in traces)
+    new_ids = {0: -1, 1: 1_500_000}
+    for frame in ("requests", "steps", "tokens"):
+        table = getattr(seq, frame)
+        setattr(seq, frame, table.assign(request_id=table["request_id"].map(new_ids)))
+    events = to_chrome_trace([seq, par])["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names[1].endswith("request -1") and names[2].endswith("request 1500000")
+    assert names[0].endswith("counters (nvml)") and names[PID_BLOCK + 1].endswith("request 0")
+    steps = [e for e in events if e["ph"] == "X" and e["cat"] == "step"]
+    assert sorted({e["pid"] for e in steps}) == [1, 2, PID_BLOCK + 1, PID_BLOCK + 2]
+    assert sum(e["pid"] == 1 for e in steps) == int((seq.steps["request_id"] == -1).sum())
+
+
+def test_a_failed_stream_leaves_the_file_as_it_was(tmp_path):
+    """write_chunks_atomic: a piece that raises leaves what was at the path, and no temporary file."""
+    from profiler.outdir import write_chunks_atomic
+
+    out = tmp_path / "t.json"
+    out.write_text("the user's file")
+
+    def pieces():
+        yield "partial"
+        raise RuntimeError("disk gone")
+
+    with pytest.raises(RuntimeError, match="disk gone"):
+        write_chunks_atomic(out, pieces())
+    assert out.read_text() == "the user's file" and [p.name for p in tmp_path.iterdir()] == ["t.json"]
+    write_chunks_atomic(out, ["a", b"b", "c"])
+    assert out.read_text() == "abc"
+
+
+def test_a_trace_with_more_requests_than_a_block_is_refused(traces, monkeypatch):
+    """Each trace's processes take one block of PID_BLOCK ids (its counters process and one per
+    request): a trace with more requests would run into the next trace's block."""
+    from profiler import perfetto
+    from profiler.errors import UsageError
+
+    t = read_trace(traces[0])  # 2 requests: ids 1 and 2 of a block of 3 fit
+    monkeypatch.setattr(perfetto, "PID_BLOCK", 3)
+    assert perfetto.to_chrome_trace([t])["traceEvents"]
+    monkeypatch.setattr(perfetto, "PID_BLOCK", 2)
+    with pytest.raises(UsageError, match="2 requests; an export holds at most 1 per trace"):
+        perfetto.to_chrome_trace([t])
+
+
+def test_rows_are_the_same_read_in_chunks_of_any_size(traces):
+    """The steps table is read a chunk of rows at a time; the rows are the same at any chunk size."""
+    import numpy as np
+
+    from profiler.perfetto import _rows
+
+    steps = read_trace(traces[1]).steps
+    pids = np.arange(len(steps)) + 1
+    whole = list(_rows(steps, pids, chunk=10**6))
+    assert len(whole) == len(steps) > 2
+    for chunk in (1, 2, len(steps) - 1):
+        assert list(_rows(steps, pids, chunk=chunk)) == whole, chunk
