@@ -90,38 +90,20 @@ def _request_row_problems(trace: Trace, passes) -> list[str]:
     has_s, count_s, zero_s = _indices_per_request(passes, "step_index", rid)
     has_t, count_t, zero_t = _indices_per_request(trace.tokens, "token_index", rid)
     q = req["quality_score"].to_numpy(float)
-    with np.errstate(invalid="ignore"):
-        checks = {
-            "steps_index": has_s & measured & ~zero_s,
-            "steps_count": has_s & measured & (count_s != n_steps),
-            "no_steps": ~has_s & (status != "error"),
-            "tokens": has_t & ((count_t != n_out) | ~zero_t),
-            "no_tokens": ~has_t & (n_out > 0),
-            "no_graph": np.array([r not in trace.graphs for r in rid.tolist()], dtype=bool),
-            "quality": ~(np.isnan(q) | ((q >= 0.0) & (q <= 1.0))),
-            "ttft": (status == "ok") & ~(req["ttft_s"].to_numpy(float) <= req["e2e_s"].to_numpy(float) + 1e-9),
-        }
-    out: list[str] = []
-    for i in np.flatnonzero(np.logical_or.reduce(list(checks.values()))):
-        bad = {k: v[i] for k, v in checks.items()}
-        r = rid[i]
-        if bad["steps_index"]:
-            out.append(f"request {r}: step_index not 0..n-1")
-        if bad["steps_count"]:
-            out.append(f"request {r}: {count_s[i]} step rows but steps={n_steps[i]}")
-        if bad["no_steps"]:
-            out.append(f"request {r}: no steps")
-        if bad["tokens"]:
-            out.append(f"request {r}: token rows do not match output_tokens={n_out[i]}")
-        if bad["no_tokens"]:
-            out.append(f"request {r}: no token rows for {n_out[i]} output tokens")
-        if bad["no_graph"]:
-            out.append(f"request {r}: no dependence graph")
-        if bad["quality"]:
-            out.append(f"request {r}: quality_score {q[i]} outside 0..1")
-        if bad["ttft"]:
-            out.append(f"request {r}: ttft_s > e2e_s")
-    return out
+    ttft, e2e = req["ttft_s"].to_numpy(float), req["e2e_s"].to_numpy(float)
+    with np.errstate(invalid="ignore"):  # each check: which requests fail it, and what it says of one
+        checks = [
+            (has_s & measured & ~zero_s, lambda i: "step_index not 0..n-1"),
+            (has_s & measured & (count_s != n_steps), lambda i: f"{count_s[i]} step rows but steps={n_steps[i]}"),
+            (~has_s & (status != "error"), lambda i: "no steps"),
+            (has_t & ((count_t != n_out) | ~zero_t), lambda i: f"token rows do not match output_tokens={n_out[i]}"),
+            (~has_t & (n_out > 0), lambda i: f"no token rows for {n_out[i]} output tokens"),
+            (np.array([r not in trace.graphs for r in rid.tolist()], dtype=bool), lambda i: "no dependence graph"),
+            (~(np.isnan(q) | ((q >= 0.0) & (q <= 1.0))), lambda i: f"quality_score {q[i]} outside 0..1"),
+            ((status == "ok") & ~(ttft <= e2e + 1e-9), lambda i: "ttft_s > e2e_s"),
+        ]
+    failing = np.logical_or.reduce([bad for bad, _ in checks])
+    return [f"request {rid[i]}: {say(i)}" for i in np.flatnonzero(failing) for bad, say in checks if bad[i]]
 
 
 # per-request counts no writer leaves negative (was: `solm inspect` printed "peak KV ... -5 bytes"
