@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 US = 1e6
 PID_BLOCK = 1_000_000  # process ids of trace i: i * PID_BLOCK + ...
-COUNTER_PID = 0  # within a block: the counters process; request r is r + 1
+COUNTER_PID = 0  # within a block: the counters process; a request is its rank among the ids + 1
 STEPS_TID = 0  # within a request: forward passes; stream s is s + 1 (the prompt, -1, is tid 0)
 COUNTER_COLUMNS = tuple(f.name for f in COUNTERS if f.name not in ("t_s", "source"))
 STEP_ARGS = (

@@ -184,3 +184,25 @@ def test_rows_are_the_same_read_in_chunks_of_any_size(traces):
     assert len(whole) == len(steps) > 2
     for chunk in (1, 2, len(steps) - 1):
         assert list(_rows(steps, pids, chunk=chunk)) == whole, chunk
+
+
+def test_each_request_names_its_own_tracks_once_and_events_carry_the_pass(traces):
+    """Every request's process names each of its tracks exactly once, the stream tracks of every
+    request (stream 0 of request 1 as well as of request 0); a pass's event carries its streams
+    cell and its exact microseconds; a request's process follows its id's rank whatever the order
+    of the requests table's rows (mutation round on the streamed export: tracks named on every
+    pass, or only in the first request; streams dropped from args; dur off by a nanosecond; the
+    ids not sorted before ranking)."""
+    t = read_trace(traces[1])
+    t.requests = t.requests.iloc[::-1]
+    events = to_chrome_trace([t])["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names[1].endswith("request 0") and names[2].endswith("request 1")
+    tracks = [(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"]
+    assert len(tracks) == len(set(tracks))
+    used = {(e["pid"], e["tid"]) for e in events if e["ph"] == "X"}
+    assert used <= set(tracks) and {pid for pid, tid in used if tid == 1} == {1, 2}
+    steps = t.steps.sort_values(["request_id", "start_s", "step_index"])
+    passes = [e for e in events if e["ph"] == "X" and e["cat"] == "step"]
+    assert [e["args"]["streams"] for e in passes] == steps["streams"].tolist()
+    assert [e["dur"] for e in passes] == [round(d * 1e6, 3) for d in steps["duration_s"]]
