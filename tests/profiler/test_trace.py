@@ -634,3 +634,23 @@ def test_read_valid_trace_refuses_a_trace_with_one_problem(tmp_path):
     w = TraceWriter(tmp_path / "u", META)
     w.add_request(*_rows(0))
     assert len(read_valid_trace(w.close()).requests) == 1
+
+
+def test_row_checks_read_every_row_in_any_order(tmp_path):
+    """The per-request checks follow each request, not the table's row order, and the unknown
+    status and token kind checks read every row, not the first (mutation round on the columnar
+    checks: the counts lined up with sorted ids; one output token and no token rows passing; only
+    the first row's status or kind read)."""
+    w = TraceWriter(tmp_path / "t", META)
+    for rid in (0, 1):
+        w.add_request(*_rows(rid, n_steps=1))
+    t = read_trace(w.close())
+    t.requests = t.requests.iloc[::-1]  # request 1 first
+    assert problems(t) == []
+    t.tokens = _drop(t.tokens, t.tokens["request_id"] == 0)
+    assert [p for p in problems(t) if p.startswith("request ")] == ["request 0: no token rows for 1 output tokens"]
+    t = read_trace(tmp_path / "t")
+    last = len(t.requests) - 1
+    t.requests = _set(t.requests, last, "status", "bogus")
+    t.tokens = _set(t.tokens, len(t.tokens) - 1, "kind", "bogus")
+    assert {"requests: unknown statuses ['bogus']", "tokens: unknown kinds ['bogus']"} <= set(problems(t))
