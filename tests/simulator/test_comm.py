@@ -121,3 +121,22 @@ def test_send_recv_on_one_gpu_takes_a_pairs_link() -> None:
     for part in ("mi300x", "a100-80g"):
         hw = get_hardware(part)
         assert collective_time_s("send_recv", 2**20, 1, hw) == collective_time_s("send_recv", 2**20, 2, hw)
+
+
+def _series(rows: dict) -> list[np.ndarray]:
+    keys = set(zip(rows["system"], rows["collective"], rows["workers"], rows["across_nodes"]))
+    return [
+        (rows["system"] == s) & (rows["collective"] == c) & (rows["workers"] == w) & (rows["across_nodes"] == a)
+        for s, c, w, a in sorted(keys)
+    ]
+
+
+def test_held_out_sizes_are_sizes_the_fit_did_not_see() -> None:
+    """Each measured series is split into two halves of its buffer sizes: no size is in both (the
+    A100 data times 16 MiB twice per series; one row was fitted, the other held out), and each half
+    holds about half the series."""
+    rows = measured_rows()
+    held = rows["held_out"]
+    for sel in _series(rows):
+        assert not set(rows["bytes"][sel & held]) & set(rows["bytes"][sel & ~held])
+        assert abs(int((sel & held).sum()) - int((sel & ~held).sum())) <= 2
