@@ -177,7 +177,8 @@ def collective_time_s(
 # ---- calibration ---------------------------------------------------------------------------------
 def measured_rows() -> dict[str, np.ndarray]:
     """The A100 collectives as flat arrays: system, collective, workers, bytes, median seconds,
-    across_nodes, and a held-out flag (every other buffer size of each series)."""
+    across_nodes, and a held-out flag (every other buffer size of each series; the rows of a size
+    measured twice fall in the same half)."""
     import pandas as pd
 
     frames = []
@@ -201,7 +202,11 @@ def measured_rows() -> dict[str, np.ndarray]:
             )
             frames.append(d[keep])
     d = pd.concat(frames, ignore_index=True).sort_values(["system", "collective", "workers", "per_node", "bytes"])
-    d["held_out"] = d.groupby(["system", "collective", "workers", "per_node"]).cumcount() % 2 == 1
+    series = ["system", "collective", "workers", "per_node"]
+    d["held_out"] = d.groupby(series).cumcount() % 2 == 1
+    # a size measured twice in a series (16 MiB is, in each) stays in one half, the first row's:
+    # the held-out rows are sizes the fit did not see
+    d["held_out"] = d.groupby([*series, "bytes"])["held_out"].transform("first")
     d["across_nodes"] = d["per_node"] < d["workers"]
     return {
         c: d[c].to_numpy() for c in ("system", "collective", "workers", "bytes", "time_s", "held_out", "across_nodes")

@@ -56,3 +56,53 @@ def test_a_re_prefill_after_preemption_is_chunked_from_an_empty_pool():
     whole = next_demand(_state(ptr=1, recompute=True), [0])
     assert (whole.query[0], whole.final[0], whole.rebuild[0], whole.emits[0]) == (11, True, 10, 1)
     assert whole.kv_read[0] == 11 + 10 * 11 // 2  # its own pass's reads and the causal re-prefill's
+
+
+def test_a_chunk_one_row_short_of_the_pass_is_not_its_end():
+    """7 of the second turn's 8 rows: a chunk, emitting nothing; the 8th row is the pass's end."""
+    d = next_demand(_state(ptr=2), [0], limit=[7])
+    assert (d.query[0], d.final[0], d.emits[0]) == (7, False, 0)
+    state = _state(ptr=2)
+    state.chunk_done = np.array([7])
+    d = next_demand(state, [0], limit=[7])
+    assert (d.query[0], d.final[0], d.emits[0]) == (1, True, 1)
+
+
+def test_a_chunk_reads_its_causal_share_of_the_kv_rounded_to_nearest():
+    """3 of 8 rows from the start: c(3) / c(8) = 6 / 36 of the pass's 124 reads, 20.7 -> 21."""
+    d = next_demand(_state(ptr=2), [0], limit=[3])
+    assert d.kv_read[0] == round(124 * 6 / 36) == 21
+
+
+def test_a_later_chunk_of_a_re_prefill_rebuilds_only_its_own_lost_tokens():
+    """Preempted before its decode, 5 of the 11 rows (10 re-prefill + 1) already run: a chunk of
+    the next 5 recomputes 5 lost tokens; one of the last 6 recomputes the other 5 and runs the
+    pass's own row, which is new (not rebuild)."""
+    state = _state(ptr=1, recompute=True)
+    state.chunk_done = np.array([5])
+    assert next_demand(state, [0], limit=[5]).rebuild[0] == 5
+    last = next_demand(state, [0], limit=[6])
+    assert (last.query[0], last.rebuild[0], last.final[0]) == (6, 5, True)
+
+
+def test_a_re_prefill_recomputes_the_live_kv_not_the_pages_held():
+    """A request holding 10 live tokens in pages reserved for 12 re-prefills the 10."""
+    state = _state(ptr=1, recompute=True)
+    state.w.alloc_kv_tokens = np.array([12, 12, 19])
+    whole = next_demand(state, [0])
+    assert (whole.query[0], whole.rebuild[0]) == (11, 10)
+
+
+def test_a_re_prefill_of_a_pass_without_rows_runs_one_stream_and_one_logit():
+    state = _state(ptr=1, recompute=True)
+    state.w.query_tokens = np.array([10, 0, 8])
+    state.w.query_groups = np.array([1, 0, 1])
+    state.w.logit_tokens = np.array([1, 0, 1])
+    whole = next_demand(state, [0])
+    assert (whole.query[0], whole.groups[0], whole.logits[0], whole.final[0]) == (10, 1, 1, True)
+
+
+def test_a_budget_below_zero_runs_no_row():
+    """A prefill asked about with an overdrawn budget runs nothing: no row, no KV read, no token."""
+    d = next_demand(_state(ptr=2), [0], limit=[-3])
+    assert (d.query[0], d.kv_read[0], d.final[0], d.emits[0]) == (0, 0, False, 0)
