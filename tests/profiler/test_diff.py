@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from profiler.diff import diff_paths, graph_diff, text_diff, text_diffs
+from profiler.diff import diff_paths, diff_traces, graph_diff, text_diff, text_diffs
 from profiler.reader import TraceError, read_trace
+from profiler.validate import problems
 from tests.dashboard.traces import make_trace
 
 
@@ -167,3 +169,115 @@ def test_counter_span_and_unsorted_request_means():
     assert counter_summary(counters) == {"energy_mj": 300.0, "mean_power_w": 20.0}  # energy: last - first
     means = _mean_by_request(np.array([1, 0, 1, 0]), np.array([1.0, 2.0, 3.0, 6.0]))  # interleaved requests
     assert means.to_dict() == {0: 4.0, 1: 2.0}
+
+
+# ---- a second hand mutation round (kills mutants that survived every test above) ----
+
+
+def _failed(trace, rid: int):
+    """`trace` with request `rid` failed as the server fails one (runtime/server.py `_fail`): no
+    pass, no token, an empty graph, quality and TTFT unknown; checked valid."""
+    req = trace.requests.copy()
+    at = req["request_id"] == rid
+    failed = {"output_tokens": 0, "steps": 0, "critical_path_tokens": 0, "peak_live_kv_tokens": 0, "peak_kv_bytes": 0}
+    failed |= {"theoretical_speedup": 0.0, "quality_score": math.nan, "ttft_s": math.nan}
+    failed |= {"status": "error", "stop_reason": "kv_pool", "output_text": ""}
+    for col, v in failed.items():
+        req.loc[at, col] = v
+    trace.requests = req
+    trace.steps = trace.steps[trace.steps["request_id"] != rid].reset_index(drop=True)
+    trace.tokens = trace.tokens[trace.tokens["request_id"] != rid].reset_index(drop=True)
+    trace.graphs[rid] = {"directed": True, "multigraph": False, "graph": {}, "nodes": [], "links": []}
+    assert problems(trace) == []
+    return trace
+
+
+def test_a_request_that_failed_in_b(tmp_path):
+    """B's request 2 failed at once: a figure it does not have is None (never NaN: strict JSON), a
+    ratio is 0 where B has 0 of what A had, a mean is over the requests that have the figure, its
+    whole output is deleted and every chunk removed."""
+    a = read_trace(make_trace(tmp_path / "a", e2e_s=[1.0, 2.0, 4.0], passes=4))
+    b = _failed(read_trace(make_trace(tmp_path / "b", e2e_s=[1.0, 2.0, 0.0], passes=4)), 2)  # refused at once
+    d = diff_traces(a, b)
+    s = d.summary()
+    json.dumps(s, allow_nan=False)
+    r = s["requests"][2]
+    assert r["e2e_s"] == {"a": 4.0, "b": 0.0, "delta": -4.0, "ratio": 0.0} and r["speedup"] is None
+    assert r["ttft_s"] == {"a": 1.0, "b": None, "delta": None, "ratio": None}
+    assert r["steps"] == {"a": 4.0, "b": 0.0, "delta": -4.0, "ratio": 0.0}
+    assert r["quality_score"] == {"a": 0.5, "b": None, "delta": None, "ratio": None}
+    assert r["attained_parallelism"]["b"] is None and r["mean_live_kv_tokens"]["b"] is None
+    m = s["overall"]["metrics"]
+    assert m["ttft_s"]["b"] == pytest.approx((0.25 + 0.5) / 2)  # over B's two requests with a first token
+    assert m["steps"]["b"] == pytest.approx(8 / 3)  # a failed request ran no pass: 0 of them counts
+    assert r["text"]["deleted_tokens"] == 4 and r["text"]["b_tokens"] == 0
+    assert r["graph"]["removed"] == ["main:0", "prompt"] and r["graph"]["added"] == []
+    assert r["graph"]["edges_removed"] == 1 and r["graph"]["edges_added"] == 0
+    assert s["overall"]["text_similarity_mean"] == pytest.approx(2 / 3)  # the mean over requests: 1, 1 and 0
+
+
+def test_every_request_failed_in_b_and_an_unscored_a(tmp_path):
+    """A figure one side lacks altogether (no TTFT in B, no quality in A, no time in B): None, not
+    an error."""
+    a = read_trace(make_trace(tmp_path / "a", e2e_s=[1.0, 2.0], quality=math.nan))
+    b = read_trace(make_trace(tmp_path / "b", e2e_s=[0.0, 0.0]))  # both refused at once
+    for rid in (0, 1):
+        _failed(b, rid)
+    o = diff_traces(a, b).summary()["overall"]
+    assert o["speedup"] is None and o["tokens_per_s_b"] is None and o["speedup_geomean"] is None
+    assert o["e2e_s_total_b"] == 0.0 and o["tokens_per_s_a"] == pytest.approx(8 / 3)
+    assert o["metrics"]["ttft_s"] == {"a": pytest.approx(0.375), "b": None, "delta": None, "ratio": None}
+    assert o["metrics"]["quality_score"] == {"a": None, "b": None, "delta": None, "ratio": None}
+    a2 = read_trace(make_trace(tmp_path / "a2", e2e_s=[1.0, 2.0], quality=math.nan))
+    m = diff_traces(a2, read_trace(make_trace(tmp_path / "b2", e2e_s=[1.0, 2.0]))).summary()["overall"]["metrics"]
+    assert m["quality_score"] == {"a": None, "b": 0.5, "delta": None, "ratio": None}
+
+
+def test_an_unscored_trace_against_itself_is_identical(tmp_path):
+    t = make_trace(tmp_path / "t", e2e_s=[1.0, 2.0], quality=math.nan)
+    s = diff_paths(t, t).summary()
+    assert s["overall"]["metrics"]["quality_score"]["delta"] is None and s["identical"] is True
+
+
+def test_summary_per_request_figures(tmp_path):
+    """Each request of the summary: its id in each trace, every metric's A, B, B - A and B / A, the
+    speedup A/B, the text counts without the opcodes."""
+    a = make_trace(tmp_path / "a", e2e_s=[1.0, 2.0], passes=4)
+    b = make_trace(tmp_path / "b", e2e_s=[0.5, 4.0], threads=[1, 0], passes=4, first_id=10)
+    s = diff_paths(a, b).summary()
+    assert [(r["a_id"], r["b_id"]) for r in s["requests"]] == [(0, 10), (1, 11)]
+    r0, r1 = s["requests"]
+    assert r0["e2e_s"] == {"a": 1.0, "b": 0.5, "delta": -0.5, "ratio": 0.5} and r0["speedup"] == 2.0
+    assert r1["e2e_s"] == {"a": 2.0, "b": 4.0, "delta": 2.0, "ratio": 2.0} and r1["speedup"] == 0.5
+    assert r0["output_tokens"] == {"a": 4.0, "b": 8.0, "delta": 4.0, "ratio": 2.0}
+    assert r0["attained_parallelism"] == {"a": 1.0, "b": 2.0, "delta": 1.0, "ratio": 2.0}
+    # live KV per pass: prompt + 1 after the prefill, + 1 per stream's token after each decode pass
+    assert r0["mean_live_kv_tokens"] == {"a": 7.5, "b": (6 + 8 + 10 + 12) / 4, "delta": 1.5, "ratio": 1.2}
+    assert r1["mean_live_kv_tokens"]["a"] == r1["mean_live_kv_tokens"]["b"] == 8.5
+    assert r1["graph"]["identical"] and not r0["graph"]["identical"]
+    o = s["overall"]
+    assert o["tokens_per_s_a"] == pytest.approx(8 / 3) and o["tokens_per_s_b"] == pytest.approx(12 / 4.5)
+    assert "ops" not in r0["text"] and r0["text"]["inserted_tokens"] + r0["text"]["replaced_tokens"] > 0
+
+
+def test_attained_parallelism_is_tokens_per_forward_pass(tmp_path):
+    """Output tokens over the forward passes the request took, which may be more than its critical
+    path (a preempted request runs some again): 12 tokens of a 3-token critical path in 6 passes."""
+    path = make_trace(tmp_path / "a", e2e_s=[1.0], threads=[3], passes=3)
+    b = read_trace(path)
+    req = b.requests.copy()
+    req["steps"], req["theoretical_speedup"], req["e2e_s"] = 6, 4.0, 2.0
+    b.requests = req
+    again = b.steps.assign(step_index=b.steps["step_index"] + 3, start_s=b.steps["start_s"] + 1.0)
+    b.steps = pd.concat([b.steps, again], ignore_index=True)
+    assert problems(b) == []
+    m = diff_traces(read_trace(path), b).summary()["requests"][0]
+    assert m["attained_parallelism"] == {"a": 4.0, "b": 2.0, "delta": -2.0, "ratio": 0.5}
+    assert m["theoretical_speedup"] == {"a": 4.0, "b": 4.0, "delta": 0.0, "ratio": 1.0}
+
+
+def test_json_safe_figures():
+    from profiler.diff import _delta, _num
+
+    assert [_num(x) for x in (math.inf, -math.inf, math.nan, None, np.float32(2.5))] == [None, None, None, None, 2.5]
+    assert _delta(1.0, math.inf) == (None, None) and _delta(math.nan, 1.0) == (None, None)
