@@ -281,3 +281,107 @@ def test_json_safe_figures():
 
     assert [_num(x) for x in (math.inf, -math.inf, math.nan, None, np.float32(2.5))] == [None, None, None, None, 2.5]
     assert _delta(1.0, math.inf) == (None, None) and _delta(math.nan, 1.0) == (None, None)
+
+
+def _drop(trace, rid: int):
+    """`trace` without request `rid` (as a run of fewer requests), checked valid."""
+    trace.requests = trace.requests[trace.requests["request_id"] != rid].reset_index(drop=True)
+    trace.steps = trace.steps[trace.steps["request_id"] != rid].reset_index(drop=True)
+    trace.tokens = trace.tokens[trace.tokens["request_id"] != rid].reset_index(drop=True)
+    del trace.graphs[rid]
+    assert problems(trace) == []
+    return trace
+
+
+def test_a_trace_against_part_of_itself_has_the_same_outputs(tmp_path):
+    """B: A without its middle request. The outputs both have are the same token for token (A's
+    rows of the matched requests are not one run: the unmatched one lies between them)."""
+    path = make_trace(tmp_path / "a", e2e_s=[1.0, 1.0, 1.0], passes=5)
+    d = diff_traces(read_trace(path), _drop(read_trace(path), 1))
+    assert [t["identical"] for t in d.text.values()] == [True, True] and d.identical
+    assert d.unmatched_a == [1] and d.unmatched_b == []
+
+
+def test_matched_by_prompt_with_requests_on_each_side_only(tmp_path):
+    """Ids that differ, prompts of A and B overlapping in part: the pairs, in A's id order
+    whatever the order of A's rows, and what each side has alone."""
+    p0, p1, p2, p3 = "reverse: abc,de", "reverse: fgh,ij,kl", "reverse: mno", "reverse: pq,rs,tu,vw"
+    a = read_trace(make_trace(tmp_path / "a", e2e_s=[1.0, 1.0, 1.0], prompts=(p0, p1, p2)))
+    a.requests = a.requests.iloc[::-1].reset_index(drop=True)  # rows in another order than the ids
+    b = read_trace(make_trace(tmp_path / "b", e2e_s=[1.0, 1.0, 1.0], prompts=(p1, p0, p3), first_id=10))
+    d = diff_traces(a, b)
+    assert d.matched_by == "prompt"
+    assert list(zip(d.requests["a_id"], d.requests["b_id"])) == [(0, 11), (1, 10)]
+    assert d.unmatched_a == [2] and d.unmatched_b == [12]
+
+
+def test_shared_ids_with_some_prompts_changed_match_by_prompt(tmp_path):
+    p0, p1, p2 = "reverse: abc,de", "reverse: fgh,ij,kl", "reverse: mno"
+    d = diff_paths(
+        make_trace(tmp_path / "a", e2e_s=[1.0, 1.0, 1.0], prompts=(p0, p1, p2)),
+        make_trace(tmp_path / "b", e2e_s=[1.0, 1.0, 1.0], prompts=(p0, p2, p1)),
+    )
+    assert d.matched_by == "prompt" and list(zip(d.requests["a_id"], d.requests["b_id"])) == [(0, 0), (1, 2), (2, 1)]
+
+
+def test_token_rows_out_of_order_within_a_request(tmp_path):
+    """Token rows sorted by request but not by index within it (and a request of two tokens
+    written last first) are read in index order."""
+    path = make_trace(tmp_path / "a", e2e_s=[1.0, 1.0], passes=4)
+    shuffled = read_trace(path)
+    shuffled.tokens = shuffled.tokens.sort_values(["request_id", "token_index"], ascending=[True, False])
+    d = diff_traces(read_trace(path), shuffled)
+    assert [t["identical"] for t in d.text.values()] == [True, True]
+    two = make_trace(tmp_path / "two", e2e_s=[1.0], passes=2)
+    backwards = read_trace(two)
+    backwards.tokens = backwards.tokens.iloc[::-1].reset_index(drop=True)
+    assert diff_traces(read_trace(two), backwards).text[0]["identical"]
+
+
+def test_a_first_token_that_differs_is_in_its_own_request(tmp_path):
+    path = make_trace(tmp_path / "a", e2e_s=[1.0, 1.0, 1.0], passes=4)
+    b = read_trace(path)
+    tok = b.tokens.copy()
+    tok.loc[(tok["request_id"] == 1) & (tok["token_index"] == 0), "token_text"] = "Z"
+    b.tokens = tok
+    d = diff_traces(read_trace(path), b)
+    assert [t["identical"] for t in d.text.values()] == [True, False, True]
+    assert d.text[1]["replaced_tokens"] == 1 and d.text[1]["ops"][0] == ("replace", "b", "Z")
+
+
+def test_two_empty_outputs_are_identical_with_no_opcode(tmp_path):
+    path = make_trace(tmp_path / "a", e2e_s=[1.0, 1.0])
+    d = diff_traces(_failed(read_trace(path), 1), _failed(read_trace(path), 1))
+    assert d.text[1] == text_diff([], []) and d.text[1]["ops"] == [] and d.identical
+
+
+def test_text_diff_counts_and_opcodes():
+    ins = text_diff(list("abc"), list("abXYc"))
+    assert (ins["inserted_tokens"], ins["deleted_tokens"], ins["equal_tokens"]) == (2, 0, 3)
+    dele = text_diff(list("abXYc"), list("abc"))
+    assert (dele["inserted_tokens"], dele["deleted_tokens"], dele["equal_tokens"]) == (0, 2, 3)
+    a = list("ab" * 150)
+    b = [c if i % 2 else "Z" for i, c in enumerate(a)]  # every other token replaced: 300 opcodes
+    many = text_diff(a, b)
+    assert len(many["ops"]) == 200 and many["replaced_tokens"] == 150
+    long_a = [str(i % 7) for i in range(300)]  # popular tokens in an output of over 200: no junk heuristic
+    long_b = long_a[:150] + ["X"] + long_a[151:]
+    one = text_diff(long_a, long_b)
+    assert one["equal_tokens"] == 299 and one["replaced_tokens"] == 1 and one["similarity"] == pytest.approx(299 / 300)
+
+
+def test_same_figures_other_output_or_graph_is_not_identical(tmp_path):
+    path = make_trace(tmp_path / "a", e2e_s=[1.0, 2.0])
+    other_text = read_trace(path)
+    other_text.tokens = other_text.tokens.copy()
+    other_text.tokens.loc[
+        (other_text.tokens["request_id"] == 1) & (other_text.tokens["token_index"] == 0), "token_text"
+    ] = "Z"
+    d = diff_traces(read_trace(path), other_text)
+    assert all(v["delta"] in (0.0, None) for v in d.overall["metrics"].values())
+    assert not d.identical and d.summary()["identical"] is False and d.overall["text_identical_requests"] == 1
+    other_graph = read_trace(path)
+    g = other_graph.graphs[1]
+    g["nodes"] = [dict(n, tokens=n["tokens"] + 1) if n["id"] == "main:0" else n for n in g["nodes"]]
+    d = diff_traces(read_trace(path), other_graph)
+    assert not d.identical and d.overall["graph_identical_requests"] == 1
