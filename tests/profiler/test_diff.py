@@ -385,3 +385,72 @@ def test_same_figures_other_output_or_graph_is_not_identical(tmp_path):
     g["nodes"] = [dict(n, tokens=n["tokens"] + 1) if n["id"] == "main:0" else n for n in g["nodes"]]
     d = diff_traces(read_trace(path), other_graph)
     assert not d.identical and d.overall["graph_identical_requests"] == 1
+
+
+def test_graph_diff_lists_only_what_changed():
+    ga = {
+        "nodes": [{"id": "p", "tokens": 3}, {"id": "m", "tokens": 5}, {"id": "x", "tokens": 1}],
+        "links": [{"source": "p", "target": "m"}, {"source": "p", "target": "x"}],
+    }
+    threads = [f"t{i}" for i in range(8)]
+    gb = {
+        "nodes": [{"id": "p", "tokens": 3}, {"id": "m", "tokens": 6}, {"id": "x", "tokens": 1}]
+        + [{"id": t, "tokens": 1} for t in threads],
+        "links": [{"source": "p", "target": "m"}, {"source": "p", "target": "x"}]
+        + [{"source": t, "target": "x"} for t in threads],
+    }
+    g = graph_diff(ga, gb)
+    assert g["changed_length"] == [{"chunk": "m", "a_tokens": 5, "b_tokens": 6}]
+    assert g["changed_dependence"] == [{"chunk": "x", "a_depends_on": ["p"], "b_depends_on": ["p", *threads]}]
+    assert (g["a_chunks"], g["b_chunks"], g["a_edges"], g["b_edges"]) == (3, 11, 2, 10)
+    assert (g["edges_added"], g["edges_removed"]) == (8, 0) and g["added"] == threads and g["removed"] == []
+    as_edges = {"nodes": gb["nodes"], "edges": gb["links"]}  # networkx's node_link_data(edges="edges")
+    assert graph_diff(gb, as_edges)["identical"]
+
+
+def test_requests_sharing_a_graph_are_diffed_against_their_own(tmp_path):
+    """A's requests share one graph object (as a simulated trace's structures do); B's differ: each
+    request is diffed against its own graph in B."""
+    a = read_trace(make_trace(tmp_path / "a", e2e_s=[1.0, 1.0]))
+    a.graphs[1] = a.graphs[0]
+    b = read_trace(make_trace(tmp_path / "b", e2e_s=[1.0, 1.0]))
+    b.graphs[0] = a.graphs[0]
+    d = diff_traces(a, b)
+    assert d.graphs[0]["identical"] and not d.graphs[1]["identical"]
+    assert d.graphs[1]["changed_length"] == [{"chunk": "prompt", "a_tokens": 5, "b_tokens": 6}]
+    assert d.overall["graph_identical_requests"] == 1
+
+
+def test_counter_summaries():
+    from profiler.diff import counter_summary
+
+    nan = math.nan
+    c = pd.DataFrame(
+        {
+            "gpu_memory_used_bytes": [nan, nan, nan],  # a host trace: no GPU samples, no GPU figure
+            "rss_bytes": [3.0, 9.0, 5.0],  # the peak, not the last sample
+            "energy_mj": [nan, 100.0, 400.0],  # the energy between the first and last samples that have it
+            "cpu_percent": [10.0, nan, 20.0],
+        }
+    )
+    assert counter_summary(c) == {"peak_rss_bytes": 9.0, "energy_mj": 300.0, "mean_cpu_percent": 15.0}
+
+
+def test_counters_compared_are_those_both_traces_have(tmp_path):
+    gpu = make_trace(tmp_path / "gpu", e2e_s=[1.0, 1.0], counters="nvml")
+    host = make_trace(tmp_path / "host", e2e_s=[2.0, 2.0], counters="host")
+    d = diff_paths(gpu, host)
+    assert set(d.counters) == {"mean_cpu_percent", "peak_rss_bytes"}
+    assert d.counters["peak_rss_bytes"] == {
+        "a": 3e8 + 4e6,
+        "b": 3e8 + 8e6,
+        "delta": 4e6,
+        "ratio": pytest.approx((3e8 + 8e6) / (3e8 + 4e6)),
+    }
+
+
+def test_an_invalid_trace_is_refused(tmp_path):
+    good = make_trace(tmp_path / "good", e2e_s=[1.0])
+    bad = make_trace(tmp_path / "bad", e2e_s=[1.0], quality=2.0)
+    with pytest.raises(TraceError, match="not a valid trace: request 0: quality_score 2.0 outside 0..1"):
+        diff_paths(good, bad)
