@@ -454,3 +454,15 @@ def test_an_invalid_trace_is_refused(tmp_path):
     bad = make_trace(tmp_path / "bad", e2e_s=[1.0], quality=2.0)
     with pytest.raises(TraceError, match="not a valid trace: request 0: quality_score 2.0 outside 0..1"):
         diff_paths(good, bad)
+
+
+def test_requests_whose_figures_changed_are_not_identical_whatever_the_means(tmp_path):
+    """Was: `identical` (and `solm diff`'s "identical: zero deltas") looked at the means only, so
+    two requests that traded latencies (1 s and 2 s in A, 2 s and 1 s in B) made an identical diff.
+    A figure only one side has (a quality score B has, A not) is a change too; one neither has is not."""
+    traded = diff_paths(make_trace(tmp_path / "a", e2e_s=[1.0, 2.0]), make_trace(tmp_path / "b", e2e_s=[2.0, 1.0]))
+    assert traded.overall["metrics"]["e2e_s"]["delta"] == 0.0 and traded.requests["speedup"].tolist() == [0.5, 2.0]
+    assert not traded.identical and traded.summary()["identical"] is False
+    unscored = make_trace(tmp_path / "unscored", e2e_s=[1.0, 2.0], quality=math.nan)
+    assert not diff_paths(unscored, make_trace(tmp_path / "scored", e2e_s=[1.0, 2.0])).identical
+    assert diff_paths(unscored, unscored).identical
