@@ -69,6 +69,11 @@ def _num(x) -> float | None:
     return None if math.isnan(x) or math.isinf(x) else x
 
 
+def _same(a: pd.Series, b: pd.Series) -> bool:
+    """Whether two columns hold the same value in every row, NaN (a figure not there) equal to NaN."""
+    return bool(((a == b) | (a.isna() & b.isna())).all())
+
+
 def _delta(a, b) -> tuple[float | None, float | None]:
     a, b = _num(a), _num(b)
     if a is None or b is None:
@@ -91,8 +96,12 @@ class TraceDiff:
 
     @property
     def identical(self) -> bool:
+        """Every matched request's every figure the same in A and B (or missing in both), the same
+        outputs and the same dependence graphs (was: the figures' means only, so two requests that
+        traded latencies made an identical diff)."""
+        r = self.requests
         return (
-            all(v in (None, 0.0) for m in self.overall["metrics"].values() for v in (m["delta"],))
+            all(_same(r[f"{m}_a"], r[f"{m}_b"]) for m, _ in METRICS)
             and all(t["identical"] for t in self.text.values())
             and all(g["identical"] for g in self.graphs.values())
         )
