@@ -69,6 +69,17 @@ def _num(x) -> float | None:
     return None if math.isnan(x) or math.isinf(x) else x
 
 
+def _nums(column: pd.Series) -> list[float | None]:
+    """`_num` of every value of a column."""
+    values = column.to_numpy(float)
+    out = values.astype(object)
+    out[~np.isfinite(values)] = None
+    return out.tolist()
+
+
+SIDES = ("a", "b", "delta", "ratio")  # each figure's four columns of `requests`, in the summary's order
+
+
 def _same(a: pd.Series, b: pd.Series) -> bool:
     """Whether two columns hold the same value in every row, NaN (a figure not there) equal to NaN."""
     return bool(((a == b) | (a.isna() & b.isna())).all())
@@ -108,17 +119,13 @@ class TraceDiff:
 
     def summary(self) -> dict:
         """Everything JSON-safe except the per-token opcodes (see `text` for those)."""
+        r = self.requests  # each column read once, not a float() per cell (12 s of 100,000 requests)
+        col = {c: _nums(r[c]) for c in ("speedup", *(f"{m}_{x}" for m, _ in METRICS for x in SIDES))}
         per_request = []
-        for row in self.requests.to_dict("records"):
-            rid = int(row["a_id"])
-            item: dict[str, object] = {"a_id": rid, "b_id": int(row["b_id"]), "speedup": _num(row["speedup"])}
+        for i, (rid, bid) in enumerate(zip(r["a_id"].astype(int).tolist(), r["b_id"].astype(int).tolist())):
+            item: dict[str, object] = {"a_id": rid, "b_id": bid, "speedup": col["speedup"][i]}
             for m, _ in METRICS:
-                item[m] = {
-                    "a": _num(row[f"{m}_a"]),
-                    "b": _num(row[f"{m}_b"]),
-                    "delta": _num(row[f"{m}_delta"]),
-                    "ratio": _num(row[f"{m}_ratio"]),
-                }
+                item[m] = {x: col[f"{m}_{x}"][i] for x in SIDES}
             item["text"] = {k: v for k, v in self.text[rid].items() if k != "ops"}
             item["graph"] = self.graphs[rid]
             per_request.append(item)
