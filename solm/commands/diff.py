@@ -56,8 +56,9 @@ def print_human(s: dict) -> None:
     if s["unmatched_a"] or s["unmatched_b"]:
         extra = f"; unmatched: {len(s['unmatched_a'])} only in A, {len(s['unmatched_b'])} only in B"
     print(f"matched {s['matched']} requests by {s['matched_by']}{extra}")
-    if s["identical"]:
-        print("identical: zero deltas, same outputs, same dependence graphs")
+    if s["identical"]:  # of the matched requests: the unmatched ones are named on the line above
+        which = "the matched requests are identical" if extra else "identical"
+        print(f"{which}: zero deltas, same outputs, same dependence graphs")
     print(
         f"speedup A/B  {_f(o['speedup'], '.3f')}x total latency, {_f(o['speedup_geomean'], '.3f')}x geomean per "
         f"request; throughput {_f(o['tokens_per_s_a'], '.1f')} -> {_f(o['tokens_per_s_b'], '.1f')} tokens/s"

@@ -38,6 +38,18 @@ def test_diff_with_itself_json(pair):
     assert all(m["delta"] in (0.0, None) for m in s["overall"]["metrics"].values())
 
 
+def test_identical_says_of_which_requests(pair, tmp_path):
+    """A trace against itself is identical; against itself less a request, the matched requests
+    are (was: "identical" whole, the request only in A named on the line before)."""
+    r = solm("diff", str(pair[0]), str(pair[0]))
+    assert r.returncode == 0 and "\nidentical: zero deltas, same outputs, same dependence graphs\n" in r.stdout
+    part = make_trace(tmp_path / "part", e2e_s=[1.0], passes=8)
+    r = solm("diff", str(pair[0]), str(part))
+    assert r.returncode == 0, r.stderr
+    assert "matched 1 requests by request_id; unmatched: 1 only in A, 0 only in B\n" in r.stdout
+    assert "\nthe matched requests are identical: zero deltas" in r.stdout
+
+
 def test_diff_human_then_json_and_html(pair, tmp_path):
     html = tmp_path / "report.html"
     r = solm("diff", str(pair[0]), str(pair[1]), "--html", str(html))
