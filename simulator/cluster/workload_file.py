@@ -217,7 +217,7 @@ def stretch(structure: Workload, log: RequestLog, seed: int = 0) -> Workload:
         logit_tokens=w.logit_tokens[flat],
         live_kv_tokens=live,
         alloc_kv_tokens=alloc,
-        evicted_tokens=np.round(w.evicted_tokens[flat] * np.where(is_pre, 1, o_scale)).astype(np.int64),
+        evicted_tokens=_stretched_evictions(w, flat, offsets, is_pre, o_scale),
         phase=w.phase[flat],
         emits=emits,
         status=("ok",) * len(src),
@@ -265,6 +265,20 @@ def _pass_map(
     gen_src = n_pre[owner] + (np.maximum(jg, 0) * n_gen_old[owner]) // np.maximum(n_gen[owner], 1)
     flat = w.pass_starts[src][owner] + np.where(is_pre, j, gen_src)
     return offsets, owner, is_pre, flat
+
+
+def _stretched_evictions(
+    w: Workload, flat: np.ndarray, offsets: np.ndarray, is_pre: np.ndarray, o_scale: np.ndarray
+) -> np.ndarray:
+    """Tokens each new pass evicts: those its source passes since the previous new pass's source
+    evicted (a source pass repeated by a longer output counts once, on its first copy, where the
+    stretched live KV falls; one skipped by a shorter output counts on the next new pass), scaled
+    like the generated KV (by O / O0) on generation passes."""
+    evicted = np.cumsum(w.evicted_tokens)[flat]  # through each new pass's source pass
+    since = np.diff(evicted, prepend=0)
+    first = offsets[:-1][np.diff(offsets) > 0]
+    since[first] = w.evicted_tokens[flat[first]]  # a request's first pass: its source pass's own
+    return np.round(since * np.where(is_pre, 1, o_scale)).astype(np.int64)
 
 
 def _stretched_passes(

@@ -109,3 +109,23 @@ def test_stretch_keeps_threads_and_live_fraction(tmp_path):
 
 def test_workload_path_that_is_not_a_file(tmp_path):
     check_not_a_file(read_workload_file, tmp_path)
+
+
+@pytest.mark.parametrize("output", [31, 7, 16])
+def test_stretch_counts_each_eviction_once_where_the_live_kv_falls(tmp_path, output):
+    """TIP's 8 evicted tokens (two steps of 4) scale with the output and land on the passes where the
+    stretched live KV falls: a source pass repeated by a longer output is not counted twice, one
+    skipped by a shorter output not lost."""
+    structure = load_workload(write_toy_trace(tmp_path / "s", [tip(4, 4, 4)], [4]))
+    path = tmp_path / "w.csv"
+    path.write_text(f"arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,4,{output}\n")
+    w = stretch(structure, read_workload_file(path))
+    ev, live = w.evicted_tokens, w.live_kv_tokens
+    scale = (output - 1) / 15  # generation tokens wanted over the source's
+    assert abs(int(ev.sum()) - 8 * scale) <= 2  # one token of rounding per eviction
+    falls = np.flatnonzero(np.diff(live) < 0) + 1
+    evicting = np.flatnonzero(ev)
+    assert set(falls.tolist()) <= set(evicting.tolist())  # the live KV falls only by evicting
+    if output >= 16:  # every source pass has a copy: the KV falls on each evicting pass
+        assert evicting.tolist() == falls.tolist()
+    assert np.all(live[:-1] - live[1:] <= ev[1:] + 1)  # never more than it evicts (one token of rounding)
