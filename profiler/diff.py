@@ -188,10 +188,11 @@ def _mean_by_request(ids: np.ndarray, values: np.ndarray) -> pd.Series:
 
 
 def match_requests(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Pairs (a_id, b_id). By request id when every shared id carries the same prompt in both
-    traces; otherwise by prompt text (the k-th copy of a prompt in A with the k-th in B)."""
+    """Pairs (a_id, b_id) in A's id order. By request id when every shared id carries the same
+    prompt in both traces; otherwise by prompt text (the k-th copy of a prompt in A with the k-th
+    in B)."""
     pa_, pb = a["prompt"], b["prompt"]
-    shared = pa_.index.intersection(pb.index)
+    shared = pa_.index.intersection(pb.index).sort_values()  # id order, as the prompt pairs below
     if len(shared) and (pa_.loc[shared] == pb.loc[shared]).all():
         return pd.DataFrame({"a_id": shared, "b_id": shared}), "request_id"
 

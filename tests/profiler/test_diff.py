@@ -315,6 +315,17 @@ def test_matched_by_prompt_with_requests_on_each_side_only(tmp_path):
     assert d.unmatched_a == [2] and d.unmatched_b == [12]
 
 
+def test_matched_by_id_in_a_id_order_whatever_the_order_of_the_rows(tmp_path):
+    """Matching by id lists the pairs in id order, as matching by prompt does, not in the order of
+    A's rows."""
+    path = make_trace(tmp_path / "a", e2e_s=[1.0, 2.0, 3.0])
+    a = read_trace(path)
+    a.requests = a.requests.iloc[[2, 0, 1]].reset_index(drop=True)
+    d = diff_traces(a, read_trace(path))
+    assert d.matched_by == "request_id" and d.requests["a_id"].tolist() == [0, 1, 2]
+    assert d.requests["b_id"].tolist() == [0, 1, 2]
+
+
 def test_shared_ids_with_some_prompts_changed_match_by_prompt(tmp_path):
     p0, p1, p2 = "reverse: abc,de", "reverse: fgh,ij,kl", "reverse: mno"
     d = diff_paths(
