@@ -226,7 +226,7 @@ def _kernel(
         tile.feed_bytes_per_k * tile.tk * dtype_bytes / (p.feed_bytes_per_clock * clock),
     )
     # busiest SM of each wave: ctas_per_sm tiles in a full wave, ceil(last / SMs) in the last
-    busiest = np.ceil(tiles / per_wave) * tile.ctas_per_sm  # VARIANT: every wave of CTA slots takes a full SM's time
+    busiest = full_waves * tile.ctas_per_sm + np.ceil(last / sms)
     # Pipeline fill: a CTA's prologue and epilogue overlap the main loop of the other CTAs
     # resident on its SM, so an SM pays the fill once per ctas_per_sm tiles (1-CTA tiles: per tile);
     # a persistent kernel once in all.
@@ -235,7 +235,7 @@ def _kernel(
     # A partial last wave recovers `tail_share` of its idle SMs' time: the compute blends the
     # quantized waves with the fluid time of the same tiles spread evenly over every SM, but no
     # kernel is faster than one tile-time (fewer tiles than SMs: only split-K spreads the work).
-    spread = np.maximum(tiles / sms, float(tile.ctas_per_sm))  # VARIANT: a lone CTA as slow as a full SM
+    spread = np.maximum(tiles / sms, 1.0)  # tile-times per SM with the tiles spread evenly
     fluid_fill = p.fill_iters if tile.persistent else spread * p.fill_iters / tile.ctas_per_sm
     fluid = spread * iters + fluid_fill
     compute = ((1.0 - p.tail_share) * quantized + p.tail_share * fluid) * iter_s
