@@ -16,7 +16,9 @@ stretched to the request's prompt and output lengths, pass by pass:
   pass floor(j n / n')): each keeps its source's streams, query rows, tokens emitted and phase,
   so PASTA's threads split the output as measured and planned diffusion's spans keep their
   share of the denoise steps; the generated part of the live KV scales by O / O0, so TIP's
-  evictions keep the measured live fraction; KV reads scale with the live KV they read.
+  evictions keep the measured live fraction (a pass evicts, scaled, what its source passes
+  evicted since the previous pass's source: a repeated source pass evicts once, a skipped one on
+  the next pass); KV reads scale with the live KV they read.
 
 P0 is the source request's prompt; O and O0 count the tokens of the generation passes (the
 prefill's first token aside), so a one-token answer is its prefill alone. The result is a `Workload` the replay
