@@ -62,6 +62,7 @@ def test_columns_mapping_and_time_scale(tmp_path):
         ("arrived_at", "--columns takes EXPECTED=FILE_COLUMN pairs"),
         ("arrived_at=ts,num_prefill_tokens=ts", "reads arrived_at and num_prefill_tokens both from the column 'ts'"),
         ("x" * 5000 + "=ts", "... (5005 characters)"),
+        ("arrived_at=", "--columns takes EXPECTED=FILE_COLUMN pairs"),  # not 'missing column arrived_at (as '')'
     ],
 )
 def test_bad_columns_mappings_are_refused(tmp_path, columns, needle):
@@ -70,6 +71,51 @@ def test_bad_columns_mappings_are_refused(tmp_path, columns, needle):
     with pytest.raises(UsageError) as error:
         read_workload_file(path, columns)
     assert needle in str(error.value) and len(str(error.value)) < 300
+
+
+HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+
+
+@pytest.mark.parametrize(
+    "rows,needle",
+    [
+        ("", ": no requests"),  # the header alone
+        ("0,0,4\n", "row 1: num_prefill_tokens must be a whole number in 1..1048576, got 0"),
+        ("0,8,2.5\n", "row 1: num_decode_tokens must be a whole number in 1..1048576, got 2.5"),
+        ("0,8,4\n1,1048577,4\n", "row 2: num_prefill_tokens must be a whole number in 1..1048576, got 1.04858e+06"),
+        ("-1,8,4\n0,8,4\n", "row 1: negative arrival -1"),
+    ],
+)
+def test_edge_workload_files_are_refused(tmp_path, rows, needle):
+    path = tmp_path / "w.csv"
+    path.write_text(HEADER + rows)
+    with pytest.raises(UsageError) as error:
+        read_workload_file(path)
+    assert needle in str(error.value)
+
+
+@pytest.mark.parametrize("time_scale", [0.0, -1.0, float("inf"), float("nan")])
+def test_time_scale_must_be_positive_and_finite(tmp_path, time_scale):
+    """Was never tested: 0 is refused up front (not 'the arrivals span inf s'), and inf is refused
+    rather than putting every arrival at 0 s."""
+    path = tmp_path / "w.csv"
+    path.write_text(GOOD)
+    with pytest.raises(UsageError, match="--time-scale must be a positive number"):
+        read_workload_file(path, time_scale=time_scale)
+
+
+def test_workload_limits_are_inclusive(tmp_path, monkeypatch):
+    """The largest lengths, a burst of equal arrivals, arrivals spanning exactly MAX_ARRIVAL_S and
+    exactly MAX_REQUESTS rows are all read."""
+    from simulator.cluster import workload_file
+
+    path = tmp_path / "w.csv"
+    span = workload_file.MAX_ARRIVAL_S
+    path.write_text(HEADER + f"0,1048576,1048576\n0,8,4\n{span!r},8,4\n")
+    monkeypatch.setattr(workload_file, "MAX_REQUESTS", 3)
+    log = read_workload_file(path)
+    assert log.arrival_s.tolist() == [0.0, 0.0, span]
+    assert log.prompt_tokens.tolist() == [1 << 20, 8, 8] and log.output_tokens.tolist() == [1 << 20, 4, 4]
 
 
 def test_shipped_workloads_read():
