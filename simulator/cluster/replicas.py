@@ -106,14 +106,9 @@ class ReplicaReplay(Replay):
                 self._cut_m = m
                 self._cut.succeed()
 
-    def commit(self, *args) -> None:
+    def commit(self, s: Stretch) -> None:
         m, self._ends, self._cut_m = self._cut_m, None, None
-        if m is not None:
-            if len(args) == 1:  # a Stretch
-                args = (args[0].cut(m),)
-            else:  # (R, idx0, rc, starts, durations)
-                args = (*args[:3], args[3][:m], args[4][:m])
-        super().commit(*args)
+        super().commit(s if m is None else s.cut(m))
 
     def _finish(self, r: int, t: float) -> None:
         super()._finish(r, t)

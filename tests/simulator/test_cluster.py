@@ -291,6 +291,29 @@ def test_two_replicas_round_robin(tmp_path):
     assert res.metrics["passes"] == 5 and res.metrics["device_busy_s"] == 5.0
 
 
+@pytest.mark.parametrize("arrival_c", [1.5, 2.0])
+def test_a_replicas_stretch_is_cut_where_its_arrivals_land(tmp_path, monkeypatch, arrival_c):
+    """Round robin over 2 replicas, one-second passes: at 0 s (A and B arrived) replica 0 plans A's
+    passes up to the arrival after next (D at 5 s, for replica 1); C, routed to replica 0 within
+    A's second pass or exactly at its end, cuts the stretch after that pass and is admitted at 2 s
+    (a lone replay's timeline: the pass-by-pass one)."""
+    import simulator.replay as replay_mod
+
+    hw = toy_part()
+    arrivals = [0.0, 0.0, arrival_c, 5.0]
+    w = load_workload(write_toy_trace(tmp_path / "t", [seq(4, 8)] + [seq(4, 2)] * 3, [4] * 4, arrivals=arrivals))
+
+    def run():
+        cfg, deployment = ReplayConfig(max_seqs=8), ClusterConfig(replicas=2, router="round_robin")
+        return simulate(w, hw, MODEL, cfg, deployment, params=one_second_cost(hw, MODEL).params)
+
+    fast = run()
+    monkeypatch.setattr(replay_mod, "MAX_STRETCH_PASSES", 1)
+    assert fast.timeline() == run().timeline()
+    assert fast.requests["replica"].tolist() == [0, 1, 0, 1]
+    assert (2, "admit", 2.0) in fast.timeline() and fast.metrics["passes"] == 8 + 2 + 2  # C rides A's passes
+
+
 @pytest.mark.parametrize("schedule", ["drain", "interleave"])  # drain: pp 1; interleave: pp 2, 2 engines
 @pytest.mark.parametrize("router", ["least_outstanding", "kv_aware"])
 def test_load_aware_routers_spread_a_burst(tmp_path, router, schedule):

@@ -426,3 +426,16 @@ def test_a_one_token_request_has_no_tpot(tmp_path):
     assert np.isnan(tpot[0]) and tpot[1] == 1.0  # B: first token at 1 s, two more by 3 s
     m = res.metrics
     assert m["mean_tpot_ms"] == 1000.0 and m["p99_tpot_ms"] == 1000.0
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding", "kv_aware"])
+def test_replica_stretches_equal_pass_by_pass(monkeypatch, router):
+    """2 replicas (the chunked case: preemptions and prefill chunks on each): a replica's stretch runs
+    on through arrivals routed elsewhere and is cut after the pass in which one routed to it lands,
+    giving the pass-by-pass timeline."""
+    from simulator.cluster.run import ClusterConfig, simulate
+
+    deployment = ClusterConfig(replicas=2, router=router)
+    fast, slow = _stretch_runs(monkeypatch, "chunked", lambda *a: simulate(*a, deployment))
+    _assert_same_passes(fast, slow, "chunked")
+    assert sorted(set(fast.requests["replica"].tolist())) == [0, 1]
