@@ -1,0 +1,337 @@
+"""Disaggregation (`simulator/cluster/disaggregation.py`) and the interleaved pipeline
+(`simulator/cluster/pipeline.py`): exact small timelines worked out by hand on the made-up part,
+and the invariants a deployment's figures keep (every pass run once, every KV sent once, the
+costs of each side). Written against hand-made mutants of the two modules: each docstring says
+what wrong code it fails on, where the timeline alone does not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from profiler.errors import UsageError
+from simulator import comm
+from simulator.cluster.parallel import ParallelCost, Parallelism, memory_plan
+from simulator.cluster.run import ClusterConfig, simulate
+from simulator.comm import CommParams, Ramp
+from simulator.models import ModelSpec
+from simulator.replay import ReplayConfig
+from simulator.workload import load_workload
+from tests.simulator.toy_traces import (
+    BLOCK_BYTES,
+    KV_BYTES_PER_TOKEN,
+    MODEL_META,
+    P,
+    one_second_cost,
+    seq,
+    toy_part,
+    write_toy_trace,
+)
+
+MODEL = ModelSpec.from_trace_meta(MODEL_META)  # 2 layers, 512 KV bytes a token
+
+
+# ---- helpers (copied from test_cluster.py: that file is edited elsewhere) ----------------------
+@pytest.fixture
+def quarter_second_collectives(monkeypatch):
+    """Every collective call takes exactly 0.25 s on the made-up part (latency only)."""
+    ramp = Ramp(eff_max=1.0, ramp_bytes=1e-30, ramp_exponent=1.0, latency_s=0.25)
+    params = CommParams({path: {"ring": ramp, "p2p": ramp} for path in comm.PATHS})
+    monkeypatch.setattr(comm, "load_params", lambda: params)
+
+
+class OneSecondLayer:
+    """Per micro-batch: every layer 1 s, nothing else."""
+
+    def __init__(self, overhead_s: float = 0.0) -> None:
+        self.overhead_s = overhead_s
+
+    def step_time_s(self, q, kv, g, lg):
+        return 1.0 + self.overhead_s + 0 * q
+
+    def pass_op_times_s(self, q, lg):
+        return {"emb": 0 * q, "lm_head": 0 * q, "step_overhead": 0 * q}
+
+    def _all_reduce_s(self, q):
+        return 0 * q
+
+
+class HeadedLayer(OneSecondLayer):
+    """A layer of 1 s and an lm_head of 0.5 s (the last stage's): stages of 1 s and 1.5 s."""
+
+    def step_time_s(self, q, kv, g, lg):
+        return 1.5 + 0 * q
+
+    def pass_op_times_s(self, q, lg):
+        return {"emb": 0 * q, "lm_head": 0.5 + 0 * q, "step_overhead": 0 * q}
+
+
+def one_second_stages(hw, par: Parallelism, overhead_s: float = 0.0, layer=None) -> ParallelCost:
+    """PP cost on the made-up part: every layer 1 s a micro-batch, `overhead_s` of host work a pass."""
+    cost = ParallelCost(hw, MODEL, par, one_second_cost(hw, MODEL).params)
+    cost.layer, cost.params = (
+        layer or OneSecondLayer(overhead_s),
+        one_second_cost(hw, MODEL).params.__class__(families=cost.params.families, step_overhead_s=overhead_s),
+    )
+    return cost
+
+
+def simulate_with(cost: ParallelCost, w, hw, deployment: ClusterConfig, max_seqs: int = 2, **config):
+    """`simulate` with `cost` as the replica's pass cost (the round-number stages)."""
+    from simulator.cluster import run as run_mod
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(run_mod, "ParallelCost", lambda *a: cost)
+        return simulate(w, hw, MODEL, ReplayConfig(max_seqs=max_seqs, **config), deployment)
+
+
+def trace(tmp_path, requests, arrivals, prompts=None):
+    prompts = prompts or [p[0].q for p in requests]
+    return load_workload(write_toy_trace(tmp_path / "t", requests, prompts, arrivals=arrivals))
+
+
+def disagg(w, hw=None, pd=(1, 1), config=None, **cluster):
+    """A P:D run on the made-up part: every pass 1 s (its step overhead), nothing else."""
+    hw = hw or toy_part(interconnect_bytes_per_s=1e30)
+    cfg = config or ReplayConfig(max_seqs=2)
+    return simulate(
+        w, hw, MODEL, cfg, ClusterConfig(disaggregate=pd, **cluster), params=one_second_cost(hw, MODEL).params
+    )
+
+
+def fake_transfers(monkeypatch, seconds: float = 0.25) -> list:
+    """Replace the KV transfer's timing by `seconds` a send; return the calls' (bytes, workers, across)."""
+    from simulator.cluster import disaggregation
+
+    sent = []
+
+    def fake(kind, nbytes, workers, hardware, across_nodes):
+        sent.append((kind, np.asarray(nbytes).tolist(), workers, across_nodes))
+        return seconds + 0 * np.asarray(nbytes)
+
+    monkeypatch.setattr(disaggregation, "collective_time_s", fake)
+    return sent
+
+
+def by_request(res, column: str) -> dict[int, list]:
+    """`res.rows[column]` per request, in pass order."""
+    out: dict[int, list] = {}
+    for r, v in zip(res.rows["request"].tolist(), res.rows[column].tolist()):
+        out.setdefault(r, []).append(v)
+    return out
+
+
+# ---- disaggregation ------------------------------------------------------------------------------
+def test_transfers_of_one_prefill_replica_queue_on_its_link(tmp_path, quarter_second_collectives):
+    """1:1, A (3 passes) and B (2 passes) both at 0, prefilled together 0-1. Their KVs leave on the
+    prefill replica's one link one after the other: A 1-1.25, B 1.25-1.5 (queued 0.25 s, a
+    transfer's own time still 0.25 s). Decode: A alone 1.25-2.25 (B lands in that pass), then A
+    and B 2.25-3.25. Every pass runs once (1 prefill + 2 decode passes = 3 s of device time), in
+    batches numbered once across both sides. Fails if a transfer is timed from when it queued, if
+    a link carries two at once, if the prefill's finish or the decode's arrive shows in the
+    timeline, if the decode side's passes, batch numbers, pass mapping or busy time are lost, or
+    if a request's start is its decode admission."""
+    w = trace(tmp_path, [seq(4, 3), seq(4, 2)], [0.0, 0.0])
+    res = disagg(w)
+    assert res.extra["kv_transfers"] == [(0, 1.0, 1.25), (1, 1.25, 1.5)]
+    assert res.timeline() == [
+        (0, "arrive", 0.0),
+        (1, "arrive", 0.0),
+        (0, "admit", 0.0),
+        (1, "admit", 0.0),
+        (0, "first_token", 1.0),
+        (1, "first_token", 1.0),
+        (0, "admit", 1.25),  # the decode replica takes A when its transfer ends
+        (1, "admit", 2.25),  # B's transfer ends at 1.5, mid-pass: it joins the next pass
+        (0, "finish", 3.25),
+        (1, "finish", 3.25),
+    ]
+    m = res.metrics
+    assert m["mean_kv_transfer_ms"] == 250.0 and m["kv_transfers"] == 2
+    assert m["kv_transfer_bytes"] == 2 * 4 * KV_BYTES_PER_TOKEN
+    assert m["passes"] == 3 and m["device_busy_s"] == 3.0 and m["completed"] == 2
+    assert m["total_output_tokens"] == 5 and m["duration_s"] == 3.25
+    # each request's passes once, in order, each the workload's own pass
+    assert by_request(res, "query") == {0: [4, 1, 1], 1: [4, 1]}
+    assert by_request(res, "live") == {0: [4, 5, 6], 1: [4, 5]}
+    assert by_request(res, "batch_index") == {0: [0, 1, 2], 1: [0, 2]}
+    assert by_request(res, "start_s") == {0: [0.0, 1.25, 2.25], 1: [0.0, 2.25]}
+    assert res.requests["ttft_s"].tolist() == [1.0, 1.0] and res.requests["e2e_s"].tolist() == [3.25, 3.25]
+    assert res.requests["start_s"].tolist() == [0.0, 0.0]  # started on the prefill side, not on the decode side
+
+
+def test_a_transfer_ending_mid_pass_joins_the_next_decode_pass(tmp_path, quarter_second_collectives):
+    """A (4 passes) at 0: prefill 0-1, KV 1-1.25, decodes 1.25-2.25-3.25-4.25. B (2 passes) at 1.1:
+    prefill 1.1-2.1, KV 2.1-2.35, landing in A's second decode pass: the decode replica takes it
+    when that pass ends (3.25), as a request arriving at 2.35 (not at 2.1, when the KV left,
+    which would end A's stretch after its first pass and replan at 2.35)."""
+    w = trace(tmp_path, [seq(4, 4), seq(4, 2)], [0.0, 1.1])
+    res = disagg(w)
+    assert [(r, pytest.approx(s), pytest.approx(e)) for r, s, e in res.extra["kv_transfers"]] == [
+        (0, 1.0, 1.25),
+        (1, 2.1, 2.35),
+    ]
+    admits = [t for r, e, t in res.timeline() if e == "admit"]
+    assert admits == [0.0, pytest.approx(1.1), 1.25, 3.25]
+    assert by_request(res, "start_s") == {0: [0.0, 1.25, 2.25, 3.25], 1: [pytest.approx(1.1), 3.25]}
+    assert res.requests["e2e_s"].tolist() == [4.25, pytest.approx(3.15)]
+
+
+def test_each_prefill_replica_sends_on_its_own_link(tmp_path, quarter_second_collectives):
+    """2:1, round robin: A on prefill replica 0, B on 1, both prefilled 0-1; each replica's link
+    carries its own KV, so both transfers run 1-1.25 (one shared link would queue B to 1.5).
+    Fails if the replicas share one link."""
+    w = trace(tmp_path, [seq(4, 2), seq(4, 2)], [0.0, 0.0])
+    res = disagg(w, pd=(2, 1))
+    assert res.requests["replica"].tolist() == [0, 1] and res.requests["decode_replica"].tolist() == [0, 0]
+    assert sorted(res.extra["kv_transfers"]) == [(0, 1.0, 1.25), (1, 1.0, 1.25)]
+    assert res.requests["e2e_s"].tolist() == [2.25, 2.25]  # both decoded together 1.25-2.25
+    assert res.metrics["gpus"] == 3
+
+
+def test_a_one_pass_request_finishes_on_the_prefill_side(tmp_path, quarter_second_collectives):
+    """A writes one token (its prefill is its whole answer): nothing to decode, no KV sent, done at
+    its prefill's end; B's KV alone is sent and counted. Fails if A is sent to decode (before or
+    after finishing), if the decode replicas are not told A is not theirs, if the bytes and count
+    are every request's rather than the transfers', or if A's finish is the decode side's."""
+    w = trace(tmp_path, [seq(4, 1), seq(6, 2)], [0.0, 0.0])
+    res = disagg(w)
+    assert res.extra["kv_transfers"] == [(1, 1.0, 1.25)]
+    m = res.metrics
+    assert m["kv_transfers"] == 1 and m["kv_transfer_bytes"] == 6 * KV_BYTES_PER_TOKEN
+    assert m["completed"] == 2 and m["failed"] == 0 and m["passes"] == 2
+    assert res.requests["e2e_s"].tolist() == [1.0, 2.25]
+    assert res.requests["decode_replica"].tolist() == [-1, 0]
+    assert res.requests["status"].tolist() == ["ok", "ok"]
+
+
+def test_closed_loop_clients_wait_for_the_decode(tmp_path, quarter_second_collectives):
+    """One closed-loop client (--concurrency 1): each request is sent when the previous one is
+    done, on the decode side, or on the prefill side for a one-pass request.
+      R0 (3 passes): prefill 0-1, KV 1-1.25, decodes 1.25-3.25, done 3.25
+      R1 (1 pass):   arrives 3.25, prefill 3.25-4.25, done there
+      R2 (2 passes): arrives 4.25, prefill -5.25, KV -5.5, decode -6.5
+    Fails if a one-pass request is never reported done, if the decode replicas do not report
+    theirs, or if a request counts as done at its prefill's end."""
+    w = trace(tmp_path, [seq(4, 3), seq(4, 1), seq(4, 2)], [0.0] * 3)
+    res = disagg(w, config=ReplayConfig(max_seqs=2, concurrency=1))
+    assert res.requests["arrival_s"].tolist() == [0.0, 3.25, 4.25]
+    assert res.requests["e2e_s"].tolist() == [3.25, 1.0, 2.25]
+    assert res.metrics["completed"] == 3 and res.metrics["duration_s"] == 6.5
+
+
+def test_a_request_refused_by_the_prefill_pool_is_not_sent(tmp_path, quarter_second_collectives):
+    """B's prompt (40 tokens) is more than the 16-token pool: it fails on arrival at the prefill
+    replica and its KV goes nowhere; A runs as usual."""
+    w = trace(tmp_path, [seq(4, 2), seq(40, 2)], [0.0, 0.0])
+    cfg = ReplayConfig(max_seqs=2, block_size=4, kv_capacity_bytes=16 * KV_BYTES_PER_TOKEN)
+    res = disagg(w, config=cfg)
+    assert res.extra["kv_transfers"] == [(0, 1.0, 1.25)]
+    assert res.metrics["completed"] == 1 and res.metrics["failed"] == 1
+    assert res.requests["status"].tolist() == ["ok", "error"]
+    assert res.requests["decode_replica"].tolist() == [0, -1]
+
+
+def test_a_request_that_starts_without_a_prefill_is_refused(tmp_path):
+    """Disaggregation needs every request's leading prefill; one request of decode passes only
+    (the other starts with its prefill) is refused."""
+    w = trace(tmp_path, [seq(4, 2), [P("decode", 1, 5, 5, 1), P("decode", 1, 6, 6, 1)]], [0.0, 0.0], [4, 4])
+    with pytest.raises(UsageError, match="some requests do not start with a prefill pass"):
+        disagg(w)
+
+
+def test_decode_replicas_on_another_part_use_its_memory_and_speed(tmp_path, quarter_second_collectives):
+    """Decode on a part with room for 32 KV tokens (2 blocks) and slower memory: its pool, its
+    pass times, its name; the prefill side keeps the big part's. A (8 passes, peak 11 tokens)
+    runs; B (peak 43 tokens: 3 blocks) is prefilled, sent, and refused by the decode pool, in a
+    message naming the decode part. Fails if decode passes are timed (or refusals worded) on
+    the prefill part, if the decode pool is the prefill's, if the run's pool is the decode
+    side's, if the decode side's errors are lost, or if the trace's capacity is one side's."""
+    import dataclasses
+
+    hw = toy_part(interconnect_bytes_per_s=1e30)
+    weights = memory_plan(hw, MODEL, Parallelism()).weight_bytes_per_gpu
+    capacity = int(np.ceil((weights + 32 * KV_BYTES_PER_TOKEN) / 0.9)) + 1
+    small = dataclasses.replace(
+        toy_part(capacity_bytes=capacity, interconnect_bytes_per_s=1e30), name="small-part", hbm_bytes_per_s=1e6
+    )
+    big_plan, small_plan = memory_plan(hw, MODEL, Parallelism()), memory_plan(small, MODEL, Parallelism())
+    assert small_plan.kv_capacity_tokens == 32 < big_plan.kv_capacity_tokens
+    w = trace(tmp_path, [seq(4, 8), seq(4, 40)], [0.0, 0.0])
+    res = disagg(w, hw=hw, config=ReplayConfig(max_seqs=1), decode_hardware=small)
+    m = res.metrics
+    assert m["decode_hardware"] == "small-part" and m["decode_kv_capacity_tokens"] == 32
+    assert m["decode_kv_pool_bytes_per_gpu"] == small_plan.kv_pool_bytes_per_gpu
+    assert m["kv_capacity_bytes"] == big_plan.kv_capacity_bytes // BLOCK_BYTES * BLOCK_BYTES  # the prefill's pool
+    assert res.kv_capacity_bytes == big_plan.kv_capacity_bytes + small_plan.kv_capacity_bytes
+    assert res.requests["status"].tolist() == ["ok", "error"]
+    assert "small-part" in res.requests["error"].iloc[1] and "more than the whole pool" in res.requests["error"].iloc[1]
+    assert [r for r, _, _ in res.extra["kv_transfers"]] == [0, 1]  # B's prefill fit; its decode did not
+    # A's decode passes take the small part's time: its TPOT is their mean
+    slow = ParallelCost(small, MODEL, Parallelism(), one_second_cost(hw, MODEL).params)
+    decode_s = [float(slow.step_time_s(1, kv, 1)) for kv in range(5, 12)]
+    assert min(decode_s) > 1.01  # slower than the big part's 1 s
+    assert res.requests["tpot_s"].iloc[0] == pytest.approx((0.25 + sum(decode_s)) / 7, rel=1e-9)
+    assert res.requests["ttft_s"].iloc[0] == 1.0
+
+
+def test_decode_kv_outgrowing_the_pool_preempts_on_the_decode_side(tmp_path, quarter_second_collectives):
+    """A 3-block pool (16-token blocks): the two 14-token prompts (1 block each) prefill together,
+    but their decodes reach 17-18 tokens (2 blocks each) on the decode replica, which preempts one.
+    The run counts the decode side's preemptions and its peak (3 blocks; the prefill side's 2).
+    Fails if the decode side's preemptions or peak are left out."""
+    w = trace(tmp_path, [seq(14, 5), seq(14, 5)], [0.0, 0.0])
+    cfg = ReplayConfig(max_seqs=2, kv_capacity_bytes=3 * BLOCK_BYTES)
+    res = disagg(w, config=cfg)
+    m = res.metrics
+    assert m["completed"] == 2 and m["preemptions"] > 0
+    assert m["preemptions"] == int(res.requests["preemptions"].sum())
+    assert m["peak_kv_bytes"] == 3 * BLOCK_BYTES
+
+
+def test_the_kv_send_is_one_pair_of_gpus_on_the_nodes_links(tmp_path):
+    """A TP 2 replica's KV goes rank to rank: a send/recv between two GPUs, over NVLink on an
+    NVLink-pairs node (not the PCIe a ring of more would cross), each rank its half."""
+    from simulator.comm import collective_time_s
+
+    hw = toy_part(topology="nvlink_pairs", interconnect_bytes_per_s=400e9, pcie_bytes_per_s=1e9)
+    w = trace(tmp_path, [seq(64, 2)], [0.0])
+    res = simulate(
+        w,
+        hw,
+        MODEL,
+        ReplayConfig(max_seqs=1),
+        ClusterConfig(Parallelism(tp=2), disaggregate=(1, 1)),
+        params=one_second_cost(hw, MODEL).params,
+    )
+    expected = collective_time_s("send_recv", 64 * KV_BYTES_PER_TOKEN / 2, 2, hw, across_nodes=False)
+    assert expected < collective_time_s("send_recv", 64 * KV_BYTES_PER_TOKEN / 2, 3, hw, across_nodes=False)
+    assert res.metrics["mean_kv_transfer_ms"] == pytest.approx(expected * 1e3, rel=1e-12)
+
+
+def test_a_deployment_past_one_node_sends_over_the_nics(tmp_path, monkeypatch):
+    """5:4 of one GPU each is 9 GPUs on 8-GPU nodes: the KV crosses nodes."""
+    sent = fake_transfers(monkeypatch)
+    res = disagg(trace(tmp_path, [seq(4, 2)], [0.0]), pd=(5, 4))
+    assert [across for *_, across in sent] == [True] and res.metrics["kv_transfer_across_nodes"] is True
+    assert sent[0][2] == 2  # a pair of GPUs
+
+
+def test_each_side_priced_or_no_cost(tmp_path, monkeypatch):
+    """Prefill at $3, decode at $1 an hour: the cost is each side's GPUs at its price, per million
+    output tokens that over the tokens; the run has no single price. With the decode part unpriced
+    there is no cost at all (not the prefill side's alone)."""
+    import dataclasses
+
+    fake_transfers(monkeypatch)
+    hw = toy_part(interconnect_bytes_per_s=1e30, price_per_gpu_hour=3.0)
+    w = trace(tmp_path, [seq(4, 3), seq(4, 2)], [0.0, 0.5])
+    cheap = dataclasses.replace(hw, name="cheap", price_per_gpu_hour=1.0)
+    m = disagg(w, hw=hw, pd=(1, 2), decode_hardware=cheap).metrics
+    cost = m["duration_s"] / 3600 * (1 * 3.0 + 2 * 1.0)
+    assert m["cost_usd"] == pytest.approx(cost)
+    assert m["cost_per_million_output_tokens"] == pytest.approx(cost / 5 * 1e6)
+    assert m["price_per_gpu_hour"] is None
+    unpriced = dataclasses.replace(hw, name="unpriced", price_per_gpu_hour=None)
+    m = disagg(w, hw=hw, pd=(1, 2), decode_hardware=unpriced).metrics
+    assert m["cost_usd"] is None and m["cost_per_million_output_tokens"] is None
