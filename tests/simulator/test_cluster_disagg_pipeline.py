@@ -335,3 +335,160 @@ def test_each_side_priced_or_no_cost(tmp_path, monkeypatch):
     unpriced = dataclasses.replace(hw, name="unpriced", price_per_gpu_hour=None)
     m = disagg(w, hw=hw, pd=(1, 2), decode_hardware=unpriced).metrics
     assert m["cost_usd"] is None and m["cost_per_million_output_tokens"] is None
+
+
+# ---- the interleaved pipeline ---------------------------------------------------------------------
+def interleaved(tmp_path, requests, arrivals, pp=2, micro=None, replicas=1, overhead_s=0.0, layer=None, **config):
+    hw = toy_part(interconnect_bytes_per_s=1e30)
+    par = Parallelism(pp=pp, micro_batches=micro, schedule="interleave")
+    cost = one_second_stages(hw, par, overhead_s=overhead_s, layer=layer)
+    w = trace(tmp_path, requests, arrivals)
+    return simulate_with(cost, w, hw, ClusterConfig(par, replicas=replicas), **config)
+
+
+def test_host_work_holds_stage_one(tmp_path, quarter_second_collectives):
+    """PP 2, two engines, host work 0.5 s a pass on stage 1's driver before its layer (1 s a
+    stage, send/recv 0.25 s). A (3 passes) and B (2) at 0, on engines 0 and 1. A pass enters
+    stage 1 at max(its engine's previous end, stage 1 free), stage 1 being busy through the host
+    work and the layer:
+      A1 host [0, 0.5]    s1 [0.5, 1.5]  s2 [1.75, 2.75]
+      B1 host [1.5, 2]    s1 [2, 3]      s2 [3.25, 4.25]
+      A2 host [3, 3.5]    s1 [3.5, 4.5]  s2 [4.75, 5.75]
+      B2 host [4.5, 5]    s1 [5, 6]      s2 [6.25, 7.25]   B done 7.25
+      A3 host [6, 6.5]    s1 [6.5, 7.5]  s2 [7.75, 8.75]   A done 8.75
+    Busy (host work included) 8.75 s; on the GPUs 0.5-8.75 = 8.25 s, each stage 5 s of layers: a
+    bubble of 3.25 s over 8.75. Fails if a pass enters stage 1 before it is free, if stage 1 is
+    free during the host work, or if the busy time leaves the host work out."""
+    res = interleaved(tmp_path, [seq(4, 3), seq(4, 2)], [0.0, 0.0], overhead_s=0.5)
+    assert res.requests["virtual_engine"].tolist() == [0, 1]
+    assert (res.requests["ttft_s"].tolist(), res.requests["e2e_s"].tolist()) == ([2.75, 4.25], [8.75, 7.25])
+    assert by_request(res, "start_s") == {0: [0.0, 2.75, 5.75], 1: [0.0, 4.25]}
+    assert by_request(res, "duration_s") == {0: [2.75, 3.0, 3.0], 1: [4.25, 3.0]}
+    m = res.metrics
+    assert m["device_busy_s"] == 8.75 and m["duration_s"] == 8.75
+    assert m["pipeline_bubble_percent"] == pytest.approx(100 * 3.25 / 8.75)
+
+
+def test_uneven_stages(tmp_path, quarter_second_collectives):
+    """Stages of 1 s and 1.5 s (the lm_head on the last), send/recv 0.25 s, no host work; A (3
+    passes) and B (2) at 0 on engines 0 and 1:
+      A1 s1 [0, 1]        s2 [1.25, 2.75]
+      B1 s1 [1, 2]        s2 [2.75, 4.25]   (waits for stage 2)
+      A2 s1 [2.75, 3.75]  s2 [4.25, 5.75]
+      B2 s1 [4.25, 5.25]  s2 [5.75, 7.25]   B done 7.25
+      A3 s1 [5.75, 6.75]  s2 [7.25, 8.75]   A done 8.75 (stage 2 busy until 7.25)
+    Busy 8.75 s, 5 passes x 2.5 s of layers over 2 stages = 6.25: bubble 2.5 s. Fails if a
+    pass does not wait for a busy stage, if stage 1 is timed as the last, or if the work is the
+    slowest stage's."""
+    res = interleaved(tmp_path, [seq(4, 3), seq(4, 2)], [0.0, 0.0], layer=HeadedLayer())
+    assert res.requests["e2e_s"].tolist() == [8.75, 7.25] and res.requests["ttft_s"].tolist() == [2.75, 4.25]
+    m = res.metrics
+    assert m["device_busy_s"] == 8.75 and m["pipeline_bubble_percent"] == pytest.approx(100 * 2.5 / 8.75)
+
+
+def test_more_batches_in_flight_than_stages(tmp_path, quarter_second_collectives):
+    """PP 2 with --micro-batches 3: three engines (each 1/3 of the pool) share the two stages.
+    Three requests of 2 passes at 0, one an engine:
+      R0 s1 [0, 1] s2 [1.25, 2.25];  R1 s1 [1, 2] s2 [2.25, 3.25];  R2 s1 [2, 3] s2 [3.25, 4.25]
+      R0 s1 [3, 4] s2 [4.25, 5.25];  R1 s1 [4, 5] s2 [5.25, 6.25];  R2 s1 [5, 6] s2 [6.25, 7.25]
+    Busy 7.25 s, 6 s of layers a stage: bubble 1.25 s."""
+    res = interleaved(tmp_path, [seq(4, 2)] * 3, [0.0] * 3, micro=3, max_seqs=3)
+    assert res.requests["virtual_engine"].tolist() == [0, 1, 2]
+    assert res.requests["ttft_s"].tolist() == [2.25, 3.25, 4.25]
+    assert res.requests["e2e_s"].tolist() == [5.25, 6.25, 7.25]
+    m = res.metrics
+    assert m["micro_batches"] == 3 and m["device_busy_s"] == 7.25
+    assert m["pipeline_bubble_percent"] == pytest.approx(100 * 1.25 / 7.25)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_kv_peak_is_the_most_pages_held_at_once(tmp_path, replicas):
+    """Small requests (2 passes, 1 block) and big ones (40 passes, up to 43 tokens: 3 blocks) at 0.
+    One replica, small then big: they ride its two engines, the small one's block freed when it
+    ends, so the replica's peak is the big one's 3 blocks (not the small one's block kept past its
+    end, 4). Two replicas (round robin), big, small, small, big: each replica a big one on one
+    engine and a small one on the other; the run's peak is one replica's, 3 (not the two
+    replicas' peaks summed, nor their engines' pages mixed, 6). Both as the drained schedule,
+    whose one batch a replica holds them in one pool; and the pool is the engines' shares
+    together, as drained. Fails if a finished engine's pages are kept, if the replicas' peaks are
+    summed or their engines' pages counted together, or if a replica's engines include the next
+    one's first."""
+    hw = toy_part()
+    small, big = seq(4, 2), seq(4, 40)
+    w = trace(tmp_path, [small, big] if replicas == 1 else [big, small, small, big], [0.0] * 2 * replicas)
+    shown = {}
+    for schedule in ("drain", "interleave"):
+        deployment = ClusterConfig(Parallelism(pp=2, schedule=schedule), replicas=replicas)
+        res = simulate(w, hw, MODEL, ReplayConfig(max_seqs=2), deployment, params=one_second_cost(hw, MODEL).params)
+        assert res.metrics["completed"] == 2 * replicas
+        shown[schedule] = (res.metrics["peak_kv_bytes"], res.metrics["kv_capacity_bytes"])
+    assert shown["drain"][0] == shown["interleave"][0] == 3 * BLOCK_BYTES
+    assert 0 <= shown["drain"][1] - shown["interleave"][1] < 2 * BLOCK_BYTES  # each engine's share in whole blocks
+
+
+def test_a_chunked_prefill_holds_its_chunks_pages(tmp_path, quarter_second_collectives):
+    """Stages of 1 s, send/recv 0.25 s. B (4 tokens, 1 block, one pass) on engine 0: s1 [0, 1],
+    s2 [1.25, 2.25]. A's 40-token prompt (3 blocks) in chunks of 16 tokens on engine 1: the first
+    s1 [1, 2] s2 [2.25, 3.25], holding its pages (2 blocks, the replay's rows say) beside B's 1
+    block; its next chunks (3 blocks) after B is done. The replica's peak is 3 blocks (not A's
+    whole prompt held from its first chunk beside B's block, 4)."""
+    res = interleaved(tmp_path, [seq(4, 1), seq(40, 2)], [0.0, 0.0], max_batch_tokens=16)
+    assert res.metrics["completed"] == 2 and res.metrics["prefill_chunks"] == 2
+    assert by_request(res, "query") == {0: [4], 1: [16, 16, 8, 1]}
+    assert by_request(res, "blocks") == {0: [1], 1: [2, 3, 3, 3]}
+    assert by_request(res, "start_s") == {0: [0.0], 1: [0.0, 3.25, 5.5, 7.75]}
+    assert res.requests["e2e_s"].tolist() == [2.25, 10.0]
+    assert res.metrics["peak_kv_bytes"] == 3 * BLOCK_BYTES
+
+
+def test_a_replicas_engines_report_their_requests_next_pages(tmp_path):
+    """The replica router sees a replica's engines as one (`EngineGroup`): the next pass's query
+    tokens and pages of each request waiting on it are those its engine has for it. Two replicas
+    of two engines, round robin: R0, R2 on replica 0's engines, R1, R3 on replica 1's (engines 2
+    and 3)."""
+    from simulator.cluster.pipeline import PipelinedCluster
+
+    hw = toy_part()
+    cost = ParallelCost(hw, MODEL, Parallelism(pp=2, schedule="interleave"), one_second_cost(hw, MODEL).params)
+    w = trace(tmp_path, [seq(4, 2), seq(20, 2), seq(36, 2), seq(52, 2)], [0.0] * 4)
+    cluster = PipelinedCluster(w, cost, MODEL, hw, ReplayConfig(), 2**24, 2, "round_robin")
+    for r in range(4):
+        cluster.arrive(r, 0.0)
+    assert cluster.owner.tolist() == [0, 2, 1, 3]
+    for group, mine in zip(cluster.groups, ([0, 2], [1, 3])):
+        assert sorted(group.waiting) == mine
+        q, blocks = group.next_tokens_and_blocks(mine)
+        own = [e.next_tokens_and_blocks([r]) for r in mine for e in cluster.engines() if r in e.waiting]
+        assert q.tolist() == [int(o[0][0]) for o in own] == [w.query_tokens[w.pass_starts[r]] for r in mine]
+        assert blocks.tolist() == [int(o[1][0]) for o in own] and min(blocks) > 0
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_requests_per_replica_as_under_drain(tmp_path, replicas):
+    """One request: with one replica no per-replica count (as the drained run); with two, one
+    replica idle is counted as 0."""
+    hw = toy_part()
+    w = trace(tmp_path, [seq(4, 2)], [0.0])
+    shown = {}
+    for schedule in ("drain", "interleave"):
+        deployment = ClusterConfig(Parallelism(pp=2, schedule=schedule), replicas=replicas)
+        m = simulate(w, hw, MODEL, ReplayConfig(), deployment, params=one_second_cost(hw, MODEL).params).metrics
+        shown[schedule] = m.get("requests_per_replica", "absent")
+    assert shown["interleave"] == shown["drain"] == ("absent" if replicas == 1 else [1, 0])
+
+
+def test_a_refusal_blames_the_engines_share_only_when_it_is_the_cause(tmp_path):
+    """Engines of half the pool: a request whose peak (16 tokens) is exactly an engine's share
+    fits; refused for its 4-token prefill over --max-batch-tokens 3, the message is the drained
+    schedule's, without the engine's share."""
+    hw = toy_part()
+    w = trace(tmp_path, [seq(4, 5)], [0.0])
+    cfg = ReplayConfig(
+        block_size=4, kv_capacity_bytes=2 * 16 * KV_BYTES_PER_TOKEN, max_batch_tokens=3, chunked_prefill=False
+    )
+    said = {}
+    for schedule in ("drain", "interleave"):
+        with pytest.raises(UsageError) as err:
+            simulate(w, hw, MODEL, cfg, ClusterConfig(Parallelism(pp=2, schedule=schedule)))
+        said[schedule] = str(err.value)
+    assert "exceeds max-batch-tokens 3" in said["drain"] and said["interleave"] == said["drain"]
