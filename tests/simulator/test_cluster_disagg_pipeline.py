@@ -232,6 +232,21 @@ def test_a_request_refused_by_the_prefill_pool_is_not_sent(tmp_path, quarter_sec
     assert res.requests["decode_replica"].tolist() == [0, -1]
 
 
+def test_a_disaggregated_run_where_nothing_can_run_is_refused(tmp_path):
+    """Every prompt (40 tokens) is more than the 16-token pool: as on one replica (and under the
+    interleaved schedule), one error line saying why, not a summary of 0 completed requests
+    (the disaggregated run did not check, and printed one)."""
+    w = trace(tmp_path, [seq(40, 2), seq(40, 3)], [0.0, 0.0])
+    cfg = ReplayConfig(max_seqs=2, kv_capacity_bytes=16 * KV_BYTES_PER_TOKEN)
+    with pytest.raises(
+        UsageError, match="no request can run on toy-part with these settings: needs .* whole pool"
+    ) as one:
+        simulate(w, toy_part(), MODEL, cfg, ClusterConfig(), params=one_second_cost(toy_part(), MODEL).params)
+    with pytest.raises(UsageError) as split:
+        disagg(w, config=cfg)
+    assert str(split.value) == str(one.value)
+
+
 def test_a_request_that_starts_without_a_prefill_is_refused(tmp_path):
     """Disaggregation needs every request's leading prefill; one request of decode passes only
     (the other starts with its prefill) is refused."""
