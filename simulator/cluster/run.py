@@ -29,7 +29,7 @@ from simulator.cluster.parallel import (
 from simulator.cluster.slo import cost_figures
 from simulator.hardware import HardwareSpec
 from simulator.models import ModelSpec
-from simulator.replay import ReplayConfig, replay, resize
+from simulator.replay import ReplayConfig, check_runnable, replay, resize
 from simulator.slo import check_slo, goodput
 from simulator.workload import Workload
 
@@ -156,7 +156,7 @@ def _replay_replicas(
         [plan.kv_capacity_bytes] * k,
         cluster.router,
     ).run()
-    res = collect(merge(sim.replicas, sim.owner))
+    res = check_runnable(collect(merge(sim.replicas, sim.owner)), hardware)  # as one replica: nothing ran is an error
     res.requests["replica"] = sim.owner
     res.metrics["requests_per_replica"] = np.bincount(sim.owner[sim.owner >= 0], minlength=k).tolist()
     return res

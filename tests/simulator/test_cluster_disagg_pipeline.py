@@ -247,6 +247,19 @@ def test_a_disaggregated_run_where_nothing_can_run_is_refused(tmp_path):
     assert str(split.value) == str(one.value)
 
 
+def test_replicas_where_nothing_can_run_are_refused(tmp_path):
+    """The same prompts more than the pool, on two replicas behind the router: the same one error
+    line as on one replica (the replicas did not check, and printed 0 completed requests)."""
+    w = trace(tmp_path, [seq(40, 2), seq(40, 3)], [0.0, 0.0])
+    cfg = ReplayConfig(max_seqs=2, kv_capacity_bytes=16 * KV_BYTES_PER_TOKEN)
+    params = one_second_cost(toy_part(), MODEL).params
+    with pytest.raises(UsageError) as one:
+        simulate(w, toy_part(), MODEL, cfg, ClusterConfig(), params=params)
+    with pytest.raises(UsageError) as two:
+        simulate(w, toy_part(), MODEL, cfg, ClusterConfig(replicas=2), params=params)
+    assert str(two.value) == str(one.value)
+
+
 def test_a_request_that_starts_without_a_prefill_is_refused(tmp_path):
     """Disaggregation needs every request's leading prefill; one request of decode passes only
     (the other starts with its prefill) is refused."""
