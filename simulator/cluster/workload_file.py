@@ -142,7 +142,7 @@ def _columns(path: Path, mapping: dict[str, str]) -> dict[str, np.ndarray]:
         if len(bad):
             raise UsageError(
                 f"{path}: row {bad[0] + 1}: {mapping[want]} must be a whole number in 1..{MAX_CONTEXT_TOKENS}, "
-                f"got {col[bad[0]]:g}"
+                f"got {_number(col[bad[0]])}"
             )
     return values
 
@@ -166,6 +166,12 @@ def _arrivals_s(path: Path, arrival: np.ndarray, time_scale: float) -> np.ndarra
             f"{MAX_ARRIVAL_S:g} s, beyond which the simulated clock loses the microseconds latencies are made of"
         )
     return arrival_s
+
+
+def _number(value: float) -> str:
+    """A length as the file wrote it: whole numbers in full (1048577, not 1.04858e+06, which reads
+    as within 1..1048576), others to 10 significant digits."""
+    return f"{value:.0f}" if value == round(value) and abs(value) < 1e15 else f"{value:.10g}"
 
 
 def _source_shape(w: Workload) -> tuple[np.ndarray, np.ndarray]:

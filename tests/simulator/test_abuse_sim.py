@@ -131,7 +131,7 @@ def test_simulate_settings_refused(argv, needle, home, capsys):
     "rows,flags,needle",
     [
         # was: killed for memory after ~50 s (a billion decode passes stretched)
-        ("0,10,1000000000\n", [], "num_decode_tokens must be a whole number in 1..1048576, got 1e+09"),
+        ("0,10,1000000000\n", [], "num_decode_tokens must be a whole number in 1..1048576, got 1000000000"),
         ("0,0x10,5\n", [], "num_prefill_tokens is not a number"),
         # was: read_csv made True a boolean and to_numeric made it 1 token (False: 0)
         ("0,True,5\n1,False,5\n", [], "row 1: num_prefill_tokens is not a number (True)"),

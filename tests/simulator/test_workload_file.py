@@ -82,7 +82,7 @@ HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
         ("", ": no requests"),  # the header alone
         ("0,0,4\n", "row 1: num_prefill_tokens must be a whole number in 1..1048576, got 0"),
         ("0,8,2.5\n", "row 1: num_decode_tokens must be a whole number in 1..1048576, got 2.5"),
-        ("0,8,4\n1,1048577,4\n", "row 2: num_prefill_tokens must be a whole number in 1..1048576"),
+        ("0,8,4\n1,1048577,4\n", "row 2: num_prefill_tokens must be a whole number in 1..1048576, got 1048577"),
         ("-1,8,4\n0,8,4\n", "row 1: negative arrival -1"),
     ],
 )
