@@ -19,6 +19,7 @@ from simulator.models import ModelSpec, get_model
 from simulator.replay import ReplayConfig, replay
 from simulator.workload import load_workload
 from tests.simulator.toy_traces import (
+    BLOCK_BYTES,
     MODEL_META,
     one_second_cost,
     seq,
@@ -289,6 +290,34 @@ def test_two_replicas_round_robin(tmp_path):
     assert res.requests["replica"].tolist() == [0, 1, 0]
     assert res.metrics["gpus"] == 2 and res.metrics["requests_per_replica"] == [2, 1]
     assert res.metrics["passes"] == 5 and res.metrics["device_busy_s"] == 5.0
+
+
+def test_replicas_merge_their_memory_and_preemptions(tmp_path):
+    """Round robin sends the two small requests to replica 0 and the two that outgrow a 3-block
+    pool to replica 1: the cluster's peak KV is replica 1's (the largest), its preemption replica
+    1's one, its pools the two replicas' together; as replica 1 alone on its own requests."""
+    hw = toy_part()
+    reqs, prompts = [seq(4, 1), seq(14, 6), seq(4, 1), seq(14, 6)], [4, 14, 4, 14]
+    arrivals = [0.0, 0.0, 1.0, 1.0]  # the one-pass small ones one after the other
+    cfg, params = ReplayConfig(kv_capacity_bytes=3 * BLOCK_BYTES), one_second_cost(hw, MODEL).params
+
+    def run(idx, replicas):
+        w = load_workload(
+            write_toy_trace(
+                tmp_path / f"t{idx}",
+                [reqs[i] for i in idx],
+                [prompts[i] for i in idx],
+                arrivals=[arrivals[i] for i in idx],
+            )
+        )
+        return simulate(w, hw, MODEL, cfg, ClusterConfig(replicas=replicas, router="round_robin"), params=params)
+
+    both, small, big = run([0, 1, 2, 3], 2), run([0, 2], 1), run([1, 3], 1)
+    assert both.requests["replica"].tolist() == [0, 1, 0, 1]
+    assert small.metrics["preemptions"] == 0 and big.metrics["preemptions"] == both.metrics["preemptions"] > 0
+    assert small.metrics["peak_kv_bytes"] < big.metrics["peak_kv_bytes"] == both.metrics["peak_kv_bytes"]
+    assert both.kv_capacity_bytes == 2 * big.kv_capacity_bytes == 6 * BLOCK_BYTES
+    assert both.metrics["device_busy_s"] == small.metrics["device_busy_s"] + big.metrics["device_busy_s"]
 
 
 @pytest.mark.parametrize("arrival_c", [1.5, 2.0])
