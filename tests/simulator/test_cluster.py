@@ -18,6 +18,7 @@ from simulator.hardware import GIB, get_hardware, override
 from simulator.models import ModelSpec, get_model
 from simulator.replay import ReplayConfig, replay
 from simulator.workload import load_workload
+from tests.simulator.cluster_helpers import HeadedLayer, one_second_stages, simulate_with
 from tests.simulator.toy_traces import (
     BLOCK_BYTES,
     MODEL_META,
@@ -28,14 +29,6 @@ from tests.simulator.toy_traces import (
 )
 
 MODEL = ModelSpec.from_trace_meta(MODEL_META)  # 2 layers
-
-
-@pytest.fixture
-def quarter_second_collectives(monkeypatch):
-    """Every collective call takes exactly 0.25 s on the made-up part (latency only)."""
-    ramp = Ramp(eff_max=1.0, ramp_bytes=1e-30, ramp_exponent=1.0, latency_s=0.25)
-    params = CommParams({path: {"ring": ramp, "p2p": ramp} for path in comm.PATHS})
-    monkeypatch.setattr(comm, "load_params", lambda: params)
 
 
 def two_requests(tmp_path):
@@ -68,33 +61,6 @@ def test_tp2_two_all_reduces_a_layer(tmp_path, quarter_second_collectives):
         (1, "finish", 6.0),
     ]
     assert res.metrics["gpus"] == 2 and res.metrics["comm_share_percent"] == pytest.approx(50.0)
-
-
-class OneSecondLayer:
-    """Per micro-batch: every layer 1 s, nothing else (the pipeline arithmetic in round numbers).
-    A one-layer model's step time: the layer plus the host overhead (which the stages take off)."""
-
-    def __init__(self, overhead_s: float = 0.0) -> None:
-        self.overhead_s = overhead_s
-
-    def step_time_s(self, q, kv, g, lg):
-        return 1.0 + self.overhead_s + 0 * q
-
-    def pass_op_times_s(self, q, lg):
-        return {"emb": 0 * q, "lm_head": 0 * q, "step_overhead": 0 * q}
-
-    def _all_reduce_s(self, q):
-        return 0 * q
-
-
-def one_second_stages(hw, par: Parallelism, overhead_s: float = 0.0) -> ParallelCost:
-    """PP cost on the made-up part: every layer 1 s a micro-batch, `overhead_s` of host work a pass."""
-    cost = ParallelCost(hw, MODEL, par, one_second_cost(hw, MODEL).params)
-    cost.layer, cost.params = (
-        OneSecondLayer(overhead_s),
-        one_second_cost(hw, MODEL).params.__class__(families=cost.params.families, step_overhead_s=overhead_s),
-    )
-    return cost
 
 
 def test_pp2_pipeline_bubbles(tmp_path, quarter_second_collectives):
@@ -159,15 +125,6 @@ def test_pp2_interleave_keeps_two_batches_in_flight(tmp_path, quarter_second_col
     # the replica's pool is its engines' halves together; both hold A's and B's pages at once
     assert res.metrics["kv_capacity_bytes"] == pytest.approx(drained.metrics["kv_capacity_bytes"], rel=1e-6)
     assert res.metrics["peak_kv_bytes"] == drained.metrics["peak_kv_bytes"] > 0
-
-
-def simulate_with(cost: ParallelCost, w, hw, deployment: ClusterConfig, max_seqs: int = 2):
-    """`simulate` with `cost` as the replica's pass cost (the round-number stages)."""
-    from simulator.cluster import run as run_mod
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(run_mod, "ParallelCost", lambda *a: cost)
-        return simulate(w, hw, MODEL, ReplayConfig(max_seqs=max_seqs), deployment)
 
 
 def test_pp2_interleave_on_two_replicas(tmp_path, quarter_second_collectives):
@@ -596,16 +553,6 @@ def test_pp_pipeline_waits_on_a_send_slower_than_a_stage(tmp_path, monkeypatch):
     cost = one_second_stages(toy_part(interconnect_bytes_per_s=1e30), Parallelism(pp=2, micro_batches=2))
     # 2 micro-batches: stage 1 s + send 2 s + stage 1 s, the second one a bottleneck (the 2 s send) later
     assert cost.breakdown(8, 20, 2)["total_s"][0] == 6.0
-
-
-class HeadedLayer(OneSecondLayer):
-    """A layer of 1 s and an lm_head of 0.5 s (the last stage's)."""
-
-    def step_time_s(self, q, kv, g, lg):
-        return 1.5 + 0 * q
-
-    def pass_op_times_s(self, q, lg):
-        return {"emb": 0 * q, "lm_head": 0.5 + 0 * q, "step_overhead": 0 * q}
 
 
 def test_the_lm_head_runs_on_the_last_stage(quarter_second_collectives):

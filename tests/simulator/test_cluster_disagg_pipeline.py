@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 
 from profiler.errors import UsageError
-from simulator import comm
 from simulator.cluster.parallel import ParallelCost, Parallelism, memory_plan
 from simulator.cluster.run import ClusterConfig, simulate
-from simulator.comm import CommParams, Ramp
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig
 from simulator.workload import load_workload
+from tests.simulator.cluster_helpers import HeadedLayer, one_second_stages, simulate_with
 from tests.simulator.toy_traces import (
     BLOCK_BYTES,
     KV_BYTES_PER_TOKEN,
@@ -31,60 +30,7 @@ from tests.simulator.toy_traces import (
 MODEL = ModelSpec.from_trace_meta(MODEL_META)  # 2 layers, 512 KV bytes a token
 
 
-# ---- helpers (copied from test_cluster.py: that file is edited elsewhere) ----------------------
-@pytest.fixture
-def quarter_second_collectives(monkeypatch):
-    """Every collective call takes exactly 0.25 s on the made-up part (latency only)."""
-    ramp = Ramp(eff_max=1.0, ramp_bytes=1e-30, ramp_exponent=1.0, latency_s=0.25)
-    params = CommParams({path: {"ring": ramp, "p2p": ramp} for path in comm.PATHS})
-    monkeypatch.setattr(comm, "load_params", lambda: params)
-
-
-class OneSecondLayer:
-    """Per micro-batch: every layer 1 s, nothing else."""
-
-    def __init__(self, overhead_s: float = 0.0) -> None:
-        self.overhead_s = overhead_s
-
-    def step_time_s(self, q, kv, g, lg):
-        return 1.0 + self.overhead_s + 0 * q
-
-    def pass_op_times_s(self, q, lg):
-        return {"emb": 0 * q, "lm_head": 0 * q, "step_overhead": 0 * q}
-
-    def _all_reduce_s(self, q):
-        return 0 * q
-
-
-class HeadedLayer(OneSecondLayer):
-    """A layer of 1 s and an lm_head of 0.5 s (the last stage's): stages of 1 s and 1.5 s."""
-
-    def step_time_s(self, q, kv, g, lg):
-        return 1.5 + 0 * q
-
-    def pass_op_times_s(self, q, lg):
-        return {"emb": 0 * q, "lm_head": 0.5 + 0 * q, "step_overhead": 0 * q}
-
-
-def one_second_stages(hw, par: Parallelism, overhead_s: float = 0.0, layer=None) -> ParallelCost:
-    """PP cost on the made-up part: every layer 1 s a micro-batch, `overhead_s` of host work a pass."""
-    cost = ParallelCost(hw, MODEL, par, one_second_cost(hw, MODEL).params)
-    cost.layer, cost.params = (
-        layer or OneSecondLayer(overhead_s),
-        one_second_cost(hw, MODEL).params.__class__(families=cost.params.families, step_overhead_s=overhead_s),
-    )
-    return cost
-
-
-def simulate_with(cost: ParallelCost, w, hw, deployment: ClusterConfig, max_seqs: int = 2, **config):
-    """`simulate` with `cost` as the replica's pass cost (the round-number stages)."""
-    from simulator.cluster import run as run_mod
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(run_mod, "ParallelCost", lambda *a: cost)
-        return simulate(w, hw, MODEL, ReplayConfig(max_seqs=max_seqs, **config), deployment)
-
-
+# ---- helpers (the round-number costs: tests/simulator/cluster_helpers.py) ----------------------
 def trace(tmp_path, requests, arrivals, prompts=None):
     prompts = prompts or [p[0].q for p in requests]
     return load_workload(write_toy_trace(tmp_path / "t", requests, prompts, arrivals=arrivals))
