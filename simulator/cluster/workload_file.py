@@ -171,7 +171,7 @@ def _arrivals_s(path: Path, arrival: np.ndarray, time_scale: float) -> np.ndarra
 def _number(value: float) -> str:
     """A length as the file wrote it: whole numbers in full (1048577, not 1.04858e+06, which reads
     as within 1..1048576), others to 10 significant digits."""
-    return f"{value:.0f}" if value == round(value) and abs(value) < 1e15 else f"{value:.10g}"
+    return f"{value:.0f}" if abs(value) < 1e15 and value == round(value) else f"{value:.10g}"  # NaN, inf: "g"
 
 
 def _source_shape(w: Workload) -> tuple[np.ndarray, np.ndarray]:
