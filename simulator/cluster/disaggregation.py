@@ -32,7 +32,7 @@ from simulator.cluster.passes import leading_prefill_passes, slice_passes
 from simulator.cluster.replicas import Cluster
 from simulator.comm import collective_time_s
 from simulator.hardware import HardwareSpec
-from simulator.replay import ReplayConfig, check_runnable, resize, run_env
+from simulator.replay import ReplayConfig, resize, run_env
 from simulator.workload import Workload
 
 
@@ -84,7 +84,7 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
     _connect(env, prefill, decode, n_p, seconds, log, no_decode)
     engines = prefill.start() + [env.process(d.engine()) for d in decode.replicas]
     run_env(env, env.all_of(engines))
-    res = check_runnable(collect(_merge(w, prefill, decode, pre_shift, dec_shift, no_decode)), hardware)
+    res = collect(_merge(w, prefill, decode, pre_shift, dec_shift, no_decode))
     pipelines = getattr(prefill, "pipelines", []) + getattr(decode, "pipelines", [])
     _label_replicas(res, prefill, decode, par)
     res.extra["kv_transfers"] = log

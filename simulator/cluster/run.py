@@ -83,6 +83,7 @@ def simulate(
     cost = ParallelCost(hardware, model, par, params)
     plan = memory_plan(hardware, model, par, config.memory_utilization, config.kv_capacity_bytes)
     res, extra, pipeline = _replay_deployment(workload, hardware, model, config, cluster, cost, plan, params)
+    check_runnable(res, hardware)  # every deployment: nothing ran is one error line, as on one replica
     res.metrics.update(deployment_metrics(res, cost, plan, cluster, hardware, pipeline))
     res.metrics.update(extra)
     res.extra["cluster"] = {
@@ -156,7 +157,7 @@ def _replay_replicas(
         [plan.kv_capacity_bytes] * k,
         cluster.router,
     ).run()
-    res = check_runnable(collect(merge(sim.replicas, sim.owner)), hardware)  # as one replica: nothing ran is an error
+    res = collect(merge(sim.replicas, sim.owner))
     res.requests["replica"] = sim.owner
     res.metrics["requests_per_replica"] = np.bincount(sim.owner[sim.owner >= 0], minlength=k).tolist()
     return res
