@@ -46,11 +46,10 @@ class HeadedLayer(OneSecondLayer):
 def one_second_stages(hw, par: Parallelism, overhead_s: float = 0.0, layer=None) -> ParallelCost:
     """PP cost on the made-up part: every layer 1 s a micro-batch (or `layer`'s times),
     `overhead_s` of host work a pass."""
-    cost = ParallelCost(hw, MODEL, par, one_second_cost(hw, MODEL).params)
-    cost.layer, cost.params = (
-        layer or OneSecondLayer(overhead_s),
-        one_second_cost(hw, MODEL).params.__class__(families=cost.params.families, step_overhead_s=overhead_s),
-    )
+    params = one_second_cost(hw, MODEL).params
+    cost = ParallelCost(hw, MODEL, par, params)
+    cost.layer = layer or OneSecondLayer(overhead_s)
+    cost.params = type(params)(families=cost.params.families, step_overhead_s=overhead_s)  # defaults otherwise
     return cost
 
 
