@@ -78,6 +78,7 @@ from simulator.gemm_fit import (  # noqa: E402
     holdout_predictions,
     level_removed_ape,
     predict_tiles,
+    profile_levels,
     repeat_spread_percent,
     summary,
     unseen_keys,
@@ -203,6 +204,11 @@ def where_the_error_is(held: pd.DataFrame, fit: str, rows: pd.DataFrame) -> dict
         f"median {median:.2f}  p90 {p90:.2f} (max / min - 1, %)"
     )
     figures.update({"a100_repeat_median_percent": round(median, 2), "a100_repeat_p90_percent": round(p90, 2)})
+    for a, b, count, level, level_big in profile_levels(rows):
+        print(
+            f"  the same {count} GEMMs in {a}'s and {b}'s profiles: {a}'s times differ by a median {level:+.2f}%, "
+            f"{level_big:+.2f}% above 1024 tokens (a level of the profile, not of the shape)"
+        )
     return figures
 
 

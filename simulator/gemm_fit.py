@@ -234,6 +234,27 @@ def repeat_spread_percent(rows: pd.DataFrame) -> tuple[float, float, int]:
     return float(np.median(spread)), float(np.percentile(spread, 90)), len(spread)
 
 
+def profile_levels(rows: pd.DataFrame, above: int = 1024) -> list[tuple[str, str, int, float, float]]:
+    """How much two models' profiles disagree on the very same GEMMs (K, N and token count), as
+    a level: per pair of models that share GEMMs, (model a, model b, shared GEMMs, median of a's
+    time over b's in percent less 100, the same above `above` tokens; NaN where none is). A
+    leave-one-model-out fold meets its profile's own level, which no model of the shape can learn.
+    Each model's time of a GEMM is its median over that model's profiles (TP degrees)."""
+    keys = ["K", "N", "num_tokens"]
+    times = rows.pivot_table(index=keys, columns="model", values="time_s", aggfunc="median", observed=True)
+    models = sorted(str(m) for m in times.columns)
+    levels = []
+    for i, a in enumerate(models):
+        for b in models[i + 1 :]:
+            ratio = (times[a] / times[b]).dropna()
+            if ratio.empty:
+                continue
+            big = ratio[ratio.index.get_level_values("num_tokens") > above]
+            level_big = float(np.exp(np.median(np.log(big))) - 1.0) * 100.0 if len(big) else float("nan")
+            levels.append((a, b, len(ratio), float(np.exp(np.median(np.log(ratio))) - 1.0) * 100.0, level_big))
+    return levels
+
+
 def unseen_keys(report: dict[str, Any]) -> dict[str, float]:
     """The issue's target keys from `summary`: pooled unseen-shape APE of the tile model, the old
     model's beside it (bench/cost_model.py and bench/simulator.py print them)."""

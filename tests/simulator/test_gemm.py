@@ -366,6 +366,43 @@ def test_repeat_spread_counts_only_gemms_timed_in_two_profiles() -> None:
     assert repeat_spread_percent(rows.iloc[4:]) == (pytest.approx(float("nan"), nan_ok=True),) * 2 + (0,)
 
 
+def test_profile_levels_compare_two_models_on_their_shared_gemms() -> None:
+    """Models a and b share (1, 8) at 16, 32, 64, 2048 and 4096 tokens: b takes 1.1x, 1.25x,
+    1.25x, 0.8x and 0.8x a's time (at 16 tokens its TP-2, TP-4 and TP-8 profiles' times of one
+    GEMM, 10, 11 and 15, are taken at their median, 11), so a's level is -9.09%, -20% twice and
+    +25% twice: median -9.09%, and +25% above 1024 tokens. Model c shares nothing with them and
+    forms no pair; a GEMM only one model timed is not compared."""
+
+    import pandas as pd
+
+    from simulator.gemm_fit import profile_levels
+
+    rows = pd.DataFrame(
+        [
+            ("a", 1, 1, 8, 16, 10.0),
+            ("b", 2, 1, 8, 16, 10.0),
+            ("b", 4, 1, 8, 16, 11.0),
+            ("b", 8, 1, 8, 16, 15.0),
+            ("a", 1, 1, 8, 32, 10.0),
+            ("b", 2, 1, 8, 32, 12.5),
+            ("a", 1, 1, 8, 64, 10.0),
+            ("b", 2, 1, 8, 64, 12.5),
+            ("a", 1, 1, 8, 2048, 100.0),
+            ("b", 2, 1, 8, 2048, 80.0),
+            ("a", 1, 1, 8, 4096, 200.0),
+            ("b", 2, 1, 8, 4096, 160.0),
+            ("a", 1, 2, 8, 4096, 50.0),
+            ("c", 1, 3, 8, 4096, 70.0),
+        ],
+        columns=["model", "tp", "K", "N", "num_tokens", "time_s"],
+    )
+    ((a, b, count, level, level_big),) = profile_levels(rows)
+    assert (a, b, count) == ("a", "b", 5)
+    assert level == pytest.approx((10 / 11 - 1.0) * 100.0)
+    assert level_big == pytest.approx(25.0)
+    assert np.isnan(profile_levels(rows[rows["num_tokens"] < 1024])[0][4])
+
+
 def test_shipped_tile_fit_reproduces_its_recorded_error() -> None:
     from simulator.calibrate import CALIBRATION_PATH, load_vidur
     from simulator.gemm_fit import gemm_rows, predict_tiles
