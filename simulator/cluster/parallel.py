@@ -78,6 +78,11 @@ class Parallelism:
         """ValueError (one line) for a split the model or the node cannot take."""
         if model.n_heads % self.tp:
             raise UsageError(f"--tp {self.tp} does not divide {model.name}'s {model.n_heads} attention heads")
+        kv = model.n_kv_heads
+        if kv % self.tp and self.tp % kv:  # a GPU's query heads would span parts of two KV heads (vLLM refuses)
+            raise UsageError(
+                f"--tp {self.tp} splits {model.name}'s {kv} KV heads unevenly: give a divisor or a multiple of {kv}"
+            )
         if self.pp > model.n_layers:
             raise UsageError(f"--pp {self.pp} exceeds {model.name}'s {model.n_layers} layers")
         node = hardware.gpus_per_node

@@ -112,6 +112,27 @@ def test_tp_may_outnumber_the_kv_heads_but_must_split_the_heads():
         ParallelCost(hw, model, Parallelism(tp=3))
 
 
+def test_tp_must_split_the_kv_heads_evenly(tmp_path, capsys):
+    """Qwen2.5-7B: 28 attention heads, 4 KV heads. TP 7 divides the heads (4 a GPU) but not the
+    KV heads: GPU 1's query heads 4-7 read KV heads 0 and 1, so it holds two KV heads, not the one
+    the memory plan gave it (its pool overstated twice); vLLM refuses it. TP 2 and 4 split the
+    KV heads, TP 4 of the toy model's 2 KV heads replicates each on 2 GPUs. Fails on the old
+    check, which let TP 7 through (exit 0)."""
+    from solm.cli import main
+
+    hw, model = get_hardware("h100-sxm"), get_model("qwen2.5-7b")
+    for tp in (2, 4):
+        ParallelCost(hw, model, Parallelism(tp=tp))
+    ParallelCost(toy_part(), MODEL, Parallelism(tp=4))
+    said = "--tp 7 splits qwen2.5-7b's 4 KV heads unevenly: give a divisor or a multiple of 4"
+    with pytest.raises(UsageError, match=f"^{said}$"):
+        ParallelCost(hw, model, Parallelism(tp=7))
+    trace = write_toy_trace(tmp_path / "t", [seq(4, 2)], [4])
+    assert main(["simulate", str(trace), "--model", "qwen2.5-7b", "--hardware", "h100-sxm", "--tp", "7"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0]
+
+
 # ---- weights and KV memory ------------------------------------------------------------------------
 def test_weights_per_gpu_by_hand():
     """The toy model's weights (the constants above): a whole layer; at TP 4 the GEMMs and heads in
