@@ -235,6 +235,59 @@ def test_micro_batches_are_the_pass_cut_in_pieces(quarter_second_collectives):
     assert cost.step_time_s(8, 16, 2, 2) == 4.5
 
 
+class HeavyHeadLayer(ShapedLayer):
+    """ShapedLayer with an lm_head of 1.5 s a logit row."""
+
+    def step_time_s(self, q, kv, g, lg):
+        return 0.125 * q + 0.0625 * kv + 0.25 * g + 1.5 * lg
+
+    def pass_op_times_s(self, q, lg):
+        return {"emb": 0 * q, "lm_head": 1.5 * lg, "step_overhead": 0 * q}
+
+
+@pytest.mark.parametrize(
+    ("layer", "send_s", "parts"),
+    [
+        # stages 2.5 and 1.5 s: the first micro-batch's 3 layers (1.5 s of all-reduces) and the
+        # second's step on stage 0, 2 layers (1 s): 2.5 s (was 3: stage 0's layers on every stage)
+        (ShapedLayer(), 0.25, {"total_s": 6.75, "all_reduce_s": 2.5, "send_recv_s": 0.25, "bubble_s": 2.75}),
+        # stages 2.5 and 2.75 s: the bottleneck is stage 1, one layer: 1.5 + 0.5 s
+        (HeavyHeadLayer(), 0.25, {"total_s": 8.25, "all_reduce_s": 2.0, "send_recv_s": 0.25, "bubble_s": 3.0}),
+        # a 3 s send is the bottleneck: the second micro-batch adds no all-reduce, 1.5 s
+        (ShapedLayer(), 3.0, {"total_s": 10.0, "all_reduce_s": 1.5, "send_recv_s": 3.0, "bubble_s": 6.0}),
+    ],
+)
+def test_all_reduces_on_the_critical_path(monkeypatch, layer, send_s, parts):
+    """TP 2 x PP 2 of the 3-layer toy model (stages of 2 and 1 layers), 2 micro-batches of the
+    micro-batch test's pass (a layer 1.25 s, 0.5 s of it all-reduces). The pass is the first
+    micro-batch through both stages and the send, then one bottleneck step: its all-reduces are
+    every layer's once and the bottleneck stage's layers once more (none if the send is the
+    bottleneck). Fails on the old count, the heaviest stage's layers on every stage of every
+    micro-batch (3 s each)."""
+    ramp = Ramp(eff_max=1.0, ramp_bytes=1e-30, ramp_exponent=1.0, latency_s=send_s)
+    monkeypatch.setattr(comm, "load_params", lambda: CommParams({p: {"ring": ramp, "p2p": ramp} for p in comm.PATHS}))
+    cost = stages_cost(toy_part(interconnect_bytes_per_s=1e30), MODEL3, Parallelism(tp=2, pp=2), layer)
+    assert {k: v.tolist() for k, v in cost.breakdown(8, 16, 2, 2).items()} == {k: [v] for k, v in parts.items()}
+
+
+def test_comm_never_exceeds_the_pass(quarter_second_collectives):
+    """Layers that are all all-reduce (1 s each), stages of 2 and 1 layers, one micro-batch:
+    2 + 0.25 + 1 = 3.25 s, of which 3 s all-reduces and 0.25 s the send. Fails on the old
+    count (4 s, clamped to the whole pass: 3.25 + 0.25 s of communication in a 3.25 s pass)."""
+    cost = stages_cost(toy_part(interconnect_bytes_per_s=1e30), MODEL3, Parallelism(tp=2, pp=2), AllReduceLayer())
+    parts = {k: v.tolist() for k, v in cost.breakdown(4, 10, 1).items()}
+    assert parts == {"total_s": [3.25], "all_reduce_s": [3.0], "send_recv_s": [0.25], "bubble_s": [1.75]}
+
+
+def test_a_decode_step_all_reduces_once_a_layer():
+    """Llama-3-70B, TP 2 x PP 3 (27, 27, 26 layers), a decode step of one stream (one
+    micro-batch): its all-reduces are the 80 layers', not 3 x 27 = 81."""
+    hw, model = get_hardware("h100-sxm"), get_model("llama-3-70b")
+    cost = ParallelCost(hw, model, Parallelism(tp=2, pp=3))
+    per_layer = float(cost.layer._all_reduce_s(1))
+    assert float(cost.breakdown(1, 1000, 1)["all_reduce_s"][0]) == pytest.approx(80 * per_layer, rel=1e-12)
+
+
 # ---- routers ----------------------------------------------------------------------------------------
 def routed(tmp_path, router, requests, arrivals, max_seqs=2) -> list[int]:
     """Each request's replica, 2 replicas behind `router`, one-second passes."""
