@@ -320,10 +320,32 @@ def test_kv_aware_weighs_the_running_requests_pages(tmp_path):
     1 (A's prefill of 3 blocks of 16 is committed on 0 when B arrives). At 2.5 C arrives: both
     replicas run one decode (1 query token each), A's next pass holding 3 blocks, B's 1: C goes
     to replica 1 (least outstanding and round robin: 0). Fails if the running requests' pages
-    are left out, if ties go to the highest index, or if kv_aware is least_outstanding."""
+    are left out or counted in tokens (1 each), if ties go to the highest index, or if kv_aware is
+    least_outstanding."""
     requests = [seq(40, 10), seq(4, 10), seq(4, 2)]
     assert routed(tmp_path, "kv_aware", requests, [0.0, 0.5, 2.5]) == [0, 1, 1]
     assert routed(tmp_path, "least_outstanding", requests, [0.0, 0.5, 2.5]) == [0, 1, 0]
+
+
+@pytest.mark.parametrize("stretch", [1024, 1])
+def test_kv_aware_sees_the_pass_a_replica_is_in(tmp_path, monkeypatch, stretch):
+    """A (15-token prompt, 10 passes) at 0 on replica 0, B (4 tokens) at 0.5 on replica 1. At 2.7
+    A is in its third pass (2-3: 17 tokens, 2 blocks of 16), B in its third (2.5-3.5: 6 tokens,
+    1 block): C goes to replica 1, is admitted when B's pass ends (3.5) and is done at 5.5 (e2e
+    2.8 s), whether the replicas plan their passes in stretches or one at a time (stretch limit
+    1). Fails on the old view, the pass the replica's stretch began with (A's prefill, 1 block:
+    a tie, replica 0, e2e 2.3 s), which the pass-by-pass replay does not see."""
+    import simulator.replay as replay_mod
+
+    monkeypatch.setattr(replay_mod, "MAX_STRETCH_PASSES", stretch)
+    hw = toy_part()
+    w = load_workload(
+        write_toy_trace(tmp_path / "t", [seq(15, 10), seq(4, 10), seq(4, 2)], [15, 4, 4], arrivals=[0.0, 0.5, 2.7])
+    )
+    deployment = ClusterConfig(replicas=2, router="kv_aware")
+    res = simulate(w, hw, MODEL, ReplayConfig(max_seqs=2), deployment, params=one_second_cost(hw, MODEL).params)
+    assert res.requests["replica"].tolist() == [0, 1, 1]
+    assert res.requests["e2e_s"].tolist() == [10.0, 10.0, pytest.approx(2.8)]
 
 
 def test_kv_aware_weighs_the_queued_requests_pages(tmp_path):
