@@ -348,6 +348,26 @@ def test_kv_aware_sees_the_pass_a_replica_is_in(tmp_path, monkeypatch, stretch):
     assert res.requests["e2e_s"].tolist() == [10.0, 10.0, pytest.approx(2.8)]
 
 
+@pytest.mark.parametrize("stretch", [1024, 1])
+def test_a_pass_ending_as_a_request_arrives_has_not_moved_on(tmp_path, monkeypatch, stretch):
+    """A (15-token prompt, 10 passes) and B (4 tokens) at 0, on replicas 0 and 1 (A's 1 block
+    waiting on 0); with stretches each replica plans up to D's arrival (6 s). C arrives at 2.0,
+    the instant A's second pass (16 tokens, 1 block) ends and its third (17 tokens, 2 blocks)
+    would begin. The arrival is routed before that pass commits (pass by pass, as with
+    stretches): A at 1 block, B at 1, the tie to replica 0, where C joins A's passes 2-3 and 3-4
+    (done at 4). Fails if a pass ending just now counts as done (A at 2 blocks: replica 1)."""
+    import simulator.replay as replay_mod
+
+    monkeypatch.setattr(replay_mod, "MAX_STRETCH_PASSES", stretch)
+    hw = toy_part()
+    requests, prompts = [seq(15, 10), seq(4, 10), seq(4, 2), seq(4, 2)], [15, 4, 4, 4]
+    w = load_workload(write_toy_trace(tmp_path / "t", requests, prompts, arrivals=[0.0, 0.0, 2.0, 6.0]))
+    deployment = ClusterConfig(replicas=2, router="kv_aware")
+    res = simulate(w, hw, MODEL, ReplayConfig(max_seqs=2), deployment, params=one_second_cost(hw, MODEL).params)
+    assert res.requests["replica"].tolist()[:3] == [0, 1, 0]
+    assert res.requests["e2e_s"].tolist()[2] == 2.0
+
+
 def test_kv_aware_weighs_the_queued_requests_pages(tmp_path):
     """One request at a time a replica (--max-seqs 1). A (4 tokens, 20 passes) at 0 to replica
     0, B (the same) at 0.1 to replica 1 (A's 1 block on 0). C (32-token prompt: 2 blocks) at 0.5:
