@@ -78,6 +78,11 @@ class Parallelism:
         """ValueError (one line) for a split the model or the node cannot take."""
         if model.n_heads % self.tp:
             raise UsageError(f"--tp {self.tp} does not divide {model.name}'s {model.n_heads} attention heads")
+        kv = model.n_kv_heads
+        if kv % self.tp and self.tp % kv:  # a GPU's query heads would span parts of two KV heads (vLLM refuses)
+            raise UsageError(
+                f"--tp {self.tp} splits {model.name}'s {kv} KV heads unevenly: give a divisor or a multiple of {kv}"
+            )
         if self.pp > model.n_layers:
             raise UsageError(f"--pp {self.pp} exceeds {model.name}'s {model.n_layers} layers")
         node = hardware.gpus_per_node
@@ -235,15 +240,18 @@ class ParallelCost:
         stages, send = self._stages(qm, kvm, gm, lgm)  # (pp, passes), (passes,)
         pp = self.par.pp
         total = stages.sum(0) + (pp - 1) * send + (m - 1) * np.maximum(stages.max(0), send) + overhead
+        # the critical path's all-reduces: every layer's once (the first micro-batch through the
+        # stages), then the bottleneck stage's once per later micro-batch (none when the send is it)
+        slowest = np.where(stages.max(0) >= send, self.layers[stages.argmax(0)], 0.0)
         ar = (
-            self.layers.max() * np.asarray(self.layer._all_reduce_s(qm), float) * (m + pp - 1)
+            (self.layers.sum() + (m - 1) * slowest) * np.asarray(self.layer._all_reduce_s(qm), float)
             if self.par.tp > 1
             else 0 * q
-        )  # the bottleneck stage's all-reduces on the critical path
+        )
         bubble = (total - overhead) - m * stages.sum(0) / pp
         return {
             "total_s": total,
-            "all_reduce_s": np.minimum(ar, total),
+            "all_reduce_s": ar,
             "send_recv_s": (pp - 1) * send,
             "bubble_s": np.maximum(bubble, 0),
         }

@@ -12,7 +12,9 @@ Ties at one instant resolve as in a lone replay: a replica's engine pulls every 
 now (through the cluster) before it schedules. A replica's stretch of passes is not stopped by
 arrivals routed elsewhere; one routed to it cuts the stretch after the pass it lands in, where a
 lone replay would have planned it to stop (`CuttableDevice`), so 8 replicas do not all replan at
-every arrival and the timeline stays the pass-by-pass one (tests compare exact timelines).
+every arrival and the timeline stays the pass-by-pass one (tests compare exact timelines). A
+router asking mid-stretch sees each of its requests at the pass it is in, as pass by pass
+(`ReplicaReplay.next_tokens_and_blocks`; the pass pointer itself moves when the stretch commits).
 
 `merge` flattens the replicas into one object `simulator.simtrace.collect` reads, so a cluster
 run gives one `ReplayResult` and one simulated trace (batch indices numbered replica by replica).
@@ -72,6 +74,7 @@ class ReplicaReplay(Replay):
         self.device = CuttableDevice(self.env, self)
         self.done = cluster.done
         self._ends: np.ndarray | None = None  # end of each planned pass, while a stretch runs
+        self._stretch_requests = np.zeros(0, np.int64)  # the running stretch's batch
         self._durations = np.zeros(0)
         self._cut = self.env.event()
         self._cut_m: int | None = None
@@ -95,6 +98,7 @@ class ReplicaReplay(Replay):
         out = super().plan(batch)
         self._durations = out.durations_s
         self._ends = self.planned_ends_s
+        self._stretch_requests = out.requests
         self._cut, self._cut_m = self.env.event(), None
         return out
 
@@ -105,6 +109,27 @@ class ReplicaReplay(Replay):
             if m < len(self._ends):
                 self._cut_m = m
                 self._cut.succeed()
+
+    def next_tokens_and_blocks(self, rs, limit=None) -> tuple[np.ndarray, np.ndarray]:
+        """The replay's, as of now: while a stretch runs (a router asking at an arrival) its
+        requests are at the pass they are in, not at the stretch's first (the pass pointer moves
+        when the stretch commits), so the router sees what it sees in the pass-by-pass replay."""
+        ran = self._passes_ended()
+        if not ran:
+            return super().next_tokens_and_blocks(rs, limit)
+        self.ptr[self._stretch_requests] += ran
+        try:
+            return super().next_tokens_and_blocks(rs, limit)
+        finally:
+            self.ptr[self._stretch_requests] -= ran
+
+    def _passes_ended(self) -> int:
+        """Passes of the running stretch ended before now, short of its last (whose end commits it).
+        One ending just now has not committed yet (an arrival at that instant is routed first)."""
+        if self._ends is None:
+            return 0
+        last = len(self._ends) if self._cut_m is None else self._cut_m
+        return min(int(self._ends.searchsorted(self.env.now, side="left")), last - 1)
 
     def commit(self, s: Stretch) -> None:
         m, self._ends, self._cut_m = self._cut_m, None, None
