@@ -16,10 +16,11 @@ one per stream) that flow through the stages, each stage handing its activations
 d_model / tp bytes per GPU, Megatron's scatter/gather) to the next with a send/recv. Forward-only
 flow shop with identical micro-batches: the pass takes
 
-    sum_s t_s + (pp - 1) c + (m - 1) max(max_s t_s, c)
+    sum_s t_s + sum_b c_b + (m - 1) max(max_s t_s, max_b c_b)
 
-(t_s: stage s on one micro-batch, c: one send/recv): the first micro-batch crosses every stage,
-the others follow one bottleneck-time apart. The idle share of the stages is the pipeline
+(t_s: stage s on one micro-batch, c_b: the send/recv over boundary b, on the link between the
+two stages' GPUs: `boundary_links`): the first micro-batch crosses every stage, the others follow
+one bottleneck-time apart. The idle share of the stages is the pipeline
 *bubble*. Under `schedule="drain"` each pass is one scheduler iteration (the next decode step
 needs this pass's tokens), so the pipeline drains every pass; the per-pass host overhead is paid
 once. Under `schedule="interleave"` (vLLM's virtual engines) `micro_batches` independent batches
@@ -88,6 +89,24 @@ class Parallelism:
         node = hardware.gpus_per_node
         if self.tp > node and self.tp % node:
             raise UsageError(f"--tp {self.tp} on {hardware.name} must fill whole nodes of {node} GPUs")
+
+
+def boundary_links(hardware: HardwareSpec, par: Parallelism) -> list[str]:
+    """The link each of the pp - 1 stage boundaries sends over, with the replica's GPUs numbered
+    stage by stage (stage s, TP rank r on GPU s x tp + r; vLLM's and Megatron's rank order) and
+    `gpus_per_node` to a node: "network" where some rank's peer in the next stage is on another
+    node, "pcie" on an NVLink-pairs node where it is outside the sender's pair (GPUs 2i and 2i + 1
+    are bridged), else "node" (the node's own fabric: NVSwitch, a pair's bridge, mesh, PCIe)."""
+    node, links = hardware.gpus_per_node, []
+    for s in range(par.pp - 1):
+        pairs = [(s * par.tp + r, (s + 1) * par.tp + r) for r in range(par.tp)]
+        if any(a // node != b // node for a, b in pairs):
+            links.append("network")
+        elif hardware.topology == "nvlink_pairs" and any(a // 2 != b // 2 for a, b in pairs):
+            links.append("pcie")
+        else:
+            links.append("node")
+    return links
 
 
 def stage_layers(n_layers: int, pp: int) -> list[int]:
@@ -195,30 +214,51 @@ class ParallelCost:
         self.params = self.full.params
         self.layer = CostModel(hardware, dataclasses.replace(model, n_layers=1), self.params, tensor_parallel=par.tp)
         self.layers = np.array(stage_layers(model.n_layers, par.pp), float)
-        # stages on different nodes talk over the NICs
-        self.cross_node = par.pp > 1 and par.gpus > hardware.gpus_per_node
+        self.boundary_links = boundary_links(hardware, par)
 
-    def _send_s(self, tokens):
-        nbytes = tokens * self.model.d_model * self.model.dtype_bytes / self.par.tp
-        return collective_time_s("send_recv", nbytes, 2, self.hardware, across_nodes=self.cross_node)
+    @property
+    def cross_node(self) -> bool:
+        """Whether some stage boundary crosses nodes (its send goes over the NICs)."""
+        return "network" in self.boundary_links
+
+    def _send_s(self, tokens) -> np.ndarray:
+        """(pp - 1, passes) seconds of each stage boundary's send/recv of `tokens` activations."""
+        nbytes = np.atleast_1d(np.asarray(tokens, float)) * self.model.d_model * self.model.dtype_bytes / self.par.tp
+        times = {
+            path: np.asarray(
+                collective_time_s(
+                    "send_recv",
+                    nbytes,
+                    2,
+                    self.hardware,
+                    topology="pcie" if path == "pcie" else None,
+                    across_nodes=path == "network",
+                ),
+                float,
+            )
+            for path in set(self.boundary_links)
+        }
+        if not self.boundary_links:
+            return np.zeros((0, nbytes.size))
+        return np.stack([times[path] for path in self.boundary_links])
 
     def _stages(self, qm, kvm, gm, lgm):
-        """(pp, passes) seconds of each stage on one micro-batch of the given shape, and (passes,)
-        seconds of one send/recv of its activations (no host overhead)."""
+        """(pp, passes) seconds of each stage on one micro-batch of the given shape, and
+        (pp - 1, passes) seconds of each boundary's send/recv of its activations (no host overhead)."""
         head = sum(v for k, v in self.layer.pass_op_times_s(qm, lgm).items() if k != "step_overhead")
         layer_s = np.asarray(self.layer.step_time_s(qm, kvm, gm, lgm), float) - head - self.params.step_overhead_s
         stages = self.layers[:, None] * layer_s[None, :]
         stages[-1] += head
-        return stages, np.asarray(self._send_s(qm), float)
+        return stages, self._send_s(qm)
 
     def stage_times(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None):
-        """One pass as a single micro-batch: ((pp,) stage seconds, send/recv seconds) (the
-        interleaved schedule's unit; the host overhead is `params.step_overhead_s` on top)."""
+        """One pass as a single micro-batch: ((pp,) stage seconds, (pp - 1,) boundary send/recv
+        seconds) (the interleaved schedule's unit; the host overhead is `params.step_overhead_s` on top)."""
         q = np.atleast_1d(np.asarray(query_tokens, float))
         lg = q if logit_tokens is None else np.atleast_1d(np.asarray(logit_tokens, float))
         g = np.atleast_1d(np.asarray(query_groups, float))
-        stages, send = self._stages(q, np.atleast_1d(np.asarray(kv_tokens_read, float)), np.maximum(g, 1), lg)
-        return stages[:, 0], float(send[0])
+        stages, sends = self._stages(q, np.atleast_1d(np.asarray(kv_tokens_read, float)), np.maximum(g, 1), lg)
+        return stages[:, 0], sends[:, 0]
 
     def breakdown(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None, micro=None) -> dict:
         """{total_s, all_reduce_s, send_recv_s, bubble_s}: where one pass's time goes (arrays ok).
@@ -237,11 +277,11 @@ class ParallelCost:
             return {"total_s": total, "all_reduce_s": ar, "send_recv_s": 0 * q, "bubble_s": 0 * q}
         m = np.minimum(self.par.micro if micro is None else micro, np.maximum(g, 1))
         qm, kvm, gm, lgm = q / m, kv / m, np.maximum(g / m, 1), np.maximum(lg / m, 1)
-        stages, send = self._stages(qm, kvm, gm, lgm)  # (pp, passes), (passes,)
-        pp = self.par.pp
-        total = stages.sum(0) + (pp - 1) * send + (m - 1) * np.maximum(stages.max(0), send) + overhead
+        stages, sends = self._stages(qm, kvm, gm, lgm)  # (pp, passes), (pp - 1, passes)
+        pp, send = self.par.pp, sends.max(0)  # the slowest boundary's send
+        total = stages.sum(0) + sends.sum(0) + (m - 1) * np.maximum(stages.max(0), send) + overhead
         # the critical path's all-reduces: every layer's once (the first micro-batch through the
-        # stages), then the bottleneck stage's once per later micro-batch (none when the send is it)
+        # stages), then the bottleneck stage's once per later micro-batch (none when a send is it)
         slowest = np.where(stages.max(0) >= send, self.layers[stages.argmax(0)], 0.0)
         ar = (
             (self.layers.sum() + (m - 1) * slowest) * np.asarray(self.layer._all_reduce_s(qm), float)
@@ -252,7 +292,7 @@ class ParallelCost:
         return {
             "total_s": total,
             "all_reduce_s": ar,
-            "send_recv_s": (pp - 1) * send,
+            "send_recv_s": sends.sum(0),
             "bubble_s": np.maximum(bubble, 0),
         }
 

@@ -48,13 +48,14 @@ class Pipeline:
         self.work_s = 0.0  # stage-seconds of layers run
         self._last_end = 0.0
 
-    def run_pass(self, ready: float, stages: np.ndarray, send: float, host: float) -> float:
-        """Time the pass leaves the last stage, having entered stage 1 at `ready` or when free."""
+    def run_pass(self, ready: float, stages: np.ndarray, sends: np.ndarray, host: float) -> float:
+        """Time the pass leaves the last stage, having entered stage 1 at `ready` or when free
+        (`sends`: each stage boundary's send/recv seconds)."""
         start = max(ready, self.free[0])
         first_layer = start + host
         t = self.free[0] = first_layer + float(stages[0])
         for s in range(1, len(self.free)):
-            t = self.free[s] = max(t + send, self.free[s]) + float(stages[s])
+            t = self.free[s] = max(t + float(sends[s - 1]), self.free[s]) + float(stages[s])
         # passes enter stage 1 in order and leave the last stage in order: the union of their
         # intervals grows by the part of each past the previous end
         self.span_s += t - max(start, self._last_end)
@@ -110,10 +111,10 @@ class VirtualEngine(ReplicaReplay):
     def __init__(self, workload, cost, model, hardware, config, cluster: Cluster, index: int) -> None:
         super().__init__(workload, cost, model, hardware, config, cluster, index)
         self.kv: ReplicaKV | None = None  # its replica's pages, set by PipelinedCluster
-        self.pending: tuple[np.ndarray, float, float] | None = None  # the planned pass: stages, send, host
+        self.pending: tuple[np.ndarray, np.ndarray, float] | None = None  # the planned pass: stages, sends, host
         self.pass_s = 0.0  # how long it took, stage waits included
         first = cluster.replicas[0] if cluster.replicas else self
-        self.stage_costs: dict[tuple, tuple[np.ndarray, float]] = getattr(first, "stage_costs", {})
+        self.stage_costs: dict[tuple, tuple[np.ndarray, np.ndarray]] = getattr(first, "stage_costs", {})
 
     def _admissible(self, r: int) -> str:
         problem = super()._admissible(r)
@@ -134,10 +135,10 @@ class VirtualEngine(ReplicaReplay):
             if len(self.stage_costs) >= PASS_COST_CACHE:
                 self.stage_costs.clear()
             self.stage_costs[key] = self.cost.stage_times(*key)
-        stages, send = self.stage_costs[key]
+        stages, sends = self.stage_costs[key]
         host = self.cost.params.step_overhead_s + getattr(self.cost, "per_request_s", 0.0) * n_requests
-        self.pending = (stages, send, host)
-        return np.array([host + float(stages.sum()) + (len(stages) - 1) * send])
+        self.pending = (stages, sends, host)
+        return np.array([host + float(stages.sum()) + float(sends.sum())])
 
     def plan(self, batch: dict[int, int]):
         out = super().plan(batch)

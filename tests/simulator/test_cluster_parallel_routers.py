@@ -186,6 +186,60 @@ def test_stage_sends_are_one_pair_of_gpus(free_latency):
     assert cost._send_s(1000) == pytest.approx(256e-6, rel=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("topology", "tp", "pp", "links"),
+    [
+        ("nvswitch", 1, 4, ["node"] * 3),
+        ("nvswitch", 4, 2, ["node"]),
+        ("nvswitch", 8, 2, ["network"]),
+        # GPUs 0-3 | 4-7 on node 0, 8-11 | 12-15 on node 1: only the middle boundary leaves a node
+        ("nvswitch", 4, 4, ["node", "network", "node"]),
+        # bridged pairs (0, 1), (2, 3), ...: stage 0 -> 1 is GPU 0 -> 1, 1 -> 2 is GPU 1 -> 2
+        ("nvlink_pairs", 1, 4, ["node", "pcie", "node"]),
+        ("nvlink_pairs", 2, 2, ["pcie"]),  # GPUs 0, 1 -> 2, 3: each rank's peer in another pair
+        ("nvlink_pairs", 4, 4, ["pcie", "network", "pcie"]),
+        ("mesh", 2, 4, ["node"] * 3),
+    ],
+)
+def test_each_stage_boundary_sends_over_its_own_link(topology, tp, pp, links):
+    """Stage s's TP rank r on GPU s x tp + r, 8 GPUs a node. Fails if every boundary takes one
+    link (the old rule: all over the NICs once tp x pp passes a node, all over a pair's bridge
+    on an NVLink-pairs node)."""
+    from simulator.cluster.parallel import boundary_links
+
+    hw = toy_part(topology=topology, gpus_per_node=8)
+    assert boundary_links(hw, Parallelism(tp=tp, pp=pp)) == links
+
+
+def test_pp_on_bridged_pairs_sends_over_pcie_between_pairs(free_latency):
+    """A PP-4 replica on an NVLink-pairs node (bridge 1e9 B/s one way, PCIe 1e8): 1000 tokens x 64
+    x 4 bytes = 256000 bytes take 256 us over a bridge and 2.56 ms over PCIe, so the boundaries
+    take [0.256, 2.56, 0.256] ms and one micro-batch's pass sends for 3.072 ms, all of its time.
+    Fails if the middle boundary is timed over the bridge (0.768 ms in all), every one over PCIe,
+    or the slowest send stands for every boundary (7.68 ms)."""
+    hw = toy_part(topology="nvlink_pairs", gpus_per_node=8, interconnect_bytes_per_s=2e9, pcie_bytes_per_s=2e8)
+    cost = ParallelCost(hw, MODEL4, Parallelism(pp=4, micro_batches=1))
+    assert cost._send_s(1000)[:, 0] == pytest.approx([256e-6, 2.56e-3, 256e-6], rel=1e-12)
+    assert not cost.cross_node
+    parts = cost.breakdown(1000, 0, 1)  # the stages take ~0 s on the made-up part, no host work
+    assert parts["send_recv_s"][0] == pytest.approx(3.072e-3, rel=1e-12)
+    assert parts["total_s"][0] == pytest.approx(3.072e-3, rel=1e-9)
+    assert cost.stage_times(1000, 0, 1)[1] == pytest.approx([256e-6, 2.56e-3, 256e-6], rel=1e-12)
+
+
+def test_interleaved_passes_wait_on_each_boundarys_send():
+    """Four 1 s stages, sends of 0.25, 0.5 and 0.25 s. Pass 1 leaves at 1 + .25 + 1 + .5 + 1 + .25
+    + 1 = 5 s; pass 2, ready at 0, enters stage 1 at 1 s and leaves stage 2 at max(2 + .25, 2.25)
+    + 1 = 3.25, stage 3 at max(3.25 + .5, 3.75) + 1 = 4.75 and the last at max(5, 5) + 1 = 6 s.
+    Fails if one send (the first boundary's) stands for all (4.75 s and 5.75 s)."""
+    from simulator.cluster.pipeline import Pipeline
+
+    pipe = Pipeline(4)
+    stages, sends = np.ones(4), np.array([0.25, 0.5, 0.25])
+    assert pipe.run_pass(0.0, stages, sends, 0.0) == 5.0
+    assert pipe.run_pass(0.0, stages, sends, 0.0) == 6.0
+
+
 def test_real_stage_times_hold_no_host_work(quarter_second_collectives):
     """The made-up part's real cost model (every roofline ~0, 1 s of host work a pass): the
     stages are ~0 s each, so a PP 2 pass (one micro-batch) is the host work, ~0 + 0.25 s + ~0.
@@ -193,7 +247,7 @@ def test_real_stage_times_hold_no_host_work(quarter_second_collectives):
     hw = toy_part(interconnect_bytes_per_s=1e30)
     cost = ParallelCost(hw, MODEL, Parallelism(pp=2), one_second_cost(hw, MODEL).params)
     stages, send = cost.stage_times(4, 10, 1, 1)
-    assert stages.tolist() == pytest.approx([0.0, 0.0], abs=1e-9) and send == 0.25
+    assert stages.tolist() == pytest.approx([0.0, 0.0], abs=1e-9) and send.tolist() == [0.25]
     assert cost.step_time_s(4, 10, 1, 1) == pytest.approx(1.25, abs=1e-9)
 
 
