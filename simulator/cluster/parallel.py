@@ -89,6 +89,13 @@ class Parallelism:
         node = hardware.gpus_per_node
         if self.tp > node and self.tp % node:
             raise UsageError(f"--tp {self.tp} on {hardware.name} must fill whole nodes of {node} GPUs")
+        for s in range(self.pp if self.tp < node else 0):  # GPUs numbered stage by stage (boundary_links)
+            first, last = s * self.tp, (s + 1) * self.tp - 1
+            if first // node != last // node:  # its all-reduces would be timed inside one node
+                raise UsageError(
+                    f"--tp {self.tp} --pp {self.pp} on {hardware.name}: stage {s + 1}'s GPUs {first}-{last} "
+                    f"straddle two nodes of {node}; give a --tp that divides {node}"
+                )
 
 
 def boundary_links(hardware: HardwareSpec, par: Parallelism) -> list[str]:

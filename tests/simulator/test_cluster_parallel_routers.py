@@ -174,6 +174,18 @@ def test_no_room_for_kv_on_some_gpu_is_refused(model, pp, capacity):
         memory_plan(toy_part(capacity_bytes=capacity), model, Parallelism(pp=pp), memory_utilization=1.0)
 
 
+def test_a_stage_may_not_straddle_two_nodes():
+    """InternLM-20B (40 heads, 40 KV heads) on 8-GPU nodes: --tp 5 alone fits in a node, but with
+    --pp 2 the second stage would run on GPUs 5-9, its all-reduces crossing nodes while timed as
+    inside one. Fails if the straddle is let through, or if --pp 1, or stages that tile the nodes
+    (tp 4 x pp 4, tp 8 x pp 2), are refused."""
+    hw, model = toy_part(gpus_per_node=8), get_model("internlm-20b")
+    with pytest.raises(UsageError, match=r"stage 2's GPUs 5-9 straddle two nodes of 8; give a --tp that divides 8"):
+        Parallelism(tp=5, pp=2).check(model, hw)
+    for tp, pp in ((5, 1), (4, 4), (8, 2), (2, 3)):
+        Parallelism(tp=tp, pp=pp).check(model, hw)
+
+
 # ---- pass costs -------------------------------------------------------------------------------------
 def test_stage_sends_are_one_pair_of_gpus(free_latency):
     """On a mesh node (8 GPUs, each with 7 point-to-point links of 1e9 B/s one way) a stage
