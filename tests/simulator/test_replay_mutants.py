@@ -1,0 +1,60 @@
+"""The replay (simulator/replay.py) on toy traces, each test killing mutants a mutation round on it
+left alive: exact timelines worked out by hand, passes of 1 s on the toy part (`toy_traces`) unless
+a test's own cost says otherwise. The mutant each test kills is named in its docstring."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.models import ModelSpec
+from simulator.replay import ReplayConfig, replay
+from simulator.workload import load_workload
+from tests.simulator.toy_traces import (
+    MODEL_META,
+    one_second_cost,
+    seq,
+    toy_part,
+    write_toy_trace,
+)
+
+MODEL = ModelSpec.from_trace_meta(MODEL_META)
+
+
+def run(w, config=None, hardware=None, cost=None):
+    hw = hardware or toy_part()
+    return replay(w, hw, MODEL, config or ReplayConfig(), cost=cost or one_second_cost(hw, MODEL))
+
+
+def toy(tmp_path, requests, prompts, arrivals=None, name="t"):
+    return load_workload(write_toy_trace(tmp_path / name, requests, prompts, arrivals=arrivals))
+
+
+def events(res, request: int) -> list[tuple[str, float]]:
+    return [(e, t) for r, e, t in res.timeline() if r == request]
+
+
+class OneSecond:
+    """1 s a pass with query rows, 0 s without (the replay's cost protocol)."""
+
+    def step_time_s(self, query_tokens, kv_tokens_read, query_groups=1, logit_tokens=None):
+        return np.ones(np.shape(query_tokens)) if np.ndim(query_tokens) else 1.0
+
+
+class Waking(OneSecond):
+    """After idling s seconds the next pass takes 1 + s times as long."""
+
+    def after_idle(self, idle_s):
+        return 1.0 + idle_s
+
+
+def test_an_arrival_in_the_slow_pass_after_idling_joins_at_its_end(tmp_path):
+    """X runs 0-1; A (5 passes) arrives at 3.0 after 2 s idle, so its first pass takes 3 s (3-6);
+    B arrives at 4.5, inside it, and joins at 6.0, as a pass-by-pass loop has it. (Bug, fixed: the
+    stretch was cut at the arrival by the passes' times before the slowdown, in A's second pass
+    (4.0-5.0 unslowed), so B waited for that pass too and joined at 7.0.)"""
+    w = toy(tmp_path, [seq(4, 1), seq(4, 5), seq(4, 2)], [4] * 3, arrivals=[0.0, 3.0, 4.5])
+    res = run(w, cost=Waking())
+    assert events(res, 1) == [("arrive", 3.0), ("admit", 3.0), ("first_token", 6.0), ("finish", 10.0)]
+    assert events(res, 2) == [("arrive", 4.5), ("admit", 6.0), ("first_token", 7.0), ("finish", 8.0)]
+    starts = res.rows.pass_start_s
+    assert starts.tolist() == [0.0, 3.0, 6.0, 7.0, 8.0, 9.0]
