@@ -383,9 +383,14 @@ class Replay(ArrivalStream):
     def preempt(self, r: int) -> None:
         self.running.remove(r)
         self.waiting.appendleft(r)
-        self.recompute[r] = self.ptr[r] > 0
         live = self.w.live_kv_tokens[self.off[r] + self.ptr[r] - 1] if self.ptr[r] > 0 else 0
-        self.redo[r] = max(self.redo[r], live, self.chunk_done[r])  # all of it is computed again
+        # the KV it loses, all computed again: a pass carrying a re-prefill counts that in its chunks
+        # done; a pass of its own (a later prefill in chunks: SoT's expansion) adds them to the KV
+        # held before it (was: the larger of the two, the held KV left out of recomputed_tokens)
+        done = int(self.chunk_done[r])
+        lost = max(live, done) if self.recompute[r] else live + done
+        self.recompute[r] = self.ptr[r] > 0
+        self.redo[r] = max(self.redo[r], lost)
         self.chunk_done[r] = 0  # a half-done prefill is lost with its pages
         self.preemptions[r] += 1
         self._note_unusual([r])
