@@ -281,6 +281,7 @@ class Replay(ArrivalStream):
         self.n_done = 0
         self.n_arrived = 0  # arrivals so far (the engine pays each one's admission work, `HostCost.admission_s`)
         self.n_pass = 0
+        self.first_pass_factor = 1.0  # how much slower the next planned pass runs (the cost's `after_idle`)
         self._wakeup: simpy.Event | None = None
         self.done = [self.env.event() for _ in range(n)] if config.arrival == "closed" else []
         if config.arrival == "closed":
@@ -382,9 +383,14 @@ class Replay(ArrivalStream):
     def preempt(self, r: int) -> None:
         self.running.remove(r)
         self.waiting.appendleft(r)
-        self.recompute[r] = self.ptr[r] > 0
         live = self.w.live_kv_tokens[self.off[r] + self.ptr[r] - 1] if self.ptr[r] > 0 else 0
-        self.redo[r] = max(self.redo[r], live, self.chunk_done[r])  # all of it is computed again
+        # the KV it loses, all computed again: a pass carrying a re-prefill counts that in its chunks
+        # done; a pass of its own (a later prefill in chunks: SoT's expansion) adds them to the KV
+        # held before it (was: the larger of the two, the held KV left out of recomputed_tokens)
+        done = int(self.chunk_done[r])
+        lost = max(live, done) if self.recompute[r] else live + done
+        self.recompute[r] = self.ptr[r] > 0
+        self.redo[r] = max(self.redo[r], lost)
         self.chunk_done[r] = 0  # a half-done prefill is lost with its pages
         self.preemptions[r] += 1
         self._note_unusual([r])
@@ -430,12 +436,10 @@ class Replay(ArrivalStream):
                 yield self._wakeup
                 idle_s += env.now - slept
                 continue
+            # the first pass after idling runs slower: planned so, as the arrival that lands in it ends the stretch
+            self.first_pass_factor = after_idle(idle_s) if after_idle is not None and idle_s > 0 else 1.0
             stretch = self.plan(batch)
-            if after_idle is not None and idle_s > 0:
-                extra = float(stretch.durations_s[0]) * (after_idle(idle_s) - 1.0)
-                stretch.durations_s[0] += extra
-                stretch.starts_s[1:] += extra
-            idle_s = 0.0
+            self.first_pass_factor, idle_s = 1.0, 0.0
             yield from self.device.run(float(np.add.reduce(stretch.durations_s)), len(stretch.durations_s))
             self.commit(stretch)
             if self.done:  # closed loop: clients of finished requests send their next first
@@ -511,14 +515,16 @@ class Replay(ArrivalStream):
             q = np.array([d.query.sum()])
             kv = self._scored_kv(q, np.array([d.kv_read.sum()]), blocks)
             self.pool.note(blocks)
-            return self._stretch(R, d.flat, self._pass_times(q, kv, [d.groups.sum()], [d.logits.sum()], len(R)), d)
+            return self._stretch(
+                R, d.flat, self._woken(self._pass_times(q, kv, [d.groups.sum()], [d.logits.sum()], len(R))), d
+            )
         m, q, blocks, idx = self._stretch_length(R, idx0)
         idx = idx[:, :m]
         t_next = self.next_arrival_s()
         if math.isfinite(t_next) and m > 1:  # passes that start before the next arrival, plus the one it lands in
             probe = min(m, SCALAR_COST_BELOW)
             while True:
-                dur = self._cost_passes(len(R), q, blocks, idx, probe, until=t_next)
+                dur = self._woken(self._cost_passes(len(R), q, blocks, idx, probe, until=t_next))
                 ends = self.env.now + np.add.accumulate(dur)
                 hit = (ends >= t_next).nonzero()[0]
                 if len(hit) or probe == m:
@@ -527,9 +533,18 @@ class Replay(ArrivalStream):
                 probe = min(m, probe * 4)
             durations, ends = dur[:m], ends[:m]
         else:
-            durations, ends = self._cost_passes(len(R), q, blocks, idx, m), None
+            durations, ends = self._woken(self._cost_passes(len(R), q, blocks, idx, m)), None
         self.pool.note(blocks[:m])
         return self._stretch(R, idx[:, 0].copy(), durations, ends=ends)  # a copy: a view would keep all of idx alive
+
+    def _woken(self, durations: np.ndarray) -> np.ndarray:
+        """`durations` (a fresh array) with its first pass `first_pass_factor` times as long: the
+        engine idled before it. Applied before the stretch is cut at the next arrival (the slower
+        pass may be the one it lands in), not after (was: an arrival landing in the slowed pass
+        waited for the pass after it, one pass later than a pass-by-pass loop lets it in)."""
+        if self.first_pass_factor != 1.0 and len(durations):
+            durations[0] *= self.first_pass_factor
+        return durations
 
     def _cost_passes(self, n_requests: int, q, blocks, idx: np.ndarray, n: int, until: float = math.inf) -> np.ndarray:
         """`_pass_times` of the first n passes of the (requests, passes) workload indices `idx`
