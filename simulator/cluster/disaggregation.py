@@ -9,8 +9,9 @@ ends and runs the rest of its passes. The KV of one request is counted by *slots
 fork's threads that share the prompt share its KV: it is sent once, not once per thread.
 
 The transfer: each GPU of the prefill replica sends its shard (1/(tp x pp) of the bytes) to its
-peer at once, a send/recv timed by `simulator.comm` over the node's links, or over the NICs when
-the deployment does not fit one node. A prefill replica's outbound link is a SimPy resource:
+peer at once, a send/recv timed by `simulator.comm` over the slowest link such a pair crosses
+(`transfer_link`: the NICs when the deployment does not fit one node or the sides are two parts,
+PCIe between the bridged pairs of an NVLink-pairs node, else the node's fabric). A prefill replica's outbound link is a SimPy resource:
 its transfers queue one after another (STYLE 11: links are objects with their own process).
 
 Exactness: as for replicas (`replicas.ReplicaReplay`), a decode replica's stretch of passes is cut
@@ -77,8 +78,8 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
         _Side(dec_w, decode_cost, decode_hw, dec_cfg, decode_plan.kv_capacity_bytes, n_d),
     )
     kv_bytes = w.live_kv_tokens[w.pass_starts + n_pre - 1].astype(float) * model.kv_bytes_per_token
-    across = (n_p + n_d) * par.gpus > hardware.gpus_per_node
-    seconds = np.asarray(collective_time_s("send_recv", kv_bytes / par.gpus, 2, hardware, across_nodes=across))
+    path = transfer_link(hardware, decode_hw, par.gpus, n_p, n_d)
+    seconds = _transfer_seconds(kv_bytes / par.gpus, path, hardware, decode_hw)
     log: list[tuple[int, float, float]] = []
     no_decode = dec_w.n_passes == 0
     _connect(env, prefill, decode, n_p, seconds, log, no_decode)
@@ -92,7 +93,8 @@ def simulate_disaggregated(workload, hardware, model, config, cluster, cost: Par
         "disaggregate": [n_p, n_d],
         "decode_hardware": decode_hw.name,
         **_transfer_figures(log, kv_bytes),
-        "kv_transfer_across_nodes": bool(across),
+        "kv_transfer_across_nodes": path == "network",
+        "kv_transfer_link": path,
         "decode_weight_bytes_per_gpu": decode_plan.weight_bytes_per_gpu,
         "decode_kv_pool_bytes_per_gpu": decode_plan.kv_pool_bytes_per_gpu,
         "decode_kv_capacity_tokens": decode_plan.kv_capacity_tokens,
@@ -173,6 +175,31 @@ def _clusters(interleaved: bool, model, router, env: simpy.Environment, pre: _Si
             env=env,
         )
     return prefill, decode
+
+
+def transfer_link(prefill_hw: HardwareSpec, decode_hw: HardwareSpec, gpus: int, n_p: int, n_d: int) -> str:
+    """The slowest link a KV transfer crosses, every prefill GPU to its peer in any decode replica,
+    with the GPUs numbered prefill replicas first, then decode ones, each replica's `gpus` in a row
+    (as `parallel.boundary_links` numbers a replica's stages): "network" when the sides are two
+    parts (no node holds two kinds of GPU) or the deployment spans nodes (then prefill replica 0 and
+    the last decode replica sit on different nodes); "pcie" on an NVLink-pairs part unless the one
+    transfer is GPU 0 to GPU 1 (1:1 replicas of one GPU: any other peer is outside the sender's
+    bridged pair, GPUs 2i and 2i + 1); else "node" (the node's own fabric)."""
+    if prefill_hw.name != decode_hw.name or (n_p + n_d) * gpus > prefill_hw.gpus_per_node:
+        return "network"
+    if prefill_hw.topology == "nvlink_pairs" and (n_p, n_d, gpus) != (1, 1, 1):
+        return "pcie"
+    return "node"
+
+
+def _transfer_seconds(shard_bytes: np.ndarray, path: str, prefill_hw: HardwareSpec, decode_hw: HardwareSpec):
+    """Seconds of each request's KV send/recv (`shard_bytes` per GPU) over `path`: across the
+    NICs at the slower side's rate, over PCIe, or over the node's fabric for a pair of GPUs."""
+    if path == "network":
+        slower = min((prefill_hw, decode_hw), key=lambda hw: hw.network_bytes_per_s)
+        return np.asarray(collective_time_s("send_recv", shard_bytes, 2, slower, topology=None, across_nodes=True))
+    topology = "pcie" if path == "pcie" else None
+    return np.asarray(collective_time_s("send_recv", shard_bytes, 2, prefill_hw, topology=topology, across_nodes=False))
 
 
 def _connect(

@@ -577,7 +577,7 @@ def test_disaggregation_sends_each_gpus_shard_and_prices_each_side(tmp_path, mon
 
     sent = []
 
-    def fake_send(kind, nbytes, workers, hardware, across_nodes):
+    def fake_send(kind, nbytes, workers, hardware, topology, across_nodes):
         sent.append((kind, np.asarray(nbytes).tolist(), across_nodes))
         return 0.25 + 0 * np.asarray(nbytes)
 

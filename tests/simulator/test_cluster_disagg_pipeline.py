@@ -6,6 +6,8 @@ what wrong code it fails on, where the timeline alone does not."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -51,7 +53,7 @@ def fake_transfers(monkeypatch, seconds: float = 0.25) -> list:
 
     sent = []
 
-    def fake(kind, nbytes, workers, hardware, across_nodes):
+    def fake(kind, nbytes, workers, hardware, topology, across_nodes):
         sent.append((kind, np.asarray(nbytes).tolist(), workers, across_nodes))
         return seconds + 0 * np.asarray(nbytes)
 
@@ -221,13 +223,11 @@ def test_decode_replicas_on_another_part_use_its_memory_and_speed(tmp_path, quar
     message naming the decode part. Fails if decode passes are timed (or refusals worded) on
     the prefill part, if the decode pool is the prefill's, if the run's pool is the decode
     side's, if the decode side's errors are lost, or if the trace's capacity is one side's."""
-    import dataclasses
-
-    hw = toy_part(interconnect_bytes_per_s=1e30)
+    hw = toy_part(network_bytes_per_s=1e30)  # two parts: the KV crosses the NICs, in 0.25 s
     weights = memory_plan(hw, MODEL, Parallelism()).weight_bytes_per_gpu
     capacity = int(np.ceil((weights + 32 * KV_BYTES_PER_TOKEN) / 0.9)) + 1
     small = dataclasses.replace(
-        toy_part(capacity_bytes=capacity, interconnect_bytes_per_s=1e30), name="small-part", hbm_bytes_per_s=1e6
+        toy_part(capacity_bytes=capacity, network_bytes_per_s=1e30), name="small-part", hbm_bytes_per_s=1e6
     )
     big_plan, small_plan = memory_plan(hw, MODEL, Parallelism()), memory_plan(small, MODEL, Parallelism())
     assert small_plan.kv_capacity_tokens == 32 < big_plan.kv_capacity_tokens
@@ -263,9 +263,13 @@ def test_decode_kv_outgrowing_the_pool_preempts_on_the_decode_side(tmp_path, qua
     assert m["peak_kv_bytes"] == 3 * BLOCK_BYTES
 
 
-def test_the_kv_send_is_one_pair_of_gpus_on_the_nodes_links(tmp_path):
-    """A TP 2 replica's KV goes rank to rank: a send/recv between two GPUs, over NVLink on an
-    NVLink-pairs node (not the PCIe a ring of more would cross), each rank its half."""
+@pytest.mark.parametrize(("tp", "path"), [(1, "node"), (2, "pcie")])
+def test_the_kv_send_is_one_pair_of_gpus_on_its_link(tmp_path, tp, path):
+    """1:1 replicas on an NVLink-pairs node (GPUs 2i and 2i + 1 bridged), numbered prefill first:
+    of one GPU each, prefill GPU 0 sends to decode GPU 1 over their bridge; of TP 2 each, prefill
+    GPUs 0, 1 send rank to rank to GPUs 2, 3, outside their pair: over PCIe. Either way a
+    send/recv between two GPUs (not the ring of more), each rank its share. Fails if a TP-2 pair
+    is timed over the bridge (the old rule), or the lone pair over PCIe."""
     from simulator.comm import collective_time_s
 
     hw = toy_part(topology="nvlink_pairs", interconnect_bytes_per_s=400e9, pcie_bytes_per_s=1e9)
@@ -275,12 +279,43 @@ def test_the_kv_send_is_one_pair_of_gpus_on_the_nodes_links(tmp_path):
         hw,
         MODEL,
         ReplayConfig(max_seqs=1),
-        ClusterConfig(Parallelism(tp=2), disaggregate=(1, 1)),
+        ClusterConfig(Parallelism(tp=tp), disaggregate=(1, 1)),
         params=one_second_cost(hw, MODEL).params,
     )
-    expected = collective_time_s("send_recv", 64 * KV_BYTES_PER_TOKEN / 2, 2, hw, across_nodes=False)
-    assert expected < collective_time_s("send_recv", 64 * KV_BYTES_PER_TOKEN / 2, 3, hw, across_nodes=False)
+    shard = 64 * KV_BYTES_PER_TOKEN / tp
+    expected = collective_time_s("send_recv", shard, 2, hw, topology="pcie" if path == "pcie" else None)
+    bridge = collective_time_s("send_recv", shard, 2, hw)
+    assert (expected > bridge) == (path == "pcie")
+    assert res.metrics["kv_transfer_link"] == path and res.metrics["kv_transfer_across_nodes"] is False
     assert res.metrics["mean_kv_transfer_ms"] == pytest.approx(expected * 1e3, rel=1e-12)
+
+
+def test_two_parts_send_the_kv_over_the_slower_nics(tmp_path, monkeypatch):
+    """Prefill on one part, decode on another (2 GPUs in all: one node's worth): no node holds two
+    kinds of GPU, so the KV crosses the NICs, at the slower part's rate (the decode part's 1e9 B/s
+    against the prefill part's 1e30). Fails if the transfer is timed over the prefill part's node
+    links (the old rule: the deployment fits one node), or at the faster NIC."""
+    sent = []
+
+    def fake(kind, nbytes, workers, hardware, topology, across_nodes):
+        sent.append((hardware.network_bytes_per_s, across_nodes))
+        return 0.25 + 0 * np.asarray(nbytes)
+
+    from simulator.cluster import disaggregation
+
+    monkeypatch.setattr(disaggregation, "collective_time_s", fake)
+    hw = toy_part(network_bytes_per_s=1e30)
+    other = dataclasses.replace(toy_part(network_bytes_per_s=1e9), name="other-part")
+    res = simulate(
+        trace(tmp_path, [seq(4, 2)], [0.0]),
+        hw,
+        MODEL,
+        ReplayConfig(max_seqs=1),
+        ClusterConfig(Parallelism(), disaggregate=(1, 1), decode_hardware=other),
+        params=one_second_cost(hw, MODEL).params,
+    )
+    assert sent == [(1e9, True)]
+    assert res.metrics["kv_transfer_link"] == "network"
 
 
 def test_a_deployment_past_one_node_sends_over_the_nics(tmp_path, monkeypatch):
