@@ -12,26 +12,17 @@ import pytest
 import simulator.replay as replay_mod
 from profiler.errors import UsageError
 from profiler.reader import read_trace
-from simulator.models import ModelSpec
-from simulator.replay import ReplayConfig, replay
+from simulator.replay import ReplayConfig
 from simulator.workload import from_trace, load_workload, uniform
+from tests.simulator.test_replay import MODEL, run  # the toy model, replayed on the toy part
 from tests.simulator.toy_traces import (
     BLOCK_BYTES,
-    MODEL_META,
     P,
-    one_second_cost,
     pasta,
     seq,
     toy_part,
     write_toy_trace,
 )
-
-MODEL = ModelSpec.from_trace_meta(MODEL_META)
-
-
-def run(w, config=None, hardware=None, cost=None):
-    hw = hardware or toy_part()
-    return replay(w, hw, MODEL, config or ReplayConfig(), cost=cost or one_second_cost(hw, MODEL))
 
 
 def toy(tmp_path, requests, prompts, arrivals=None, name="t"):
