@@ -28,7 +28,7 @@ import numpy as np
 import simpy
 
 from profiler.errors import UsageError
-from simulator.cluster.parallel import ParallelCost, memory_plan
+from simulator.cluster.parallel import ParallelCost, link_kwargs, memory_plan
 from simulator.cluster.passes import leading_prefill_passes, slice_passes
 from simulator.cluster.replicas import Cluster
 from simulator.comm import collective_time_s
@@ -195,11 +195,8 @@ def transfer_link(prefill_hw: HardwareSpec, decode_hw: HardwareSpec, gpus: int, 
 def _transfer_seconds(shard_bytes: np.ndarray, path: str, prefill_hw: HardwareSpec, decode_hw: HardwareSpec):
     """Seconds of each request's KV send/recv (`shard_bytes` per GPU) over `path`: across the
     NICs at the slower side's rate, over PCIe, or over the node's fabric for a pair of GPUs."""
-    if path == "network":
-        slower = min((prefill_hw, decode_hw), key=lambda hw: hw.network_bytes_per_s)
-        return np.asarray(collective_time_s("send_recv", shard_bytes, 2, slower, topology=None, across_nodes=True))
-    topology = "pcie" if path == "pcie" else None
-    return np.asarray(collective_time_s("send_recv", shard_bytes, 2, prefill_hw, topology=topology, across_nodes=False))
+    part = min((prefill_hw, decode_hw), key=lambda hw: hw.network_bytes_per_s) if path == "network" else prefill_hw
+    return np.asarray(collective_time_s("send_recv", shard_bytes, 2, part, **link_kwargs(path)))
 
 
 def _connect(

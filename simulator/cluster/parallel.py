@@ -116,6 +116,12 @@ def boundary_links(hardware: HardwareSpec, par: Parallelism) -> list[str]:
     return links
 
 
+def link_kwargs(path: str) -> dict:
+    """`simulator.comm.collective_time_s` keywords of a send/recv over a link that
+    `boundary_links` or `disaggregation.transfer_link` named ("network", "pcie" or "node")."""
+    return {"topology": "pcie" if path == "pcie" else None, "across_nodes": path == "network"}
+
+
 def stage_layers(n_layers: int, pp: int) -> list[int]:
     """Layers per stage, the first stages taking the remainder."""
     base, extra = divmod(n_layers, pp)
@@ -231,22 +237,12 @@ class ParallelCost:
     def _send_s(self, tokens) -> np.ndarray:
         """(pp - 1, passes) seconds of each stage boundary's send/recv of `tokens` activations."""
         nbytes = np.atleast_1d(np.asarray(tokens, float)) * self.model.d_model * self.model.dtype_bytes / self.par.tp
-        times = {
-            path: np.asarray(
-                collective_time_s(
-                    "send_recv",
-                    nbytes,
-                    2,
-                    self.hardware,
-                    topology="pcie" if path == "pcie" else None,
-                    across_nodes=path == "network",
-                ),
-                float,
-            )
-            for path in set(self.boundary_links)
-        }
         if not self.boundary_links:
             return np.zeros((0, nbytes.size))
+        times = {  # each distinct link timed once
+            path: np.asarray(collective_time_s("send_recv", nbytes, 2, self.hardware, **link_kwargs(path)), float)
+            for path in set(self.boundary_links)
+        }
         return np.stack([times[path] for path in self.boundary_links])
 
     def _stages(self, qm, kvm, gm, lgm):

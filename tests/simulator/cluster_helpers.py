@@ -60,3 +60,11 @@ def simulate_with(cost: ParallelCost, w, hw, deployment: ClusterConfig, max_seqs
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(run_mod, "ParallelCost", lambda *a: cost)
         return simulate(w, hw, MODEL, ReplayConfig(max_seqs=max_seqs, **config), deployment)
+
+
+def by_request(res, column: str) -> dict[int, list]:
+    """`res.rows[column]` per request, in pass order."""
+    out: dict[int, list] = {}
+    for r, v in zip(res.rows["request"].tolist(), res.rows[column].tolist()):
+        out.setdefault(r, []).append(v)
+    return out

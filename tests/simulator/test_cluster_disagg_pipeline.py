@@ -17,7 +17,7 @@ from simulator.cluster.run import ClusterConfig, simulate
 from simulator.models import ModelSpec
 from simulator.replay import ReplayConfig
 from simulator.workload import load_workload
-from tests.simulator.cluster_helpers import HeadedLayer, one_second_stages, simulate_with
+from tests.simulator.cluster_helpers import HeadedLayer, by_request, one_second_stages, simulate_with
 from tests.simulator.toy_traces import (
     BLOCK_BYTES,
     KV_BYTES_PER_TOKEN,
@@ -59,14 +59,6 @@ def fake_transfers(monkeypatch, seconds: float = 0.25) -> list:
 
     monkeypatch.setattr(disaggregation, "collective_time_s", fake)
     return sent
-
-
-def by_request(res, column: str) -> dict[int, list]:
-    """`res.rows[column]` per request, in pass order."""
-    out: dict[int, list] = {}
-    for r, v in zip(res.rows["request"].tolist(), res.rows[column].tolist()):
-        out.setdefault(r, []).append(v)
-    return out
 
 
 # ---- disaggregation ------------------------------------------------------------------------------

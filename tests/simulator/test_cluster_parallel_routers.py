@@ -26,7 +26,7 @@ from simulator.hardware import get_hardware
 from simulator.models import get_model
 from simulator.replay import ReplayConfig, replay
 from simulator.workload import load_workload
-from tests.simulator.cluster_helpers import MODEL, OneSecondLayer
+from tests.simulator.cluster_helpers import MODEL, OneSecondLayer, by_request
 from tests.simulator.toy_traces import one_second_cost, seq, toy_part, write_toy_trace
 
 MODEL3 = dataclasses.replace(MODEL, n_layers=3)  # two stages of 2 and 1 layers
@@ -468,13 +468,6 @@ def disaggregated(tmp_path, requests, arrivals, **config):
         ClusterConfig(disaggregate=(1, 1)),
         params=one_second_cost(hw, MODEL).params,
     )
-
-
-def by_request(res, column: str) -> dict[int, list]:
-    out: dict[int, list] = {}
-    for r, v in zip(res.rows["request"].tolist(), res.rows[column].tolist()):
-        out.setdefault(r, []).append(v)
-    return out
 
 
 def test_only_the_prefill_is_the_prefill_sides(tmp_path, quarter_second_collectives):
