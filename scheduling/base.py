@@ -5,10 +5,12 @@ of the next forward pass; `state` is any `scheduling.protocol.ServingState`. Ite
 scheduling as vLLM's (v1) scheduler does it (Orca, OSDI '22):
 
 1. Running requests first, in admission order, each taking its next pass's query tokens from the
-   batched-token budget (`max_batch_tokens`). A prompt prefill (or a recompute's re-prefill) is
-   cut to what is left of the budget when chunked prefill is on (vLLM's default); a running
-   request whose prefill gets no budget sits this pass out. Other passes (decodes, PASTA thread
-   passes, diffusion denoise steps) are never split.
+   batched-token budget (`max_batch_tokens`). Passes that cannot be cut (decodes, PASTA thread
+   passes, diffusion denoise steps) run whole, wherever they stand in that order; when chunked
+   prefill is on (vLLM's default) a prompt prefill (or a recompute's re-prefill) is cut to what
+   they and the prefills before it leave of the budget, so the batch keeps to the budget unless
+   the uncuttable passes alone exceed it; a running request whose prefill gets no budget sits
+   this pass out.
 2. While the pages the running requests hold after their passes exceed the pool, a victim (policy
    hook) is preempted: its pages are freed and it goes back to the front of the queue; when
    readmitted it recomputes the KV of its tokens so far in one re-prefill (vLLM's RECOMPUTE).
@@ -77,11 +79,13 @@ class Scheduler:
         whole = np.asarray(full, np.int64).tolist()  # Python ints (numpy scalars are slow one by one)
         take = list(whole)
         if self.chunked_prefill and sum(take) > self.max_batch_tokens:  # cut prefills, in running order
-            fixed = state.next_tokens_and_blocks(running, [0] * len(running))[0]  # what a zero budget cannot cut
-            budget = self.max_batch_tokens
-            for i, (f, z) in enumerate(zip(take, fixed.tolist())):
-                take[i] = f if z == f else min(f, max(budget, 0))
-                budget -= take[i]
+            fixed = state.next_tokens_and_blocks(running, [0] * len(running))[0].tolist()  # not cuttable
+            # the passes no budget can cut run whole: the prefills share what they leave
+            budget = self.max_batch_tokens - sum(f for f, z in zip(take, fixed) if z == f)
+            for i, (f, z) in enumerate(zip(take, fixed)):
+                if z != f:
+                    take[i] = min(f, max(budget, 0))
+                    budget -= take[i]
             _, blocks = state.next_tokens_and_blocks(running, take)
         # a prefill cut to nothing sits this pass out; a pass with no rows of its own (a sync) still runs
         batch = {r: t for r, t, f in zip(running, take, whole) if t > 0 or f == 0}

@@ -51,3 +51,21 @@ def test_sjf_victim_ties_are_the_latest_admitted():
     state = Table([1, 1, 1], [False] * 3, blocks=[3, 3, 3], pool=7, running=[0, 1, 2], max_tokens=[5] * 3)
     assert SJF(max_seqs=8, max_batch_tokens=100).schedule(state) == {0: 1, 1: 1}
     assert state.preempted == [2]
+
+
+def test_a_prefill_ahead_of_a_decode_leaves_the_decode_its_rows():
+    """A running 20-token prefill (a later prefill of its own, SoT's expansion) admitted before a
+    request decoding 6 thread rows, under a budget of 16: the thread pass runs whole and the
+    prefill is cut to the 10 tokens it leaves, so the batch keeps to the budget. (The old code cut
+    the prefill to the whole budget first, 16 + 6 = 22 > 16 batched tokens.)"""
+    state = Table([20, 6, 4], [True, False, True], running=[0, 1])
+    assert FCFS(max_seqs=8, max_batch_tokens=16).schedule(state) == {0: 10, 1: 6}
+    assert state.waiting == [2]
+
+
+def test_prefills_share_the_budget_in_running_order():
+    """Two running prefills (20, 20) and a 2-row decode between them under a budget of 16: the
+    decode's 2 rows first, then the first prefill takes the 14 left and the second none (it sits
+    this pass out)."""
+    state = Table([20, 2, 20], [True, False, True], running=[0, 1, 2])
+    assert FCFS(max_seqs=8, max_batch_tokens=16).schedule(state) == {0: 14, 1: 2}

@@ -379,3 +379,22 @@ def test_an_arrival_in_the_slow_pass_after_idling_joins_at_its_end(tmp_path):
     assert events(res, 2) == [("arrive", 4.5), ("admit", 6.0), ("first_token", 7.0), ("finish", 8.0)]
     starts = res.rows.pass_start_s
     assert starts.tolist() == [0.0, 3.0, 6.0, 7.0, 8.0, 9.0]
+
+
+def test_a_later_prefill_ahead_of_a_decode_keeps_the_batch_to_the_budget(tmp_path):
+    """A (admitted first: 4-token prompt, a decode, a 24-token later prefill, a decode) and B (4-token
+    prompt, 6 tokens), budget 10: from 2.0 B's decode takes its 1 row first and A's prefill runs in
+    chunks of the 9 left (9, 9, 6), so no pass batches more than 10 rows. (Bug, fixed in
+    scheduling/base.py: the prefill, first in running order, was cut to the whole budget, 10 + 1.)"""
+    turns = [
+        P("prefill", 4, 10, 4, 1),
+        P("decode", 1, 5, 5, 1),
+        P("prefill", 24, 420, 29, 1),
+        P("decode", 1, 30, 30, 1),
+    ]
+    res = run(toy(tmp_path, [turns, seq(4, 6)], [4, 4]), ReplayConfig(max_batch_tokens=10))
+    a = res.rows["request"] == 0
+    assert res.rows["query"][a].tolist() == [4, 1, 9, 9, 6, 1]
+    per_pass = np.bincount(res.rows["batch_index"], weights=res.rows["query"])
+    assert per_pass.tolist() == [8, 2, 10, 10, 7, 2]
+    assert events(res, 0)[-1] == ("finish", 6.0) and events(res, 1)[-1] == ("finish", 6.0)
