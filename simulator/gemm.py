@@ -30,12 +30,14 @@ waves or bytes; more SMs or bandwidth never mean more waves, fewer reused bytes 
 tiles; the tail blend is a positive mix of two such counts (waves and tiles / SMs); a minimum or
 power mean over kernels of monotone times is monotone.
 
-Vectorised over M (floats or numpy arrays); the other arguments are scalars.
+Vectorised over M (floats or numpy arrays) and over the candidate kernels (`_Candidates`: every
+tile shape and split-K as one row of arrays, timed together); the other arguments are scalars.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -208,50 +210,103 @@ class KernelTimes:
     ideal_s: Number  # useful FLOPs at the part's tensor peak x tensor_eff, or bytes, if larger
 
 
-def _kernel(
-    m: np.ndarray, k: float, n: float, tile: Tile, split: int, hw: HardwareSpec, p: GemmParams, dtype_bytes: int
+@dataclass(frozen=True)
+class _Candidates:
+    """The kernels the library could run for one K: every (tile, split) pair as one row of (C, 1)
+    columns, so that `_kernels` times them all for every M in one set of array operations."""
+
+    tiles: tuple[Tile, ...]  # the tile of each candidate
+    split: np.ndarray
+    tm: np.ndarray
+    tn: np.ndarray
+    tk: np.ndarray
+    ctas_per_sm: np.ndarray
+    persistent: np.ndarray  # bool
+    feed_bytes_per_k: np.ndarray
+
+    @classmethod
+    @functools.lru_cache(maxsize=1024)  # a fit asks for the same few K hundreds of times
+    def of(cls, k: float, tiles: tuple[Tile, ...], splits: tuple[int, ...]) -> _Candidates:
+        """Each tile shape with each split-K whose slices keep at least MIN_SPLIT_ITERS k-iterations
+        (cached: read only)."""
+        pairs = []
+        for tile in tiles:
+            iters = np.ceil(k / tile.tk)
+            for split in splits:
+                if split > 1 and iters / split < MIN_SPLIT_ITERS:
+                    break
+                pairs.append((tile, split))
+
+        def column(values: list, dtype: type = float) -> np.ndarray:
+            return np.array(values, dtype=dtype).reshape(-1, 1)
+
+        chosen = [tile for tile, _ in pairs]
+        return cls(
+            tiles=tuple(chosen),
+            split=column([split for _, split in pairs]),
+            tm=column([t.tm for t in chosen]),
+            tn=column([t.tn for t in chosen]),
+            tk=column([t.tk for t in chosen]),
+            ctas_per_sm=column([t.ctas_per_sm for t in chosen]),
+            persistent=column([t.persistent for t in chosen], bool),
+            feed_bytes_per_k=column([t.feed_bytes_per_k for t in chosen]),
+        )
+
+    def rows_per_tile(self) -> dict[Tile, list[int]]:
+        """The candidates of each tile shape (its split-K choices), tiles in table order."""
+        rows: dict[Tile, list[int]] = {}
+        for i, tile in enumerate(self.tiles):
+            rows.setdefault(tile, []).append(i)
+        return rows
+
+
+def _kernels(
+    m: np.ndarray, k: float, n: float, c: _Candidates, hw: HardwareSpec, p: GemmParams, dtype_bytes: int
 ) -> tuple[np.ndarray, ...]:
-    """(time, tiles, waves, compute, memory) of one kernel choice for every M."""
+    """(time, tiles, waves, compute, memory) of every candidate kernel (rows) for every M (columns)."""
     assert hw.num_sms is not None and hw.sustained_clock_hz is not None, "gemm_kernel checks has_chip_layout"
+    m = m.reshape(1, -1)
     sms = float(hw.num_sms)
-    rows, cols = np.ceil(m / tile.tm), np.ceil(n / tile.tn)
+    split, ctas = c.split, c.ctas_per_sm
+    rows, cols = np.ceil(m / c.tm), np.ceil(n / c.tn)
     tiles = rows * cols * split
-    per_wave = sms * tile.ctas_per_sm
+    per_wave = sms * ctas
     full_waves = np.floor(tiles / per_wave)
     last = tiles - full_waves * per_wave  # tiles of the last, partial wave
-    iters = np.ceil(np.ceil(k / split) / tile.tk)
+    iters = np.ceil(np.ceil(k / split) / c.tk)
     clock = hw.sustained_clock_hz
-    iter_s = max(
-        2.0 * tile.tm * tile.tn * tile.tk / (hw.sm_peak_flops_per_s * p.tensor_eff),
-        tile.feed_bytes_per_k * tile.tk * dtype_bytes / (p.feed_bytes_per_clock * clock),
+    iter_s = np.maximum(
+        2.0 * c.tm * c.tn * c.tk / (hw.sm_peak_flops_per_s * p.tensor_eff),
+        c.feed_bytes_per_k * c.tk * dtype_bytes / (p.feed_bytes_per_clock * clock),
     )
     # busiest SM of each wave: ctas_per_sm tiles in a full wave, ceil(last / SMs) in the last
-    busiest = full_waves * tile.ctas_per_sm + np.ceil(last / sms)
+    busiest = full_waves * ctas + np.ceil(last / sms)
     # Pipeline fill: a CTA's prologue and epilogue overlap the main loop of the other CTAs
     # resident on its SM, so an SM pays the fill once per ctas_per_sm tiles (1-CTA tiles: per tile);
     # a persistent kernel once in all.
-    fills = 1.0 if tile.persistent else np.ceil(busiest / tile.ctas_per_sm)
+    fills = np.where(c.persistent, 1.0, np.ceil(busiest / ctas))
     quantized = busiest * iters + fills * p.fill_iters
     # A partial last wave recovers `tail_share` of its idle SMs' time: the compute blends the
     # quantized waves with the fluid time of the same tiles spread evenly over every SM, but no
     # kernel is faster than one tile-time (fewer tiles than SMs: only split-K spreads the work).
     spread = np.maximum(tiles / sms, 1.0)  # tile-times per SM with the tiles spread evenly
-    fluid_fill = p.fill_iters if tile.persistent else spread * p.fill_iters / tile.ctas_per_sm
+    fluid_fill = np.where(c.persistent, p.fill_iters, spread * p.fill_iters / ctas)
     fluid = spread * iters + fluid_fill
     compute = ((1.0 - p.tail_share) * quantized + p.tail_share * fluid) * iter_s
     bandwidth = hw.hbm_bytes_per_s * p.memory_eff
-    memory = _hbm_bytes(m, k, n, rows, cols, tile, per_wave, split, hw, dtype_bytes) / bandwidth
+    memory = _hbm_bytes(m, k, n, rows, cols, per_wave, split, hw, dtype_bytes) / bandwidth
     # Every full wave streams the same share of the bytes per tile, so summing the waves'
     # overlapped times equals overlapping the sums (up to the last wave), and the sum stays
     # monotone in M: the overlap is taken once, over the kernel.
     time = _pnorm(compute, memory, p.overlap_p)
     # Split-K reduces its partials in a second kernel, or (IN_KERNEL_SPLIT_K) inside the GEMM one.
-    launches = 1.0 if split == 1 or hw.arch in IN_KERNEL_SPLIT_K else 2.0
+    launches = np.where((split == 1) | (hw.arch in IN_KERNEL_SPLIT_K), 1.0, 2.0)
     time = time + launches * p.launch_overheads * hw.launch_overhead_s
-    if split > 1:  # the reduction reads every partial and writes the output
-        time = time + m * n * (split * PARTIAL_BYTES + dtype_bytes) / bandwidth
+    # the reduction reads every partial and writes the output
+    time = time + np.where(split > 1, m * n * (split * PARTIAL_BYTES + dtype_bytes) / bandwidth, 0.0)
     waves = full_waves + (last > 0)
-    return time, tiles, waves, compute, memory
+    shape = time.shape
+    return time, np.broadcast_to(tiles, shape), np.broadcast_to(waves, shape), compute, np.broadcast_to(memory, shape)
 
 
 def _pnorm(a: np.ndarray, b: np.ndarray, power: float) -> np.ndarray:
@@ -266,17 +321,16 @@ def _hbm_bytes(
     n: float,
     rows: np.ndarray,
     cols: np.ndarray,
-    tile: Tile,
-    per_wave: float,
-    split: int,
+    per_wave: np.ndarray,
+    split: np.ndarray,
     hw: HardwareSpec,
     dtype_bytes: int,
 ) -> np.ndarray:
-    """HBM bytes of the kernel: each operand once if it stays in L2 across waves, else once per
+    """HBM bytes of each kernel: each operand once if it stays in L2 across waves, else once per
     band of the output a wave covers (a wave spans a near-square block of tiles); outputs (and
     split-K partials) once."""
     a_bytes, w_bytes = m * k * dtype_bytes, k * n * dtype_bytes
-    out_bytes = m * n * (dtype_bytes if split == 1 else PARTIAL_BYTES * split)
+    out_bytes = m * n * np.where(split == 1, dtype_bytes, PARTIAL_BYTES * split)
     # A wave covers about sqrt(S) x sqrt(S) tiles (fewer rows when M is short, then wider);
     # continuous in S so that more SMs never mean more passes.
     wave_rows = np.minimum(rows, np.sqrt(per_wave / split))
@@ -288,28 +342,6 @@ def _hbm_bytes(
     return a_bytes * a_passes + w_bytes * w_passes + out_bytes
 
 
-def _choices(
-    m: np.ndarray,
-    k: float,
-    n: float,
-    hw: HardwareSpec,
-    p: GemmParams,
-    dtype_bytes: int,
-    tiles: tuple[Tile, ...],
-    splits: tuple[int, ...],
-) -> list[tuple[Tile, int, tuple[np.ndarray, ...]]]:
-    """(tile, split, `_kernel` terms) of every kernel the library could run: each tile shape with
-    each split-K whose slices keep at least MIN_SPLIT_ITERS k-iterations."""
-    choices = []
-    for tile in tiles:
-        iters = np.ceil(k / tile.tk)
-        for split in splits:
-            if split > 1 and iters / split < MIN_SPLIT_ITERS:
-                break
-            choices.append((tile, split, _kernel(m, k, n, tile, split, hw, p, dtype_bytes)))
-    return choices
-
-
 def tile_shape_times(
     m: np.ndarray, k: float, n: float, hw: HardwareSpec, p: GemmParams, dtype_bytes: int = 2
 ) -> dict[str, np.ndarray]:
@@ -318,10 +350,9 @@ def tile_shape_times(
     if not hw.has_chip_layout or hw.arch is None:
         raise ValueError(f"hardware {hw.name!r} has no chip layout (num_sms, clocks, L2, arch)")
     m_arr = np.atleast_1d(np.asarray(m, dtype=float))
-    best: dict[Tile, np.ndarray] = {}
-    for tile, _split, terms in _choices(m_arr, k, n, hw, p, dtype_bytes, TILES[hw.arch], SPLITS):
-        best[tile] = np.minimum(best.get(tile, np.inf), terms[0])
-    return {tile.label: times for tile, times in best.items()}
+    candidates = _Candidates.of(float(k), TILES[hw.arch], SPLITS)
+    times = _kernels(m_arr, k, n, candidates, hw, p, dtype_bytes)[0]
+    return {tile.label: times[rows].min(axis=0) for tile, rows in candidates.rows_per_tile().items()}
 
 
 def gemm_kernel(
@@ -339,23 +370,24 @@ def gemm_kernel(
         raise ValueError(f"hardware {hw.name!r} has no chip layout (num_sms, clocks, L2, arch)")
     scalar = not isinstance(m, np.ndarray)
     m_arr = np.atleast_1d(np.asarray(m, dtype=float))
-    choices = _choices(m_arr, k, n, hw, p, dtype_bytes, TILES[hw.arch] if tiles is None else tiles, splits)
-    times = np.stack([terms[0] for _, _, terms in choices])  # (choices, M)
+    candidates = _Candidates.of(float(k), TILES[hw.arch] if tiles is None else tuple(tiles), tuple(splits))
+    terms = _kernels(m_arr, k, n, candidates, hw, p, dtype_bytes)
+    times = terms[0]  # (candidates, M)
     best = np.argmin(times, axis=0)
     cols = np.arange(m_arr.size)
     chosen = times[best, cols]
     if p.choice_q > 0:  # heuristics pick roughly, not exactly, the fastest tile shape
-        chosen = chosen * _tile_power_mean(times / chosen, [tile for tile, _, _ in choices], p.choice_q)
+        chosen = chosen * _tile_power_mean(times / chosen, candidates.rows_per_tile(), p.choice_q)
 
     def pick(index: int) -> np.ndarray:
-        return np.stack([np.broadcast_to(terms[index], m_arr.shape) for _, _, terms in choices])[best, cols]
+        return terms[index][best, cols]
 
     useful_s = 2.0 * m_arr * k * n / (hw.peak_flops_per_s * p.tensor_eff)
     bytes_s = (m_arr * k + k * n + m_arr * n) * dtype_bytes / (hw.hbm_bytes_per_s * p.memory_eff)
     result = KernelTimes(
         time_s=chosen,
-        tile=[choices[i][0].label for i in best],
-        split=np.array([choices[i][1] for i in best], dtype=float),
+        tile=[candidates.tiles[i].label for i in best],
+        split=candidates.split[best, 0],
         tiles=pick(1),
         waves=pick(2),
         compute_s=pick(3),
@@ -370,15 +402,13 @@ def gemm_kernel(
     return result
 
 
-def _tile_power_mean(ratios: np.ndarray, tiles: list[Tile], q: float) -> np.ndarray:
+def _tile_power_mean(ratios: np.ndarray, rows_per_tile: dict[Tile, list[int]], q: float) -> np.ndarray:
     """Power mean (exponent -q) over tile shapes of each shape's best split-K, per M.
 
     Split-K is the library's rule for filling the SMs with a given tile (here: its best split);
     the uncertain choice is among tile shapes, each counted once, so that the spread does not
     grow with the number of split-K options a long K allows."""
-    best_per_tile = [
-        np.min(ratios[[i for i, t in enumerate(tiles) if t == tile]], axis=0) for tile in dict.fromkeys(tiles)
-    ]
+    best_per_tile = [np.min(ratios[rows], axis=0) for rows in rows_per_tile.values()]
     return np.mean(np.stack(best_per_tile) ** -q, axis=0) ** (-1 / q)
 
 
