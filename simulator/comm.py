@@ -213,18 +213,29 @@ def measured_rows() -> dict[str, np.ndarray]:
     }
 
 
-def predict_rows(rows: dict[str, np.ndarray], params: CommParams) -> np.ndarray:
-    out = np.zeros(len(rows["bytes"]))
+def _series(rows: dict[str, np.ndarray]) -> list[tuple[tuple, np.ndarray]]:
+    """(system, collective, workers, across_nodes) of each measured series, with its rows."""
     keys = zip(rows["system"], rows["collective"], rows["workers"], rows["across_nodes"])
+    out = []
     for key in sorted(set(keys)):
         system, collective, workers, across = key
-        part, topology = MEASURED[system]
         sel = (
             (rows["system"] == system)
             & (rows["collective"] == collective)
             & (rows["workers"] == workers)
             & (rows["across_nodes"] == across)
         )
+        out.append((key, sel))
+    return out
+
+
+def predict_rows(
+    rows: dict[str, np.ndarray], params: CommParams, series: list[tuple[tuple, np.ndarray]] | None = None
+) -> np.ndarray:
+    """The model's time of every measured row; `series`: `_series(rows)`, when a fit asks again and again."""
+    out = np.zeros(len(rows["bytes"]))
+    for (system, collective, workers, across), sel in series if series is not None else _series(rows):
+        part, topology = MEASURED[system]
         out[sel] = collective_time_s(
             collective,
             rows["bytes"][sel],
@@ -271,8 +282,9 @@ def fit(rows: dict[str, np.ndarray] | None = None) -> CommParams:
     x0 = np.array([0.7] * 4 + [np.log(1e6), 1.0, 20.0] * n_fit)
     lower = np.array([0.05] * 4 + [np.log(1e3), 0.2, 0.0] * n_fit)
     upper = np.array([1.0] * 4 + [np.log(1e9), 1.0, 500.0] * n_fit)  # exponent <= 1: time never falls with bytes
+    series = _series(train)
     result = least_squares(
-        lambda x: predict_rows(train, _unpack(x)) / train["time_s"] - 1.0,
+        lambda x: predict_rows(train, _unpack(x), series) / train["time_s"] - 1.0,
         x0,
         bounds=(lower, upper),
         loss="soft_l1",
