@@ -297,3 +297,18 @@ def test_the_one_mib_up_figure_counts_a_one_mib_call() -> None:
     report = evaluate(params, rows)
     assert report["held_out_rows"] == int(((rows["bytes"] == 2**20) & ~rows["across_nodes"]).sum()) > 0
     assert report["comm_mape_percent_1mib_up"] == pytest.approx(25.0)
+
+
+@pytest.mark.parametrize("part", ["h100-sxm", "mi300x", "a40"])
+def test_a_send_recv_ring_of_more_gpus_than_a_node_crosses_the_nics(part: str) -> None:
+    """send/recv on n workers is one pair's time on the slowest link a ring of n crosses: a ring
+    of 16 GPUs on nodes of 8 crosses the NICs between the nodes (it was timed on the node's own
+    link, as fast as a ring of 8). Fails on the old code."""
+    from simulator.comm import collective_time_s
+
+    hw = get_hardware(part)
+    g, nbytes = hw.gpus_per_node, 2**26
+    across = collective_time_s("send_recv", nbytes, 2, hw, across_nodes=True)
+    assert collective_time_s("send_recv", nbytes, 2 * g, hw) == across
+    assert collective_time_s("send_recv", nbytes, g + 1, hw) == across
+    assert collective_time_s("send_recv", nbytes, g, hw) < across
