@@ -140,8 +140,8 @@ def collective_time_s(
     """Seconds of one call. `nbytes`: the buffer per GPU (all-gather: its output).
 
     send/recv on n workers: every GPU sends `nbytes` to its neighbour at once (a pipeline's stage
-    boundaries, a ring shift): one pair's time on the link a ring of n crosses. `across_nodes`: a
-    send/recv between two nodes, over the NICs.
+    boundaries, a ring shift): one pair's time on the link a ring of n crosses, the NICs when n
+    GPUs fill more than one node. `across_nodes`: a send/recv between two nodes, over the NICs.
     """
     if collective not in COLLECTIVES:
         raise UsageError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
@@ -154,7 +154,8 @@ def collective_time_s(
     if workers == 1 and collective != "send_recv":
         return 0.0 * nbytes
     if collective == "send_recv":
-        if across_nodes or hardware.gpus_per_node < 2:
+        # a ring of more GPUs than a node holds crosses the NICs (was: timed on the node's link)
+        if across_nodes or hardware.gpus_per_node < 2 or workers > hardware.gpus_per_node:
             return _ramp_time_s(params.ramp("network", family), nbytes, hardware.network_bytes_per_s)
         path, bytes_per_s = link(hardware, max(workers, 2), topology)
         return _ramp_time_s(params.ramp(path, family), nbytes, bytes_per_s)
