@@ -586,14 +586,19 @@ class CostModel:
             or isinstance(query_groups, np.ndarray)
             or isinstance(logit_tokens, np.ndarray)
         ):
-            if query_tokens < 1 or kv_tokens_read < 0 or query_groups < 1:
-                _check(query_tokens, kv_tokens_read, query_groups)  # raises with a clear line
+            if (
+                query_tokens < 1
+                or kv_tokens_read < 0
+                or query_groups < 1
+                or (logit_tokens is not None and logit_tokens < 1)
+            ):
+                _check(query_tokens, kv_tokens_read, query_groups, logit_tokens)  # raises with a clear line
             dense = self._dense_cache(query_tokens, query_tokens if logit_tokens is None else logit_tokens)
             op = "attn_decode" if query_tokens <= query_groups else "attn_prefill"
             return dense + self.model.n_layers * self._attention_scalar_s(
                 query_tokens, kv_tokens_read, query_groups, op
             )
-        query_tokens, kv_tokens_read, query_groups = _check(query_tokens, kv_tokens_read, query_groups)
+        query_tokens, kv_tokens_read, query_groups = _check(query_tokens, kv_tokens_read, query_groups, logit_tokens)
         logit = query_tokens if logit_tokens is None else np.asarray(logit_tokens, dtype=float)
         dense_s = self._dense_time_s(query_tokens, logit)
         prefill_s = self._attention_s(query_tokens, kv_tokens_read, query_groups, "attn_prefill")
@@ -606,8 +611,11 @@ def _is_array(value: object) -> bool:
     return isinstance(value, np.ndarray)
 
 
-def _check(num_tokens: Number, kv_tokens_read: Number, query_groups: Number) -> tuple[Number, Number, Number]:
-    """Validate counts (ValueError, one line); arrays become float arrays."""
+def _check(
+    num_tokens: Number, kv_tokens_read: Number, query_groups: Number, logit_tokens: Number | None = None
+) -> tuple[Number, Number, Number]:
+    """Validate counts (ValueError, one line); arrays become float arrays. `logit_tokens` (None: one
+    per query row) is only checked: a pass computes the logits of at least one row."""
     arrays = any(_is_array(v) or isinstance(v, (list, tuple)) for v in (num_tokens, kv_tokens_read, query_groups))
     if arrays:
         num_tokens, kv_tokens_read, query_groups = (
@@ -619,4 +627,6 @@ def _check(num_tokens: Number, kv_tokens_read: Number, query_groups: Number) -> 
         raise ValueError(f"kv_tokens_read must be >= 0, got {kv_tokens_read!r}")
     if np.any(np.asarray(query_groups) < 1):
         raise ValueError(f"query_groups must be >= 1, got {query_groups!r}")
+    if logit_tokens is not None and np.any(np.asarray(logit_tokens) < 1):
+        raise ValueError(f"logit_tokens must be >= 1, got {logit_tokens!r}")
     return num_tokens, kv_tokens_read, query_groups

@@ -246,11 +246,14 @@ def test_a_lone_decode_row_at_long_context_is_memory_bound(a100: CostModel) -> N
         ((np.array([4.0]), np.array([10.0]), np.array([0.0])), "query_groups"),
         ((0, 10, 1), "num_tokens"),
         ((np.array([2.0, 0.5]), np.array([10.0, 10.0])), "num_tokens"),
+        ((4, 10, 1, 0), "logit_tokens"),  # was: a ZeroDivisionError from the lm_head of no rows
+        ((np.array([4.0]), np.array([10.0]), np.array([1.0]), np.array([0.0])), "logit_tokens"),
     ],
 )
 def test_counts_below_one_group_or_one_row_raise_a_value_error(a100: CostModel, args: tuple, field: str) -> None:
-    """No query groups (or a fraction of one) is a bad count, scalar or array, named in a
-    ValueError, not a ZeroDivisionError from the attention's rows per group. Kills the scalar
+    """No query groups (or a fraction of one), or no logit rows, is a bad count, scalar or array,
+    named in a ValueError, not a ZeroDivisionError from the attention's rows per group or the
+    lm_head's tiles. Kills the scalar
     path's query_groups check dropped and `_check`'s bounds loosened to < 0."""
     with pytest.raises(ValueError, match=field):
         a100.step_time_s(*args)
