@@ -447,7 +447,10 @@ def graph_layout(graph: dict | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     edge_cols = ["source", "target", "x0", "y0", "x1", "y1"]
     if not graph or not graph.get("nodes"):
         return pd.DataFrame(columns=node_cols), pd.DataFrame(columns=edge_cols)
-    g = nx.node_link_graph(graph, edges="links") if "links" in graph else nx.node_link_graph(graph)
+    # a graph that does not say is a simple directed one, as solm writes them (networkx's default
+    # is a multigraph, whose edges come in threes: was a ValueError drawing a foreign trace's graph)
+    simple = {"directed": True, "multigraph": False}
+    g = nx.node_link_graph(graph, edges="links", **simple) if "links" in graph else nx.node_link_graph(graph, **simple)
     try:
         layers = list(nx.topological_generations(g))
     except nx.NetworkXUnfeasible:  # a cycle: fall back to one node per layer
@@ -474,7 +477,7 @@ def graph_layout(graph: dict | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     edges = pd.DataFrame(
         [
             {"source": str(s), "target": str(t), "x0": pos[s][0], "y0": pos[s][1], "x1": pos[t][0], "y1": pos[t][1]}
-            for s, t in g.edges
+            for s, t in g.edges()
         ],
         columns=edge_cols,
     )
