@@ -300,21 +300,14 @@ def evaluate(params: CommParams | None = None, rows: dict[str, np.ndarray] | Non
     params = params or load_params()
     rows = rows or measured_rows()
     held = rows["held_out"]
-    ape = np.abs(predict_rows(rows, params) / rows["time_s"] - 1.0) * 100
+    measured = _series(rows)
+    ape = np.abs(predict_rows(rows, params, measured) / rows["time_s"] - 1.0) * 100
     series = {}
-    for key in sorted(
-        set(zip(rows["system"][held], rows["collective"][held], rows["workers"][held], rows["across_nodes"][held]))
-    ):
-        system, collective, workers, across = key
-        sel = (
-            held
-            & (rows["system"] == system)
-            & (rows["collective"] == collective)
-            & (rows["workers"] == workers)
-            & (rows["across_nodes"] == across)
-        )
+    for (system, collective, workers, across), sel in measured:
+        if not (sel & held).any():
+            continue
         name = f"{system}.{collective}.n{workers}" + (".across_nodes" if across else "")
-        series[name] = round(float(ape[sel].mean()), 2)
+        series[name] = round(float(ape[sel & held].mean()), 2)
     within = held & ~rows["across_nodes"]
     big = within & (rows["bytes"] >= 2**20)
     return {
