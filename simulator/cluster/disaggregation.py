@@ -28,7 +28,7 @@ import numpy as np
 import simpy
 
 from profiler.errors import UsageError
-from simulator.cluster.parallel import ParallelCost, link_kwargs, memory_plan
+from simulator.cluster.parallel import ParallelCost, link_kwargs, memory_plan, slowest_link
 from simulator.cluster.passes import leading_prefill_passes, slice_passes
 from simulator.cluster.replicas import Cluster
 from simulator.comm import collective_time_s
@@ -178,18 +178,16 @@ def _clusters(interleaved: bool, model, router, env: simpy.Environment, pre: _Si
 
 
 def transfer_link(prefill_hw: HardwareSpec, decode_hw: HardwareSpec, gpus: int, n_p: int, n_d: int) -> str:
-    """The slowest link a KV transfer crosses, every prefill GPU to its peer in any decode replica,
-    with the GPUs numbered prefill replicas first, then decode ones, each replica's `gpus` in a row
-    (as `parallel.boundary_links` numbers a replica's stages): "network" when the sides are two
-    parts (no node holds two kinds of GPU) or the deployment spans nodes (then prefill replica 0 and
-    the last decode replica sit on different nodes); "pcie" on an NVLink-pairs part unless the one
-    transfer is GPU 0 to GPU 1 (1:1 replicas of one GPU: any other peer is outside the sender's
-    bridged pair, GPUs 2i and 2i + 1); else "node" (the node's own fabric)."""
-    if prefill_hw.name != decode_hw.name or (n_p + n_d) * gpus > prefill_hw.gpus_per_node:
+    """The slowest link a KV transfer crosses, every prefill GPU to its peer (the same rank) in any
+    decode replica, with the GPUs numbered prefill replicas first, then decode ones, each replica's
+    `gpus` in a row (as `parallel.boundary_links` numbers a replica's stages): "network" when the
+    sides are two parts (no node holds two kinds of GPU), else `parallel.slowest_link` of those
+    pairs (the NICs once the deployment spans nodes; PCIe on an NVLink-pairs part unless the one
+    transfer is GPU 0 to GPU 1)."""
+    if prefill_hw.name != decode_hw.name:
         return "network"
-    if prefill_hw.topology == "nvlink_pairs" and (n_p, n_d, gpus) != (1, 1, 1):
-        return "pcie"
-    return "node"
+    pairs = [(i * gpus + r, (n_p + j) * gpus + r) for i in range(n_p) for j in range(n_d) for r in range(gpus)]
+    return slowest_link(prefill_hw, pairs)
 
 
 def _transfer_seconds(shard_bytes: np.ndarray, path: str, prefill_hw: HardwareSpec, decode_hw: HardwareSpec):

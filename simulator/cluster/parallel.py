@@ -98,22 +98,25 @@ class Parallelism:
                 )
 
 
+def slowest_link(hardware: HardwareSpec, pairs: list[tuple[int, int]]) -> str:
+    """The slowest link GPU pairs (a, b) send over at once, GPUs numbered `gpus_per_node` to a
+    node: "network" where some pair sits on two nodes, "pcie" on an NVLink-pairs node where some
+    pair is outside one bridged pair (GPUs 2i and 2i + 1), else "node" (the node's own fabric:
+    NVSwitch, a pair's bridge, mesh, PCIe)."""
+    node = hardware.gpus_per_node
+    if any(a // node != b // node for a, b in pairs):
+        return "network"
+    if hardware.topology == "nvlink_pairs" and any(a // 2 != b // 2 for a, b in pairs):
+        return "pcie"
+    return "node"
+
+
 def boundary_links(hardware: HardwareSpec, par: Parallelism) -> list[str]:
-    """The link each of the pp - 1 stage boundaries sends over, with the replica's GPUs numbered
-    stage by stage (stage s, TP rank r on GPU s x tp + r; vLLM's and Megatron's rank order) and
-    `gpus_per_node` to a node: "network" where some rank's peer in the next stage is on another
-    node, "pcie" on an NVLink-pairs node where it is outside the sender's pair (GPUs 2i and 2i + 1
-    are bridged), else "node" (the node's own fabric: NVSwitch, a pair's bridge, mesh, PCIe)."""
-    node, links = hardware.gpus_per_node, []
-    for s in range(par.pp - 1):
-        pairs = [(s * par.tp + r, (s + 1) * par.tp + r) for r in range(par.tp)]
-        if any(a // node != b // node for a, b in pairs):
-            links.append("network")
-        elif hardware.topology == "nvlink_pairs" and any(a // 2 != b // 2 for a, b in pairs):
-            links.append("pcie")
-        else:
-            links.append("node")
-    return links
+    """The link each of the pp - 1 stage boundaries sends over (`slowest_link` of its TP ranks'
+    pairs), with the replica's GPUs numbered stage by stage (stage s, TP rank r on GPU s x tp + r;
+    vLLM's and Megatron's rank order)."""
+    tp = par.tp
+    return [slowest_link(hardware, [(s * tp + r, (s + 1) * tp + r) for r in range(tp)]) for s in range(par.pp - 1)]
 
 
 def link_kwargs(path: str) -> dict:
