@@ -252,8 +252,10 @@ class _Candidates:
             feed_bytes_per_k=column([t.feed_bytes_per_k for t in chosen]),
         )
 
+    @functools.cached_property
     def rows_per_tile(self) -> dict[Tile, list[int]]:
-        """The candidates of each tile shape (its split-K choices), tiles in table order."""
+        """The candidates of each tile shape (its split-K choices), tiles in table order (found once
+        per cached set of candidates)."""
         rows: dict[Tile, list[int]] = {}
         for i, tile in enumerate(self.tiles):
             rows.setdefault(tile, []).append(i)
@@ -352,7 +354,7 @@ def tile_shape_times(
     m_arr = np.atleast_1d(np.asarray(m, dtype=float))
     candidates = _Candidates.of(float(k), TILES[hw.arch], SPLITS)
     times = _kernels(m_arr, k, n, candidates, hw, p, dtype_bytes)[0]
-    return {tile.label: times[rows].min(axis=0) for tile, rows in candidates.rows_per_tile().items()}
+    return {tile.label: times[rows].min(axis=0) for tile, rows in candidates.rows_per_tile.items()}
 
 
 def gemm_kernel(
@@ -377,7 +379,7 @@ def gemm_kernel(
     cols = np.arange(m_arr.size)
     chosen = times[best, cols]
     if p.choice_q > 0:  # heuristics pick roughly, not exactly, the fastest tile shape
-        chosen = chosen * _tile_power_mean(times / chosen, candidates.rows_per_tile(), p.choice_q)
+        chosen = chosen * _tile_power_mean(times / chosen, candidates.rows_per_tile, p.choice_q)
 
     def pick(index: int) -> np.ndarray:
         return terms[index][best, cols]
