@@ -17,8 +17,8 @@ from simulator.workload import from_trace, load_workload, uniform
 from tests.simulator.test_replay import MODEL, run  # the toy model, replayed on the toy part
 from tests.simulator.toy_traces import (
     BLOCK_BYTES,
-    P,
     pasta,
+    second_turn,
     seq,
     toy_part,
     write_toy_trace,
@@ -220,12 +220,7 @@ def test_preempted_in_a_later_prefill_recomputes_its_kv_and_its_chunks(tmp_path)
     5 tokens and of the 17 rows; readmitted when X ends at 6.0 with a 29-row pass (5 re-prefilled +
     24) in chunks of 18 (6-7) and 11 (7-8), its decode 8-9. Recomputed: 5 + 17 = 22 of those rows.
     (Bug, fixed: the larger of the two lost counts, 17.)"""
-    turns = [
-        P("prefill", 4, 10, 4, 1),
-        P("decode", 1, 5, 5, 1),
-        P("prefill", 24, 420, 29, 1),
-        P("decode", 1, 30, 30, 1),
-    ]
+    turns = second_turn(4, 24)
     w = toy(tmp_path, [seq(14, 6), turns], [14, 4])
     res = run(w, ReplayConfig(kv_capacity_bytes=3 * BLOCK_BYTES, max_batch_tokens=18))
     assert events(res, 1) == [
@@ -304,12 +299,7 @@ def test_a_later_prefill_wider_than_the_budget_is_chunked(tmp_path):
     second prefill runs as chunks of 8 (2-3) and 4 (3-4): 5 passes, done at 5.0. (Mutant: the
     stretch planner's stop before a chunked prefill skipped when chunking is on: the 12 tokens in
     one pass, 4 passes.)"""
-    turns = [
-        P("prefill", 4, 10, 4, 1),
-        P("decode", 1, 5, 5, 1),
-        P("prefill", 12, 138, 17, 1),
-        P("decode", 1, 18, 18, 1),
-    ]
+    turns = second_turn(4, 12)
     res = run(toy(tmp_path, [turns], [4]), ReplayConfig(max_batch_tokens=8))
     assert res.rows["query"].tolist() == [4, 1, 8, 4, 1]
     assert (res.metrics["passes"], res.metrics["duration_s"], res.metrics["prefill_chunks"]) == (5, 5.0, 1)
@@ -386,12 +376,7 @@ def test_a_later_prefill_ahead_of_a_decode_keeps_the_batch_to_the_budget(tmp_pat
     prompt, 6 tokens), budget 10: from 2.0 B's decode takes its 1 row first and A's prefill runs in
     chunks of the 9 left (9, 9, 6), so no pass batches more than 10 rows. (Bug, fixed in
     scheduling/base.py: the prefill, first in running order, was cut to the whole budget, 10 + 1.)"""
-    turns = [
-        P("prefill", 4, 10, 4, 1),
-        P("decode", 1, 5, 5, 1),
-        P("prefill", 24, 420, 29, 1),
-        P("decode", 1, 30, 30, 1),
-    ]
+    turns = second_turn(4, 24)
     res = run(toy(tmp_path, [turns, seq(4, 6)], [4, 4]), ReplayConfig(max_batch_tokens=10))
     a = res.rows["request"] == 0
     assert res.rows["query"][a].tolist() == [4, 1, 9, 9, 6, 1]

@@ -53,6 +53,18 @@ def seq(prompt: int, n: int) -> list[P]:
     ]
 
 
+def second_turn(prompt: int, turn: int) -> list[P]:
+    """A later prefill of the request's own (SoT's expansion, a second turn): its prompt, one
+    decode, then `turn` more prompt tokens read causally after those, then one decode."""
+    before = prompt + 1
+    return [
+        P("prefill", prompt, prompt * (prompt + 1) // 2, prompt, 1),
+        P("decode", 1, before, before, 1),
+        P("prefill", turn, turn * before + turn * (turn + 1) // 2, before + turn, 1),
+        P("decode", 1, before + turn + 1, before + turn + 1, 1),
+    ]
+
+
 def pasta(prompt: int, k: int, length: int) -> list[P]:
     """Prefill (emits the promise), k threads of `length` tokens side by side, then one joined token."""
     out = [P("prefill", prompt, prompt * (prompt + 1) // 2, prompt, 1)]
