@@ -222,7 +222,6 @@ def write_a100_calibration(data_dir: Path | str | None = None, path: Path = CALI
     """
     from simulator.gemm_fit import (
         FIXED_FROM_DATASHEETS,
-        NEUTRAL,
         fit_gemm,
         gemm_rows,
         predict_tiles,
@@ -230,7 +229,7 @@ def write_a100_calibration(data_dir: Path | str | None = None, path: Path = CALI
 
     table = load_vidur(data_dir)
     rows = gemm_rows(table)
-    gemm = fit_gemm(rows, thin=2, fixed={**FIXED_FROM_DATASHEETS, **NEUTRAL})
+    gemm = fit_gemm(rows, thin=2, fixed=FIXED_FROM_DATASHEETS)
     params = dataclasses.replace(fit_a100(table), gemm=gemm, source="vidur-a100 (tile-and-wave GEMMs)")
     ape = np.abs(predict_tiles(rows, gemm) / rows["time_s"].to_numpy(float) - 1) * 100
     payload = {

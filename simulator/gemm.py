@@ -167,11 +167,6 @@ class GemmParams:
     overlap_p: float = 3.0  # a wave's compute and memory overlap as a p-norm (large p: max)
     choice_q: float = 0.0  # 0: the fastest kernel; q > 0: a power mean (exponent -q) of all
     tail_share: float = 0.0  # share of a partial last wave's idle SM time recovered (0: pure waves)
-    # Experiment: < 0 the power mean above; a in [0, 1]: the library ranks tile shapes by
-    # classical slot waves (ceil(tiles / slots) full tile-times, no tail recovered) ^ a x the
-    # kernel's own time ^ (1 - a), weighs them by that rank ^ -choice_q, and runs the weighted
-    # mean of their own times (not monotone in M: a heuristic's pick can switch to a slower kernel).
-    choice_by_waves: float = -1.0
 
     def __post_init__(self) -> None:
         bounds = {
@@ -183,9 +178,8 @@ class GemmParams:
             "overlap_p": (None, None),
             "choice_q": (None, None),
             "tail_share": (None, 1),
-            "choice_by_waves": (None, 1),
         }
-        minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0, "tail_share": 0.0, "choice_by_waves": -1.0}
+        minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0, "tail_share": 0.0}
         for name, (low, high) in bounds.items():
             value = getattr(self, name)
             ok = isinstance(value, (int, float)) and not math.isnan(value)
@@ -269,17 +263,9 @@ class _Candidates:
 
 
 def _kernels(
-    m: np.ndarray,
-    k: float,
-    n: float,
-    c: _Candidates,
-    hw: HardwareSpec,
-    p: GemmParams,
-    dtype_bytes: int,
-    classic: bool = False,
+    m: np.ndarray, k: float, n: float, c: _Candidates, hw: HardwareSpec, p: GemmParams, dtype_bytes: int
 ) -> tuple[np.ndarray, ...]:
-    """(time, tiles, waves, compute, memory) of every candidate kernel (rows) for every M (columns);
-    `classic`: every wave a full complement's time, no tail recovered (choice_by_waves' ranking)."""
+    """(time, tiles, waves, compute, memory) of every candidate kernel (rows) for every M (columns)."""
     assert hw.num_sms is not None and hw.sustained_clock_hz is not None, "gemm_kernel checks has_chip_layout"
     m = m.reshape(1, -1)
     sms = float(hw.num_sms)
@@ -297,8 +283,6 @@ def _kernels(
     )
     # busiest SM of each wave: ctas_per_sm tiles in a full wave, ceil(last / SMs) in the last
     busiest = full_waves * ctas + np.ceil(last / sms)
-    if classic:
-        busiest = np.ceil(tiles / per_wave) * ctas
     # Pipeline fill: a CTA's prologue and epilogue overlap the main loop of the other CTAs
     # resident on its SM, so an SM pays the fill once per ctas_per_sm tiles (1-CTA tiles: per tile);
     # a persistent kernel once in all.
@@ -310,8 +294,7 @@ def _kernels(
     spread = np.maximum(tiles / sms, 1.0)  # tile-times per SM with the tiles spread evenly
     fluid_fill = np.where(c.persistent, p.fill_iters, spread * p.fill_iters / ctas)
     fluid = spread * iters + fluid_fill
-    share = 0.0 if classic else p.tail_share
-    compute = ((1.0 - share) * quantized + share * fluid) * iter_s
+    compute = ((1.0 - p.tail_share) * quantized + p.tail_share * fluid) * iter_s
     bandwidth = hw.hbm_bytes_per_s * p.memory_eff
     memory = _hbm_bytes(m, k, n, rows, cols, per_wave, split, hw, dtype_bytes) / bandwidth
     # Every full wave streams the same share of the bytes per tile, so summing the waves'
@@ -395,17 +378,7 @@ def gemm_kernel(
     best = np.argmin(times, axis=0)
     cols = np.arange(m_arr.size)
     chosen = times[best, cols]
-    if p.choice_q > 0 and p.choice_by_waves >= 0:
-        rank = _kernels(m_arr, k, n, candidates, hw, p, dtype_bytes, classic=True)[0]
-        rank = rank**p.choice_by_waves * times ** (1.0 - p.choice_by_waves)
-        ranks, owns = [], []
-        for rows in candidates.rows_per_tile.values():
-            index = np.asarray(rows)[np.argmin(rank[rows], axis=0)]
-            ranks.append(rank[index, cols])
-            owns.append(times[index, cols])
-        weights = (np.stack(ranks) / np.min(ranks, axis=0)) ** -p.choice_q
-        chosen = (weights * np.stack(owns)).sum(axis=0) / weights.sum(axis=0)
-    elif p.choice_q > 0:  # heuristics pick roughly, not exactly, the fastest tile shape
+    if p.choice_q > 0:  # heuristics pick roughly, not exactly, the fastest tile shape
         chosen = chosen * _tile_power_mean(times / chosen, candidates.rows_per_tile, p.choice_q)
 
     def pick(index: int) -> np.ndarray:

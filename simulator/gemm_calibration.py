@@ -242,7 +242,7 @@ def _check_below_peak(rows: pd.DataFrame, hardware: HardwareSpec, source: str) -
 def calibrate(rows: pd.DataFrame, hardware: HardwareSpec, source: str = "", seed: int = 0) -> GemmCalibration:
     """Held-out figures (two-fold over halves), then the parameters refitted on every row."""
     from simulator.cost import default_params
-    from simulator.gemm_fit import FIXED_FROM_DATASHEETS, NEUTRAL, fit_gemm, predict_tiles
+    from simulator.gemm_fit import FIXED_FROM_DATASHEETS, fit_gemm, predict_tiles
 
     if not hardware.has_chip_layout:
         raise UsageError(f"hardware {hardware.name!r} has no chip layout (num_sms, clocks, L2, arch) to calibrate")
@@ -256,7 +256,7 @@ def calibrate(rows: pd.DataFrame, hardware: HardwareSpec, source: str = "", seed
     half, split = _halves(rows, seed)
     fitted = np.empty(len(rows))
     for train in (half, ~half):
-        params = fit_gemm(rows[train], uncalibrated, fixed={**FIXED_FROM_DATASHEETS, **NEUTRAL})
+        params = fit_gemm(rows[train], uncalibrated, fixed=FIXED_FROM_DATASHEETS)
         fitted[~train] = predict_tiles(rows[~train].reset_index(drop=True), params, uncalibrated)
     measured = rows["time_s"].to_numpy(float)
     heldout = {
@@ -264,7 +264,7 @@ def calibrate(rows: pd.DataFrame, hardware: HardwareSpec, source: str = "", seed
         "fitted": _ape_stats(fitted, measured),
         "carried": _ape_stats(predict_tiles(rows, carried, uncalibrated), measured),
     }
-    final = fit_gemm(rows, uncalibrated, fixed={**FIXED_FROM_DATASHEETS, **NEUTRAL})
+    final = fit_gemm(rows, uncalibrated, fixed=FIXED_FROM_DATASHEETS)
     in_sample = _ape_stats(predict_tiles(rows, final, uncalibrated), measured)
     if in_sample["median"] >= MAX_FIT_MEDIAN_APE:  # was: times 1e6x too slow fitted to the bounds and written
         raise UsageError(

@@ -48,16 +48,13 @@ FIT_FIELDS: tuple[str, ...] = (
     "overlap_p",
     "choice_q",
     "tail_share",
-    "choice_by_waves",
 )
-_LOWER = np.array([0.3, 0.0, 8.0, 0.3, 0.05, 1.0, 10.0, 0.0, 0.0])
-_UPPER = np.array([1.0, 20.0, 256.0, 1.0, 10.0, 20.0, 100.0, 1.0, 1.0])
-_START = np.array([0.8, 2.0, 48.0, 0.9, 1.0, 2.0, 12.0, 0.3, 0.5])
+_LOWER = np.array([0.3, 0.0, 8.0, 0.3, 0.05, 1.0, 10.0, 0.0])
+_UPPER = np.array([1.0, 20.0, 256.0, 1.0, 10.0, 20.0, 100.0, 1.0])
+_START = np.array([0.8, 2.0, 48.0, 0.9, 1.0, 2.0, 12.0, 0.3])
 # Not fitted: the L2 -> SM operand feed, from the A100 whitepaper's L2 read bandwidth of 5,120
 # bytes per clock over its 108 SMs (assumed the same bytes per SM-clock on every part).
 FIXED_FROM_DATASHEETS: dict[str, float] = {"feed_bytes_per_clock": 5120 / 108}
-# The experiment, off unless a --dev run sets it (--fix choice_by_waves=A) or frees it (=nan).
-NEUTRAL: dict[str, float] = {"choice_by_waves": -1.0}
 TOKEN_BINS: tuple[int, ...] = (0, 16, 64, 256, 1024, 4096, 1 << 20)
 
 
@@ -166,9 +163,7 @@ def dev_split_predictions(
         in_half = shape_half(rows, seed)
         for train_mask in (in_half, ~in_half):
             train, test = rows[train_mask].reset_index(drop=True), rows[~train_mask].reset_index(drop=True)
-            settings = {**FIXED_FROM_DATASHEETS, **NEUTRAL, **(fixed or {})}
-            settings = {name: value for name, value in settings.items() if value == value}  # nan: fitted
-            params = fit_gemm(train, thin=thin, fixed=settings, lower=lower)
+            params = fit_gemm(train, thin=thin, fixed={**FIXED_FROM_DATASHEETS, **(fixed or {})}, lower=lower)
             frames.append(test.assign(seed=seed, tiles_s=predict_tiles(test, params)))
             fitted.append(params)
     held = pd.concat(frames, ignore_index=True)
@@ -196,7 +191,7 @@ def holdout_predictions(table: pd.DataFrame, thin: int = 1) -> pd.DataFrame:
     for split in ("model", "tp"):
         for name, held in _folds(rows, split):
             train, test = rows[~held].reset_index(drop=True), rows[held].reset_index(drop=True)
-            params = fit_gemm(train, thin=thin, fixed={**FIXED_FROM_DATASHEETS, **NEUTRAL})
+            params = fit_gemm(train, thin=thin, fixed=FIXED_FROM_DATASHEETS)
             families = {family: fit_family(group) for family, group in train.groupby("family")}
             seen = set(zip(train["K"], train["N"]))
             test = test.assign(
