@@ -15,6 +15,7 @@ tests that already catch `ValueError` keep working.
 from __future__ import annotations
 
 import json
+import numbers
 import sys
 from collections.abc import Callable
 
@@ -59,6 +60,13 @@ def is_utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def is_count(value: object, low: int = 1) -> bool:
+    """True for a whole number (a Python or numpy integer) of at least `low`; False for a bool (an
+    int subclass: `True` is no count of threads, GPUs or replicas), a float, a string or anything
+    else."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= low
 
 
 def one_line(text: str) -> str:

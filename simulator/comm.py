@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from profiler.errors import UsageError
+from profiler.errors import UsageError, is_count
 from simulator.hardware import TOPOLOGIES, HardwareSpec, get_hardware
 
 Number = float | np.ndarray
@@ -145,7 +145,7 @@ def collective_time_s(
     """
     if collective not in COLLECTIVES:
         raise UsageError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
-    if not isinstance(workers, (int, np.integer)) or workers < 1:
+    if not is_count(workers):
         raise UsageError(f"workers must be a positive integer, got {workers!r}")
     if np.any(np.asarray(nbytes) < 0):
         raise UsageError(f"bytes must be >= 0, got {nbytes!r}")

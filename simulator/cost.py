@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from profiler.errors import is_count
 from simulator.gemm import GemmParams, KernelTimes, gemm_kernel
 from simulator.hardware import HARDWARE, HardwareSpec
 from simulator.models import ModelSpec
@@ -394,7 +395,7 @@ class CostModel:
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "params", default_params(hardware) if params is None else params)
         object.__setattr__(self, "tensor_parallel", tensor_parallel)
-        if not isinstance(tensor_parallel, int) or tensor_parallel < 1:
+        if not is_count(tensor_parallel):
             raise ValueError(f"tensor_parallel must be a positive int, got {tensor_parallel!r}")
 
     # per-instance scalar caches (not dataclass fields: not compared, hashed or given)

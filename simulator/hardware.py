@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.errors import TraceError, UnknownName, UsageError, quoted
+from profiler.errors import TraceError, UnknownName, UsageError, is_count, quoted
 from profiler.host import read_host_cpu
 
 GIB = 2**30
@@ -194,11 +194,11 @@ def _validate_links(spec: HardwareSpec) -> None:
         value = getattr(spec, name)
         if value is None and allowed_none:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+        if not is_count(value) or value > top:
             raise ValueError(
                 f"hardware {quoted(spec.name)}: {name} must be a whole number in 1..{top}, got {quoted(value)}"
             )
-    if not isinstance(spec.gpus_per_node, int) or spec.gpus_per_node < 1:
+    if not is_count(spec.gpus_per_node):
         raise ValueError(
             f"hardware {quoted(spec.name)}: gpus_per_node must be a positive int, got {quoted(spec.gpus_per_node)}"
         )

@@ -21,7 +21,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.errors import TraceMetaError, UnknownName, quoted
+from profiler.errors import TraceMetaError, UnknownName, is_count, quoted
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for field in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "dtype_bytes"):
             value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not is_count(value):
                 raise ValueError(f"model {self.name!r}: {field} must be a positive int, got {value!r}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(

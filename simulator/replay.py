@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import simpy
 
-from profiler.errors import UsageError
+from profiler.errors import UsageError, is_count
 from profiler.schema import MIN_RATE
 from scheduling import get_scheduler
 from scheduling.base import RESERVE_MODES
@@ -85,7 +85,7 @@ class ReplayConfig:
     def __post_init__(self) -> None:
         for name in ("max_seqs", "max_batch_tokens", "block_size"):
             v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or v < 1:
+            if not is_count(v):
                 raise UsageError(f"{name.replace('_', '-')} must be a positive integer, got {v!r}")
         if not 0 < self.memory_utilization <= 1:
             raise UsageError(f"memory utilization must be in (0, 1], got {self.memory_utilization!r}")
@@ -93,13 +93,11 @@ class ReplayConfig:
             raise UsageError(f"KV capacity must be > 0 bytes, got {self.kv_capacity_bytes!r}")
         if self.rate is not None and not (self.rate >= MIN_RATE):  # also refuses NaN
             raise UsageError(f"rate must be > 0 requests/s, at least {MIN_RATE:g} (or inf), got {self.rate!r}")
-        if self.concurrency is not None and (
-            not isinstance(self.concurrency, (int, np.integer)) or self.concurrency < 1
-        ):
+        if self.concurrency is not None and not is_count(self.concurrency):
             raise UsageError(f"concurrency must be a positive integer, got {self.concurrency!r}")
         if self.rate is not None and self.concurrency is not None:
             raise UsageError("give a rate or a concurrency, not both")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+        if not is_count(self.seed, 0):
             raise UsageError(f"seed must be an integer >= 0, got {self.seed!r}")  # numpy's generators take no negatives
         if self.num_requests is not None and not 1 <= self.num_requests <= MAX_REQUESTS:
             raise UsageError(f"num-requests must be in 1..{MAX_REQUESTS}, got {self.num_requests!r}")

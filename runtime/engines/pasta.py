@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from profiler.errors import is_count
 from runtime.engines.base import (
     Completion,
     Engine,
@@ -338,9 +339,9 @@ class PastaEngine(Engine):
     ) -> None:
         super().__init__(model, tokenizer, config)
         for name, v in (("max_threads", max_threads), ("max_chunk_tokens", max_chunk_tokens)):
-            if not isinstance(v, int) or v < 1:
+            if not is_count(v):
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        if not isinstance(max_total_tokens, int) or max_total_tokens < 0:
+        if not is_count(max_total_tokens, 0):
             raise ValueError(f"max_total_tokens must be an integer >= 0, got {max_total_tokens!r}")
         self.max_threads, self.max_chunk_tokens = max_threads, max_chunk_tokens
         self.max_total_tokens = max_total_tokens or 2 * config.max_tokens

@@ -28,7 +28,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from profiler.errors import UsageError
+from profiler.errors import UsageError, is_count
 from runtime.engines.base import (
     Completion,
     Engine,
@@ -117,7 +117,7 @@ class SotEngine(Engine):
             ("point_max_tokens", point_max_tokens),
             ("max_points", max_points),
         ):
-            if not isinstance(v, int) or v < 1:
+            if not is_count(v):
                 raise UsageError(f"{name} must be an integer >= 1, got {v!r}")
         if not hasattr(tokenizer, "followup_text"):
             raise UsageError(

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from profiler.errors import UsageError
+from profiler.errors import UsageError, is_count
 from simulator.comm import collective_time_s
 from simulator.cost import CostModel, CostParams
 from simulator.hardware import HardwareSpec
@@ -55,9 +55,9 @@ class Parallelism:
     def __post_init__(self) -> None:
         for name in ("tp", "pp"):
             value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            if not is_count(value):
                 raise UsageError(f"--{name} must be a positive integer, got {value!r}")
-        if self.micro_batches is not None and (not isinstance(self.micro_batches, int) or self.micro_batches < 1):
+        if self.micro_batches is not None and not is_count(self.micro_batches):
             raise UsageError(f"--micro-batches must be a positive integer, got {self.micro_batches!r}")
         if self.schedule not in PP_SCHEDULES:
             raise UsageError(f"--pp-schedule must be one of {', '.join(PP_SCHEDULES)}, got {self.schedule!r}")

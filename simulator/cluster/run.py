@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from profiler.errors import UsageError
+from profiler.errors import UsageError, is_count
 from simulator.cluster.parallel import (
     MemoryPlan,
     ParallelCost,
@@ -51,7 +51,7 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         from simulator.cluster.routers import get_router
 
-        if not isinstance(self.replicas, int) or self.replicas < 1:
+        if not is_count(self.replicas):
             raise UsageError(f"--replicas must be a positive integer, got {self.replicas!r}")
         get_router(self.router)
         if self.disaggregate is not None and (len(self.disaggregate) != 2 or min(self.disaggregate) < 1):
