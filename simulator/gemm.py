@@ -193,6 +193,12 @@ class GemmParams:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GemmParams:
+        """Every field, by name (a ValueError names what is missing or unknown; the values are
+        checked by __post_init__)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict) or set(data) != fields:
+            got = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"GemmParams needs exactly {', '.join(sorted(fields))}; got {got}")
         return cls(**data)
 
 

@@ -231,6 +231,16 @@ def _pop_calibrations(fixed: dict, hardware: Sequence[str]) -> dict:
             f"--gemm-calibration: fitted on {stray[0]}, which is not among --hardware {','.join(hardware)} "
             f"(a calibration serves the part it was fitted on)"
         )
+    from simulator.gemm import GemmParams
+
+    for part, text in calibrations.items():  # each config reads its part's again: refuse a bad one before any work
+        try:
+            GemmParams.from_json(json.loads(text))
+        except (
+            TypeError,
+            ValueError,
+        ) as error:  # not JSON text, not a dict of GemmParams' fields, a value out of range
+            raise UsageError(f"--gemm-calibration for {part}: {error}") from None
     return calibrations
 
 

@@ -9,6 +9,7 @@ import os
 import pandas as pd
 import pytest
 
+from profiler.errors import UsageError
 from simulator.sweep import RESULTS_JSONL, RESULTS_PARQUET, grid, pareto_mask, sweep
 from tests.simulator.toy_traces import pasta, seq, write_toy_trace
 
@@ -161,12 +162,35 @@ def test_local_workers_limit_is_inclusive(monkeypatch):
 
 def test_a_calibration_is_part_of_the_configuration_key(traces):
     """A calibrated configuration is not the uncalibrated one: a resume must not take one's rows for the other."""
+    from simulator.gemm import GemmParams
     from simulator.sweep import config_key
 
+    text = json.dumps(GemmParams(tensor_eff=0.7).to_json())
     plain = grid(traces[:1], ["a100-80g"])[0]
-    calibrated = grid(traces[:1], ["a100-80g"], cluster={"gemm_calibrations": {"a100-80g": '{"x": 1}'}})[0]
-    assert calibrated["gemm_calibration"] == '{"x": 1}'
+    calibrated = grid(traces[:1], ["a100-80g"], cluster={"gemm_calibrations": {"a100-80g": text}})[0]
+    assert calibrated["gemm_calibration"] == text
     assert config_key(calibrated) != config_key(plain)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('{"x": 1}', "GemmParams needs exactly"),  # was a TypeError (an unexpected keyword) in every run
+        ("[1, 2]", "got list"),
+        ("{", "Expecting"),  # not JSON
+        (b"{}", "GemmParams needs exactly"),
+        (None, "JSON object must be str"),
+    ],
+)
+def test_a_malformed_calibration_is_refused_before_any_work(traces, text, says):
+    """The Python API takes calibrations as JSON text per part (the CLI writes them from files it
+    has checked): one that is not GemmParams' fields is one UsageError naming the part, at grid time."""
+    from simulator.gemm import GemmParams
+
+    bad_value = json.dumps({**GemmParams().to_json(), "tensor_eff": 2.0})
+    for calibration, message in ((text, says), (bad_value, "tensor_eff out of range")):
+        with pytest.raises(UsageError, match=f"--gemm-calibration for a100-80g: .*{message}"):
+            grid(traces[:1], ["a100-80g"], cluster={"gemm_calibrations": {"a100-80g": calibration}})
 
 
 def test_table_in_grid_order_and_last_row_wins(traces, tmp_path):
