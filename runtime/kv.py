@@ -248,7 +248,9 @@ class RequestKV:
 
     def free(self, slots) -> int:
         P = self.store.page_size
-        mine = [int(s) for s in slots if int(s) in self.live]
+        # each slot once: a slot named twice was counted off its page twice (was: free([s, s])
+        # left the request holding no page under a live token, and freeing that token: KeyError)
+        mine = [s for s in dict.fromkeys(int(s) for s in slots) if s in self.live]
         for s in mine:
             self.live.discard(s)
             left = self._pages[s // P] - 1

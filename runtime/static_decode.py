@@ -91,6 +91,12 @@ class StaticDecoder(nn.Module):
     @torch.no_grad()
     def greedy(self, prompt: list[int], max_tokens: int) -> list[int]:
         """Greedy continuation; the token stays on the device between passes (one copy at the end)."""
+        # the last decode writes slot len(prompt) + max_tokens - 2 (was: max_tokens 0 gave one token,
+        # and a continuation past the capacity wrote out of bounds: IndexError, on a GPU a device assert)
+        if max_tokens < 1 or len(prompt) + max_tokens - 1 > self.capacity:
+            raise ValueError(
+                f"{max_tokens} tokens after a prompt of {len(prompt)} do not fit the capacity {self.capacity}"
+            )
         dev = self.model.device
         tok = self.prefill(prompt).argmax(-1)  # (1,)
         out = [tok]
