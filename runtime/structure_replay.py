@@ -56,7 +56,8 @@ def scripts_of(requests: pd.DataFrame, tokens: pd.DataFrame) -> list[Script]:
     for r in reqs.itertuples():
         t = toks[toks.request_id == r.request_id]
         streams = {int(s): g.token_id.astype(int).tolist() for s, g in t.groupby("stream", sort=True)}
-        answer = str(getattr(r, "reference", "") or "")
+        ref = getattr(r, "reference", None)  # a null read back from parquet is NaN (pandas >= 3), not None
+        answer = "" if ref is None or pd.isna(ref) else str(ref)
         out.append(Script(int(r.request_id), str(r.prompt), answer, t.token_id.astype(int).tolist(), streams))
     return out
 
