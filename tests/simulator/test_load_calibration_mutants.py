@@ -12,14 +12,15 @@ from simulator.hardware import get_hardware, host_cpu_spec
 from simulator.load_calibration import HostCost, calibrate_batch1, pass_overhead_s, size_medians
 from simulator.measured_forward import LineForward, SweepForward
 from simulator.models import ModelSpec
+from tests.simulator.test_load_validation import (
+    _forward_s,
+    _sweep,
+    batch1_trace,
+)  # 1 ms + 0.1 ms a row; a rows sweep of it
 from tests.simulator.toy_traces import MODEL_META
 
 MODEL = ModelSpec.from_trace_meta(MODEL_META)
 HW = host_cpu_spec(2)
-
-
-def _forward_s(rows):
-    return 0.001 + 0.0001 * np.asarray(rows, float)  # 1 ms + 0.1 ms a row
 
 
 def _trace(rows, forward=None, host_s=0.0001, device="cpu", sweep=None):
@@ -30,23 +31,7 @@ def _trace(rows, forward=None, host_s=0.0001, device="cpu", sweep=None):
     forward = _forward_s(rows) if forward is None else np.asarray(forward, float)
     true_forward = np.where(np.isfinite(forward), forward, _forward_s(rows))
     duration = true_forward + np.nan_to_num(host_s) + 0.0002
-    steps = pd.DataFrame(
-        {
-            "request_id": 0,
-            "step_index": range(len(rows)),
-            "batch_index": -1,
-            "query_tokens": rows.astype(int),
-            "attention_kv_tokens": (10 * rows).astype(int),
-            "active_streams": 1,
-            "start_s": np.r_[0.0, np.cumsum(duration + 0.00005)[:-1]],
-            "duration_s": duration,
-            "host_s": host_s,
-            "forward_s": forward,
-        }
-    )
-    meta = {"device": {"type": device}, **({"rows_sweep": {"passes": sweep}} if sweep else {})}
-    requests = pd.DataFrame({"request_id": [0], "queue_s": [0.00055]})
-    return type("T", (), {"steps": steps, "meta": meta, "requests": requests, "path": "cal"})()
+    return batch1_trace(rows, np.ones(len(rows)), duration, host_s, forward, device, sweep)
 
 
 ROWS = [8, 1, 2, 3, 4, 1, 1, 16, 2, 6]  # 7 pass sizes
@@ -98,14 +83,6 @@ def test_four_pass_sizes_are_enough_to_fit_each_size_once():
     q = np.array([1.0, 2.0, 4.0, 8.0])
     assert isinstance(cost.forward, LineForward)
     assert np.allclose(cost.forward_s(q, 10 * q, 1), _forward_s(q), rtol=1e-4)
-
-
-def _sweep(row_counts):
-    return [
-        {"rows": r, "keys": r * span, "duration_s": float(_forward_s(r)) + 1e-7 * r * span}
-        for r in row_counts
-        for span in (64, 256, 1024)
-    ]
 
 
 def test_auto_gives_a_gpu_part_the_roofline_even_from_a_cpu_trace_with_a_sweep():

@@ -651,20 +651,27 @@ def _calibration_trace(timed=True, host_s=None, extra_s=0.0002, device="cpu", sw
     `timed`: the forward timed apart (forward_s), else NaN (schema minor 2)."""
     rows, streams = (np.array(c, float) for c in zip(*SIZES))
     host = 0.0001 + 0.00001 * rows + 0.00005 * streams if host_s is None else np.full(len(rows), host_s)
-    duration = _forward_s(rows) + host + extra_s
-    start = np.r_[0.0, np.cumsum(duration + 0.00005)[:-1]]
+    forward = _forward_s(rows) if timed else np.nan
+    return batch1_trace(rows, streams, _forward_s(rows) + host + extra_s, host, forward, device, sweep, queue_s)
+
+
+def batch1_trace(rows, streams, duration, host, forward, device="cpu", sweep=None, queue_s=0.00055):
+    """One request's batch-1 passes (`rows` query rows and `streams` streams each, 10 keys a row),
+    each `duration` long with `host` of host work and `forward` of forward (NaN: not timed apart or
+    not recorded), 0.05 ms of the server's own work between passes, `queue_s` queued; `sweep`: a
+    rows sweep's passes in its meta."""
     steps = pd.DataFrame(
         {
             "request_id": 0,
             "step_index": range(len(rows)),
             "batch_index": -1,
-            "query_tokens": rows.astype(int),
-            "attention_kv_tokens": (10 * rows).astype(int),
-            "active_streams": streams.astype(int),
-            "start_s": start,
+            "query_tokens": np.asarray(rows).astype(int),
+            "attention_kv_tokens": (10 * np.asarray(rows)).astype(int),
+            "active_streams": np.asarray(streams).astype(int),
+            "start_s": np.r_[0.0, np.cumsum(duration + 0.00005)[:-1]],
             "duration_s": duration,
             "host_s": host,
-            "forward_s": _forward_s(rows) if timed else np.nan,
+            "forward_s": forward,
         }
     )
     meta = {"device": {"type": device}, **({"rows_sweep": {"passes": sweep}} if sweep else {})}
