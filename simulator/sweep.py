@@ -233,13 +233,12 @@ def _pop_calibrations(fixed: dict, hardware: Sequence[str]) -> dict:
         )
     from simulator.gemm import GemmParams
 
-    for part, text in calibrations.items():  # each config reads its part's again: refuse a bad one before any work
+    # each config parses its part's again (run_one): refuse a bad one here, before any work; not JSON
+    # text (TypeError, ValueError), not exactly GemmParams' fields, or a value out of range (ValueError)
+    for part, text in calibrations.items():
         try:
             GemmParams.from_json(json.loads(text))
-        except (
-            TypeError,
-            ValueError,
-        ) as error:  # not JSON text, not a dict of GemmParams' fields, a value out of range
+        except (TypeError, ValueError) as error:
             raise UsageError(f"--gemm-calibration for {part}: {error}") from None
     return calibrations
 

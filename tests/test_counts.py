@@ -66,6 +66,7 @@ CONSTRUCTORS = {
     "Parallelism tp": lambda v: Parallelism(tp=v),
     "Parallelism micro_batches": lambda v: Parallelism(micro_batches=v),
     "ClusterConfig replicas": lambda v: ClusterConfig(replicas=v),
+    "ClusterConfig disaggregate": lambda v: ClusterConfig(disaggregate=(v, 1)),
     "collective_time_s workers": lambda v: collective_time_s("all_reduce", 1 << 20, v, get_hardware("h100-sxm")),
     "ModelSpec n_layers": _model_layers,
     "HardwareSpec num_sms": _hardware_sms,

@@ -54,7 +54,7 @@ class ClusterConfig:
         if not is_count(self.replicas):
             raise UsageError(f"--replicas must be a positive integer, got {self.replicas!r}")
         get_router(self.router)
-        if self.disaggregate is not None and (len(self.disaggregate) != 2 or min(self.disaggregate) < 1):
+        if self.disaggregate is not None and (len(self.disaggregate) != 2 or not all(map(is_count, self.disaggregate))):
             raise UsageError(f"--disaggregate needs P:D with P, D >= 1, got {self.disaggregate!r}")
         if self.disaggregate is not None and self.replicas != 1:
             raise UsageError("--disaggregate P:D sets the replica counts; leave out --replicas")
