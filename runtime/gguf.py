@@ -181,6 +181,11 @@ def _check_special_ids(path: Path, reader) -> None:
 def load_gguf(spec: str, device: str = "cpu", dtype: torch.dtype | None = None):
     """`(HFCausalLM with .tokenizer, info)` for `gguf:PATH` or a named packaged model."""
     path = resolve_spec(spec)
+    with _one_parse(path):
+        return _load_checked(spec, path, device, dtype)
+
+
+def _load_checked(spec: str, path: Path, device: str, dtype: torch.dtype | None):
     arch = check_gguf(path)
     if importlib.util.find_spec("accelerate") is None:
         raise ModelFileError(f"loading GGUF weights needs the accelerate package: {INSTALL_HINT}")
@@ -232,6 +237,39 @@ def check_chat_template(path: Path, hf_tok) -> None:
         hf_tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
     except TemplateError as e:
         raise UsageError(f"{path}: its chat template does not render ({type(e).__name__}: {e})") from None
+
+
+@contextlib.contextmanager
+def _one_parse(path: Path):
+    """Parse the file's metadata once for the whole load. Was: four times (our checks, then
+    transformers' config, tokenizer and weights each build a `gguf.GGUFReader`, whose Python parse
+    of SmolLM2's 49,152 tokens and merges takes seconds), and transformers asked gguf for the same
+    tensor-name map once per submodule (some 400 times). While loading, the reader of this one
+    file is built once and shared (transformers and the checks only read it), and the name map is
+    remembered per (architecture, block count); both are put back after. Without the gguf package
+    there is nothing to share (`check_gguf` says so)."""
+    if importlib.util.find_spec("gguf") is None:
+        yield
+        return
+    import gguf as gguf_py
+
+    reader_class, name_map = gguf_py.GGUFReader, gguf_py.get_tensor_name_map
+    target = os.path.realpath(path)
+    readers: dict[str, object] = {}
+
+    def shared_reader(file, *args, **kwargs):
+        if args or kwargs or os.path.realpath(file) != target:
+            return reader_class(file, *args, **kwargs)
+        if target not in readers:
+            readers[target] = reader_class(file)
+        return readers[target]
+
+    shared = {"GGUFReader": shared_reader, "get_tensor_name_map": functools.lru_cache(maxsize=None)(name_map)}
+    gguf_py.__dict__.update(shared)
+    try:
+        yield
+    finally:
+        gguf_py.__dict__.update(GGUFReader=reader_class, get_tensor_name_map=name_map)
 
 
 @contextlib.contextmanager

@@ -162,11 +162,10 @@ def test_a_chat_template_that_does_not_render(tmp_path):
     gguf.check_chat_template(tmp_path / "m.gguf", tok)  # a template that renders passes
 
 
-def test_a_tokenizer_transformers_cannot_build(tmp_path, capsys):
-    """Was: tokenizer.ggml.model 'xxxx': ValueError from transformers' GGUF tokenizer (exit 1)."""
-    pytest.importorskip("accelerate")
-    p = tmp_path / "m.gguf"
-    w = gguf_pkg.GGUFWriter(str(p), "llama")
+def _write_unknown_tokenizer(path):
+    """A llama GGUF whose tokenizer model transformers does not know ("xxxx"): it passes the
+    checks and transformers' config, and fails at its tokenizer."""
+    w = gguf_pkg.GGUFWriter(str(path), "llama")
     w.add_block_count(1)
     w.add_tokenizer_model("xxxx")
     w.add_token_list(["a", "b", "c"])
@@ -175,5 +174,36 @@ def test_a_tokenizer_transformers_cannot_build(tmp_path, capsys):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def test_a_tokenizer_transformers_cannot_build(tmp_path, capsys):
+    """Was: tokenizer.ggml.model 'xxxx': ValueError from transformers' GGUF tokenizer (exit 1)."""
+    pytest.importorskip("accelerate")
+    p = _write_unknown_tokenizer(tmp_path / "m.gguf")
     rc, err = _capture(f"gguf:{p}", tmp_path, capsys)
     assert rc == 2 and len(err.splitlines()) == 1 and "transformers cannot load this GGUF file (ValueError" in err, err
+
+
+def test_one_load_parses_the_file_once_and_puts_gguf_back(tmp_path, monkeypatch):
+    """Was: four `GGUFReader`s per load (the checks, then transformers' config, tokenizer and
+    weights), each a seconds-long Python parse of a real vocabulary. Here the file gets through the
+    checks and transformers' config and fails at its tokenizer: one parse served all of them, and
+    gguf's own reader and name map are back in place after the error."""
+    pytest.importorskip("accelerate")
+    built = []
+
+    class CountingReader(gguf_pkg.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            built.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf_pkg, "GGUFReader", CountingReader)
+    name_map = gguf_pkg.get_tensor_name_map
+    p = _write_unknown_tokenizer(tmp_path / "m.gguf")
+    with pytest.raises(gguf.UsageError, match="transformers cannot load this GGUF file"):
+        gguf.load_gguf(f"gguf:{p}")
+    assert len(built) == 1, built
+    assert gguf_pkg.GGUFReader is CountingReader and gguf_pkg.get_tensor_name_map is name_map
+    gguf.check_gguf(p)  # outside a load every reader is a fresh one
+    assert len(built) == 2

