@@ -22,14 +22,54 @@ scaled with its prompt."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from simulator.cluster.workload_file import RequestLog, stretch
+from profiler.errors import UsageError
+from simulator.cluster.workload_file import RequestLog, read_workload_file, stretch
 from simulator.workload import load_workload
-from tests.simulator.toy_traces import P, write_toy_trace
+from tests.simulator.toy_traces import P, pasta, write_toy_trace
+
+HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
 
 
 def _log(prompts: list[int], outputs: list[int]) -> RequestLog:
     return RequestLog(np.zeros(len(prompts)), np.array(prompts), np.array(outputs), "w.csv")
+
+
+@pytest.mark.parametrize(
+    "rows,needle",
+    [
+        ("inf,8,4\n", "row 1: arrived_at is not a number (inf)"),  # not "the arrivals span nan s"
+        ("0,8,4\n1,inf,4\n", "row 2: num_prefill_tokens is not a number (inf)"),
+    ],
+)
+def test_an_infinite_value_is_not_a_number(tmp_path, rows, needle):
+    """Kills `isnan` for `~isfinite`: inf is refused as not a number (a first arrival of inf would
+    otherwise span inf - inf = NaN seconds, a length of inf be 'not in 1..1048576')."""
+    path = tmp_path / "w.csv"
+    path.write_text(HEADER + rows)
+    with pytest.raises(UsageError) as error:
+        read_workload_file(path)
+    assert needle in str(error.value)
+
+
+def test_a_bad_length_names_the_files_own_column(tmp_path):
+    """Under --columns, the refusal names the column the user's file calls it (`in`), not ours."""
+    path = tmp_path / "w.csv"
+    path.write_text("ts,in,out\n0,8,4\n1,0,4\n")
+    with pytest.raises(UsageError) as error:
+        read_workload_file(path, "arrived_at=ts,num_prefill_tokens=in,num_decode_tokens=out")
+    assert "row 2: in must be a whole number in 1..1048576, got 0" in str(error.value)
+
+
+def test_every_stretched_pass_reads_at_least_its_own_rows(tmp_path):
+    """PASTA with a one-token prompt (3 threads reading 9 of 4 live tokens) stretched to a
+    two-token answer: the live KV shrinks to 1 token, 9 x 1 / 4 rounds to 2 reads, but the pass's
+    3 query rows each read at least themselves (kills dropping `max(..., q)`)."""
+    structure = load_workload(write_toy_trace(tmp_path / "s", [pasta(1, 3, 4)], [1]))
+    w = stretch(structure, _log([1], [2]))
+    assert w.query_tokens.tolist() == [1, 3] and w.live_kv_tokens.tolist() == [1, 1]
+    assert w.kv_tokens_read.tolist() == [1, 3]
 
 
 def _window(prompt: int, budget: int, decodes: int) -> list[P]:
