@@ -15,10 +15,11 @@ stretched to the request's prompt and output lengths, pass by pass:
 - the generation passes are time-warped to round(n x O / O0) passes (new pass j follows source
   pass floor(j n / n')): each keeps its source's streams, query rows, tokens emitted and phase,
   so PASTA's threads split the output as measured and planned diffusion's spans keep their
-  share of the denoise steps; the generated part of the live KV scales by O / O0, so TIP's
-  evictions keep the measured live fraction (a pass evicts, scaled, what its source passes
-  evicted since the previous pass's source: a repeated source pass evicts once, a skipped one on
-  the next pass); KV reads scale with the live KV they read.
+  share of the denoise steps; the live KV the prefill left (the prompt, less what a budget
+  policy evicted during it) scales by P / P0 and the generated part beyond it by O / O0, so
+  TIP's evictions keep the measured live fraction (a pass evicts, scaled like its live KV, what
+  its source passes evicted since the previous pass's source: a repeated source pass evicts
+  once, a skipped one on the next pass); KV reads scale with the live KV they read.
 
 P0 is the source request's prompt; O and O0 count the tokens of the generation passes (the
 prefill's first token aside), so a one-token answer is its prefill alone. The result is a `Workload` the replay
@@ -207,7 +208,11 @@ def stretch(structure: Workload, log: RequestLog, seed: int = 0) -> Workload:
     G0, G, n_gen = _generation_tokens(w, usable, n_pre_all, src, O, n_gen_old)
     offsets, owner, is_pre, flat = _pass_map(w, src, n_pre, n_gen_old, n_gen)
     p_scale, o_scale = (P / P0)[owner], (G / G0)[owner]
-    live, q, kv, alloc = _stretched_passes(w, flat, is_pre, p_scale, o_scale, P[owner], P0[owner])
+    # the live KV the prefill leaves: the prompt, or less where a budget (window, streaming, h2o)
+    # evicted during it; was: the whole prompt, so a window of 8 over a 12-token prompt held 12 a decode
+    left0 = np.minimum(P0, w.live_kv_tokens[w.pass_starts[src] + n_pre - 1])
+    left = P * left0 / P0  # P exactly where the prefill evicted nothing
+    live, q, kv, alloc = _stretched_passes(w, flat, is_pre, p_scale, o_scale, left[owner], left0[owner])
     emits = w.emits[flat].copy()
     per_req = {
         "prompt_tokens": log.prompt_tokens.copy(),
@@ -225,7 +230,7 @@ def stretch(structure: Workload, log: RequestLog, seed: int = 0) -> Workload:
         logit_tokens=w.logit_tokens[flat],
         live_kv_tokens=live,
         alloc_kv_tokens=alloc,
-        evicted_tokens=_stretched_evictions(w, flat, offsets, is_pre, o_scale),
+        evicted_tokens=_stretched_evictions(w, flat, offsets, is_pre, p_scale, o_scale),
         phase=w.phase[flat],
         emits=emits,
         status=("ok",) * len(src),
@@ -276,17 +281,24 @@ def _pass_map(
 
 
 def _stretched_evictions(
-    w: Workload, flat: np.ndarray, offsets: np.ndarray, is_pre: np.ndarray, o_scale: np.ndarray
+    w: Workload,
+    flat: np.ndarray,
+    offsets: np.ndarray,
+    is_pre: np.ndarray,
+    p_scale: np.ndarray,
+    o_scale: np.ndarray,
 ) -> np.ndarray:
     """Tokens each new pass evicts: those its source passes since the previous new pass's source
     evicted (a source pass repeated by a longer output counts once, on its first copy, where the
     stretched live KV falls; one skipped by a shorter output counts on the next new pass), scaled
-    like the generated KV (by O / O0) on generation passes."""
+    like the pass's live KV: by P / P0 on prefill passes (was: not scaled, so a doubled prompt's
+    prefill took in twice the tokens, held twice the live KV and evicted the source's count), by
+    O / O0 on generation passes."""
     evicted = np.cumsum(w.evicted_tokens)[flat]  # through each new pass's source pass
     since = np.diff(evicted, prepend=0)
     first = offsets[:-1][np.diff(offsets) > 0]
     since[first] = w.evicted_tokens[flat[first]]  # a request's first pass: its source pass's own
-    return np.round(since * np.where(is_pre, 1, o_scale)).astype(np.int64)
+    return np.round(since * np.where(is_pre, p_scale, o_scale)).astype(np.int64)
 
 
 def _stretched_passes(
@@ -295,13 +307,14 @@ def _stretched_passes(
     is_pre: np.ndarray,
     p_scale: np.ndarray,
     o_scale: np.ndarray,
-    prompt: np.ndarray,
-    prompt_live: np.ndarray,
+    left: np.ndarray,
+    left0: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Live KV, query tokens, KV reads and allocated KV of the new passes, scaled from their source
-    passes (module doc); `prompt` and `prompt_live`: each pass's new and source prompt length."""
+    passes (module doc); `left` and `left0`: the live KV each pass's request's prefill leaves, new
+    and source (its prompt where the prefill evicts nothing)."""
     live0 = w.live_kv_tokens[flat].astype(float)
-    live = np.where(is_pre, live0 * p_scale, prompt + np.maximum(live0 - prompt_live, 0) * o_scale)
+    live = np.where(is_pre, live0 * p_scale, left + np.maximum(live0 - left0, 0) * o_scale)
     live = np.maximum(np.round(live), 1).astype(np.int64)
     q = np.where(is_pre, np.maximum(np.round(w.query_tokens[flat] * p_scale), 1), w.query_tokens[flat]).astype(np.int64)
     q0 = w.query_tokens[flat].astype(float)
