@@ -126,7 +126,10 @@ def link_kwargs(path: str) -> dict:
 
 
 def stage_layers(n_layers: int, pp: int) -> list[int]:
-    """Layers per stage, the first stages taking the remainder."""
+    """Layers per stage, the first stages taking the remainder. A stage of no layer is refused
+    here too, for callers that skip `Parallelism.check` (was: memory_plan's ZeroDivisionError)."""
+    if pp > n_layers:
+        raise UsageError(f"--pp {pp} exceeds the model's {n_layers} layers: a stage needs at least one")
     base, extra = divmod(n_layers, pp)
     return [base + (1 if s < extra else 0) for s in range(pp)]
 

@@ -20,11 +20,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from profiler.errors import UsageError
 from simulator import comm
-from simulator.cluster.parallel import Parallelism
+from simulator.cluster.parallel import Parallelism, memory_plan, stage_layers
 from simulator.cluster.pipeline import replay_interleaved
 from simulator.cluster.run import comm_shares, pass_totals
 from simulator.comm import CommParams, Ramp
+from simulator.hardware import get_hardware
+from simulator.models import get_model
 from simulator.replay import ReplayConfig
 from simulator.workload import load_workload
 from tests.simulator.cluster_helpers import MODEL, one_second_stages
@@ -59,3 +62,11 @@ def test_interleaved_passes_are_one_micro_batch_each(tmp_path, quarter_second_co
     shares = comm_shares(res, cost, pipelines)
     assert shares["send_recv_share_percent"] == pytest.approx(100 * 0.25 / 2.25)
     assert shares["all_reduce_share_percent"] == 0.0 and np.isfinite(shares["pipeline_bubble_percent"])
+
+
+def test_memory_plan_refuses_a_stage_of_no_layer():
+    """Was: memory_plan(h100, llama-3-8b, pp=40) divided by a stage's zero KV bytes per token
+    (ZeroDivisionError) where Parallelism.check had not run first."""
+    with pytest.raises(UsageError, match="--pp 40 exceeds the model's 32 layers"):
+        memory_plan(get_hardware("h100-sxm"), get_model("llama-3-8b"), Parallelism(pp=40))
+    assert stage_layers(32, 32) == [1] * 32
