@@ -358,7 +358,7 @@ def _chunked_trace(tmp_path):
 def test_prefill_chunk_rows_are_valid(tmp_path):
     """A chunk row's -1 KV figures, zero query rows and step_index -1 are not problems, and it is not
     counted among the request's passes (mutants: chunk rows read as passes, in the negative-count, the
-    query-row or the step_index check; chunk rows start at the same time as the pass after them)."""
+    query-row or the step_index check)."""
     t = _chunked_trace(tmp_path)
     assert len(t.steps) == 6 and problems(t) == []
 
@@ -369,6 +369,21 @@ def test_a_chunk_row_below_minus_one_is_a_problem(tmp_path, col):
     t = _chunked_trace(tmp_path)
     t.steps = _set(t.steps, 0, col, -2)
     assert f"steps: negative {col}" in problems(t)
+
+
+def test_a_re_prefill_chunk_after_a_preemption_is_not_back_in_time(tmp_path):
+    """A request preempted after its pass 0 is re-prefilled in chunks (rows of step_index -1) before
+    its pass 1: the chunk rows come after pass 0 in time. Was: sorted by step_index, the chunk at
+    0.05 s went before pass 0 at 0 s, "start_s goes back in time" (every --chunked-prefill capture
+    that preempted was refused by inspect --validate, simulate, diff and export)."""
+    req, (chunk, *passes), toks, graph = _chunked_rows(0)
+    w = TraceWriter(tmp_path / "p", META)
+    w.add_request(req, [passes[0], {**chunk, "start_s": 0.05}, passes[1]], toks, graph)
+    t = read_trace(w.close())
+    assert t.steps["step_index"].tolist() == [0, -1, 1] and t.steps["start_s"].tolist() == [0.0, 0.05, 0.1]
+    assert problems(t) == []
+    t.steps = t.steps.assign(start_s=[0.1, 0.05, 0.0])  # pass 1 before pass 0: still found
+    assert problems(t) == ["steps: start_s goes back in time between passes of requests [0]"]
 
 
 @pytest.mark.parametrize("streams", ["", "0", "0,1", " -1 , 2 "])
