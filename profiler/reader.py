@@ -270,8 +270,20 @@ def _graphs_by_id(graphs: dict) -> dict[int, dict]:
         ids, of = graphs["request_ids"], graphs["structure_of"]
         # whole numbers only, one structure per id (were: a request id 0.5 read as 0, and a list shorter
         # than the other cut the longer one short)
-        return {_whole(r): structures[str(_whole(s))] for r, s in zip(ids, of, strict=True)}
-    return {int(k): v for k, v in graphs.items()}
+        by_id = {_whole(r): structures[str(_whole(s))] for r, s in zip(ids, of, strict=True)}
+        if len(by_id) != len(ids):  # was: a repeated id kept its last structure, silently
+            raise ValueError("a request id given twice")
+        return by_id
+    return {_request_key(k): v for k, v in graphs.items()}
+
+
+def _request_key(key: str) -> int:
+    """A per-request graph.json key: a request id as the writers spell it, str(int) (ValueError
+    otherwise; was int(key), which read "1_0" as request 10 and let "01" and "1" overwrite each other)."""
+    rid = int(key)
+    if str(rid) != key:
+        raise ValueError(f"not a request id: {key!r}")
+    return rid
 
 
 def _whole(x: object) -> int:

@@ -152,6 +152,7 @@ def test_a_trace_without_counters_or_a_complete_flag_reads(t):
         ([0], [0.0]),
         ([0, 1], [0]),  # was: request 1 dropped, the lists cut to the shorter
         ([0], [0, 0]),
+        ([0, 0], [0, 0]),  # was: the repeated id kept its last structure
     ],
 )
 def test_a_graph_json_of_the_wrong_shape_is_one_trace_error(t, ids, of):
@@ -159,6 +160,18 @@ def test_a_graph_json_of_the_wrong_shape_is_one_trace_error(t, ids, of):
     (t / "graph.json").write_text(json.dumps(shared))
     with pytest.raises(TraceError, match="graph.json keys must be request ids"):
         read_trace(t)
+
+
+@pytest.mark.parametrize("key", ["1_0", "01", "+1", " 1", "1.0", "x"])
+def test_a_per_request_graph_key_is_a_request_id_as_written(t, key):
+    """Keys are str(request id); was int(key): "1_0" read as request 10, "01" and "1" collided."""
+    graphs = json.loads((t / "graph.json").read_text())
+    first = next(iter(graphs))
+    (t / "graph.json").write_text(json.dumps({**graphs, key: graphs[first]}))
+    with pytest.raises(TraceError, match="graph.json keys must be request ids"):
+        read_trace(t)
+    (t / "graph.json").write_text(json.dumps({**graphs, "-3": graphs[first]}))
+    assert read_trace(t).graphs[-3] == graphs[first]  # a negative id, as written, reads
 
 
 ORDER = [4, 0, 7, 2, 9, 1, 8, 3, 6, 5]
