@@ -223,39 +223,7 @@ def shape_levels(held: pd.DataFrame, above: int = 1024, most: int = 5) -> None:
         print(f"  per-shape level above {above} tokens, {label} (K x N, signed median %): {shapes}")
 
 
-def _smoothed_residuals(rows: pd.DataFrame, held: pd.DataFrame, bm: float, bkn: float, shrink: float) -> np.ndarray:
-    """APE of the dev split's held-out predictions corrected by a residual surface: each fit's
-    training log errors (median per K, N and M) smoothed by a Gaussian kernel over (log2 M,
-    log2 K, log2 N) with widths (bm, bkn, bkn) and `shrink` towards no correction, read at the
-    held-out points (an A100-only correction of the physics; the experiment, not kept)."""
-    from simulator.gemm_fit import predict_tiles, shape_half
-
-    def points(frame: pd.DataFrame) -> np.ndarray:
-        return np.log2(frame[["num_tokens", "K", "N"]].to_numpy(float)) / np.array([bm, bkn, bkn])
-
-    errors, fits = [], iter(held.attrs["params"])
-    for seed in (0, 1):
-        in_half = shape_half(rows, seed)
-        for train_mask in (in_half, ~in_half):
-            train, params = rows[train_mask].reset_index(drop=True), next(fits)
-            test = held[
-                (held["seed"] == seed)
-                & held.set_index(["K", "N"]).index.isin(list(set(zip(rows[~train_mask]["K"], rows[~train_mask]["N"]))))
-            ]
-            log_err = np.log(predict_tiles(train, params) / train["time_s"].to_numpy(float))
-            surface = train.assign(r=log_err).groupby(["K", "N", "num_tokens"]).r.median().reset_index()
-            x, y = points(surface), surface["r"].to_numpy()
-            at = test[["K", "N", "num_tokens"]].drop_duplicates().reset_index(drop=True)
-            xa, corr = points(at), np.empty(len(at))
-            for i in range(0, len(at), 500):
-                kernel = np.exp(-0.5 * ((xa[i : i + 500, None, :] - x[None]) ** 2).sum(-1))
-                corr[i : i + 500] = kernel @ y / (kernel.sum(1) + shrink)
-            c = test.merge(at.assign(c=corr), on=["K", "N", "num_tokens"], how="left")["c"].to_numpy()
-            errors.append(ape_percent(test["tiles_s"].to_numpy() * np.exp(-c), test["time_s"].to_numpy()))
-    return np.concatenate(errors)
-
-
-def dev(fixed: dict[str, float], lower: dict[str, float], smooth: tuple[float, ...] | None = None) -> dict:
+def dev(fixed: dict[str, float], lower: dict[str, float]) -> dict:
     """Median and p90 APE of the tile model on the dev split, pooled and per token band."""
     start = time.perf_counter()
     rows = gemm_rows(load_vidur())
@@ -269,9 +237,6 @@ def dev(fixed: dict[str, float], lower: dict[str, float], smooth: tuple[float, .
     print(f"  all: median {np.median(ape):.2f}  p90 {np.percentile(ape, 90):.2f}")
     for band, values in bands:
         print(f"  {str(band):18s} median {np.median(values):5.2f}  p90 {np.percentile(values, 90):5.2f}")
-    if smooth is not None:
-        smoothed = _smoothed_residuals(rows, held, *smooth)
-        print(f"  residual surface {smooth}: median {np.median(smoothed):.2f}  p90 {np.percentile(smoothed, 90):.2f}")
     where_the_error_is(held, "seed", rows)
     shape_levels(held)
     for params in held.attrs["params"]:
@@ -536,7 +501,6 @@ def main() -> None:
     parser.add_argument(
         "--min", action="append", default=[], metavar="NAME=VALUE", help="with --dev: set a lower bound"
     )
-    parser.add_argument("--smooth", metavar="BM,BKN,SHRINK", help="with --dev: a residual surface (experiment)")
     parser.add_argument(
         "--choice",
         action="store_true",
@@ -565,11 +529,7 @@ def main() -> None:
     elif args.choice:
         figures = choice()
     elif args.dev:
-        figures = dev(
-            _settings(parser, args.fix),
-            _settings(parser, args.min),
-            tuple(map(float, args.smooth.split(","))) if args.smooth else None,
-        )
+        figures = dev(_settings(parser, args.fix), _settings(parser, args.min))
     elif args.calibration:
         figures = calibration()
     elif args.transfer:
