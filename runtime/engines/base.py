@@ -262,7 +262,8 @@ class RequestState:
         raise NotImplementedError
 
     def next_rows(self) -> int:
-        """Query rows of the next pass (replay rows included), without allocating anything."""
+        """Query rows of the next pass, without allocating anything; a recompute's replay rows are not
+        counted (the server adds them: `replay + next_rows()`)."""
         raise NotImplementedError
 
     def next_new_slots(self) -> dict:
