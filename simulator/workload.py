@@ -211,7 +211,9 @@ def _causal(x: np.ndarray) -> np.ndarray:
     return x * (x + 1) // 2
 
 
-def own_passes(steps: pd.DataFrame, tokens: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def own_passes(
+    steps: pd.DataFrame, tokens: pd.DataFrame, replay_in_rows: bool = True
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A serving trace's rows as each request's own passes: the demand, not what the load did to it.
 
     Chunks of a prefill (`note` "prefill chunk", or a true `chunk` column) fold into the pass they
@@ -219,13 +221,17 @@ def own_passes(steps: pd.DataFrame, tokens: pd.DataFrame) -> tuple[pd.DataFrame,
     `recompute_tokens`, else the count in `note` "recompute after preemption (N tokens)", else the
     live KV of the request's row before it) is taken out: it is what a preemption cost, not new demand. Tokens' step
     indices follow. Rows sorted by (request_id, step_index); other traces pass through unchanged.
+    `replay_in_rows` False: the rows' query tokens and KV reads are already the request's own (the
+    runtime's serving capture records the re-prefill only in `recompute_tokens`), nothing is taken out.
     """
     note = steps["note"].fillna("").astype(str) if "note" in steps else pd.Series("", index=steps.index)
     chunk = chunk_rows(steps)
     rid = steps["request_id"].to_numpy(np.int64)
     live = steps["live_kv_tokens"].to_numpy(np.int64)
     first = np.r_[True, rid[1:] != rid[:-1]] if len(rid) else np.zeros(0, bool)
-    if "recompute_tokens" in steps:
+    if not replay_in_rows:
+        rc = np.zeros(len(steps), np.int64)
+    elif "recompute_tokens" in steps:
         rc = steps["recompute_tokens"].fillna(0).to_numpy(np.int64)
     else:  # "recompute after preemption (N tokens)"; without a count: the KV the request held before
         counted = note.str.extract(r"recompute after preemption \((\d+) tokens\)")[0].fillna(-1).astype(np.int64)
@@ -264,7 +270,9 @@ def from_trace(trace: Trace) -> Workload:
     under load: see `own_passes`)."""
     req = trace.requests.sort_values("request_id", kind="stable").reset_index(drop=True)
     steps = trace.steps.sort_values(["request_id", "step_index"], kind="stable").reset_index(drop=True)
-    steps, toks = own_passes(steps, trace.tokens)
+    # a simulated trace's rows carry the re-prefill (simtrace); a runtime capture's rows do not
+    # (was: taken out of them too, a decode after a recompute read back as 0 query tokens)
+    steps, toks = own_passes(steps, trace.tokens, replay_in_rows=trace.kind == "simulated")
     if toks is not trace.tokens:
         trace = dataclasses.replace(trace, tokens=toks)
     ids = req["request_id"].to_numpy(np.int64)

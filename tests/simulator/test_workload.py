@@ -157,3 +157,21 @@ def test_a_malformed_kv_bytes_per_token_is_one_trace_error(tmp_path, value, caps
     assert main(["simulate", str(t), "--hardware", "h100-sxm"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("solm simulate: error: ") and err.count("\n") == 1, err
+
+
+def test_a_runtime_capture_recompute_is_not_taken_out_of_its_own_rows(tmp_path):
+    """The runtime's serving capture records a readmitted request's pass with its own rows only
+    (`query_tokens` 1, `kv_tokens_read` 33 for a decode) and the re-prefill in `recompute_tokens`
+    (32): the workload keeps 1 and 33. Was: 32 taken out again, the decode read back as 0 query
+    tokens and 32 reads (`solm capture --rate inf --page-size 4 --kv-budget-mib 0.140625`)."""
+    import dataclasses
+
+    from profiler.reader import read_trace
+
+    trace = read_trace(write_toy_trace(tmp_path / "t", [seq(31, 4)], [31]))
+    steps = trace.steps.copy()
+    steps["recompute_tokens"] = [0, 0, 32, 0]  # the decode at step 2 followed a preemption
+    w = from_trace(dataclasses.replace(trace, steps=steps))
+    assert [(d.query_tokens, d.kv_tokens_read) for d in w.passes(0)] == [(31, 496), (1, 32), (1, 33), (1, 34)]
+    simulated = from_trace(dataclasses.replace(trace, steps=steps, meta={**trace.meta, "kind": "simulated"}))
+    assert simulated.passes(0)[2][:2] == (0, 32)  # a simulated row carries its re-prefill: taken out (clamped)
