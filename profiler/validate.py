@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from profiler.reader import Trace, TraceError, read_trace
 from profiler.schema import PHASES, STATUSES, TOKEN_KINDS, chunk_rows
@@ -63,7 +64,7 @@ def problems(trace: Trace) -> list[str]:
             out.append(f"steps: {empty} passes with {col} < 1 (a forward pass computes query rows of a stream)")
     out += _request_row_problems(trace, passes)
     out += count_problems(req, measured=trace.kind == "measured")
-    out += timing_problems(trace)
+    out += timing_problems(trace, passes)  # the chunk rows found once
     out += list(graphs_problems(trace))
     return out
 
@@ -174,9 +175,10 @@ def _bad_times(values: np.ndarray, allow_nan: bool) -> np.ndarray:
     return (np.isinf(v) | (v < 0) | (v > MAX_TIME_S)) | (nan & (not allow_nan))
 
 
-def timing_problems(trace: Trace) -> list[str]:
+def timing_problems(trace: Trace, passes: pd.DataFrame | None = None) -> list[str]:
     """Times must be finite and non-negative: arrivals, starts, TTFT, E2E (finished requests),
-    pass starts and durations, counter timestamps."""
+    pass starts and durations, counter timestamps. `passes`: the steps rows that are not prefill
+    chunks, where the caller has them (`problems`); else found here."""
     out: list[str] = []
     req = trace.requests
     ok = (req["status"] == "ok").to_numpy()
@@ -189,8 +191,9 @@ def timing_problems(trace: Trace) -> list[str]:
         bad = _bad_times(trace.steps[col], allow_nan=False)
         if bad.any():
             out.append(f"steps: {int(bad.sum())} rows with {col} infinite, negative or NaN (or over {MAX_TIME_S:g} s)")
-    passes = ~chunk_rows(trace.steps)  # the three columns the check reads, not the whole table, are copied
-    back = _back_in_time(trace.steps.loc[passes, ["request_id", "step_index", "start_s"]])
+    if passes is None:  # the three columns the check reads, not the whole table, are copied
+        passes = trace.steps.loc[~chunk_rows(trace.steps), ["request_id", "step_index", "start_s"]]
+    back = _back_in_time(passes)
     if back:
         out.append(f"steps: start_s goes back in time between passes of requests {back[:5]}")
     if len(trace.counters) and _bad_times(trace.counters["t_s"], allow_nan=False).any():
