@@ -30,6 +30,9 @@ def problems(trace: Trace) -> list[str]:
         stray = set(df["request_id"].tolist()) - ids
         if stray:
             out.append(f"{name}: rows for unknown requests {sorted(stray)[:5]}")
+    stray = set(trace.graphs) - ids  # was: kept and read by nothing, the trace called valid
+    if stray:
+        out.append(f"graph.json: graphs for unknown requests {sorted(stray)[:5]}")
     bad_phase = set(steps["phase"].unique()) - set(PHASES)
     if bad_phase:
         out.append(f"steps: unknown phases {sorted(bad_phase)}")

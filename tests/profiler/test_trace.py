@@ -304,6 +304,8 @@ MORE_DAMAGE = [
         "tokens: rows for unknown requests [9]",
         lambda t: setattr(t, "tokens", pd.concat([t.tokens, t.tokens.iloc[[0]].assign(request_id=9)])),
     ),
+    # a graph for a request the trace does not have (was: kept, read by nothing, the trace valid)
+    ("graph.json: graphs for unknown requests [9]", lambda t: t.graphs.update({9: t.graphs[0]})),
     ("steps: unknown phases ['bogus']", _damage_steps("phase", "bogus")),  # mutant: phase check dropped
     ("tokens: unknown kinds ['bogus']", lambda t: setattr(t, "tokens", _set(t.tokens, 0, "kind", "bogus"))),
     # -1 is allowed on chunk rows only: on a pass it is a negative count (mutant: passes allowed -1 too)
