@@ -152,7 +152,6 @@ MIN_SPLIT_ITERS = 4  # a split-K slice keeps at least this many k-iterations
 # cuBLAS sm90 kernels' "segment_k" variants and CUTLASS 3's split-K / stream-K fix-up through a
 # workspace (Hopper and Blackwell); cuBLAS on Ampere launches a separate splitKreduce kernel.
 IN_KERNEL_SPLIT_K: frozenset[str] = frozenset({"hopper", "blackwell"})
-HBM_LATENCY_S = 600e-9  # a load's round trip to HBM (A100 microbenchmarks: 500-700 ns)
 PARTIAL_BYTES = 4  # split-K partial sums are fp32
 
 
@@ -168,7 +167,6 @@ class GemmParams:
     overlap_p: float = 3.0  # a wave's compute and memory overlap as a p-norm (large p: max)
     choice_q: float = 0.0  # 0: the fastest kernel; q > 0: a power mean (exponent -q) of all
     tail_share: float = 0.0  # share of a partial last wave's idle SM time recovered (0: pure waves)
-    mlp_iters: float = 0.0  # k-iterations of operand loads a CTA keeps in flight to HBM (0: no cap)
 
     def __post_init__(self) -> None:
         bounds = {
@@ -180,9 +178,8 @@ class GemmParams:
             "overlap_p": (None, None),
             "choice_q": (None, None),
             "tail_share": (None, 1),
-            "mlp_iters": (None, None),
         }
-        minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0, "tail_share": 0.0, "mlp_iters": 0.0}
+        minimum = {"fill_iters": 0.0, "overlap_p": 1.0, "choice_q": 0.0, "tail_share": 0.0}
         for name, (low, high) in bounds.items():
             value = getattr(self, name)
             ok = isinstance(value, (int, float)) and not math.isnan(value)
@@ -306,10 +303,6 @@ def _kernels(
     compute = ((1.0 - p.tail_share) * quantized + p.tail_share * fluid) * iter_s
     bandwidth = hw.hbm_bytes_per_s * p.memory_eff
     memory = _hbm_bytes(m, k, n, rows, cols, per_wave, split, hw, dtype_bytes) / bandwidth
-    if p.mlp_iters > 0:  # Little's law: the resident CTAs' loads in flight over the HBM latency
-        active = np.minimum(tiles, per_wave)
-        in_flight = active * p.mlp_iters * (c.tm + c.tn) * c.tk * dtype_bytes
-        memory = _pnorm(memory, memory * bandwidth * HBM_LATENCY_S / in_flight, 4.0)
     # Every full wave streams the same share of the bytes per tile, so summing the waves'
     # overlapped times equals overlapping the sums (up to the last wave), and the sum stays
     # monotone in M: the overlap is taken once, over the kernel.
