@@ -107,7 +107,7 @@ def iter_trace_events(trace: Trace, index: int = 0) -> Iterator[dict]:
         ts, dur = _us(start), _us(duration)
         step = {k: int(v) for k, v in zip(STEP_ARGS, values)}
         step["streams"] = streams
-        if note:
+        if isinstance(note, str) and note:  # a missing cell: None from disk, NaN in a table built in memory
             step["note"] = note
         yield _event("X", "step", phase, ts, dur, pid, STEPS_TID, step)
         for stream in _streams(streams):

@@ -118,3 +118,15 @@ def test_processes_are_labelled_with_the_traces_kind_system_and_every_counter_so
     names = {e["pid"]: e["args"]["name"] for e in to_chrome_trace([t])["traceEvents"] if e["name"] == "process_name"}
     assert names[1] == "sim [simulated pasta] request 0"
     assert names[0] == "sim [simulated pasta] counters (host,nvml)"
+
+
+def test_a_missing_note_in_memory_is_no_note(pasta):
+    """A steps table built in memory may hold NaN for a missing note (pandas' missing value): no
+    `note` is exported for it (was: `note: NaN`, which no JSON reader accepts)."""
+    import json
+
+    pasta.steps = pasta.steps.astype({"note": object})
+    pasta.steps.loc[pasta.steps.index[0], "note"] = np.nan
+    doc = to_chrome_trace([pasta])
+    assert not [e for e in _passes(doc["traceEvents"]) if "note" in e["args"]]
+    json.loads(json.dumps(doc, allow_nan=False))
