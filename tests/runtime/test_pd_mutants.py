@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from runtime.engines.base import GenerationConfig, Request, drain
 from runtime.engines.planned_diffusion import PlannedDiffusionEngine
 from runtime.kv import RequestKV
@@ -144,3 +146,39 @@ def test_the_kv_reservation_bounds_a_run_at_its_guards(tok, tiny_model):
     assert c.stop_reason == "max_rounds" and [n["length"] for n in c.graph["nodes"] if n["kind"] == "span"] == [L] * 3
     assert peak == c.prompt_tokens + len(tok.encode(plan)) - 1 + max_spans * (L + 2)  # all but the last <sync/>
     assert peak <= st.max_kv_tokens()
+
+
+def _small_model(max_positions):
+    import dataclasses
+
+    from runtime.model import ModelConfig, TinyLM
+
+    return TinyLM(dataclasses.replace(ModelConfig.from_name("tiny-2l"), max_positions=max_positions), seed=1).eval()
+
+
+@pytest.mark.parametrize(
+    "plan,knobs,max_positions,stop",
+    [
+        (entry_text("a", 1) + entry_text("b", 2) + "<sync/>xy<eos>", {}, 64, "stop_token"),
+        ("x" * 40, {}, 64, "max_tokens"),
+        (entry_text("a", 1) + "<sync/>" + entry_text("b", 1) + "<sync/>", {"max_rounds": 1}, 64, "max_rounds"),
+        (entry_text("a", 1) + "<sync/>xy<eos>", {}, 12, "max_positions"),  # the round's spans would not fit
+    ],
+)
+def test_every_token_a_pass_emits_is_in_the_output_at_that_pass(tok, tiny_model, plan, knobs, max_positions, stop):
+    """Whatever stops the run, each token a pass emits is in the output, stamped with that pass
+    (span tags aside: laid out, not sampled), and the output fills the positions after the prompt
+    (was: the `<sync/>` sampled when max_rounds stops the run, or the end token of a round whose
+    spans would not fit, left out of the output though its pass emitted it)."""
+    model = tiny_model if max_positions == 64 else _small_model(max_positions)
+    eng = pd(tok, model, max_tokens=8 if stop == "max_tokens" else 64, forced_plan=plan, length_scale=4, **knobs)
+    steps, c = drain(eng.run(Request(0, "hi")))
+    assert c.stop_reason == stop
+    for s in steps:
+        got = [
+            t.token_id for t in c.tokens if t.step_index == s.step_index and (s.phase != "denoise" or t.kind != "tag")
+        ]
+        assert sorted(got) == sorted(s.emitted), s
+    assert sorted(t.position_id for t in c.tokens) == list(range(c.prompt_tokens, c.prompt_tokens + len(c.tokens)))
+    last_ar = [s for s in steps if s.phase != "denoise"][-1]
+    assert c.tokens[-1].token_id == last_ar.emitted[0] and c.tokens[-1].kv_slot == -1  # sampled, never fed
