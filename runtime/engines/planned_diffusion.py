@@ -217,7 +217,7 @@ class PlannedDiffusionState(RequestState):
         self.span_round: dict[int, int] = {}
         self.revealed: list[int] = []  # span ids the AR stream sees (after <sync/>)
         self.events: list[dict] = []
-        self.tail: list[TokenRecord] = []  # the final <eos>, never fed
+        self.tail: list[TokenRecord] = []  # the end token a stop kept from being fed (<eos>, <sync/>)
         self.step = self.rnd = self.ar_passes = self.dn_passes = self.ar_generated = 0
         self.refresh: list[int] = []
         self.peak = [kv.live_tokens, kv.bytes_allocated]
@@ -305,7 +305,7 @@ class PlannedDiffusionState(RequestState):
             return step
         entries = self.parser.pop_round()
         if entries and len(self.lay) + sum(e.length + 2 for e in entries) + 1 >= eng.model.cfg.max_positions:
-            self._stop("max_positions")
+            self._stop_at_end(tid, pos_step, "max_positions")
             return step
         self.round_end = (parsed.end, tid, pos_step)
         if entries:  # lay out the round's spans and denoise them together
@@ -396,15 +396,13 @@ class PlannedDiffusionState(RequestState):
         """After a round's end token (and its spans, if any): stop, or feed `<sync/>` and plan on."""
         end, tid, pos_step = self.round_end
         if end.kind != "sync":
-            self.tail.append(TokenRecord(tid, 0, pos_step, len(self.lay), "tag", -1, (-1, 0, *self.revealed)))
-            self._stop("stop_token" if end.kind == "eos" else "max_plan_tokens")
+            self._stop_at_end(tid, pos_step, "stop_token" if end.kind == "eos" else "max_plan_tokens")
             return
         if self.rnd >= self.eng.max_rounds:
-            self._stop("max_rounds")
+            self._stop_at_end(tid, pos_step, "max_rounds")
             return
         if len(self.lay) + 1 >= self.eng.model.cfg.max_positions:  # no position after `<sync/>`
-            self.tail.append(TokenRecord(tid, 0, pos_step, len(self.lay), "tag", -1, (-1, 0, *self.revealed)))
-            self._stop("max_positions")
+            self._stop_at_end(tid, pos_step, "max_positions")
             return
         self.revealed = [s.sid for s in self.spans]
         (i,) = self.lay.append("sync", [tid])
@@ -413,6 +411,12 @@ class PlannedDiffusionState(RequestState):
 
     def _stop(self, reason: str) -> None:
         self.done, self.stop_reason = True, reason
+
+    def _stop_at_end(self, tid: int, pos_step: int, reason: str) -> None:
+        """Stop on a round's end token, which is never fed: it closes the output (the tail) at the
+        position after the layout, stamped with the pass that sampled it."""
+        self.tail.append(TokenRecord(tid, 0, pos_step, len(self.lay), "tag", -1, (-1, 0, *self.revealed)))
+        self._stop(reason)
 
     # ------------------------------------------------------------------ preemption
     def held(self) -> list[tuple[int, int, np.ndarray]]:
