@@ -395,6 +395,8 @@ class Server:
         r = 0
         for e, inp in zip(entries, inputs):
             t = self.tracked[e.request_id]
+            if e.chunk and not e.recompute_tokens:  # a prompt chunk (a replay's rows were scored before)
+                t.live.after_chunk(attn)
             if not e.chunk:
                 t0 = time.perf_counter()
                 e.step = t.live.after(logits[r : r + inp.rows], attn)

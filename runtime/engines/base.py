@@ -258,6 +258,10 @@ class RequestState:
     def after(self, logits: torch.Tensor, attention: torch.Tensor | None) -> Step:
         raise NotImplementedError
 
+    def after_chunk(self, attention: torch.Tensor | None) -> None:
+        """A chunk of the prompt's prefill ran (nothing sampled): the attention its rows gave each
+        slot, for a request that asked for it (a run alone sees the whole prompt's in its prefill)."""
+
     def completion(self) -> Completion:
         raise NotImplementedError
 

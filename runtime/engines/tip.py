@@ -134,6 +134,8 @@ class TipStream(RequestState):
         self.live.clear()
         self.allocated.clear()
         self.fed, self.fed_slot, self.slot_fed = [], [], {}
+        if hasattr(self.policy, "scores"):  # H2O: the chunks' scores start over with them
+            self.policy.scores.clear()
 
     def prefill_inputs(self, k: int) -> PassInputs:
         """The next `k` prompt tokens (all that is left: the prefill pass; fewer: a chunk)."""
@@ -222,6 +224,12 @@ class TipStream(RequestState):
         return self.kv.release()
 
     # ------------------------------------------------------------------ after a pass
+    def after_chunk(self, attention: torch.Tensor | None) -> None:
+        """H2O scores the prompt's chunks as a run alone scores its whole prefill (was: only the last
+        chunk's attention counted, so a chunked run evicted other tokens than the run alone)."""
+        if attention is not None:
+            self.policy.observe(list(self.live), attention)
+
     def after(self, logits: torch.Tensor, attention: torch.Tensor | None) -> Step:
         """Sample, parse, evict; the `Step` of the pass that just ran."""
         if self.free_after_replay:  # the replay rewrote tokens evicted before the preemption: free them again

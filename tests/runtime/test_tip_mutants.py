@@ -193,3 +193,53 @@ def test_prompt_rows_then_one_row_a_pass(tiny_model, tok):
     assert st.replay_owners() == ["prompt"] * st.n
     inp = st.inputs()
     assert st.replay_owners() == ["prompt"] * st.n + ["gen"]
+
+
+@pytest.mark.parametrize("at", [10**6, 2], ids=["chunked", "preempted_between_chunks"])
+def test_h2o_scores_a_chunked_prompt_as_the_run_alone(tiny_model, tok, at):
+    """H2O with its prompt prefilled in chunks of 3 rows, never preempted or preempted between two
+    chunks (the prompt starts over): the attention of every chunk counts, once, as the run alone's
+    one prefill counts the whole prompt's, so every generated token's logits, the evictions and
+    which pass evicted each token are the run alone's. Was: the server never handed a chunk's
+    attention to the request (only the last chunk scored), the model's logits differed from the
+    run alone's from the first eviction on; and a restarted prefill kept the dropped chunks' scores."""
+    from runtime.server import FakeClock, Server
+
+    ex = var_example()
+    script = tok.encode(annotated(ex)) + [tok.eos_id]
+    n = len(TipEngine(tiny_model, tok).prompt_ids(Request(0, ex.prompt)))
+    knobs = {"policy": "h2o", "budget_tokens": 16}
+
+    def engine():
+        model = ByPosition(tiny_model, tok, n, script)
+        return TipEngine(model, tok, GenerationConfig(max_tokens=40, page_size=4), **knobs), model
+
+    eng, alone_model = engine()
+    steps, alone = drain(eng.run(Request(0, ex.prompt)))
+    assert any(s.evicted_tokens for s in steps)  # the budget binds
+    eng, model = engine()
+    out = Server(eng, scheduler=PreemptOnce(at), clock=FakeClock(), max_pages=4096).serve([(0.0, ex.prompt)])
+    assert out["preemptions"] == (at == 2) and out["recomputes"] == 0
+    c = out["requests"][0].completion
+    assert c.output_ids == alone.output_ids and sorted(model.own) == sorted(alone_model.own)
+    for j, want in alone_model.own.items():
+        assert torch.allclose(model.own[j], want, atol=1e-4), j
+    served = [e.step for p in out["passes"] for e in p.entries if e.step]
+    assert [s.evicted_tokens for s in served] == [s.evicted_tokens for s in steps]
+    assert [t.evicted_at_step for t in c.tokens] == [t.evicted_at_step for t in alone.tokens]
+
+
+def test_a_restarted_prefill_forgets_its_chunks_h2o_scores(tiny_model, tok):
+    """A prompt chunk's attention scores its slots; when the prefill starts over (preempted between
+    chunks, its pages freed) those scores go with it, so slots handed out again start from zero
+    (was: kept, and added to by the re-run chunk)."""
+    ex = var_example()
+    eng = TipEngine(tiny_model, tok, GenerationConfig(max_tokens=4), policy="h2o", budget_tokens=200)
+    st = eng.start(Request(0, ex.prompt), RequestKV(eng.new_store(), 0))
+    inp = st.chunk_inputs(3)
+    assert inp.attention
+    st.after_chunk(eng.forward([inp], st.kv.store)[1])
+    assert set(st.policy.scores) == set(st.live) and len(st.live) == 3
+    st.release()
+    st.discard_replay()  # nothing ran to the end: the prompt starts over
+    assert not st.live and not st.policy.scores
