@@ -14,6 +14,7 @@ from runtime.engines.diffusion_common import Seg, hybrid_mask
 from runtime.engines.masked_diffusion import MaskedDiffusionEngine
 from runtime.lang.planned_diffusion import ASYNC, ASYNC_END, MASK, PAD
 from runtime.structure_replay import ForcedLogits
+from tests.runtime.test_tip_mutants import PreemptOnce
 
 LENGTH, STEPS = 6, 3
 
@@ -113,23 +114,6 @@ def test_every_pass_is_the_dense_forward_under_the_hybrid_mask(tiny_model, tok):
     assert len(model.rows) == STEPS
 
 
-class PreemptOnce:
-    """Admit everything; on call `at` preempt request 0 and readmit it at once."""
-
-    def __init__(self, at: int) -> None:
-        self.at, self.calls = at, 0
-
-    def schedule(self, state) -> dict[int, int]:
-        self.calls += 1
-        for r in list(state.waiting):
-            state.admit(r)
-        if self.calls == self.at:
-            state.preempt(0)
-            state.admit(0)
-        q, _ = state.next_tokens_and_blocks(state.running)
-        return dict(zip(state.running, q.tolist()))
-
-
 @pytest.mark.parametrize("at", [1, 3])
 def test_a_preempted_span_denoises_as_alone(tiny_model, tok, at):
     """Preempted before its first pass (the prompt starts over) or mid-denoising (the prompt and the
@@ -140,9 +124,9 @@ def test_a_preempted_span_denoises_as_alone(tiny_model, tok, at):
     alone_model = AllLogits(tiny_model)
     alone_steps, alone = drain(engine(alone_model, tok, steps=4).run(Request(0, "hi")))
     model = AllLogits(tiny_model)
-    out = Server(engine(model, tok, steps=4), scheduler=PreemptOnce(at), clock=FakeClock(), max_pages=4096).serve(
-        [(0.0, "hi")]
-    )
+    out = Server(
+        engine(model, tok, steps=4), scheduler=PreemptOnce(at, chunk=None), clock=FakeClock(), max_pages=4096
+    ).serve([(0.0, "hi")])
     assert out["preemptions"] == 1 and out["recomputes"] == (at > 1)
     c = out["requests"][0].completion
     assert c.output_ids == alone.output_ids

@@ -11,24 +11,11 @@ from runtime.engines.base import GenerationConfig, Request, drain
 from runtime.engines.planned_diffusion import PlannedDiffusionEngine
 from runtime.kv import RequestKV
 from runtime.lang.planned_diffusion import entry_text
+from tests.runtime.test_pd_mask import Spy
 
 
 def pd(tok, model, max_tokens=64, **kw):
     return PlannedDiffusionEngine(model, tok, GenerationConfig(max_tokens=max_tokens), **kw)
-
-
-class Spy:
-    """Wraps a model; records (positions, visibility) of every forward pass."""
-
-    def __init__(self, model):
-        self.model, self.calls = model, []
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def __call__(self, tokens, positions, slots, visibility, kv, **kw):
-        self.calls.append((positions.tolist(), visibility.clone()))
-        return self.model(tokens, positions, slots, visibility, kv, **kw)
 
 
 # two rounds: spans a, b side by side, then span c after the first <sync/>
@@ -63,14 +50,14 @@ def test_each_pass_reports_the_rows_and_kv_it_computed(tok, tiny_model):
     spy = Spy(tiny_model)
     steps, c = drain(pd(tok, spy, forced_plan=TWO_ROUNDS, length_scale=2).run(Request(0, "hi")))
     assert len(steps) == len(spy.calls) and {s.phase for s in steps} == {"prefill", "plan", "denoise", "sync"}
-    for s, (positions, vis) in zip(steps, spy.calls):
+    for s, (positions, _, vis) in zip(steps, spy.calls):
         assert s.query_tokens == len(positions) and s.kv_tokens_read == int(vis.sum()), s
     assert steps[0].query_tokens == c.prompt_tokens
     assert all(s.query_tokens == 1 for s in steps if s.phase == "plan")
     # the <sync/> pass after a round recomputes the spans that finished in the round's last pass
     # (their K/V still hold the [MASK]s committed there): round 0's two spans, then round 1's one
     span_rows = {sid: sorted(t.position_id for t in c.tokens if t.stream == sid) for sid in (1, 2, 3)}
-    syncs = [positions for s, (positions, _) in zip(steps, spy.calls) if s.phase == "sync"]
+    syncs = [positions for s, (positions, _, _) in zip(steps, spy.calls) if s.phase == "sync"]
     assert [sorted(p[:-1]) for p in syncs] == [span_rows[1] + span_rows[2], span_rows[3]]
 
 

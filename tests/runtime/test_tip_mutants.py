@@ -109,10 +109,11 @@ class ByPosition(ForcedLogits):
 
 
 class PreemptOnce:
-    """Prefill chunks of 3 rows; on call `at` preempt request 0 and readmit it at once."""
+    """Admit everything, prefill in chunks of `chunk` rows (None: whole); on call `at` preempt
+    request 0 and readmit it at once."""
 
-    def __init__(self, at: int) -> None:
-        self.at, self.calls = at, 0
+    def __init__(self, at: int, chunk: int | None = 3) -> None:
+        self.at, self.calls, self.chunk = at, 0, chunk
 
     def schedule(self, state) -> dict[int, int]:
         self.calls += 1
@@ -121,7 +122,8 @@ class PreemptOnce:
         if self.calls == self.at:
             state.preempt(0)
             state.admit(0)
-        q, _ = state.next_tokens_and_blocks(state.running, [3] * len(state.running))
+        limits = None if self.chunk is None else [self.chunk] * len(state.running)
+        q, _ = state.next_tokens_and_blocks(state.running, limits)
         return dict(zip(state.running, q.tolist()))
 
 
