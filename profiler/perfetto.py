@@ -23,7 +23,7 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -105,7 +105,7 @@ def iter_trace_events(trace: Trace, index: int = 0) -> Iterator[dict]:
             yield from _meta_event("process_name", pid, STEPS_TID, f"{label} request {int(rid)}", pid)
             yield from _meta_event("thread_name", pid, STEPS_TID, "forward passes", 0)
         ts, dur = _us(start), _us(duration)
-        step = {k: int(v) for k, v in zip(STEP_ARGS, values)}
+        step: dict[str, Any] = {k: int(v) for k, v in zip(STEP_ARGS, values)}
         step["streams"] = streams
         if isinstance(note, str) and note:  # a missing cell: None from disk, NaN in a table built in memory
             step["note"] = note
