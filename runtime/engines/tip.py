@@ -88,7 +88,6 @@ class TipStream(RequestState):
         self.prompt = engine.prompt_ids(request)
         self.n = len(self.prompt)  # fits the model's positions: checked by prompt_ids
         self.live: dict[int, int] = {}  # visible slot -> stream, oldest first
-        self.allocated: set[int] = set()  # slots held in the store (live, or masked when free_pages=False)
         self.slot_token: dict[int, int] = {}  # slot -> index in self.tokens
         self.dead: set[int] = set()  # live slots of steps a register reuse declared dead
         self.tokens: list[TokenRecord] = []
@@ -132,7 +131,6 @@ class TipStream(RequestState):
 
     def restart_prefill(self) -> None:
         self.live.clear()
-        self.allocated.clear()
         self.fed, self.fed_slot, self.slot_fed = [], [], {}
         if hasattr(self.policy, "scores"):  # H2O: the chunks' scores start over with them
             self.policy.scores.clear()
@@ -143,7 +141,6 @@ class TipStream(RequestState):
         slots = self.kv.allocate(k, owner="prompt")
         for s in slots:
             self.live[s] = PROMPT_STREAM
-        self.allocated.update(slots)
         self._feed(self.prompt[p : p + k], list(range(p, p + k)), slots, [np.arange(i + 1) for i in range(p, p + k)])
         self._peak()
         self.query_tokens, self.kv_read = k, (p + k) * (p + k + 1) // 2 - p * (p + 1) // 2
@@ -157,7 +154,6 @@ class TipStream(RequestState):
         rec = self.tokens[-1]
         rec.kv_slot = slot
         self.live[slot] = rec.stream
-        self.allocated.add(slot)
         self.slot_token[slot] = len(self.tokens) - 1
         rec.visible_streams = tuple(sorted(set(self.live.values())))
         if rec.kind == "tag":
@@ -213,15 +209,9 @@ class TipStream(RequestState):
             self.policy.scores = {old_to_new[s]: v for s, v in self.policy.scores.items() if s in old_to_new}
         self.fed_slot = list(new_slots)
         self.slot_fed = {s: i for i, s in enumerate(new_slots)}
-        self.allocated = set(new_slots)
 
     def dead_after_replay(self) -> list[int]:
         return [s for s in self.fed_slot if s not in self.live] if self.eng.free_pages else []
-
-    def release(self) -> int:
-        """Free everything this request holds (it finished or was preempted). Bytes released."""
-        self.allocated.clear()
-        return self.kv.release()
 
     # ------------------------------------------------------------------ after a pass
     def after_chunk(self, attention: torch.Tensor | None) -> None:
@@ -235,7 +225,6 @@ class TipStream(RequestState):
         if self.free_after_replay:  # the replay rewrote tokens evicted before the preemption: free them again
             dead = self.dead_after_replay()
             self.kv.free(dead)
-            self.allocated.difference_update(dead)
             self.free_after_replay = False
         logits = logits[-1:]
         if attention is not None:
@@ -289,7 +278,6 @@ class TipStream(RequestState):
         freed = 0
         if self.eng.free_pages:
             freed = self.kv.free(slots)
-            self.allocated.difference_update(slots)
         return len(slots), freed
 
     def _check_stop(self, tok: int) -> None:
