@@ -132,8 +132,7 @@ class TipStream(RequestState):
     def restart_prefill(self) -> None:
         self.live.clear()
         self.fed, self.fed_slot, self.slot_fed = [], [], {}
-        if hasattr(self.policy, "scores"):  # H2O: the chunks' scores start over with them
-            self.policy.scores.clear()
+        self.policy.forget()  # H2O: the chunks' scores start over with them
 
     def prefill_inputs(self, k: int) -> PassInputs:
         """The next `k` prompt tokens (all that is left: the prefill pass; fewer: a chunk)."""
@@ -205,8 +204,7 @@ class TipStream(RequestState):
         for rec in self.tokens:
             if rec.kv_slot >= 0:
                 rec.kv_slot = old_to_new[rec.kv_slot]
-        if hasattr(self.policy, "scores"):  # H2O's scores are per slot
-            self.policy.scores = {old_to_new[s]: v for s, v in self.policy.scores.items() if s in old_to_new}
+        self.policy.moved(old_to_new)  # H2O's scores are per slot
         self.fed_slot = list(new_slots)
         self.slot_fed = {s: i for i, s in enumerate(new_slots)}
 

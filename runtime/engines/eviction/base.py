@@ -8,6 +8,9 @@
   `budget_tokens - 1` slots stay, so no decode pass attends to more than `budget_tokens` (a prompt
   longer than the budget is prefilled whole, then cut).
 
+Slot-keyed state a policy keeps (H2O's scores) follows two more hooks: `moved(old_to_new)` when a
+readmitted request's slots are renumbered, `forget()` when its prefill starts over.
+
 The engine frees what `select` returns through the KV store, so every policy pays the same page
 granularity: a page is released only when all of its slots are gone.
 """
@@ -45,6 +48,12 @@ class EvictionPolicy:
 
     def observe(self, live: list[int], attention: torch.Tensor | None) -> None:
         pass
+
+    def moved(self, old_to_new: dict[int, int]) -> None:
+        """The request's slots were renumbered (readmitted after a preemption)."""
+
+    def forget(self) -> None:
+        """The prefill starts over (preempted between its chunks): nothing observed so far holds."""
 
     def select(self, live: list[int], dead: set[int]) -> list[int]:
         raise NotImplementedError

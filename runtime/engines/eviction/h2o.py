@@ -27,6 +27,12 @@ class HeavyHitters(EvictionPolicy):
         for s, a in zip(live, got):
             self.scores[s] = self.scores.get(s, 0.0) + a
 
+    def moved(self, old_to_new: dict[int, int]) -> None:
+        self.scores = {old_to_new[s]: v for s, v in self.scores.items() if s in old_to_new}
+
+    def forget(self) -> None:
+        self.scores.clear()
+
     def select(self, live: list[int], dead: set[int]) -> list[int]:
         n = self.excess(live)
         if n == 0:
