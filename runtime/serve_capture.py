@@ -82,12 +82,8 @@ def make_scheduler(load: LoadConfig):
         cls = get_scheduler(load.scheduler)
     except KeyError as e:  # an unknown policy name: the lookup's message lists the valid ones
         raise UsageError(f"--scheduler: {e.args[0] if e.args else e}") from None
-    if not load.chunked_prefill:  # said: the scheduler's own default is on (was: every load capture chunked)
-        return cls(max_seqs=load.max_seqs, max_batch_tokens=load.max_batch_tokens, chunked_prefill=False)
-    try:
-        return cls(max_seqs=load.max_seqs, max_batch_tokens=load.max_batch_tokens, chunked_prefill=True)
-    except TypeError:
-        raise UsageError("--chunked-prefill: this build's scheduler has no chunked prefill") from None
+    # said either way: the scheduler's own default is on (was: every load capture chunked)
+    return cls(max_seqs=load.max_seqs, max_batch_tokens=load.max_batch_tokens, chunked_prefill=load.chunked_prefill)
 
 
 def _arrivals_kind(rate: float | None) -> str:
