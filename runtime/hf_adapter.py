@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from profiler.errors import UnknownName
-from runtime.kv import PagedKVModel, PagedKVStore, attention_mask
+from runtime.kv import PagedKVModel, PagedKVStore, attention_mask, attention_row_sum
 
 if TYPE_CHECKING:
     from runtime.hf_tokenizer import HFTokenizer
@@ -145,6 +145,7 @@ class HFCausalLM(PagedKVModel, nn.Module):
         mask: torch.Tensor,
         kv: PagedKVStore,
         attn_sum: list[torch.Tensor] | None,
+        attn_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # same rotate-half for all
 
@@ -164,7 +165,7 @@ class HFCausalLM(PagedKVModel, nn.Module):
             rep = q.shape[1] // K.shape[1]
             Kr, Vr = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
             w = ((q @ Kr.transpose(-1, -2)) * attn.scaling).masked_fill(~mask, float("-inf")).softmax(-1)
-            attn_sum.append(w.float().sum(dim=(1, 2)))  # (1, M)
+            attn_sum.append(attention_row_sum(w.float(), attn_rows))  # (1, M)
             y = w @ Vr
         return attn.o_proj(y.transpose(1, 2).reshape(1, N, -1))  # (1, N, d)
 
@@ -176,6 +177,7 @@ class HFCausalLM(PagedKVModel, nn.Module):
         mask: torch.Tensor,
         kv,
         attn_sum: list[torch.Tensor] | None = None,
+        attn_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The decoder itself, on device tensors, with a ready (1, 1, N, S) bool mask and no check
         and no host synchronisation (`runtime.static_decode` compiles it; `forward` checks first).
@@ -184,7 +186,9 @@ class HFCausalLM(PagedKVModel, nn.Module):
         x = body.embed_tokens(tokens[None])  # (1, N, d); Gemma's embedding scales by sqrt(d) itself
         cos, sin = body.rotary_emb(x, positions[None])  # (1, N, D)
         for i, layer in enumerate(body.layers):
-            x = x + self._attention(layer.self_attn, i, layer.input_layernorm(x), cos, sin, slots, mask, kv, attn_sum)
+            x = x + self._attention(
+                layer.self_attn, i, layer.input_layernorm(x), cos, sin, slots, mask, kv, attn_sum, attn_rows
+            )
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         h = body.norm(x)[0]  # (N, d)
         logits = self.hf.lm_head(h).float()  # (N, V)
@@ -199,9 +203,11 @@ class HFCausalLM(PagedKVModel, nn.Module):
         visibility: torch.Tensor,  # (N, S) bool
         kv: PagedKVStore,
         return_attention: bool = False,
+        attention_rows: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits (N, V) as float32 (V = `logits_vocab` when set); with `return_attention`, also the
-        attention each slot received, summed over layers, heads and query rows: (S,)."""
+        attention each slot received, summed over layers, heads and query rows (those
+        `attention_rows` (N,) bool selects, if given): (S,)."""
         dev = self.device
         tokens, positions, slots = tokens.to(dev), positions.to(dev), slots.to(dev)
         N = tokens.shape[0]
@@ -209,7 +215,8 @@ class HFCausalLM(PagedKVModel, nn.Module):
         mask = attention_mask(visibility, N, kv, dev)  # (1, 1, N, S): keys are every slot of the store
         S = kv.num_slots
         attn_sum: list[torch.Tensor] | None = [] if return_attention else None
-        logits = self.forward_unchecked(tokens, positions, slots, mask, kv, attn_sum)
+        rows = None if attention_rows is None else attention_rows.to(dev)
+        logits = self.forward_unchecked(tokens, positions, slots, mask, kv, attn_sum, rows)
         if not return_attention:
             return logits
         per_slot = torch.zeros(max(S, visibility.shape[1]), device=dev)

@@ -315,6 +315,14 @@ class PagedKVModel:
         return cast(Any, self).embed
 
 
+def attention_row_sum(w: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """Attention weights (B, H, T, M) summed over heads (shared by every model behind the one primitive) and the query rows `rows` (T,) bool selects
+    (None: every row): (B, M)."""
+    if rows is None:
+        return w.sum(dim=(1, 2))
+    return (w.sum(dim=1) * rows.to(w.dtype)[None, :, None]).sum(dim=1)
+
+
 def attention_mask(visibility: torch.Tensor, n_queries: int, kv: PagedKVStore, device: torch.device) -> torch.Tensor:
     """The attention mask of a forward pass over every slot of `kv` (`keys_values`): (1, 1, N, S)
     bool. Checks `visibility` is (N, S') bool with S' <= S and at least one visible slot per row;

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from profiler.errors import UnknownName, UsageError
-from runtime.kv import PagedKVModel, PagedKVStore, attention_mask
+from runtime.kv import PagedKVModel, PagedKVStore, attention_mask, attention_row_sum
 
 
 @dataclass
@@ -141,10 +141,16 @@ class Group:
 
 
 def grouped_attention(
-    q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, groups: list[Group], attn_out: list[torch.Tensor] | None
+    q: torch.Tensor,
+    K: torch.Tensor,
+    V: torch.Tensor,
+    groups: list[Group],
+    attn_out: list[torch.Tensor] | None,
+    attn_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q (1, H, N, D) over K, V (1, Hkv, S, D), each group's rows over its own gathered
-    slots only; with `attn_out`, the attention each slot received (1, S) is appended."""
+    slots only; with `attn_out`, the attention each slot received (1, S) from the rows `attn_rows`
+    (N,) bool selects (None: every row) is appended."""
     ys, per_slot = [], None
     if attn_out is not None:
         per_slot = q.new_zeros((1, K.shape[2]))
@@ -156,7 +162,8 @@ def grouped_attention(
         rep = q.shape[1] // K.shape[1]
         Kr, Vr = Kg.repeat_interleave(rep, dim=1), Vg.repeat_interleave(rep, dim=1)
         w = ((qg @ Kr.transpose(-1, -2)) / math.sqrt(q.shape[-1])).masked_fill(~g.mask, float("-inf")).softmax(-1)
-        per_slot[0].index_add_(0, g.cols, w.sum(dim=(1, 2))[0])
+        rows = None if attn_rows is None else attn_rows[g.start : g.stop]
+        per_slot[0].index_add_(0, g.cols, attention_row_sum(w, rows)[0])
         ys.append(w @ Vr)
     if attn_out is not None and per_slot is not None:  # one is set with the other
         attn_out.append(per_slot)
@@ -184,6 +191,7 @@ class Block(nn.Module):
         kv_fn: KVFn,
         attn_out: list[torch.Tensor] | None = None,
         groups: list[Group] | None = None,
+        attn_rows: torch.Tensor | None = None,  # (T,) bool: rows whose attention attn_out sums
     ) -> torch.Tensor:
         B, T, _ = x.shape
         H, Hkv, D = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
@@ -194,7 +202,7 @@ class Block(nn.Module):
         v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
         K, V = kv_fn(self.layer, k, v)  # (B, Hkv, M, D)
         if groups is not None:
-            y = grouped_attention(q, K, V, groups, attn_out)
+            y = grouped_attention(q, K, V, groups, attn_out, attn_rows)
         elif attn_out is None:
             y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, enable_gqa=True)
         else:  # explicit softmax so the weights can be returned (H2O needs them)
@@ -202,7 +210,7 @@ class Block(nn.Module):
             Kr, Vr = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
             scores = (q @ Kr.transpose(-1, -2)) / math.sqrt(D)  # (B, H, T, M)
             w = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-            attn_out.append(w.sum(dim=(1, 2)))  # (B, M): attention each key received
+            attn_out.append(attention_row_sum(w, attn_rows))  # (B, M): attention each key received
             y = w @ Vr
         x = x + self.wo(y.transpose(1, 2).reshape(B, T, H * D))
         gate, up = self.w_gate_up(self.post_attention_layernorm(x)).chunk(2, dim=-1)
@@ -245,9 +253,11 @@ class TinyLM(PagedKVModel, nn.Module):
         kv: PagedKVStore,
         return_attention: bool = False,
         groups: list[Group] | None = None,
+        attention_rows: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits (N, V) for new tokens. With `return_attention`, also the attention each slot
-        received, summed over layers, heads and query rows: (S,) float.
+        received, summed over layers, heads and query rows: (S,) float; `attention_rows` (N,) bool
+        limits the sum to those rows (a server leaves out a recompute's replayed rows).
 
         With `groups` (a server's per-request gather), `visibility` is ignored (None): each group's
         rows attend to its own gathered slots under its own mask, so attention work follows what
@@ -268,8 +278,9 @@ class TinyLM(PagedKVModel, nn.Module):
         cos, sin = rope_angles(positions[None], self.cfg.head_dim, self.cfg.rope_theta)
         x = self.embed(tokens)[None]  # (1, N, d)
         attn: list[torch.Tensor] | None = [] if return_attention else None
+        rows = None if attention_rows is None else attention_rows.to(dev)
         for block in self.layers:
-            x = block(x, cos, sin, mask, kv_fn, attn, groups)
+            x = block(x, cos, sin, mask, kv_fn, attn, groups, rows)
         logits = self.lm_head(self.norm(x))[0].float()  # (N, V)
         if not return_attention:
             return logits

@@ -492,8 +492,13 @@ def forward_batch(
     )
     t = torch.from_numpy(ids).to(dev)
     want = any(inp.attention for inp in inputs)
+    kw = {}
+    if want and any(inp.replayed for inp in inputs):  # a replay's rows were scored when they first ran
+        rows = np.concatenate([np.arange(inp.rows) >= inp.replayed for inp in inputs])
+        kw["attention_rows"] = torch.from_numpy(rows).to(dev)
     if attention == "mask":
-        out = model(t[0], t[1], t[2], pool_visibility(inputs, store.num_slots, dev), store, return_attention=want)
+        vis = pool_visibility(inputs, store.num_slots, dev)
+        out = model(t[0], t[1], t[2], vis, store, return_attention=want, **kw)
         scored = [inp.rows * store.num_slots for inp in inputs]
     else:
         groups, r, scored = [], 0, []
@@ -509,7 +514,7 @@ def forward_batch(
             )
             r += inp.rows
             scored.append(inp.rows * len(inp.cols))
-        out = model(t[0], t[1], t[2], None, store, return_attention=want, groups=groups)
+        out = model(t[0], t[1], t[2], None, store, return_attention=want, groups=groups, **kw)
     logits, attn = out if want else (out, None)
     return logits, attn, scored
 

@@ -100,6 +100,11 @@ class ForcedLogits(nn.Module):
     def kv_bytes_per_token(self) -> int:
         return self.inner.kv_bytes_per_token
 
+    @property
+    def supports_groups(self) -> bool:
+        """A server may gather per request when the model inside can (`forward` passes `groups`)."""
+        return getattr(self.inner, "supports_groups", False)
+
     def new_kv_store(self, *a, **kw):
         return self.inner.new_kv_store(*a, **kw)
 

@@ -128,7 +128,9 @@ class PassInputs:
 
     `cols` are the request's own KV slots its rows may look at (T,); `vis[r, t]` says whether row r
     sees `cols[t]` (R, T). A server concatenates the rows of many requests into one pass; a row never
-    sees another request's slots. `skip` leading rows are a recompute's replay (their logits unused).
+    sees another request's slots. `skip` leading rows have their logits unused (a recompute's replay,
+    or every row of a prefill chunk); `replayed` leading rows are a recompute's replay, whose
+    attention was scored when they first ran (H2O does not count it again).
     """
 
     ids: list[int]
@@ -139,6 +141,7 @@ class PassInputs:
     phase: str
     attention: bool = False  # the request wants the attention each slot received (H2O)
     skip: int = 0
+    replayed: int = 0
 
     @property
     def rows(self) -> int:
@@ -177,7 +180,8 @@ def prepend(replay: PassInputs | None, inp: PassInputs) -> PassInputs:
         vis,
         inp.phase,
         inp.attention,
-        R1,
+        skip=R1,
+        replayed=R1,
     )
 
 
@@ -236,7 +240,7 @@ class RequestState:
         if rp is None:
             inp = self.prompt_chunk(k)
         else:
-            inp = PassInputs(rp.ids[:k], rp.positions[:k], rp.slots[:k], rp.cols, rp.vis[:k], "prefill")
+            inp = PassInputs(rp.ids[:k], rp.positions[:k], rp.slots[:k], rp.cols, rp.vis[:k], "prefill", replayed=k)
             self._replay = (
                 PassInputs(rp.ids[k:], rp.positions[k:], rp.slots[k:], rp.cols, rp.vis[k:], "prefill")
                 if k < rp.rows

@@ -243,3 +243,21 @@ def test_a_broken_local_hf_directory_is_one_line(damage, needle, tmp_path, capsy
     err = capsys.readouterr().err
     assert err.startswith("solm capture: error: ") and err.count("\n") == 1 and needle in err, err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen3"])
+def test_adapter_attention_rows_limit_the_sum_to_those_rows(models, arch):
+    """H2O's attention through the adapter: the rows `attention_rows` selects and the others add up
+    to every row's, each row giving weight 1 per head per layer."""
+    m, T = models[arch], 7
+    kv = m.new_kv_store(page_size=4)
+    slots = torch.tensor(kv.allocate(T))
+    pick = torch.arange(T) % 3 == 0
+
+    def run(rows):
+        return m(_ids(T), torch.arange(T), slots, causal_mask(T), kv, return_attention=True, attention_rows=rows)[1]
+
+    every, some, rest = run(None), run(pick), run(~pick)
+    torch.testing.assert_close(some + rest, every, atol=1e-4, rtol=1e-4)
+    heads = m.hf.config.num_attention_heads * m.hf.config.num_hidden_layers
+    assert some.sum().item() == pytest.approx(int(pick.sum()) * heads, rel=1e-4)

@@ -247,3 +247,31 @@ def test_attention_weights_exposed(tiny_model, tok):
     # each of 6 rows distributes weight 1 per head per layer
     cfg = m.cfg
     assert per_slot.sum().item() == pytest.approx(6 * cfg.n_heads * cfg.n_layers, rel=1e-4)
+
+
+def test_attention_rows_limit_the_sum_to_those_rows(tiny_model, tok):
+    """`attention_rows` sums the attention of the rows it selects only (a server leaves out a
+    recompute's replayed rows, scored when they first ran): the selected and the other rows add up
+    to every row's, each row gives weight 1 per head per layer, and a causal prompt's last slot is
+    seen by its own row alone. Through the per-request gather (groups) alike."""
+    from runtime.model import Group
+
+    m, cfg = tiny_model, tiny_model.cfg
+    kv = m.new_kv_store(page_size=4)
+    slots = kv.allocate(6)
+    ids, pos = torch.tensor(tok.encode("abcdef")), torch.arange(6)
+    vis = visibility_rows(causal_rows(slots), kv.num_slots, "cpu")
+    pick = torch.tensor([True, False, True, True, False, False])
+    cols = torch.tensor(slots)
+    group = [Group(0, 6, cols, vis[:, cols][None, None], True)]
+    for kw in ({"visibility": vis}, {"visibility": None, "groups": group}):
+        v = kw.pop("visibility")
+
+        def run(rows, v=v, kw=kw):
+            return m(ids, pos, torch.tensor(slots), v, kv, return_attention=True, attention_rows=rows, **kw)[1]
+
+        every, some, rest = run(None), run(pick), run(~pick)
+        torch.testing.assert_close(some + rest, every, atol=1e-4, rtol=1e-4)
+        assert some.sum().item() == pytest.approx(3 * cfg.n_heads * cfg.n_layers, rel=1e-4)
+        assert some[slots[-1]].item() == 0 and rest[slots[-1]].item() > 0
+        torch.testing.assert_close(run(torch.ones(6, dtype=torch.bool)), every)

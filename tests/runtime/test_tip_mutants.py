@@ -197,14 +197,26 @@ def test_prompt_rows_then_one_row_a_pass(tiny_model, tok):
     assert st.replay_owners() == ["prompt"] * st.n + ["gen"]
 
 
-@pytest.mark.parametrize("at", [10**6, 2], ids=["chunked", "preempted_between_chunks"])
-def test_h2o_scores_a_chunked_prompt_as_the_run_alone(tiny_model, tok, at):
-    """H2O with its prompt prefilled in chunks of 3 rows, never preempted or preempted between two
-    chunks (the prompt starts over): the attention of every chunk counts, once, as the run alone's
-    one prefill counts the whole prompt's, so every generated token's logits, the evictions and
-    which pass evicted each token are the run alone's. Was: the server never handed a chunk's
-    attention to the request (only the last chunk scored), the model's logits differed from the
-    run alone's from the first eviction on; and a restarted prefill kept the dropped chunks' scores."""
+@pytest.mark.parametrize(
+    "where,attention",
+    [
+        ("chunked", "mask"),
+        ("between_chunks", "mask"),
+        ("after_kills", "mask"),
+        ("after_kills_unchunked", "mask"),
+        ("after_kills_unchunked", "gather"),
+    ],
+)
+def test_h2o_scores_a_chunked_prompt_as_the_run_alone(tiny_model, tok, where, attention):
+    """H2O with its prompt prefilled in chunks of 3 rows, never preempted, preempted between two
+    chunks (the prompt starts over) or preempted after evictions (recomputed: the replay re-feeds
+    every token): the attention of every chunk counts, once, as the run alone's one prefill counts
+    the whole prompt's, and a replay's rows count none (their attention was scored when they first
+    ran), so every generated token's logits, the evictions and which pass evicted each token are
+    the run alone's. Was: the server never handed a chunk's attention to the request (only the
+    last chunk scored), the model's logits differed from the run alone's from the first eviction
+    on; a restarted prefill kept the dropped chunks' scores; and a replay added every replayed
+    row's attention a second time."""
     from runtime.server import FakeClock, Server
 
     ex = var_example()
@@ -217,11 +229,27 @@ def test_h2o_scores_a_chunked_prompt_as_the_run_alone(tiny_model, tok, at):
         return TipEngine(model, tok, GenerationConfig(max_tokens=40, page_size=4), **knobs), model
 
     eng, alone_model = engine()
-    steps, alone = drain(eng.run(Request(0, ex.prompt)))
+    alone_state, steps = drive(eng, Request(0, ex.prompt))
+    alone = alone_state.completion()
     assert any(s.evicted_tokens for s in steps)  # the budget binds
+    first_evict = next(i for i, s in enumerate(steps) if s.evicted_tokens)
+    chunk = None if where == "after_kills_unchunked" else 3
+    prefill = 1 if chunk is None else math.ceil(n / chunk)
+    at = {"chunked": 10**6, "between_chunks": 2}.get(where, prefill + first_evict + 6)
     eng, model = engine()
-    out = Server(eng, scheduler=PreemptOnce(at), clock=FakeClock(), max_pages=4096).serve([(0.0, ex.prompt)])
-    assert out["preemptions"] == (at == 2) and out["recomputes"] == 0
+    server = Server(eng, scheduler=PreemptOnce(at, chunk), clock=FakeClock(), max_pages=4096, attention=attention)
+    out = server.serve([(0.0, ex.prompt)])
+    assert out["preemptions"] == (where != "chunked")
+    assert out["recomputes"] == where.startswith("after_kills")
+    served_state = out["requests"][0].state
+
+    def scores(st):  # H2O's score of each live token, by the order it was fed in
+        return {st.slot_fed[sl]: v for sl, v in st.policy.scores.items() if sl in st.live}
+
+    want, got = scores(alone_state), scores(served_state)
+    assert sorted(got) == sorted(want)
+    for j in want:
+        assert got[j] == pytest.approx(want[j], rel=1e-4, abs=1e-4), j
     c = out["requests"][0].completion
     assert c.output_ids == alone.output_ids and sorted(model.own) == sorted(alone_model.own)
     for j, want in alone_model.own.items():
