@@ -252,7 +252,7 @@ class Server:
         self.waiting.insert(0, rid)
         st = self._state(rid)
         st.release()
-        st.discard_replay()
+        st.preempted()
         if st.passes_done:  # what it computed is gone: readmission re-prefills it
             self.preempted_ids[rid] = st.replay_owners()
         self.tracked[rid].preemptions += 1

@@ -249,9 +249,10 @@ class RequestState:
         inp.skip = inp.rows
         return inp
 
-    def discard_replay(self) -> None:
-        """Preempted again before its re-prefill ran: drop it (the next readmission builds it anew);
-        a prompt prefill cut short starts over."""
+    def preempted(self) -> None:
+        """Its pages were freed by a preemption: a replay still pending (preempted again before its
+        re-prefill ran) is dropped, the next readmission builds it anew; a prompt prefill cut short
+        starts over."""
         self._replay = None
         if not self.passes_done:
             self.restart_prefill()

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from profiler.errors import UsageError
-from runtime.engines.base import PassInputs
+from runtime.engines.base import PassInputs, RequestState
 from runtime.kv import RequestKV
 from runtime.sampling import Sampler
 
@@ -161,6 +161,44 @@ class Layout:
             vis,
             phase,
         )
+
+
+def recomputed_tail(lay: Layout, next_rows: list[int]) -> int:
+    """Where a replay after a preemption may stop: the first of the trailing slotted rows that the
+    next pass computes anyway (their K/V are written by that pass before anything reads them),
+    provided no earlier row sees them; `len(lay.slots)` (replay everything) otherwise."""
+    k = len(lay.slots)
+    rows = set(next_rows)
+    start = k
+    while start > 0 and start - 1 in rows:
+        start -= 1
+    if 0 < start < k and hybrid_mask(lay.segs, lay.block_sparse, list(range(start))).numpy()[:, start:k].any():
+        return k
+    return start
+
+
+class LaidOutState(RequestState):
+    """A request state whose tokens live in a `Layout` (`self.lay`) and whose next pass's
+    rows are `pass_rows()`: a replay re-feeds every slotted token, each seeing what `hybrid_mask`
+    lets it see, except the trailing rows the next pass recomputes anyway (a denoising round's
+    spans), which give up their slots at the preemption and take new ones with that pass."""
+
+    lay: Layout
+
+    def pass_rows(self) -> list[int]:
+        raise NotImplementedError
+
+    def preempted(self) -> None:
+        super().preempted()
+        self.lay.slots = self.lay.slots[: recomputed_tail(self.lay, self.pass_rows())]
+
+    def held(self) -> list[tuple[int, int, np.ndarray]]:
+        k = len(self.lay.slots)
+        vis = hybrid_mask(self.lay.segs, self.lay.block_sparse, list(range(k))).numpy()[:, :k]
+        return [(self.lay.ids[r], r, np.flatnonzero(vis[r])) for r in range(k)]
+
+    def remap(self, new_slots: list[int]) -> None:
+        self.lay.slots = list(new_slots)
 
 
 def steps_for(longest: int, steps_ratio: float) -> int:

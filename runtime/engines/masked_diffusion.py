@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import torch
 
 from profiler.errors import UsageError
@@ -26,11 +25,10 @@ from runtime.engines.base import (
     GenerationConfig,
     PassInputs,
     Request,
-    RequestState,
     Step,
     TokenRecord,
 )
-from runtime.engines.diffusion_common import Denoiser, Layout, check_knobs, hybrid_mask, scaffold
+from runtime.engines.diffusion_common import Denoiser, LaidOutState, Layout, check_knobs, scaffold
 from runtime.kv import RequestKV
 from runtime.lang.planned_diffusion import ASYNC, ASYNC_END, MASK, PAD
 from runtime.model import TinyLM
@@ -77,7 +75,7 @@ class MaskedDiffusionEngine(Engine):
         return MaskedDiffusionState(self, request, kv)
 
 
-class MaskedDiffusionState(RequestState):
+class MaskedDiffusionState(LaidOutState):
     """One request: the prompt and one span, then a denoising pass per step."""
 
     eng: MaskedDiffusionEngine
@@ -113,6 +111,9 @@ class MaskedDiffusionState(RequestState):
     def restart_prefill(self) -> None:
         self.lay.slots = []
 
+    def pass_rows(self) -> list[int]:
+        return self.den.rows()
+
     def next_inputs(self) -> PassInputs:
         self.inp = self.lay.inputs(self.den.rows(), "denoise")
         return self.inp
@@ -137,14 +138,6 @@ class MaskedDiffusionState(RequestState):
         self.step += 1
         self.done = self.den.finished
         return step
-
-    def held(self) -> list[tuple[int, int, np.ndarray]]:
-        k = len(self.lay.slots)
-        vis = hybrid_mask(self.lay.segs, True, list(range(k))).numpy()[:, :k]
-        return [(self.lay.ids[r], r, np.flatnonzero(vis[r])) for r in range(k)]
-
-    def remap(self, new_slots: list[int]) -> None:
-        self.lay.slots = list(new_slots)
 
     def completion(self) -> Completion:
         eng, lay, span = self.eng, self.lay, self.span

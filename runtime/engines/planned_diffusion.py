@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import torch
 
 from runtime.engines.base import (
@@ -41,11 +40,10 @@ from runtime.engines.base import (
     GenerationConfig,
     PassInputs,
     Request,
-    RequestState,
     Step,
     TokenRecord,
 )
-from runtime.engines.diffusion_common import Denoiser, Layout, SpanState, check_knobs, hybrid_mask, scaffold, steps_for
+from runtime.engines.diffusion_common import Denoiser, LaidOutState, Layout, SpanState, check_knobs, scaffold, steps_for
 from runtime.engines.operating_points import operating_knobs
 from runtime.kv import RequestKV
 from runtime.lang.planned_diffusion import ASYNC, ASYNC_END, MASK, PAD, SYNC, UNIT, PlanParser
@@ -197,7 +195,7 @@ class PlannedDiffusionEngine(Engine):
         return {"directed": True, "multigraph": False, "graph": {}, "nodes": nodes, "links": links}
 
 
-class PlannedDiffusionState(RequestState):
+class PlannedDiffusionState(LaidOutState):
     """One request: autoregressive plan passes (`mode` "ar"), then the round's denoising passes
     (`mode` "denoise"), round after round. `after` decides what the next pass is."""
 
@@ -233,7 +231,7 @@ class PlannedDiffusionState(RequestState):
         return self.den
 
     # ------------------------------------------------------------------ the next pass
-    def _rows(self) -> list[int]:
+    def pass_rows(self) -> list[int]:
         if self.mode == "denoise":
             return self._den.rows()
         if self.eng.recompute_all:
@@ -243,7 +241,7 @@ class PlannedDiffusionState(RequestState):
     def next_rows(self) -> int:
         if self.mode == "denoise":
             return len(self._den.rows())
-        return len(self._rows())
+        return len(self.pass_rows())
 
     def next_new_slots(self) -> dict:
         return {None: self.lay.unassigned}
@@ -263,7 +261,7 @@ class PlannedDiffusionState(RequestState):
         self.lay.slots, self.ar_rows = [], list(range(self.n))
 
     def next_inputs(self) -> PassInputs:
-        self.rows = self._rows()
+        self.rows = self.pass_rows()
         self.inp = self.lay.inputs(self.rows, self.phase if self.mode == "ar" else "denoise")
         return self.inp
 
@@ -419,16 +417,6 @@ class PlannedDiffusionState(RequestState):
         self._stop(reason)
 
     # ------------------------------------------------------------------ preemption
-    def held(self) -> list[tuple[int, int, np.ndarray]]:
-        """Every laid-out token with a slot, each seeing what `hybrid_mask` lets it see (the K/V a
-        pass over every row writes; span tokens of an unfinished round are recomputed anyway)."""
-        k = len(self.lay.slots)
-        vis = hybrid_mask(self.lay.segs, self.eng.block_sparse, list(range(k))).numpy()[:, :k]
-        return [(self.lay.ids[r], r, np.flatnonzero(vis[r])) for r in range(k)]
-
-    def remap(self, new_slots: list[int]) -> None:
-        self.lay.slots = list(new_slots)
-
     def completion(self) -> Completion:
         return self.eng._complete(
             self.req,

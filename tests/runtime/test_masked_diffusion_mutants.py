@@ -116,18 +116,22 @@ def test_every_pass_is_the_dense_forward_under_the_hybrid_mask(tiny_model, tok):
 
 @pytest.mark.parametrize("at", [1, 3])
 def test_a_preempted_span_denoises_as_alone(tiny_model, tok, at):
-    """Preempted before its first pass (the prompt starts over) or mid-denoising (the prompt and the
-    half-committed span are re-prefilled at their positions, with their hybrid visibility): every
-    pass's span rows, the commits and the KV held are what the request gives alone."""
+    """Preempted before its first pass (the prompt starts over) or mid-denoising (the prompt is
+    re-prefilled at its positions; the half-committed span is not, as the next denoising pass
+    computes every span row anyway): every pass's span rows, the commits and the KV held are what
+    the request gives alone. Was: the replay re-fed the span too, 2 + LENGTH rows the next pass
+    computed again."""
     from runtime.server import FakeClock, Server
 
     alone_model = AllLogits(tiny_model)
-    alone_steps, alone = drain(engine(alone_model, tok, steps=4).run(Request(0, "hi")))
+    eng = engine(alone_model, tok, steps=4)
+    alone_steps, alone = drain(eng.run(Request(0, "hi")))
     model = AllLogits(tiny_model)
     out = Server(
         engine(model, tok, steps=4), scheduler=PreemptOnce(at, chunk=None), clock=FakeClock(), max_pages=4096
     ).serve([(0.0, "hi")])
     assert out["preemptions"] == 1 and out["recomputes"] == (at > 1)
+    assert out["recompute_tokens"] == (len(eng.prompt_ids(Request(0, "hi"))) if at > 1 else 0)
     c = out["requests"][0].completion
     assert c.output_ids == alone.output_ids
     assert [t.step_index for t in c.tokens] == [t.step_index for t in alone.tokens]

@@ -169,3 +169,32 @@ def test_every_token_a_pass_emits_is_in_the_output_at_that_pass(tok, tiny_model,
     assert sorted(t.position_id for t in c.tokens) == list(range(c.prompt_tokens, c.prompt_tokens + len(c.tokens)))
     last_ar = [s for s in steps if s.phase != "denoise"][-1]
     assert c.tokens[-1].token_id == last_ar.emitted[0] and c.tokens[-1].kv_slot == -1  # sampled, never fed
+
+
+@pytest.mark.parametrize("block_sparse", [True, False])
+def test_preempted_mid_round_replays_all_but_the_round_and_matches_alone(tok, tiny_model, block_sparse):
+    """Preempted after a denoising pass of the second round: the readmission re-prefills every
+    token laid out before the round (the prompt, the plan, round 0's spans, the text between), not
+    the round's span rows, which its next pass computes anyway; the text and every step's notes
+    and live KV are the run alone's. Was: the replay re-fed the round's spans too."""
+    from runtime.server import FakeClock, Server
+    from tests.runtime.test_tip_mutants import PreemptOnce
+
+    def engine():
+        return pd(tok, tiny_model, forced_plan=TWO_ROUNDS, length_scale=2, block_sparse=block_sparse)
+
+    alone_steps, alone = drain(engine().run(Request(0, "hi")))
+    notes = [json.loads(s.note) for s in alone_steps]
+    # the second round's first denoising pass; the preemption comes before the pass after it
+    first = next(i for i, (s, n) in enumerate(zip(alone_steps, notes)) if s.phase == "denoise" and n["round"] == 1)
+    out = Server(engine(), scheduler=PreemptOnce(first + 2, chunk=None), clock=FakeClock(), max_pages=4096).serve(
+        [(0.0, "hi")]
+    )
+    assert out["preemptions"] == 1 and out["recomputes"] == 1
+    c = out["requests"][0].completion
+    assert c.output_ids == alone.output_ids
+    served = [e.step for p in out["passes"] for e in p.entries if e.step]
+    assert [s.note for s in served] == [s.note for s in alone_steps]
+    assert [s.live_kv_tokens for s in served] == [s.live_kv_tokens for s in alone_steps]
+    round1 = [t.position_id for t in c.tokens if t.stream == 3]  # span c with its tags, the second round's
+    assert out["recompute_tokens"] == min(round1)  # every laid-out token before span c's opening tag

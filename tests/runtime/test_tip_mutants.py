@@ -271,5 +271,5 @@ def test_a_restarted_prefill_forgets_its_chunks_h2o_scores(tiny_model, tok):
     st.after_chunk(eng.forward([inp], st.kv.store)[1])
     assert set(st.policy.scores) == set(st.live) and len(st.live) == 3
     st.release()
-    st.discard_replay()  # nothing ran to the end: the prompt starts over
+    st.preempted()  # nothing ran to the end: the prompt starts over
     assert not st.live and not st.policy.scores
