@@ -52,7 +52,11 @@ def _requests(n: int, system: str):
 
 
 def serving_trace(path, system: str, rate: float, pool_blocks: int | None = None, n: int = 24, cost=TRUTH, **batch):
-    """A synthetic serving run: requests replayed under load with the true cost, written as a measured trace."""
+    """A synthetic serving run: requests replayed under load with the true cost, written as a measured
+    trace, its rows as the runtime records them: a readmitted request's pass with its own rows only,
+    the re-prefill in `recompute_tokens` (a simulated trace's rows carry it: taken out here; was
+    kept, so the "measured" run read back with every replay counted twice, and how far its
+    re-simulation strayed depended on this machine's clock through `host_cpu_spec`)."""
     reqs, prompts = _requests(n, system)
     w = load_workload(write_toy_trace(path.parent / f"{path.name}-src", reqs, prompts, system=system))
     w = dataclasses.replace(w, logit_tokens=w.query_tokens.copy())
@@ -77,6 +81,13 @@ def serving_trace(path, system: str, rate: float, pool_blocks: int | None = None
     )
     meta["model"] = {**meta["model"], "name": MODEL_META["name"]}
     meta_path.write_text(json.dumps(meta))
+    steps = pd.read_parquet(out / "steps.parquet")
+    if "recompute_tokens" in steps:  # only a run that preempted has the column
+        q = steps["query_tokens"].to_numpy(np.int64)
+        redo = np.minimum(steps["recompute_tokens"].fillna(0).to_numpy(np.int64), q)
+        steps["query_tokens"] = q - redo
+        steps["kv_tokens_read"] = steps["kv_tokens_read"].to_numpy(np.int64) - redo * (redo + 1) // 2
+        steps.to_parquet(out / "steps.parquet", index=False)
     return out
 
 
