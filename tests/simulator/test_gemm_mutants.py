@@ -461,3 +461,19 @@ def test_fit_starts_inside_a_raised_lower_bound() -> None:
         rows, fixed={**fixed, "tail_share": 0.3, "memory_eff": truth.memory_eff}, lower={"choice_q": 40.0}
     )
     assert fitted.choice_q >= 40.0
+
+
+def test_fit_thin_keeps_every_thin_th_token_count_of_each_profile() -> None:
+    """thin=2 fits the first, third, ... token count of each (model, TP, op) profile: the same fit as
+    those rows alone (times 10% slow at the kept counts, 10% fast at the others, so every row
+    counted would move the fit)."""
+    from simulator.gemm_fit import fit_gemm, predict_tiles
+
+    counts = (1, 16, 64, 200, 512, 1000, 2048, 4096)
+    rows = pd.DataFrame(
+        [{"model": "x", "tp": 1, "op": "up", "num_tokens": t, "K": 4096.0, "N": 4096.0} for t in counts]
+    )
+    rows["time_s"] = predict_tiles(rows, GemmParams(choice_q=20.0)) * np.tile([1.1, 0.9], len(counts) // 2)
+    fixed = {f: getattr(GemmParams(), f) for f in ("feed_bytes_per_clock", "overlap_p", "fill_iters", "choice_q")}
+    fixed = {**fixed, "choice_q": 20.0, "tail_share": 0.0, "launch_overheads": 1.5}
+    assert fit_gemm(rows, thin=2, fixed=fixed) == fit_gemm(rows.iloc[::2], fixed=fixed)
