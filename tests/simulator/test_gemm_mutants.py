@@ -448,10 +448,10 @@ def test_summary_pools_the_unseen_rows_only() -> None:
 
 def test_fit_starts_inside_a_raised_lower_bound() -> None:
     """`lower` above the usual starting point (choice_q >= 40, start 12) moves the start up to it:
-    the fit runs and honours the bound."""
+    the fit runs and honours the bound; the `fixed` fields are the values given, not the defaults."""
     from simulator.gemm_fit import fit_gemm, predict_tiles
 
-    truth = GemmParams(choice_q=50.0, tail_share=0.3, fill_iters=3.0)
+    truth = GemmParams(choice_q=50.0, tail_share=0.3, fill_iters=3.0, overlap_p=2.5, feed_bytes_per_clock=40.0)
     rows = pd.DataFrame(
         [{"model": "x", "tp": 1, "op": "up", "num_tokens": t, "K": 4096.0, "N": 4096.0} for t in (1, 200, 4096)]
     )
@@ -461,6 +461,7 @@ def test_fit_starts_inside_a_raised_lower_bound() -> None:
         rows, fixed={**fixed, "tail_share": 0.3, "memory_eff": truth.memory_eff}, lower={"choice_q": 40.0}
     )
     assert fitted.choice_q >= 40.0
+    assert {name: getattr(fitted, name) for name in fixed} == fixed  # fixed fields kept as given
 
 
 def test_fit_thin_keeps_every_thin_th_token_count_of_each_profile() -> None:
