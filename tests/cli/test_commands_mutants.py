@@ -158,6 +158,17 @@ def test_validate_two_traces_without_calibrate_from_is_refused(t, capsys):
     refused(["validate", str(t), str(SHIPPED)], capsys, "several traces need --calibrate-from")
 
 
+def test_validate_uncalibrated_with_run_is_refused(t, capsys):
+    """--run picks a run for the calibrated validation; --uncalibrated would ignore it."""
+    refused(["validate", str(t), "--uncalibrated", "--run", "0"], capsys, "--run applies to the calibrated")
+
+
+def test_validate_run_is_named_in_the_json_line(capsys):
+    """`--run K` validates run K alone (the shipped trace has 3 in runs.parquet); the line says which."""
+    assert main(["validate", str(SHIPPED), "--run", "1", "--json"]) == 0
+    assert last_json(capsys.readouterr().out)["run"] == 1
+
+
 # --- solm cost -----------------------------------------------------------------------------------
 
 
@@ -361,6 +372,46 @@ def test_capture_serving_flags_reach_the_load_config():
     assert (load.concurrency, load.rows_sweep, load.max_seqs, load.chunked_prefill) == (2, True, 3, True)
 
 
+def test_capture_knob_without_a_key_is_refused():
+    from profiler.errors import UsageError
+    from solm.commands.capture import parse_knobs
+
+    assert parse_knobs(["mode=greedy", "max_threads=4"]) == {"mode": "greedy", "max_threads": 4}
+    with pytest.raises(UsageError, match="--knob expects KEY=VALUE"):
+        parse_knobs(["=4"])
+
+
+# --- solm train (flags checked and applied before any training) ----------------------------------
+
+
+def train_config(*flags: str):
+    from solm.cli import build_parser
+    from solm.commands.train import _recipe_and_config
+
+    parser, _ = build_parser()
+    return _recipe_and_config(parser.parse_args(["train", "--out", "unused", *flags]))[1]
+
+
+def test_train_flags_reach_the_training_config():
+    cfg = train_config("--seed", "7", "--lr", "0.002", "--steps", "3", "--batch-size", "5")
+    assert (cfg.seed, cfg.lr, cfg.steps, cfg.batch_size) == (7, 0.002, 3, 5)
+
+
+def test_train_learning_rate_zero_is_refused():
+    from profiler.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"--lr must be a number in \(0, "):
+        train_config("--lr", "0")
+
+
+@pytest.mark.parametrize("lam", ["inf", "nan"])
+def test_train_lambda_must_be_finite(lam):
+    from profiler.errors import UsageError
+
+    with pytest.raises(UsageError, match=f"--lambda must be a finite number, got {lam}"):
+        train_config("--system", "pasta", "--stage", "preference", "--lambda", lam)
+
+
 # --- solm dashboard ------------------------------------------------------------------------------
 
 
@@ -371,3 +422,5 @@ def test_dashboard_port_range(tmp_path, capsys):
     assert main(["dashboard", str(tmp_path), "--port", "65535", "--dry-run"]) == 0
     line = json.loads(capsys.readouterr().out)
     assert line["url"] == "http://127.0.0.1:65535" and line["command"][-3:] == ["65535", "--", str(tmp_path)]
+    assert main(["dashboard", str(tmp_path), "--dry-run", "--allow-any-path"]) == 0
+    assert json.loads(capsys.readouterr().out)["command"][-2:] == [str(tmp_path), "--allow-any-path"]
