@@ -9,7 +9,7 @@ wave's compute time is its busiest SM's tile count x one tile's time at the SM's
 `tensor_eff` of the SM's peak: the part's peak at its sustained clock over its SMs) or by feeding
 the tile's operands from L2 (`feed_bytes_per_clock` per SM: small tiles reuse less). A partial last
 wave recovers `tail_share` of its idle SMs' time (the compute is (1 - s) x the quantized waves +
-s x the same tiles spread evenly over every SM, never below one tile-time): on the A100 data a partial wave runs faster than a
+s x the same tiles spread evenly over every SM, never below one tile-time and its fill): on the A100 data a partial wave runs faster than a
 full one, as its SMs share L2, HBM and the power budget with fewer others, and the libraries'
 split-K and stream-K kernels fill part of the tail. The memory
 time is the kernel's HBM bytes (operands not reused from L2, plus outputs and split-K partials)
@@ -296,9 +296,11 @@ def _kernels(
     quantized = busiest * iters + fills * p.fill_iters
     # A partial last wave recovers `tail_share` of its idle SMs' time: the compute blends the
     # quantized waves with the fluid time of the same tiles spread evenly over every SM, but no
-    # kernel is faster than one tile-time (fewer tiles than SMs: only split-K spreads the work).
+    # kernel is faster than one tile-time and its fill (fewer tiles than SMs: only split-K spreads
+    # the work).
     spread = np.maximum(tiles / sms, 1.0)  # tile-times per SM with the tiles spread evenly
-    fluid_fill = np.where(c.persistent, p.fill_iters, spread * p.fill_iters / ctas)
+    # the fill once per ctas_per_sm tiles an SM runs, and at least once (as in the quantized waves)
+    fluid_fill = np.where(c.persistent, 1.0, np.maximum(spread / ctas, 1.0)) * p.fill_iters
     fluid = spread * iters + fluid_fill
     compute = ((1.0 - p.tail_share) * quantized + p.tail_share * fluid) * iter_s
     bandwidth = hw.hbm_bytes_per_s * p.memory_eff

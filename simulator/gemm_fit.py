@@ -37,8 +37,8 @@ VIDUR_GEMM_OPS: tuple[str, ...] = ("attn_pre_proj", "attn_post_proj", "mlp_up_pr
 # speeds are (on Hopper and Blackwell the small tiles are L2-bound: at q = 5 the mean costs an
 # H100 10% at 4096 tokens), a count, not physics. On a dev split of the A100 shapes (seeded
 # halves; bench/cost_model.py --dev --min choice_q=Q) the bound hardly matters: median/p90 APE
-# 4.43/11.51 free (q wandered from 0.5 to 6, tensor_eff from 0.81 to 0.92), 4.45/11.54 at q >= 5,
-# 4.46/11.54 at >= 10, 4.49/11.59 at >= 15.
+# 4.43/11.51 free (q wandered from 0.5 to 6, tensor_eff from 0.81 to 0.92), 4.43/11.53 at q >= 5,
+# 4.45/11.52 at >= 10, 4.46/11.56 at >= 15.
 FIT_FIELDS: tuple[str, ...] = (
     "tensor_eff",
     "fill_iters",

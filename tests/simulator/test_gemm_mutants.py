@@ -149,6 +149,20 @@ def test_the_tail_blend_spreads_tiles_and_fills_over_the_sms(persistent: bool) -
     assert kernel.time_s == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize("n_tiles", [1, 3, 4, 6])
+def test_an_sm_running_fewer_tiles_than_its_cta_slots_pays_a_whole_fill(n_tiles: int) -> None:
+    """tail_share 1, 2 CTAs per SM on 4 SMs, at most 1.5 tiles per SM: no kernel is faster than one
+    tile-time and its fill, since an SM with one tile has no second CTA to hide the fill behind
+    (the quantized waves pay it once too). Was: spread x fill / 2, half a fill for one tile."""
+    tile = Tile(128, 128, 32, ctas_per_sm=2)
+    params = GemmParams(fill_iters=5.0, tail_share=1.0, feed_bytes_per_clock=NO_FEED)
+    part = _part(num_sms=4)
+    kernel = gemm_kernel(128, 4096, 128 * n_tiles, part, params, tiles=(tile,), splits=(1,))
+    spread = max(n_tiles / 4, 1.0)
+    expected = (spread * 4096 / 32 + 5.0) * _iter_s(part, tile, params)
+    assert kernel.time_s == pytest.approx(expected, rel=1e-12)
+
+
 def test_a_partial_wave_below_the_fluid_time_is_never_charged_more() -> None:
     """The tail blend is a mix of the quantized and the fluid time: with tail_share s, 5 tiles on 4
     SMs take (1 - s) x 2 + s x 5/4 tile-times, strictly less than 2 for any s > 0."""
