@@ -269,7 +269,7 @@ def test_deployment_inputs_set_the_price_and_scale_the_workload_files_arrivals(t
 
 
 def test_whatif_rate_and_gemm_calibration_reach_the_simulation(trace_folder, tmp_path):
-    """Requests arriving 1000/s queue behind each other; a CAL.json of a third of the efficiency slows
+    """Requests arriving 1000/s queue behind each other, the more so with 8 batched tokens; a CAL.json of a third of the efficiency slows
     a deployment (TP 2) as it does one GPU. (Mutants: the rate or max batched tokens not passed to
     the replay, the calibrated part not passed to the deployment.)"""
     import json
@@ -279,7 +279,8 @@ def test_whatif_rate_and_gemm_calibration_reach_the_simulation(trace_folder, tmp
     t = read_trace(trace_folder / "seq")
     own = whatif_data.whatif_run(t, "h100-sxm", "llama-3-8b", 8, 2048, None)["point"]["e2e_ms_mean"]
     busy = whatif_data.whatif_run(t, "h100-sxm", "llama-3-8b", 8, 2048, 1000.0)["point"]["e2e_ms_mean"]
-    assert busy > own
+    tight = whatif_data.whatif_run(t, "h100-sxm", "llama-3-8b", 8, 8, 1000.0)["point"]["e2e_ms_mean"]
+    assert busy > own and tight > busy  # 8 tokens a pass: the 5-7 token prompts prefill one at a time
     cal = tmp_path / "h100.json"
     params = {**GemmParams().to_json(), "tensor_eff": 0.3, "memory_eff": 0.3}
     cal.write_text(
