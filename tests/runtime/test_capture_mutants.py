@@ -63,6 +63,7 @@ def test_meta_records_the_settings_given(traced):
     assert t.meta["knobs"] == {"max_tokens": 6, "temperature": 0.7, "top_p": 0.9, "page_size": 4}
     assert (t.meta["seed"], t.meta["split"], t.meta["system"]) == (5, "test", "sequential")
     assert t.meta["structure_source"] == "the model's own tokens"
+    assert t.meta["counters_source"] == "host" and t.meta["nvml"] is False  # a CPU capture samples the host
     assert t.meta["wall_s"] > 0 and t.meta["n_requests"] == 2
     assert not t.counters.empty  # the background samples are written at the end
 
@@ -121,6 +122,14 @@ def test_structure_replay_takes_n_requests_and_the_references_task(traced, tmp_p
     assert len(r.requests) == 1 and r.meta["task"] == t.meta["task"]
     assert r.meta["structure_source"] == str(t.path) and not r.meta["quality_applicable"]
     assert np.isnan(r.requests["quality_score"]).all()
+
+
+def test_two_repeats_on_another_split_are_recorded(tmp_path):
+    cfg = CaptureConfig(**{**CFG, "n": 1}, split="dev", warmup=0, repeats=2)
+    t = read_trace(capture(cfg, tmp_path / "r2", progress=False))
+    assert t.meta["split"] == "dev" and t.meta["runs_per_request"] == 2
+    assert t.meta["repeats"]["runs_per_request"] == 2  # the spread of the two runs is in meta.json
+    assert list(t.requests["prompt"]) == [ex.prompt for ex in get_task(t.meta["task"]).examples("dev", 1, 0)]
 
 
 # Rounds on made-up runs: which run is recorded, and the one timeline they are laid on.
