@@ -15,7 +15,8 @@ import pytest
 import runtime.capture as cap
 from profiler.errors import UsageError
 from profiler.reader import read_trace
-from profiler.recorder import RecordedRun
+from profiler.recorder import RecordedRun, Recorder
+from profiler.runs import read_runs
 from runtime.capture import CaptureConfig, Rounds, capture, check_config
 from runtime.tasks import get_task
 
@@ -40,7 +41,8 @@ def traced(tmp_path_factory):
 
         return slow
 
-    cfg = CaptureConfig(**CFG, warmup=2, seed=5, temperature=0.7, top_p=0.9)
+    # one background sample at the start (a long interval): the last one is the sample taken at the end
+    cfg = CaptureConfig(**CFG, warmup=2, seed=5, temperature=0.7, top_p=0.9, counters_interval_s=60.0)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cap, "make_start", make_start)
         out = capture(cfg, tmp_path_factory.mktemp("cap") / "t", progress=False)
@@ -65,7 +67,8 @@ def test_meta_records_the_settings_given(traced):
     assert t.meta["structure_source"] == "the model's own tokens"
     assert t.meta["counters_source"] == "host" and t.meta["nvml"] is False  # a CPU capture samples the host
     assert t.meta["wall_s"] > 0 and t.meta["n_requests"] == 2
-    assert not t.counters.empty  # the background samples are written at the end
+    last_end = (t.requests["arrival_s"] + t.requests["e2e_s"]).max()
+    assert t.counters["t_s"].max() >= last_end  # the samples up to the end of the capture are written
 
 
 def test_request_rows_hold_the_prompt_its_reference_and_times_from_arrival(traced):
@@ -113,15 +116,19 @@ def test_check_config_takes_the_smallest_good_settings():
     check_config(CaptureConfig(**{**CFG, "n": 1, "max_tokens": 1}, warmup=0, repeats=1).resolved())
 
 
-def test_structure_replay_takes_n_requests_and_the_references_task(traced, tmp_path):
+def test_structure_replay_takes_n_requests_and_the_references_task(traced, tmp_path, monkeypatch):
     t, _, _ = traced
+    warm: list[int] = []
+    monkeypatch.setattr(cap, "drain", lambda steps: warm.append(1))  # warm-up runs, none asked for
     out = capture(
-        CaptureConfig(**{**CFG, "n": 1}, task="", warmup=0, structure_from=str(t.path)), tmp_path / "r", progress=False
+        CaptureConfig(**{**CFG, "n": 1}, task="copy_line", warmup=0, structure_from=str(t.path)),
+        tmp_path / "r",
+        progress=False,
     )
     r = read_trace(out)
-    assert len(r.requests) == 1 and r.meta["task"] == t.meta["task"]
+    assert len(r.requests) == 1 and r.meta["task"] == t.meta["task"] != "copy_line"  # the reference's task
     assert r.meta["structure_source"] == str(t.path) and not r.meta["quality_applicable"]
-    assert np.isnan(r.requests["quality_score"]).all()
+    assert np.isnan(r.requests["quality_score"]).all() and warm == []
 
 
 def test_two_repeats_on_another_split_are_recorded(tmp_path):
@@ -130,6 +137,31 @@ def test_two_repeats_on_another_split_are_recorded(tmp_path):
     assert t.meta["split"] == "dev" and t.meta["runs_per_request"] == 2
     assert t.meta["repeats"]["runs_per_request"] == 2  # the spread of the two runs is in meta.json
     assert list(t.requests["prompt"]) == [ex.prompt for ex in get_task(t.meta["task"]).examples("dev", 1, 0)]
+    assert sorted(read_runs(t.path)["run"].unique()) == [0, 1]
+
+
+def test_cut_short_in_the_first_round_keeps_the_runs_so_far(tmp_path, monkeypatch):
+    real_run, calls = Recorder.run, []
+
+    def run_then_die(self, steps):
+        calls.append(1)
+        if len(calls) == 2:  # round 0, request 1: request 0 ran, request 1 never did
+            raise KeyboardInterrupt
+        return real_run(self, steps)
+
+    monkeypatch.setattr(Recorder, "run", run_then_die)
+    out = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):
+        capture(CaptureConfig(**CFG, warmup=0, repeats=2), out, progress=False)
+    runs = read_runs(out)
+    assert runs is not None and set(map(tuple, runs[["request_id", "run"]].to_numpy())) == {(0, 0)}
+
+
+def test_engine_settings_are_the_defaults_overlaid_with_the_knobs_given():
+    from runtime.capture import engine_settings
+
+    s = engine_settings(CaptureConfig(system="planned_diffusion", knobs={"steps_ratio": 0.5, "order": "left"}))
+    assert s["steps_ratio"] == 0.5 and s["order"] == "left" and s["max_rounds"] == 8
 
 
 # Rounds on made-up runs: which run is recorded, and the one timeline they are laid on.
