@@ -214,3 +214,38 @@ def test_spread_leaves_out_requests_without_every_run():
     r.add(1, 1, 15.0, _run(15.0, 3.0))  # cut short: request 1 ran twice of three
     m = r.meta(3)
     assert m["e2e_spread_percent_max"] == m["e2e_spread_percent_median"] == round(100 * 0.2 / 1.1, 2)
+
+
+# meta.json's model and device parts, and the quality note, from their builders.
+
+
+def test_model_meta_names_a_checkpoint_folder_by_its_name_and_keeps_untrained(tiny_model, tmp_path):
+    from runtime.capture import model_meta
+
+    folder = tmp_path / "runs" / "my-ckpt"
+    folder.mkdir(parents=True)
+    m = model_meta(tiny_model, str(folder), {"trained": False})
+    assert m["name"] == "my-ckpt" and m["trained"] is False
+    assert model_meta(tiny_model, "tiny-2l", {})["trained"] is True  # a preset's info says nothing: trained
+
+
+def test_cpu_device_meta_records_torchs_threads():
+    import torch
+
+    from profiler.counters import CounterSampler
+    from runtime.capture import device_meta
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        info = device_meta("cpu", CounterSampler(1.0, origin=0.0, use_nvml=False))
+    finally:
+        torch.set_num_threads(before)
+    assert info["type"] == "cpu" and info["threads"] == 1
+
+
+def test_a_task_without_a_scorer_gives_its_own_quality_note():
+    from runtime.capture import NOT_APPLICABLE, _not_applicable_note
+
+    assert _not_applicable_note("open_questions") == get_task("open_questions").quality_note != NOT_APPLICABLE
+    assert _not_applicable_note("copy_line") == NOT_APPLICABLE
