@@ -249,3 +249,44 @@ def test_a_task_without_a_scorer_gives_its_own_quality_note():
 
     assert _not_applicable_note("open_questions") == get_task("open_questions").quality_note != NOT_APPLICABLE
     assert _not_applicable_note("copy_line") == NOT_APPLICABLE
+
+
+def test_a_request_moved_on_the_timeline_is_written_again(tok):
+    """Round 1 makes request 0 faster: request 1 keeps its run but arrives earlier, so its row is
+    rewritten (arrival = request 0's end + its gap), not left at the old place."""
+    from runtime.capture import Session
+    from runtime.tasks import Example
+
+    written: list[tuple[int, float, bool]] = []
+    writer = SimpleNamespace(
+        add_request=lambda row, steps, toks, graph, replace: written.append(
+            (row["request_id"], row["arrival_s"], replace)
+        )
+    )
+    done = {
+        "prompt_tokens": 1,
+        "text": "",
+        "steps": 2,
+        "critical_path_tokens": 2,
+        "theoretical_speedup": 1.0,
+        "peak_live_kv_tokens": 3,
+        "peak_kv_bytes": 1,
+        "status": "ok",
+        "stop_reason": "stop_token",
+        "error": "",
+        "events": [],
+        "tokens": [],
+        "graph": {},
+    }
+    r = Rounds(2, "min")
+    s = Session(writer, None, tok, [Example("p0", "a0"), Example("p1", "a1")], False, r)
+    runs = [(0, 0, 1.0, 3.0), (1, 0, 4.5, 2.0), (0, 1, 7.0, 1.0), (1, 1, 8.25, 5.0)]
+    for rid, round_, arrival, e2e in runs:
+        rec = _run(arrival, e2e)
+        rec.result = SimpleNamespace(request_id=rid, output_ids=[1, 2], **done)
+        r.add(rid, round_, arrival, rec)
+        if round_ == 0:
+            s.commit(rid + 1)
+    s.commit(2)
+    assert [(rid, replace) for rid, _, replace in written] == [(0, False), (1, False), (0, True), (1, True)]
+    assert math.isclose(written[-1][1], 2.0 + 0.5)
