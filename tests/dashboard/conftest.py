@@ -3,6 +3,8 @@ and one corrupt trace that must show as an error row while the others load."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -41,3 +43,14 @@ def trace_folder(tmp_path_factory):
     bad.mkdir()
     (bad / "meta.json").write_text('{"schema_version": 1, "kind": "measured"')  # cut short
     return root
+
+
+@pytest.fixture()
+def app(trace_folder, monkeypatch):
+    """The dashboard run in-process (Streamlit's AppTest, no server) on `trace_folder`."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SOLM_TRACE_DIRS", str(trace_folder))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py"), default_timeout=60)
+    at.run()
+    return at

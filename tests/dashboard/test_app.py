@@ -16,14 +16,6 @@ APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 PAGES = ("pareto", "timeline", "graph", "whatif", "diff")
 
 
-@pytest.fixture()
-def app(trace_folder, monkeypatch):
-    monkeypatch.setenv("SOLM_TRACE_DIRS", str(trace_folder))
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.run()
-    return at
-
-
 def _ok(at: AppTest, title: str) -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert [t.value for t in at.title] == [title]

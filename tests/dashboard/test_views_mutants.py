@@ -301,18 +301,6 @@ def test_whatif_rate_and_gemm_calibration_reach_the_simulation(trace_folder, tmp
 pytest.importorskip("streamlit")
 
 
-@pytest.fixture()
-def app(trace_folder, monkeypatch):
-    from streamlit.testing.v1 import AppTest
-
-    from tests.dashboard.test_app import APP
-
-    monkeypatch.setenv("SOLM_TRACE_DIRS", str(trace_folder))
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.run()
-    return at
-
-
 def _plain(v):
     """A chart spec with plotly's typed arrays ({"dtype", "bdata"}) decoded to lists."""
     import base64
