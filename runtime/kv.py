@@ -316,8 +316,8 @@ class PagedKVModel:
 
 
 def attention_row_sum(w: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-    """Attention weights (B, H, T, M) summed over heads (shared by every model behind the one primitive) and the query rows `rows` (T,) bool selects
-    (None: every row): (B, M)."""
+    """Attention weights (B, H, T, M) summed over heads and the query rows `rows` (T,) bool selects
+    (None: every row): (B, M). Shared by every model behind the one primitive."""
     if rows is None:
         return w.sum(dim=(1, 2))
     return (w.sum(dim=1) * rows.to(w.dtype)[None, :, None]).sum(dim=1)

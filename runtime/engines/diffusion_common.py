@@ -188,6 +188,12 @@ class LaidOutState(RequestState):
     def pass_rows(self) -> list[int]:
         raise NotImplementedError
 
+    def next_rows(self) -> int:
+        return len(self.pass_rows())
+
+    def next_new_slots(self) -> dict:
+        return {None: self.lay.unassigned}  # the tokens laid out since the last pass (or a preemption)
+
     def preempted(self) -> None:
         super().preempted()
         self.lay.slots = self.lay.slots[: recomputed_tail(self.lay, self.pass_rows())]

@@ -99,12 +99,6 @@ class MaskedDiffusionState(LaidOutState):
         )
         self.step, self.peak = 0, [0, 0]
 
-    def next_rows(self) -> int:
-        return len(self.den.rows())
-
-    def next_new_slots(self) -> dict:
-        return {None: self.lay.unassigned}
-
     def max_kv_tokens(self) -> int:
         return self.n + self.eng.length + 2
 
@@ -115,7 +109,7 @@ class MaskedDiffusionState(LaidOutState):
         return self.den.rows()
 
     def next_inputs(self) -> PassInputs:
-        self.inp = self.lay.inputs(self.den.rows(), "denoise")
+        self.inp = self.lay.inputs(self.pass_rows(), "denoise")
         return self.inp
 
     def after(self, logits: torch.Tensor, attention: torch.Tensor | None) -> Step:

@@ -238,14 +238,6 @@ class PlannedDiffusionState(LaidOutState):
             return list(range(len(self.lay)))
         return sorted({*self.ar_rows, *self.refresh})
 
-    def next_rows(self) -> int:
-        if self.mode == "denoise":
-            return len(self._den.rows())
-        return len(self.pass_rows())
-
-    def next_new_slots(self) -> dict:
-        return {None: self.lay.unassigned}
-
     def max_kv_tokens(self) -> int:
         eng = self.eng
         return self.n + eng.config.max_tokens + eng.max_rounds * (1 + eng.max_spans * (eng.max_span_tokens + 2))

@@ -3,8 +3,6 @@ and one corrupt trace that must show as an error row while the others load."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
@@ -50,7 +48,9 @@ def app(trace_folder, monkeypatch):
     """The dashboard run in-process (Streamlit's AppTest, no server) on `trace_folder`."""
     from streamlit.testing.v1 import AppTest
 
+    from tests.dashboard.test_app import APP
+
     monkeypatch.setenv("SOLM_TRACE_DIRS", str(trace_folder))
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py"), default_timeout=60)
+    at = AppTest.from_file(APP, default_timeout=60)
     at.run()
     return at
