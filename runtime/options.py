@@ -19,6 +19,7 @@ ENGINES: dict[str, str] = {
 }
 
 # which of a request's repeated runs (--repeats) is recorded: index into its n runs sorted by latency
+# (median of an even n: the faster middle run, since the recorded run must be one that ran)
 KEEP = {"min": lambda n: 0, "median": lambda n: (n - 1) // 2}
 
 

@@ -59,7 +59,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         choices=list(KEEP),
         help="with --repeats: record each request's fastest run (a shared machine only ever slows "
-        "down, so the fastest is the least disturbed; default) or its median run",
+        "down, so the fastest is the least disturbed; default) or its median run (of an even number "
+        "of runs the faster middle one: a recorded run is one that ran, not an average)",
     )
     p.add_argument("--counters-hz", type=float, default=20.0, help="counter sampling rate")
     p.add_argument(
