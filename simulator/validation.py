@@ -111,7 +111,8 @@ def pass_frame(steps) -> pd.DataFrame:
     row it computed (`batch_query_tokens`: re-prefill and prefill-chunk rows included), its KV read
     the keys its attention actually scored (`attention_kv_tokens`: with the runtime's mask attention
     every row times the pool's slots; a batch-1 trace copies `kv_tokens_read` there), its duration
-    once. Otherwise (a batch-1 trace) every row with query tokens is its own pass."""
+    once; a trace is read so when a pass holds several rows or a row is a chunk (a serving trace at
+    one request a pass). Otherwise (a batch-1 trace) every row with query tokens is its own pass."""
     frame = _pass_frame(steps)
     bad = np.flatnonzero(~(np.isfinite(frame["duration_s"].to_numpy(float)) & (frame["duration_s"] > 0)))
     if len(bad):  # was: a fit to them ended in scipy's ValueError, an internal error
@@ -124,8 +125,10 @@ def pass_frame(steps) -> pd.DataFrame:
 
 def _pass_frame(steps) -> pd.DataFrame:
     b = steps["batch_index"].to_numpy(np.int64) if len(steps) else np.zeros(0, np.int64)
-    if len(b) and (b >= 0).all() and len(np.unique(b)) < len(b):
-        chunk = steps["chunk"].astype(bool) if "chunk" in steps else pd.Series(False, index=steps.index)
+    chunk = steps["chunk"].astype(bool) if "chunk" in steps else pd.Series(False, index=steps.index)
+    # a serving trace: a pass holds several rows, or a chunk row (only a server writes one) is a pass of
+    # its own (was: one request a pass, a low load, read as batch-1 and its chunk passes dropped)
+    if len(b) and (b >= 0).all() and (len(np.unique(b)) < len(b) or chunk.any()):
         # a chunk row computes one stream's rows and samples nothing (its host_s is NaN)
         g = steps.assign(
             host_s=steps["host_s"].where(~chunk, 0.0), active_streams=steps["active_streams"] + chunk
