@@ -59,7 +59,10 @@ def table_from_rows(name: str, rows: list[dict]) -> pa.Table:
             raise KeyError(f"{name} row lacks column {field.name!r}") from None
     table = pa.Table.from_pydict(cols, schema=schema)
     for field, _ in MINOR_COLUMNS.get(name, []):  # a later revision's column: given, or its default
-        if rows and all(field.name in r for r in rows):
+        given = sum(field.name in r for r in rows)
+        if given and given < len(rows):  # was: the values given dropped for the default, silently
+            raise KeyError(f"{name} rows give column {field.name!r} in {given} of {len(rows)} rows")
+        if given:
             table = table.append_column(field, pa.array([r[field.name] for r in rows], type=field.type))
     return fill_defaults(name, table).select(TABLES[name].names)
 

@@ -18,14 +18,16 @@ cli/test_data_loss.py, simulator/test_simtrace_compact.py):
   names, a preset's seed and `trained`, a solm config.json naming a model_type; the writer's own
   refusal of a folder that is not a trace, a refinement counted once, the minor columns partly at
   their default (NaN too), write_trace's cast and request count;
-- 3 survive: equivalent, gguf's `end > size` counting only the last tensor's offset (gguf 0.19's
+- 2 survive (and a third, below, led to a change): equivalent, gguf's `end > size` counting only the last tensor's offset (gguf 0.19's
   reader itself refuses every file whose tensor data is cut: it cannot reshape a short view, so no
   file reaches the check with a tensor past the end; tried at cuts of 1, 100 and 16000 bytes);
   equivalent, `_holds_default` keeping a minor column of an empty table (the file gains an empty
-  column, the reader reads the same trace); and `table_from_rows` taking a minor column given by
-  some rows only (the mutant raises a KeyError where the writer now writes the default for every
-  row: no engine writes rows of different keys; whether such rows should be refused is left open).
-No bug found. The GGUF tests need the gguf package (`make real`) and skip without it, as test_gguf.py does."""
+  column, the reader reads the same trace). The third, `table_from_rows` taking a minor column
+  given by some rows only (the mutant raised a KeyError where the writer wrote the default for
+  every row, dropping the values given), showed that the writer lost data silently on such rows;
+  no engine writes them, and now they are refused like a row lacking a base column (a KeyError
+  naming the column: a bug in the caller, exit 1), tested below.
+No other bug found. The GGUF tests need the gguf package (`make real`) and skip without it, as test_gguf.py does."""
 
 from __future__ import annotations
 
@@ -408,6 +410,21 @@ def test_a_minor_column_partly_at_its_default_is_written(tmp_path, column, value
     out = write_trace(tmp_path / "t", _meta(), _tables(**{column: values}), {})
     assert column in pq.read_schema(out / "requests.parquet").names
     assert read_trace(out).requests[column].tolist() == pytest.approx(values, nan_ok=True)
+
+
+def test_rows_that_give_a_minor_column_in_some_rows_only_are_refused():
+    """The values given are never dropped for the column's default (was: written as the default
+    for every row, silently)."""
+    from profiler.writer import table_from_rows
+
+    steps = [s for s in _rows(0)[1]]
+    assert len(steps) >= 2
+    whole = [{**s, "recompute_tokens": 3} for s in steps]
+    assert table_from_rows("steps", whole).column("recompute_tokens").to_pylist() == [3] * len(steps)
+    mixed = [whole[0], *steps[1:]]
+    with pytest.raises(KeyError, match=r"recompute_tokens.*in 1 of"):
+        table_from_rows("steps", mixed)
+    assert table_from_rows("steps", steps).column("recompute_tokens").to_pylist() == [0] * len(steps)
 
 
 def test_table_slices_keep_a_minor_column_not_at_its_default_in_every_slice(tmp_path, monkeypatch):
