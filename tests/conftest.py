@@ -6,9 +6,16 @@ import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+# Property tests judge results, never speed: no per-example deadline and no "too slow" health
+# check, which a loaded 2-core machine trips at random (a mutation round saw one such flaky failure
+# while three rounds shared the cores). A test's own @settings still sets its example count.
+settings.register_profile("solm", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("solm")
 
 
 @pytest.fixture(scope="session")
