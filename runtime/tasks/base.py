@@ -49,7 +49,7 @@ class Task:
         raise NotImplementedError
 
     def examples(self, split: str, n: int, seed: int = 0) -> list[Example]:
-        """`n` distinct examples of `split`, deterministic from `seed`.
+        """`n` distinct examples of `split`, deterministic from `seed` (none for `n` 0).
 
         A UsageError, before memory grows, when `n` is beyond MAX_EXAMPLES or beyond what the task
         can draw (STALL draws in a row found nothing new: its prompts of this split are used up)."""
@@ -57,6 +57,8 @@ class Task:
             raise UsageError(f"split must be one of {SPLITS}, got {split!r}")
         if not 0 <= n <= MAX_EXAMPLES:
             raise UsageError(f"task {self.name}: asked for {n} examples; at most {MAX_EXAMPLES} can be drawn")
+        if n == 0:  # was: drew until the split ran out, then "could draw only 98 ..., not 0"
+            return []
         rng = random.Random(f"{self.name}:{seed}:{split}")
         out: list[Example] = []
         seen: set[str] = set()
