@@ -106,8 +106,10 @@ class CounterSampler:
             except nv.NVMLError:
                 self._energy_supported = False
         if not self._energy_supported and "power_w" in vals:  # integrate power (W * s = J; mJ)
-            prev = self.rows[-1] if self.rows else None
-            e_prev = prev["energy_mj"] if prev and prev["energy_mj"] == prev["energy_mj"] else 0.0
+            # from the last row with an energy value: a failed power reading (a NaN row) was a
+            # restart at 0, the cumulative energy falling back (was: `self.rows[-1]`, 0 after NaN)
+            prev = next((r for r in reversed(self.rows) if r["energy_mj"] == r["energy_mj"]), None)
+            e_prev = prev["energy_mj"] if prev else 0.0
             dt = t - prev["t_s"] if prev else 0.0
             vals["energy_mj"] = e_prev + vals["power_w"] * dt * 1000.0
         return _row(t, "nvml", **vals)

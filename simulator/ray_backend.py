@@ -14,6 +14,8 @@ run tasks, and tears everything down on exit (also on SIGTERM/Ctrl-C, through `f
   asserts it with `ss`). The session folder is a temporary directory removed at the end (no
   /tmp/ray/session_*) and usage statistics are off. Ray's own token authentication stays as Ray
   sets it up (on by default in 2.60, with its per-user token in ~/.ray/auth_token).
+- `address="local"` is the local Ray above (Ray's own `ray.init(address="local")` would start one
+  with none of these settings: its node IP the machine's outward address).
 - Existing cluster (`address`): the address is probed with a TCP connect first (5 s), so a wrong
   address is one line, not Ray's connect loop (20 attempts of about half a minute each at its
   defaults; RAY_gcs_server_port_wait_time_s); a port that accepts but is not a GCS fails after
@@ -252,7 +254,7 @@ def ray_session(address: str | None, workers: int) -> Iterator[Any]:
     ray = _import_ray() if "ray" in sys.modules else None
     if ray is not None and ray.is_initialized():
         yield ray
-    elif address:
+    elif address and address != "local":  # was: "local" went to Ray's own local cluster (not on loopback)
         with _connect(address) as ray:
             yield ray
     else:
