@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -147,9 +147,14 @@ shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
+def _environ(values: Mapping[str, str | None]) -> Iterator[None]:
+    """The environment with `values` set (None: unset) for the block, then as it was."""
     old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
         yield
     finally:
@@ -205,7 +210,9 @@ def _local(workers: int) -> Iterator[Any]:
     tmp = tempfile.mkdtemp(prefix="solm-ray-")
     watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), tmp], stdin=subprocess.DEVNULL)
     try:
-        with _environ(LOCAL_ENV), _loopback_node() as ray:
+        # RAY_ADDRESS unset: ray.init() would read it and join that cluster instead (was: an
+        # internal error, Ray refusing num_cpus for an existing cluster, or a cluster joined)
+        with _environ({**LOCAL_ENV, "RAY_ADDRESS": None}), _loopback_node() as ray:
             with _caller_signal_handlers():
                 ray.init(
                     include_dashboard=False,

@@ -155,7 +155,7 @@ class FakeRay:
 
     def init(self, **kwargs) -> None:
         self.inits.append(kwargs)
-        keys = ("RAY_USAGE_STATS_ENABLED", "RAY_gcs_server_port_wait_time_s")
+        keys = ("RAY_USAGE_STATS_ENABLED", "RAY_gcs_server_port_wait_time_s", "RAY_ADDRESS")
         self.env = {k: os.environ.get(k) for k in keys}
         self.temp_dir_existed = os.path.isdir(kwargs.get("_temp_dir", ""))
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as ray.init replaces it (twice, in Ray 2.60)
@@ -215,6 +215,16 @@ def test_local_ray_settings_and_cleanup(fake_ray, monkeypatch, keep_sigterm):
     (watchdog,) = started
     assert watchdog.poll() is not None  # ended here, not left to notice the driver's exit
     assert "RAY_USAGE_STATS_ENABLED" not in os.environ  # the setting was for the session only
+
+
+def test_local_ray_ignores_a_ray_address_in_the_environment(fake_ray, monkeypatch, keep_sigterm):
+    """Without --address the Ray is the local loopback one even when RAY_ADDRESS is set (ray.init
+    would join that cluster), and RAY_ADDRESS is back afterwards."""
+    monkeypatch.setattr(rb, "warn_non_loopback", lambda: [])
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    with rb.ray_session(None, workers=1):
+        assert fake_ray.env["RAY_ADDRESS"] is None and "address" not in fake_ray.inits[0]
+    assert os.environ["RAY_ADDRESS"] == "10.0.0.1:6379"
 
 
 def test_loopback_node_setting_holds_for_the_session_only(monkeypatch):
