@@ -84,7 +84,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "part of --hardware (repeatable, one per part)",
     )
     p.add_argument("--backend", default="local", choices=("local", "ray"), help="process pool (default) or Ray")
-    p.add_argument("--address", default=None, help="Ray cluster address (default: start a local one on loopback)")
+    p.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster: HOST:PORT, ray://HOST:PORT or auto (default, or local: start a local one on loopback)",
+    )
     p.add_argument("--workers", type=int, default=None, help="parallel workers (default: one per core)")
     p.add_argument("--out", default=None, help="directory for results.jsonl and sweep.parquet")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
