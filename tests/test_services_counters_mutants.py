@@ -36,6 +36,7 @@ import solm.commands.dashboard as dashboard
 from profiler.counters import CounterSampler
 from profiler.services import die_with_parent
 from solm.cli import main
+from tests.profiler.test_counters_recorder import FakeNVML
 
 
 def refused(argv: list[str], capsys, needle: str) -> None:
@@ -312,46 +313,22 @@ def test_listening_sockets_are_the_listening_ones_only():
 # --- counter sampling ----------------------------------------------------------------------------
 
 
-class FlakyNVML:
-    """A stand-in `pynvml` without an energy counter whose power reading fails once (3rd sample)."""
-
-    class NVMLError(Exception):
-        pass
-
-    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+class FlakyNVML(FakeNVML):
+    """The recorder tests' stand-in `pynvml` without an energy counter, at 100 W, whose power
+    reading fails once (3rd sample) and whose shutdown fails."""
 
     def __init__(self) -> None:
+        super().__init__(energy=False)
         self.power_calls = 0
-
-    def nvmlInit(self):
-        pass
 
     def nvmlShutdown(self):
         raise self.NVMLError("already shut down")
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return type("Mem", (), {"used": 10**9})()
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        return type("Util", (), {"gpu": 50})()
 
     def nvmlDeviceGetPowerUsage(self, h):
         self.power_calls += 1
         if self.power_calls == 3:
             raise self.NVMLError("unknown error")
         return 100_000  # mW
-
-    def nvmlDeviceGetClockInfo(self, h, kind):
-        return 1500
-
-    def nvmlDeviceGetTemperature(self, h, kind):
-        return 60
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, h):
-        raise self.NVMLError("not supported")
 
 
 def test_integrated_energy_goes_on_after_a_failed_power_reading(monkeypatch):
