@@ -152,7 +152,7 @@ class FromList(PastaEngine):
 # A promise, main's <sync/> while the thread ends at once, then a second promise: the second thread
 # forks from main after the sync merged the first into main's context, so it sees stream 1 through
 # main (hypothesis found it; the check below once wrongly said a thread never sees a sibling).
-_AFTER_SYNC = [311, *b'" tokens="15"/>', 275, 274, 311, *b'" tokens="15"/>']
+_AFTER_SYNC = TOK.encode('<promise topic="a" tokens="15"/><sync/></async><promise topic="a" tokens="15"/>')
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

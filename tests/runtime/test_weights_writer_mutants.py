@@ -507,27 +507,13 @@ def test_a_refined_request_leaves_one_generation_and_counts_once(tmp_path):
 
 
 def test_close_keeps_the_counters_that_were_set(tmp_path):
+    from profiler.counters import _row
     from profiler.reader import read_trace
     from profiler.writer import TraceWriter
 
     w = TraceWriter(tmp_path / "t", _meta())
     w.add_request(*_rows(0))
-    nan = float("nan")
-    row = dict(t_s=0.0, source="host", cpu_percent=25.0, rss_bytes=1e6)
-    row.update(
-        dict.fromkeys(
-            (
-                "gpu_memory_used_bytes",
-                "gpu_utilization_percent",
-                "power_w",
-                "energy_mj",
-                "sm_clock_mhz",
-                "temperature_c",
-            ),
-            nan,
-        )
-    )
-    w.set_counters([row])
+    w.set_counters([_row(0.0, "host", cpu_percent=25.0, rss_bytes=1e6)])  # the sampler's own row: GPU values NaN
     t = read_trace(w.close())
     assert t.complete and t.counters["cpu_percent"].tolist() == [25.0]
 
