@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The one prepared GPU run (issue 17, part 4-5): every replayable system with structure replayed on
-# a real-scale architecture (random weights, bf16; the 98 MB GGUF does not travel to the GPU machine,
-# so the SmolLM2 architecture runs as arch:smollm2-135m), CUDA-event timing and NVML counters at
-# 20 Hz (bench/gpu_capture.py); batch-1 decode bandwidth efficiency of the engine path, the static
-# path and its torch.compile / CUDA-graph versions (bench/decode_efficiency.py); `solm validate`
-# and `solm validate --uncalibrated` on every trace; the part's own GEMM times (bench/gemm_profile.py)
-# and the GEMM tile model calibrated on them (solm calibrate). Each step has its own time limit, and one
+# The one prepared GPU run (issue 17, part 4-5), steps in this order: the part's own GEMM times
+# (bench/gemm_profile.py) on an LLM grid and at token counts between the grid's, and the GEMM tile
+# model calibrated on the grid (solm calibrate); every replayable system with structure replayed on
+# a real-scale architecture (random weights, bf16), CUDA-event timing and NVML counters at 20 Hz
+# (bench/gpu_capture.py); batch-1 decode bandwidth efficiency of the engine path, the static path
+# and its torch.compile / CUDA-graph versions (bench/decode_efficiency.py); the same capture on the
+# SmolLM2 architecture (arch:smollm2-135m: the 98 MB GGUF does not travel to the GPU machine);
+# `solm validate` and `solm validate --uncalibrated` on every trace (VALIDATE=0 leaves them to the
+# machine the traces come back to: they need no GPU). Each step has its own time limit, and one
 # failing step does not stop the others; everything lands under $OUT with a log per step.
 #
 #   GPU:        bash bench/gpu_run.sh                      (OUT=traces/gpu-h200, about 8 minutes)
 #   CPU check:  DEVICE=cpu ARCH=tiny-llama SMALL=tiny-qwen2 N=1 MAX_TOKENS=6 CONTEXT=32 PASSES=8 \
-#               GEMM_ARGS="--m 1,8 --n 64,128 --k 64,128 --iters 2 --trials 2" \
+#               GEMM_ARGS="--m 1,8 --n 64,128 --k 64,128 --iters 2 --trials 2" BETWEEN_M=2,4 \
+#               GEMM_BETWEEN_ARGS="--n 64 --k 64 --iters 2 --trials 2" \
 #               OUT=/tmp/gpu-run-check bash bench/gpu_run.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -26,6 +29,9 @@ PASSES=${PASSES:-64}
 STEP_LIMIT=${STEP_LIMIT:-240}
 HARDWARE=${HARDWARE:-h200}  # the catalog part this machine is, for solm calibrate
 GEMM_ARGS=${GEMM_ARGS:-}    # bench/gemm_profile.py grid flags (default: its LLM grid, 160 GEMMs)
+BETWEEN_M=${BETWEEN_M:-2,4,8,24,32,48,96,192,320,384,448,640,768,896,1280,1536,1792,2560,3072,3584,5120,6144}
+GEMM_BETWEEN_ARGS=${GEMM_BETWEEN_ARGS:-}  # e.g. --n/--k for the CPU check (default: the grid's (K, N) shapes)
+VALIDATE=${VALIDATE:-1}     # 0: leave solm validate to the machine the traces are brought back to
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
 status=0
@@ -39,17 +45,22 @@ step() {  # step NAME CMD...: run with a time limit, log to $OUT/NAME.log, keep 
   [ $rc -eq 0 ] || status=1
 }
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
-for arch in "$ARCH" "$SMALL"; do
-  step "capture-$arch" "$PY" bench/gpu_capture.py --arch "$arch" --device "$DEVICE" --n "$N" \
-    --max-tokens "$MAX_TOKENS" --counters-hz 20 --out "$OUT/$arch" --force
-done
-# the part's own GEMM times, and the tile model calibrated on them (solm calibrate; docs/cost_model.md)
+# the part's own GEMM times first (the cheapest step, and data no fit has seen): the default grid,
+# then the same (K, N) shapes at token counts between the grid's (a held-out set for solm calibrate's
+# fit and for the carried A100 fit); the tile model calibrated on the grid (docs/cost_model.md)
 step gemm_profile "$PY" bench/gemm_profile.py --device "$DEVICE" $GEMM_ARGS --out "$OUT/gemms.csv" --force
+step gemm_profile_between "$PY" bench/gemm_profile.py --device "$DEVICE" --m "$BETWEEN_M" $GEMM_BETWEEN_ARGS \
+  --out "$OUT/gemms-between.csv" --force
 step gemm_calibrate "$PY" -m solm calibrate "$OUT/gemms.csv" --hardware "$HARDWARE" \
   --out "$OUT/gemm-calibration.json" --force
+step "capture-$ARCH" "$PY" bench/gpu_capture.py --arch "$ARCH" --device "$DEVICE" --n "$N" \
+  --max-tokens "$MAX_TOKENS" --counters-hz 20 --out "$OUT/$ARCH" --force
 step decode_efficiency "$PY" bench/decode_efficiency.py --arch "$ARCH" --device "$DEVICE" \
   --context "$CONTEXT" --passes "$PASSES"
+step "capture-$SMALL" "$PY" bench/gpu_capture.py --arch "$SMALL" --device "$DEVICE" --n "$N" \
+  --max-tokens "$MAX_TOKENS" --counters-hz 20 --out "$OUT/$SMALL" --force
 for arch in "$ARCH" "$SMALL"; do
+  [ "$VALIDATE" = 1 ] || break
   for t in "$OUT/$arch"/*/; do
     [ -f "$t/requests.parquet" ] || continue
     sys=$(basename "$t")
