@@ -129,6 +129,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--peak-gbps", type=float, default=0.0)
+    ap.add_argument(
+        "--coordinate-descent",
+        action="store_true",
+        help="inductor's coordinate-descent tuning of its kernels' launch settings (as gpt-fast sets it)",
+    )
     return ap.parse_args(argv)
 
 
@@ -147,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not cuda:
         modes = [m for m in modes if m != "cuda-graphs"]
+    if args.coordinate_descent:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.coordinate_descent_tuning = True
     model, spec, weight_bytes, prompt = load(args)
     peak, peak_src = peak_bytes_per_s(args.device, args.peak_gbps)
     res = time_modes(model, prompt, modes, args, weight_bytes, peak, Timer(cuda))
@@ -162,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 "context": args.context,
                 "passes": args.passes,
                 "timer": "cuda events" if cuda else "perf_counter",
+                "coordinate_descent_tuning": args.coordinate_descent,
                 "peak_bytes_per_s": peak,
                 "peak_source": peak_src,
                 "modes": res,
@@ -191,6 +201,12 @@ def load(args: argparse.Namespace) -> tuple:
     return model, spec, weight_bytes, prompt
 
 
+def equal_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two greedy continuations share (where low-precision sums tip an
+    argmax between near-tied logits, the paths part ways there and differ after)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def time_modes(
     model, prompt: list[int], modes: list[str], args: argparse.Namespace, weight_bytes: int, peak: float, timer: Timer
 ) -> dict:
@@ -218,11 +234,12 @@ def time_modes(
             "gbytes_per_s": nbytes / med / 1e9,
             "efficiency": nbytes / med / peak if peak else None,
             "tokens_equal_engine": toks == ref,
+            "tokens_equal_prefix": equal_prefix(toks, ref),
         }
         eff = f"{100 * res[m]['efficiency']:.1f}% of peak" if peak else "efficiency n/a"
         print(
             f"{m:12s} pass {med * 1e3:8.3f} ms median ({min(times) * 1e3:.3f} min)  {nbytes / med / 1e9:8.1f} GB/s  "
-            f"{eff}  tokens equal to engine path: {toks == ref}",
+            f"{eff}  tokens equal to engine path: {toks == ref} (first {equal_prefix(toks, ref)} of {len(ref)})",
             flush=True,
         )
     return res

@@ -2,9 +2,17 @@
 
 What: for every (m, n, k) of a grid, `torch.matmul` of an (m x k) by a (k x n) matrix in the
 given dtype on the given device (default: cuda when PyTorch sees one, else cpu): a few warm-up
-calls, then `--trials` trials of `--iters` back-to-back calls between two device
-synchronisations; a GEMM's time is the median trial's wall time / iters. The CSV has the
-columns m, n, k, time_s, dtype, device, trials (one row per GEMM).
+calls, then `--trials` trials of `--iters` calls; a GEMM's time is the median trial's time / iters.
+`--timer` says how a trial is timed:
+    graph   (CUDA's default) the iters calls captured once in a CUDA graph, each trial one replay
+            between two CUDA events: the kernels' own time, no host launch cost in it (a Python
+            loop of launches takes 10-16 us a call, longer than a small GEMM's kernel). The calls
+            cycle over copies of the (k x n) matrix, enough that together they are at least twice
+            the L2 cache, so the weights come from memory as in a model's forward, where every
+            layer's weights differ (one copy when it alone is that large)
+    wall    (the CPU's; on CUDA on request) the iters calls back to back on one matrix between two
+            device synchronisations, by the host's clock: launch cost and L2 reuse included
+The CSV has the columns m, n, k, time_s, dtype, device, trials, timer (one row per GEMM).
 Why: `solm calibrate GEMMS.csv --hardware PART --out CAL.json` fits the simulator's GEMM tile
 model to a part's own times; this is the shortest way to get them. It needs only PyTorch, so it
 runs on a GPU machine that has nothing else of solm installed (copy this one file there).
@@ -49,10 +57,13 @@ def _ints(text: str, flag: str) -> list[int]:
     return values
 
 
-def time_gemm(torch, m: int, n: int, k: int, dtype, device: str, iters: int, trials: int) -> float:
-    """Seconds per call of an (m x k) @ (k x n) matmul: the median trial's wall time / iters."""
+def time_gemm(torch, m: int, n: int, k: int, dtype, device: str, iters: int, trials: int, timer: str = "wall") -> float:
+    """Seconds per call of an (m x k) @ (k x n) matmul: the median trial's time / iters (module
+    docstring: `timer` wall or graph)."""
     a = torch.randn(m, k, dtype=dtype, device=device)
     b = torch.randn(k, n, dtype=dtype, device=device)
+    if timer == "graph":
+        return _time_graph(torch, a, b, iters, trials)
 
     def sync() -> None:
         if device.startswith("cuda"):
@@ -71,6 +82,42 @@ def time_gemm(torch, m: int, n: int, k: int, dtype, device: str, iters: int, tri
     return statistics.median(runs)
 
 
+def weight_copies(b_bytes: int, l2_bytes: int, iters: int) -> int:
+    """Copies of the weight matrix to cycle over so that together they are at least twice the L2
+    (so no call finds its weights there), at most one per call, at least one."""
+    return max(1, min(iters, -(-2 * l2_bytes // max(b_bytes, 1))))
+
+
+def _time_graph(torch, a, b, iters: int, trials: int) -> float:
+    """CUDA only: `iters` matmuls (cycling over weight copies) captured in one CUDA graph; each trial
+    is one replay timed by CUDA events."""
+    l2 = int(getattr(torch.cuda.get_device_properties(a.device), "L2_cache_size", 0))
+    bs = [b] + [torch.randn_like(b) for _ in range(weight_copies(b.numel() * b.element_size(), l2, iters) - 1)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up off the default stream, as graph capture wants
+        for w in bs:
+            torch.matmul(a, w)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(iters):
+            torch.matmul(a, bs[i % len(bs)])
+    graph.replay()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end) / 1e3 / iters)
+    del graph
+    return statistics.median(runs)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="CSV to write (refused if it exists, unless --force)")
@@ -82,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--iters", type=int, default=20, help="calls per trial (default 20)")
     parser.add_argument("--trials", type=int, default=5, help="trials per GEMM; the median is kept (default 5)")
+    parser.add_argument(
+        "--timer",
+        choices=("graph", "wall"),
+        default=None,
+        help="graph: CUDA-graph replays timed by CUDA events, weights from memory (CUDA's default); "
+        "wall: a loop of calls by the host clock (the CPU's; see the module docstring)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -101,12 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype)
+    timer = args.timer or ("graph" if device.startswith("cuda") else "wall")
+    if timer == "graph" and not device.startswith("cuda"):
+        raise SystemExit("gemm_profile: error: --timer graph needs a CUDA device (use --timer wall)")
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
-    print(f"timing {len(ms) * len(shapes)} GEMMs ({args.dtype}) on {device} ({name})", file=sys.stderr)
+    print(f"timing {len(ms) * len(shapes)} GEMMs ({args.dtype}) on {device} ({name}), timer {timer}", file=sys.stderr)
     rows = []
     for k, n in shapes:
         for m in ms:
-            seconds = time_gemm(torch, m, n, k, dtype, device, args.iters, args.trials)
+            seconds = time_gemm(torch, m, n, k, dtype, device, args.iters, args.trials, timer)
             rows.append(
                 {
                     "m": m,
@@ -116,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                     "dtype": args.dtype,
                     "device": name,
                     "trials": args.trials,
+                    "timer": timer,
                 }
             )
     tmp = out.with_name(f".{out.name}.tmp")

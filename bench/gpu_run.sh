@@ -7,13 +7,16 @@
 # and its torch.compile / CUDA-graph versions (bench/decode_efficiency.py); the same capture on the
 # SmolLM2 architecture (arch:smollm2-135m: the 98 MB GGUF does not travel to the GPU machine);
 # `solm validate` and `solm validate --uncalibrated` on every trace (VALIDATE=0 leaves them to the
-# machine the traces come back to: they need no GPU). Each step has its own time limit, and one
-# failing step does not stop the others; everything lands under $OUT with a log per step.
+# machine the traces come back to: they need no GPU); sequential serving under Poisson load beside
+# a batch-1 calibration, and solm validate --calibrate-from on the load runs. Each step has its own
+# time limit, and one failing step does not stop the others; everything lands under $OUT with a log
+# per step. STEPS picks the steps (default all: gemm,capture,decode,small,serving).
 #
 #   GPU:        bash bench/gpu_run.sh                      (OUT=traces/gpu-h200, about 8 minutes)
 #   CPU check:  DEVICE=cpu ARCH=tiny-llama SMALL=tiny-qwen2 N=1 MAX_TOKENS=6 CONTEXT=32 PASSES=8 \
 #               GEMM_ARGS="--m 1,8 --n 64,128 --k 64,128 --iters 2 --trials 2" BETWEEN_M=2,4 \
-#               GEMM_BETWEEN_ARGS="--n 64 --k 64 --iters 2 --trials 2" \
+#               GEMM_BETWEEN_ARGS="--n 64 --k 64 --iters 2 --trials 2" SERVE_B1_N=4 SERVE_N=6 \
+#               SERVE_RATES=20,80 SERVE_KV_MIB=8 \
 #               OUT=/tmp/gpu-run-check bash bench/gpu_run.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -32,9 +35,16 @@ GEMM_ARGS=${GEMM_ARGS:-}    # bench/gemm_profile.py grid flags (default: its LLM
 BETWEEN_M=${BETWEEN_M:-2,4,8,24,32,48,96,192,320,384,448,640,768,896,1280,1536,1792,2560,3072,3584,5120,6144}
 GEMM_BETWEEN_ARGS=${GEMM_BETWEEN_ARGS:-}  # e.g. --n/--k for the CPU check (default: the grid's (K, N) shapes)
 VALIDATE=${VALIDATE:-1}     # 0: leave solm validate to the machine the traces are brought back to
+STEPS=${STEPS:-gemm,capture,decode,small,serving}  # which steps run (a rerun can take fewer)
+DECODE_ARGS=${DECODE_ARGS:-}  # more bench/decode_efficiency.py flags (e.g. --coordinate-descent --modes ...)
+SERVE_B1_N=${SERVE_B1_N:-16}  # serving: batch-1 calibration requests (dev split), then under load
+SERVE_N=${SERVE_N:-32}        # requests per load run (test split) at each of SERVE_RATES requests/s
+SERVE_RATES=${SERVE_RATES:-4,16,64}
+SERVE_KV_MIB=${SERVE_KV_MIB:-512}  # the load runs' KV pool (the capture's 8 MiB default holds 64 tokens of an 8B)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
 status=0
+want() { [[ ",$STEPS," == *",$1,"* ]]; }
 step() {  # step NAME CMD...: run with a time limit, log to $OUT/NAME.log, keep going on failure
   local name=$1; shift
   local t0=$SECONDS
@@ -48,17 +58,36 @@ step() {  # step NAME CMD...: run with a time limit, log to $OUT/NAME.log, keep 
 # the part's own GEMM times first (the cheapest step, and data no fit has seen): the default grid,
 # then the same (K, N) shapes at token counts between the grid's (a held-out set for solm calibrate's
 # fit and for the carried A100 fit); the tile model calibrated on the grid (docs/cost_model.md)
-step gemm_profile "$PY" bench/gemm_profile.py --device "$DEVICE" $GEMM_ARGS --out "$OUT/gemms.csv" --force
-step gemm_profile_between "$PY" bench/gemm_profile.py --device "$DEVICE" --m "$BETWEEN_M" $GEMM_BETWEEN_ARGS \
-  --out "$OUT/gemms-between.csv" --force
-step gemm_calibrate "$PY" -m solm calibrate "$OUT/gemms.csv" --hardware "$HARDWARE" \
-  --out "$OUT/gemm-calibration.json" --force
-step "capture-$ARCH" "$PY" bench/gpu_capture.py --arch "$ARCH" --device "$DEVICE" --n "$N" \
+if want gemm; then
+  step gemm_profile "$PY" bench/gemm_profile.py --device "$DEVICE" $GEMM_ARGS --out "$OUT/gemms.csv" --force
+  step gemm_profile_between "$PY" bench/gemm_profile.py --device "$DEVICE" --m "$BETWEEN_M" $GEMM_BETWEEN_ARGS \
+    --out "$OUT/gemms-between.csv" --force
+  step gemm_calibrate "$PY" -m solm calibrate "$OUT/gemms.csv" --hardware "$HARDWARE" \
+    --out "$OUT/gemm-calibration.json" --force
+fi
+want capture && step "capture-$ARCH" "$PY" bench/gpu_capture.py --arch "$ARCH" --device "$DEVICE" --n "$N" \
   --max-tokens "$MAX_TOKENS" --counters-hz 20 --out "$OUT/$ARCH" --force
-step decode_efficiency "$PY" bench/decode_efficiency.py --arch "$ARCH" --device "$DEVICE" \
-  --context "$CONTEXT" --passes "$PASSES"
-step "capture-$SMALL" "$PY" bench/gpu_capture.py --arch "$SMALL" --device "$DEVICE" --n "$N" \
+want decode && step decode_efficiency "$PY" bench/decode_efficiency.py --arch "$ARCH" --device "$DEVICE" \
+  --context "$CONTEXT" --passes "$PASSES" $DECODE_ARGS
+want small && step "capture-$SMALL" "$PY" bench/gpu_capture.py --arch "$SMALL" --device "$DEVICE" --n "$N" \
   --max-tokens "$MAX_TOKENS" --counters-hz 20 --out "$OUT/$SMALL" --force
+# serving under load: sequential decoding of random weights runs every request to --max-tokens, so
+# the batched runtime's passes are the measurement; solm validate --calibrate-from predicts each load
+# run from the batch-1 capture alone (PASTA, TIP and Planned Diffusion need a replayed structure,
+# which the load path does not take)
+serve="$OUT/serving-$ARCH"
+if want serving; then
+  step serving-batch1 "$PY" -m solm capture --system sequential --model "arch:$ARCH" --device "$DEVICE" \
+    --n "$SERVE_B1_N" --split dev --max-tokens "$MAX_TOKENS" --counters-hz 20 --out "$serve/batch1" --force --json
+  for rate in ${SERVE_RATES//,/ }; do
+    step "serving-rate-$rate" "$PY" -m solm capture --system sequential --model "arch:$ARCH" --device "$DEVICE" \
+      --n "$SERVE_N" --split test --max-tokens "$MAX_TOKENS" --rate "$rate" --kv-budget-mib "$SERVE_KV_MIB" \
+      --counters-hz 20 --out "$serve/rate-$rate" --force --json
+  done
+fi
+if [ "$VALIDATE" = 1 ] && [ -f "$serve/batch1/requests.parquet" ]; then
+  step serving-validate "$PY" -m solm validate --calibrate-from "$serve/batch1" "$serve"/rate-*/
+fi
 for arch in "$ARCH" "$SMALL"; do
   [ "$VALIDATE" = 1 ] || break
   for t in "$OUT/$arch"/*/; do

@@ -43,3 +43,27 @@ def test_bad_modes(model):
         StaticDecoder(model, 64, mode="cuda-graphs")
     with pytest.raises(ValueError, match="exceeds"):
         StaticDecoder(model, 10**6)
+
+
+def test_decode_efficiency_bench_on_cpu(capsys):
+    """bench/decode_efficiency.py's CPU path: both paths timed, their tokens compared (the whole
+    continuation and its equal prefix), the inductor flag recorded; JSON last."""
+    import json
+    import sys
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[2] / "bench")
+    sys.path.insert(0, bench)
+    try:
+        import decode_efficiency
+    finally:
+        sys.path.remove(bench)
+    args = ["--arch", "tiny-llama", "--device", "cpu", "--context", "12", "--passes", "4", "--warmup", "1"]
+    assert decode_efficiency.main([*args, "--modes", "engine,static", "--coordinate-descent"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["bench"] == "decode_efficiency" and out["coordinate_descent_tuning"] is True
+    static = out["modes"]["static"]
+    assert static["tokens_equal_engine"] is True and static["tokens_equal_prefix"] == 5  # warm-up + timed
+    assert static["pass_ms_median"] > 0 and static["efficiency"] is None  # no peak known for a CPU
+    assert decode_efficiency.equal_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert decode_efficiency.equal_prefix([1, 2], [1, 2, 3]) == 2

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from profiler.errors import UsageError
@@ -214,8 +215,26 @@ def test_gemm_profile_writes_a_table_calibrate_reads(tmp_path):
     rows = read_gemm_table(out)
     assert len(rows) == 8 and (rows["time_s"] > 0).all()
     assert sorted(set(rows["num_tokens"])) == [1, 8] and sorted(set(rows["K"])) == [64, 96]
+    assert set(pd.read_csv(out)["timer"]) == {"wall"}  # the CPU's timer, said in the table
     with pytest.raises(SystemExit, match="exists"):
         gemm_profile.main([*args, "--out", str(out)])
+    with pytest.raises(SystemExit, match="--timer graph needs a CUDA device"):
+        gemm_profile.main([*args, "--timer", "graph", "--out", str(tmp_path / "graph.csv")])
+    assert not (tmp_path / "graph.csv").exists()
+
+
+def test_gemm_profile_cycles_weights_past_the_l2():
+    """The graph timer's weight copies: together at least twice the L2, one per call at most."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from gemm_profile import weight_copies
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    mib = 1 << 20
+    assert weight_copies(32 * mib, 50 * mib, 20) == 4  # 4 x 32 >= 100 > 3 x 32
+    assert weight_copies(100 * mib, 50 * mib, 20) == 1  # one alone is twice the L2
+    assert weight_copies(1 * mib, 50 * mib, 20) == 20  # capped at one per call
+    assert weight_copies(8 * mib, 0, 20) == 1  # L2 unknown: the one matrix
 
 
 def test_a_calibration_serves_its_own_kernel_family_only(h100_calibration, capsys):
