@@ -35,10 +35,11 @@ time's change from 128 to 136 and from 192 to 200 tokens, and three profiles' ti
 steps, the data docs/cost_model.md quotes.
 
 `--transfer` checks both models on parts they were never fitted on: the error on XLA's measured
-bf16 GEMM tables for an H100 SXM and a B200 (simulator/data/xla-gemm, 125 GEMMs each, with a
-datasheet roofline beside them), then what the two models predict for Llama-3-8B's up
-projection at 1, 300 and 4096 tokens on every GPU of the catalog. `--calibration` uses the same
-tables the other way: the tile model calibrated on each part's own GEMMs (`solm calibrate`),
+bf16 GEMM tables for an H100 SXM and a B200 (simulator/data/xla-gemm, 125 GEMMs each) and on the
+project's own H200 measurement (simulator/data/h200-gemm, 512 GEMMs of LLM projection shapes at
+1-8192 tokens), with a datasheet roofline beside them, then what the two models predict for
+Llama-3-8B's up projection at 1, 300 and 4096 tokens on every GPU of the catalog.
+`--calibration` uses the same tables the other way: the tile model calibrated on each part's own GEMMs (`solm calibrate`),
 scored on the (K, N) shapes its fit did not see, beside the carried A100 fit.
 
 `--choice` asks how much of the error is the kernel choice (seconds): each tile shape's time per
@@ -85,7 +86,7 @@ from simulator.gemm_fit import (  # noqa: E402
 )
 from simulator.gemm_transfer import (  # noqa: E402
     KERNEL_MIN_S,
-    XLA_PARTS,
+    TRANSFER_PARTS,
     calibration_keys,
     per_gemm,
     transfer_errors,
@@ -104,11 +105,12 @@ def _row(name: str, entry: dict) -> str:
 
 
 def measured_transfer(half: str | None, worst: int = 3) -> dict:
-    """Error of both models (and a datasheet roofline) on XLA's measured H100 and B200 GEMMs."""
+    """Error of both models (and a datasheet roofline) on the measured H100, B200 and H200 GEMMs."""
     report = transfer_errors(half=half)
     print(
         "Measured GEMMs on parts never fitted (simulator/data/xla-gemm: XLA's bf16 tables, m, n, k in "
-        f"256..4096{f'; the {half} half' if half else ''}): APE % median / p90 (signed median), every GEMM "
+        "256..4096; simulator/data/h200-gemm: the project's H200 grid, 1-8192 tokens"
+        f"{f'; the {half} half' if half else ''}): APE % median / p90 (signed median), every GEMM "
         "and those above 10 us"
     )
     for part, models in report.items():
@@ -133,6 +135,10 @@ def measured_transfer(half: str | None, worst: int = 3) -> dict:
                 f"    {row.M:5.0f} x {row.N:5.0f} x {row.K:5.0f}  measured {row.time_s * 1e6:6.1f} us  "
                 f"predicted {row.tiles_s * 1e6:6.1f} us ({row.error_percent:+5.1f}%)  {row.tile}, split {row.split}"
             )
+        if table["M"].nunique() > 8:  # a table over token counts (the H200 grid): where the error sits
+            ratio = (table["tiles_s"] / table["time_s"]).groupby(table["M"]).median()
+            print(f"  {part}: median predicted / measured time per token count:")
+            print("    " + "  ".join(f"{m:.0f}: {r:.2f}" for m, r in ratio.items()))
     return report
 
 
@@ -429,9 +435,9 @@ def choice() -> dict:
 
 
 def calibration() -> dict:
-    """`--calibration`: each XLA table fitted per part and scored on its held-out shapes."""
+    """`--calibration`: each measured table fitted per part and scored on its held-out shapes."""
     keys = calibration_keys()
-    for part in XLA_PARTS:
+    for part in TRANSFER_PARTS:
         name = part.replace("-", "_")
         print(
             f"{part}: calibrated on its own GEMMs, held out ((K, N) shapes halved, two-fold), median / p90 APE "

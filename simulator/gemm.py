@@ -11,7 +11,8 @@ the tile's operands from L2 (`feed_bytes_per_clock` per SM: small tiles reuse le
 wave recovers `tail_share` of its idle SMs' time (the compute is (1 - s) x the quantized waves +
 s x the same tiles spread evenly over every SM, never below one tile-time and its fill): on the A100 data a partial wave runs faster than a
 full one, as its SMs share L2, HBM and the power budget with fewer others, and the libraries'
-split-K and stream-K kernels fill part of the tail. The memory
+split-K and stream-K kernels fill part of the tail; a persistent kernel (Hopper's) schedules
+stream-K and recovers the whole tail. The memory
 time is the kernel's HBM bytes (operands not reused from L2, plus outputs and split-K partials)
 at `memory_eff` of the HBM bandwidth. Every full wave carries the same bytes per tile, so the
 waves' compute and memory times are summed first and overlapped once, as a p-norm
@@ -97,7 +98,11 @@ class Tile:
 #   kernels: the resident CTAs walk the tiles, a tile's prologue and epilogue overlapping the
 #   next one's main loop), so an SM pays the pipeline fill once per kernel. Both chosen on the dev
 #   half of XLA's H100 table (bench/cost_model.py --transfer --half dev) and reported on its test
-#   half (docs/cost_model.md); the A100 fit never sees them.
+#   half (docs/cost_model.md); the A100 fit never sees them. The persistent kernels' tile
+#   scheduler is stream-K (CUTLASS 3's sm90 stream-K scheduler; cuBLAS's in-kernel "segment_k"
+#   variants): the k-iterations of what would be a partial last wave are divided evenly among
+#   the SMs, so the tail is recovered whole (seen on the project's H200 grid: mid-size token
+#   counts were predicted 10-29% slow; docs/cost_model.md has the dev and test halves).
 # - blackwell (tcgen05): CUTLASS sm100 2-SM tiles 256x256 and 256x128 (a CTA pair computes one
 #   MMA, each SM holding 128 rows and loading half of each operand: the Blackwell technical
 #   brief's "2-SM" UMMA) and 1-SM tiles 128x256, 256x128, 128x128, 64x256 (minimum M 64).
@@ -302,7 +307,11 @@ def _kernels(
     # the fill once per ctas_per_sm tiles an SM runs, and at least once (as in the quantized waves)
     fluid_fill = np.where(c.persistent, 1.0, np.maximum(spread / ctas, 1.0)) * p.fill_iters
     fluid = spread * iters + fluid_fill
-    compute = ((1.0 - p.tail_share) * quantized + p.tail_share * fluid) * iter_s
+    # A persistent kernel schedules stream-K: its CTAs divide the k-iterations of the tiles that
+    # would form the partial last wave evenly among every SM (fixing up the shared tiles' partial
+    # sums in the kernel), so it recovers the whole tail; other kernels recover `tail_share`.
+    tail = np.where(c.persistent, 1.0, p.tail_share)
+    compute = ((1.0 - tail) * quantized + tail * fluid) * iter_s
     bandwidth = hw.hbm_bytes_per_s * p.memory_eff
     memory = _hbm_bytes(m, k, n, rows, cols, per_wave, split, hw, dtype_bytes) / bandwidth
     # Every full wave streams the same share of the bytes per tile, so summing the waves'

@@ -1,13 +1,16 @@
-"""The GEMM cost model checked on parts it was never fitted on: XLA's measured H100 and B200 tables.
+"""The GEMM cost model checked on parts it was never fitted on: measured H100, H200 and B200 tables.
 
 What: `simulator/data/xla-gemm/` holds OpenXLA's public matmul performance tables for an
 SXM-class H100 and a B200 (bf16, m, n, k each 256..4096: 125 GEMMs per part; its README says
-where they come from). `load_xla` reads one part's table as rows of (M, K, N, time_s);
+where they come from); `simulator/data/h200-gemm/` holds the project's own H200 measurement
+(bench/gemm_profile.py on the GPU run: 512 bf16 GEMMs of LLM projection shapes at 1-8192
+tokens, kernel time from CUDA-graph replays; its README says how). `load_part` reads one part's
+tables as rows of (M, K, N, time_s);
 `transfer_errors` scores the tile-and-wave model (`simulator.gemm`, fitted on the A100 only),
 the old per-family roofline (its fused gate+up family, the one fitted on the widest GEMMs) and a
 datasheet roofline (peak FLOP/s, HBM bandwidth) on them: median and p90 absolute percentage error
 and the median signed error, over every GEMM and over those that take more than 10 us (below
-that, a fixed ~5 us launch or measurement cost in the tables dominates).
+that, a fixed ~5 us launch or measurement cost in XLA's tables dominates).
 
 Why: the model's promise is hardware you do not have; the A100 folds (`simulator.gemm_fit`)
 only test new shapes on the part it was fitted on. Nothing here is fitted: the tables only judge.
@@ -28,6 +31,9 @@ from simulator.hardware import HARDWARE, HardwareSpec
 
 XLA_DIR = Path(__file__).resolve().parent / "data" / "xla-gemm"
 XLA_PARTS: dict[str, str] = {"h100-sxm": "h100-sxm.csv", "b200": "b200.csv"}  # catalog part -> table
+MEASURED_DIR = Path(__file__).resolve().parent / "data" / "h200-gemm"
+MEASURED_PARTS: dict[str, tuple[str, ...]] = {"h200": ("grid.csv", "between.csv")}  # bench/gemm_profile.py CSVs
+TRANSFER_PARTS: tuple[str, ...] = (*XLA_PARTS, *MEASURED_PARTS)
 KERNEL_MIN_S = 10e-6  # GEMMs above this are judged on the kernel, not the tables' fixed cost
 
 
@@ -42,6 +48,24 @@ def load_xla(part: str, data_dir: Path | None = None) -> pd.DataFrame:
             "time_s": 2.0 * table["m"] * table["n"] * table["k"] / table["bf16_flops_per_s"],
         }
     )
+
+
+def table_paths(part: str) -> list[Path]:
+    """The measured table(s) of one of `TRANSFER_PARTS`."""
+    if part in XLA_PARTS:
+        return [XLA_DIR / XLA_PARTS[part]]
+    return [MEASURED_DIR / name for name in MEASURED_PARTS[part]]
+
+
+def load_part(part: str) -> pd.DataFrame:
+    """One of `TRANSFER_PARTS` as rows of M, K, N and time_s (XLA's tables through `load_xla`, the
+    project's own through `read_gemm_table`, the reader `solm calibrate` uses)."""
+    if part in XLA_PARTS:
+        return load_xla(part)
+    from simulator.gemm_calibration import read_gemm_table
+
+    rows = pd.concat([read_gemm_table(path) for path in table_paths(part)], ignore_index=True)
+    return rows.rename(columns={"num_tokens": "M"})[["M", "K", "N", "time_s"]]
 
 
 def _tile_kernels(rows: pd.DataFrame, hw: HardwareSpec, params: CostParams) -> list[KernelTimes]:
@@ -64,7 +88,7 @@ def predictions(rows: pd.DataFrame, hw: HardwareSpec, params: CostParams) -> dic
 def per_gemm(part: str) -> pd.DataFrame:
     """One part's table with the tile model's prediction and chosen kernel for every GEMM:
     columns M, K, N, time_s, tiles_s, error_percent (signed), tile, split."""
-    rows, hw = load_xla(part), HARDWARE[part]
+    rows, hw = load_part(part), HARDWARE[part]
     kernels = _tile_kernels(rows, hw, default_params(hw))
     predicted = np.array([float(k.time_s) for k in kernels])
     return rows.assign(
@@ -95,7 +119,7 @@ def split_half(rows: pd.DataFrame, half: str) -> pd.DataFrame:
 
 
 def transfer_errors(
-    gemm: GemmParams | None = None, parts: tuple[str, ...] = tuple(XLA_PARTS), half: str | None = None
+    gemm: GemmParams | None = None, parts: tuple[str, ...] = TRANSFER_PARTS, half: str | None = None
 ) -> dict[str, Any]:
     """Per part and model: APE stats over every GEMM ("all") and over those above 10 us ("kernel").
 
@@ -104,7 +128,7 @@ def transfer_errors(
     "test") scores one half of each table only (`split_half`)."""
     report: dict[str, Any] = {}
     for part in parts:
-        rows, hw = load_xla(part), HARDWARE[part]
+        rows, hw = load_part(part), HARDWARE[part]
         if half is not None:
             rows = split_half(rows, half)
         params = default_params(hw) if gemm is None else dataclasses.replace(default_params(hw), gemm=gemm)
@@ -129,7 +153,7 @@ def transfer_keys(report: dict[str, Any]) -> dict[str, float]:
     return keys
 
 
-def calibration_keys(parts: tuple[str, ...] = tuple(XLA_PARTS)) -> dict[str, float]:
+def calibration_keys(parts: tuple[str, ...] = TRANSFER_PARTS) -> dict[str, float]:
     """Each table used the other way: the tile model calibrated on the part's own GEMMs
     (`simulator.gemm_calibration.calibrate`, two-fold over seeded halves of its (K, N) shapes),
     its held-out median and p90 APE over every GEMM beside the carried A100 fit's on the same rows,
@@ -138,7 +162,8 @@ def calibration_keys(parts: tuple[str, ...] = tuple(XLA_PARTS)) -> dict[str, flo
 
     keys = {}
     for part in parts:
-        held = calibrate(read_gemm_table(XLA_DIR / XLA_PARTS[part]), HARDWARE[part]).heldout
+        rows = pd.concat([read_gemm_table(path) for path in table_paths(part)], ignore_index=True)
+        held = calibrate(rows, HARDWARE[part]).heldout
         name = part.replace("-", "_")
         for which, label in (("fitted", "calibrated"), ("carried", "carried")):
             for stat in ("median", "p90"):

@@ -144,6 +144,25 @@ def test_tail_share_recovers_part_of_the_last_waves_idle_time() -> None:
         GemmParams(tail_share=1.5)
 
 
+def test_a_persistent_kernel_spreads_its_last_wave_over_every_sm() -> None:
+    """Stream-K: a persistent kernel's partial last wave is spread evenly over the SMs, whatever the
+    fitted tail_share (which serves the other kernels); never below one tile-time."""
+    part = _four_sm_part()
+    plain, persistent = Tile(128, 128, 32), Tile(128, 128, 32, persistent=True)
+
+    def time_s(tile: Tile, n_tiles: int, share: float) -> float:
+        params = GemmParams(fill_iters=0.0, choice_q=0.0, tail_share=share)
+        return gemm_kernel(128, 4096, 128 * n_tiles, part, params, tiles=(tile,), splits=(1,)).time_s
+
+    one_wave_s = time_s(plain, 4, 0.0)
+    for share in (0.0, 0.4, 1.0):
+        assert time_s(persistent, 5, share) == pytest.approx(5 / 4 * one_wave_s, rel=1e-12)
+        assert time_s(persistent, 9, share) == pytest.approx(9 / 4 * one_wave_s, rel=1e-12)
+        assert time_s(persistent, 2, share) == pytest.approx(one_wave_s, rel=1e-12)
+        assert time_s(plain, 5, share) == pytest.approx(((1 - share) * 2 + share * 5 / 4) * one_wave_s, rel=1e-12)
+    assert all(t.persistent for t in TILES["hopper"] if t.tm >= 64)  # Hopper's wgmma kernels
+
+
 def test_split_k_wins_for_few_tiles_on_many_sms() -> None:
     """One output tile on 108 SMs: slicing K spreads it over more SMs."""
     a100 = get_hardware("a100-80g")

@@ -1,5 +1,6 @@
-"""The GEMM cost model on parts it was never fitted on: XLA's measured H100 and B200 tables are
-shipped whole, and the tile model beats the old per-family model and a datasheet roofline there."""
+"""The GEMM cost model on parts it was never fitted on: XLA's measured H100 and B200 tables and the
+project's H200 grid are shipped whole, and the tile model beats the old per-family model and a
+datasheet roofline there."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import pytest
 
 from simulator.gemm_transfer import (
     KERNEL_MIN_S,
+    MEASURED_DIR,
+    MEASURED_PARTS,
+    TRANSFER_PARTS,
     XLA_DIR,
     XLA_PARTS,
+    load_part,
     load_xla,
     per_gemm,
     transfer_errors,
@@ -33,6 +38,23 @@ def test_tables_hold_the_whole_grid(part: str) -> None:
     assert (XLA_DIR / "README.md").exists() and (XLA_DIR / "LICENSE").exists()
 
 
+def test_the_h200_grid_is_the_gpu_runs_measurement() -> None:
+    """The project's H200 tables: bench/gemm_profile.py's default grid (16 (K, N) shapes x 10 token
+    counts) and the same shapes at 22 token counts between, bf16, kernel time from CUDA graphs."""
+    grid, between = (pd.read_csv(MEASURED_DIR / name) for name in MEASURED_PARTS["h200"])
+    shapes = set(zip(grid["k"], grid["n"]))
+    assert len(grid) == 160 and len(shapes) == 16 and set(zip(between["k"], between["n"])) == shapes
+    assert len(between) == 352 and not set(grid["m"]) & set(between["m"])
+    for table in (grid, between):
+        assert set(table["timer"]) == {"graph"} and set(table["dtype"]) == {"bfloat16"}
+        assert set(table["device"]) == {"NVIDIA H200"}
+    rows = load_part("h200")
+    assert list(rows.columns) == ["M", "K", "N", "time_s"] and len(rows) == 512
+    np.testing.assert_allclose(rows["time_s"], pd.concat([grid, between])["time_s"], rtol=1e-12)
+    assert (MEASURED_DIR / "README.md").exists()
+    assert TRANSFER_PARTS == ("h100-sxm", "b200", "h200")
+
+
 def test_tile_model_beats_the_old_model_and_the_roofline_on_unfitted_parts() -> None:
     report = transfer_errors()
     for part, models in report.items():
@@ -43,7 +65,10 @@ def test_tile_model_beats_the_old_model_and_the_roofline_on_unfitted_parts() -> 
     keys = transfer_keys(report)
     assert keys["h100_sxm_tiles_median_ape_percent"] == report["h100-sxm"]["tiles"]["kernel"]["median"]
     assert set(keys) == {
-        f"{p}_{m}_{s}_ape_percent" for p in ("h100_sxm", "b200") for m in ("tiles", "old") for s in ("median", "p90")
+        f"{p}_{m}_{s}_ape_percent"
+        for p in ("h100_sxm", "b200", "h200")
+        for m in ("tiles", "old")
+        for s in ("median", "p90")
     }
 
 
