@@ -58,14 +58,17 @@ from simulator.workload import uniform  # noqa: E402
 
 
 def measured_traces(device_type: str) -> list[Path]:
-    """Measured traces in traces/ (one level, and one below for gpu_capture folders) on `device_type`."""
+    """Measured one-at-a-time traces anywhere under traces/ (gpu_capture folders nest them: e.g.
+    traces/gpu-h200/llama-3-8b/pasta) on `device_type`; not a gpu_capture's shipped-model
+    references, not serving runs under load (those are checked against their batch-1 capture)."""
     out = []
-    for meta in sorted([*(ROOT / "traces").glob("*/meta.json"), *(ROOT / "traces").glob("*/*/meta.json")]):
+    for meta in sorted((ROOT / "traces").rglob("meta.json")):
         m = json.loads(meta.read_text())
         if (
             m.get("kind") == "measured"
             and (m.get("device") or {}).get("type") == device_type
-            and "reference" not in meta.parts
+            and "reference" not in meta.relative_to(ROOT / "traces").parts
+            and not m.get("serving")
         ):
             out.append(meta.parent)
     return out

@@ -1,0 +1,51 @@
+"""The shipped H200 traces (traces/gpu-h200): they read back as traces of that GPU, the simulator's
+cross-check finds every one-at-a-time trace among them (nested in gpu_capture folders) and none of
+the shipped-model references or load runs, and a calibrated validation runs on one."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from profiler.reader import read_trace
+from simulator.validation import validate
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = ROOT / "traces" / "gpu-h200"
+SYSTEMS = ("sequential", "pasta", "tip", "planned_diffusion")
+
+
+def _bench_simulator():
+    spec = importlib.util.spec_from_file_location("bench_simulator", ROOT / "bench" / "simulator.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("arch", ["llama-3-8b", "smollm2-135m"])
+def test_gpu_capture_folders_hold_every_system_on_the_h200(arch: str) -> None:
+    meta = json.loads((GPU / arch / "meta.json").read_text())
+    assert meta["kind"] == "gpu_capture" and meta["device"]["name"] == "NVIDIA H200"
+    assert {s for s, v in meta["systems"].items() if v["status"] == "ok"} == set(SYSTEMS)
+    for system in SYSTEMS:
+        trace = read_trace(GPU / arch / system)
+        assert trace.meta["device"]["type"] == "cuda" and len(trace.requests) == 4
+        model = trace.meta["model"]
+        assert model["checkpoint_info"]["arch"] == arch and model["dtype"] == "bfloat16"
+        assert len(trace.counters) > 0 and (trace.counters["source"] == "nvml").all()
+
+
+def test_the_cross_check_finds_the_nested_gpu_traces() -> None:
+    found = {str(p.relative_to(GPU)) for p in _bench_simulator().measured_traces("cuda")}
+    expected = {f"{arch}/{s}" for arch in ("llama-3-8b", "smollm2-135m") for s in SYSTEMS}
+    assert found == expected | {"serving-llama-3-8b/batch1"}  # no reference/, no rate-N load runs
+
+
+def test_a_gpu_trace_validates_against_itself() -> None:
+    report = validate(GPU / "serving-llama-3-8b" / "batch1")
+    assert report["hardware"] == "h200" and report["check_requests"] == 8
+    assert 0 <= report["request_latency_mape_percent"] < 50
