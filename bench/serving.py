@@ -33,7 +33,8 @@ the machine's load does to the level.
 requests' host work and the server's own work, measured beside predicted, and the forward of the
 passes that carry a prefill apart; `forward_fit_on_rows_sweep`: how each calibration's forward
 predicts the rows sweep it was fitted on. `--forward-fit` picks how the calibration costs the
-forward (default: on a CPU the rows sweep's grid, `simulator.measured_forward`).
+forward (default: on the part the calibration ran on, the rows sweep's grid or a line through
+its passes, `simulator.measured_forward`).
 
     .venv/bin/python bench/serving.py [--quick] [--repeats 3] [--n 24] [--work DIR] [--calibration server|engine] [--calibrate-once] [--no-rows-sweep] [--idle-sweep] [--forward-fit auto|sweep|line|roofline]
 
@@ -557,8 +558,8 @@ def parse_args() -> argparse.Namespace:
         "--forward-fit",
         choices=FORWARD_FITS,
         default="auto",
-        help="how the calibration costs the forward (simulator.measured_forward; default auto: on a CPU the rows "
-        "sweep's grid, the roofline rescale otherwise)",
+        help="how the calibration costs the forward (simulator.measured_forward; default auto: on the part the "
+        "trace ran on the rows sweep's grid or a line, the roofline rescale on another part)",
     )
     return ap.parse_args()
 

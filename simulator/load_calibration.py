@@ -25,7 +25,7 @@ from simulator.cost import CostModel
 from simulator.hardware import HardwareSpec
 from simulator.measured_forward import LineForward, SweepForward
 from simulator.models import ModelSpec
-from simulator.validation import PASS_COLUMNS, pass_frame, pass_table
+from simulator.validation import PASS_COLUMNS, pass_frame, pass_table, trace_hardware
 
 
 def pass_arrays(trace: Trace) -> np.ndarray:
@@ -137,8 +137,9 @@ def calibrate_batch1(
     """The cost of a pass, fitted on a batch-1 trace only (see the module docstring); with the rows
     sweep its capture recorded unless `rows_sweep` is False. `forward_fit` (`simulator.measured_forward`):
     "sweep" interpolates the rows sweep's grid, "line" fits a line in rows, span and keys,
-    "roofline" rescales the cost model's priors (`fit_cost_params_to_steps`); "auto", for a trace
-    captured on a CPU, the sweep where there is one and the line otherwise, else the roofline.
+    "roofline" rescales the cost model's priors (`fit_cost_params_to_steps`); "auto", where the
+    trace was captured on the part predicted (`captured_on`), the sweep where there is one and the
+    line otherwise, else the roofline.
     `idle_sweep` True also slows the first pass after the server idled by what the capture's idle
     sweep measured (off by default: on the dev captures it helped the full run's TTFT and hurt the
     quick run's, docs/serving.md)."""
@@ -158,7 +159,7 @@ def calibrate_batch1(
     sizes = size_medians(steps)
     sweep = sweep_passes(trace.meta) if rows_sweep else np.zeros((0, 4))
     fit = np.vstack([sizes if len(sizes) >= 4 else steps, sweep])
-    if forward_fit == "auto" and hw.kind == "cpu" and (trace.meta.get("device") or {}).get("type") == "cpu":
+    if forward_fit == "auto" and captured_on(trace, hw):
         forward_fit = "sweep" if len(np.unique(sweep[:, 0])) >= 2 else "line"
     cost: CostModel | LineForward | SweepForward
     if forward_fit == "sweep":
@@ -171,6 +172,22 @@ def calibrate_batch1(
     admission = admission_s(trace, per_pass) if timed else 0.0
     idle, factor = wake_factors(trace.meta) if idle_sweep else ((), ())
     return HostCost(cost, per_pass, per_stream + host_per_stream, per_request, per_row, admission, idle, factor)
+
+
+def captured_on(trace: Trace, hw: HardwareSpec) -> bool:
+    """Whether `hw` is the device the calibration trace ran on: any CPU part for a CPU trace, the
+    catalog part its GPU's name resolves to for a GPU trace. There its passes measure this runtime
+    on this machine, so a measured forward (sweep, line) predicts its serving passes; the roofline
+    rescaled is for another part. (On a GPU the runtime's eager passes are host time: the H200's
+    batch-1 8B pass takes 21 ms where its kernels take about 5, and a rescaled roofline charged
+    more rows as more of that time: traces/gpu-h200/README.md.)"""
+    device = (trace.meta.get("device") or {}).get("type")
+    if device == "cpu" or hw.kind == "cpu":
+        return device == "cpu" and hw.kind == "cpu"
+    try:
+        return trace_hardware(trace.meta).name == hw.name
+    except KeyError:  # a GPU the catalog does not know: not the part predicted
+        return False
 
 
 def wake_factors(meta: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:

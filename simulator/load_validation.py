@@ -11,9 +11,10 @@ fitted to the serving traces. From the batch-1 trace only (`simulator.load_calib
    Planned Diffusion denoise passes of up to ~160 rows; and, where its capture recorded a rows
    sweep (`solm capture --rows-sweep`, `runtime/rows_sweep.py`: batched decode passes of 1-32
    rows over pools of 64-1024 slots), on those (`sweep_passes`). That is how a pass's time grows
-   with its rows (and its KV reads, streams). On a CPU the forward is taken as measured
-   (`simulator.measured_forward`: the sweep's grid carried by the trace's own passes, or a line
-   through them); otherwise the cost model's roofline rescaled (`fit_cost_params_to_steps`),
+   with its rows (and its KV reads, streams). On the part the trace ran on (a CPU, or its GPU)
+   the forward is taken as measured (`simulator.measured_forward`: the sweep's grid carried by
+   the trace's own passes, or a line through them); on another part the cost model's roofline
+   rescaled (`fit_cost_params_to_steps`),
    each pass size counting once (`size_medians`) so the few large passes are not outvoted by the
    many small ones. A pass's KV read is the keys its attention scored
    (`steps.attention_kv_tokens`: with the runtime's mask attention, rows x the pool's span);

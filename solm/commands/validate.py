@@ -45,8 +45,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--forward-fit",
         choices=("auto", "sweep", "line", "roofline"),
         default="auto",
-        help="with --calibrate-from: how the forward is costed (auto: on a CPU trace the rows sweep's grid, or a "
-        "line through its passes without one; otherwise the cost model's roofline rescaled to it)",
+        help="with --calibrate-from: how the forward is costed (auto: on the part the trace ran on, a CPU's or a "
+        "GPU's, as measured: the rows sweep's grid, or a line through its passes without one; on another part "
+        "the cost model's roofline rescaled to it)",
     )
     p.add_argument(
         "--uncalibrated",

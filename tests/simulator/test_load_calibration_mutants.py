@@ -118,3 +118,17 @@ def test_the_servers_own_work_per_pass_is_never_negative():
         }
     )
     assert pass_overhead_s(type("T", (), {"steps": steps})()) == 0.0
+
+
+def test_auto_measures_the_forward_of_a_gpu_trace_predicted_on_its_own_part():
+    """auto: a GPU trace predicted on the part it ran on gets the measured forward (the line
+    through its passes), as a CPU trace on a CPU does; on another part, or from a GPU the catalog
+    does not know, the roofline."""
+    trace = _trace(ROWS, device="cpu")
+    trace.meta["device"] = {"type": "cuda", "name": "NVIDIA H200", "memory_bytes": 141 * 2**30}
+    assert isinstance(calibrate_batch1(trace, get_hardware("h200"), MODEL).forward, LineForward)
+    assert isinstance(calibrate_batch1(trace, get_hardware("h100-sxm"), MODEL).forward, CostModel)
+    assert isinstance(calibrate_batch1(trace, HW, MODEL).forward, CostModel)  # a GPU trace on a CPU part
+    assert isinstance(calibrate_batch1(trace, get_hardware("h200"), MODEL, forward_fit="roofline").forward, CostModel)
+    trace.meta["device"] = {"type": "cuda", "name": "Some Future GPU"}
+    assert isinstance(calibrate_batch1(trace, get_hardware("h200"), MODEL).forward, CostModel)
