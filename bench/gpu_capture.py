@@ -20,7 +20,7 @@ Structure (`--structure-from`): a random model left to itself emits random tags,
 every forward pass is its own. `--structure-from DIR` replays DIR/<system> traces instead;
 `none` lets the model choose.
 
-Run (CUDA machine):  python bench/gpu_capture.py --arch llama-3-8b --out traces/gpu-h200
+Run (CUDA machine):  python bench/gpu_capture.py --arch llama-3-8b --out out/gpu-h200
 Run (CPU check):     .venv/bin/python bench/gpu_capture.py --device cpu --arch tiny-llama --n 1 --max-tokens 8 --out /tmp/g
 Prints one line per system; the last line is one JSON object. Not part of `make bench`.
 """
