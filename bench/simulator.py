@@ -20,13 +20,15 @@ What it measures:
   A100 shapes held out from its fit, with `old_model_unseen_*` beside them (bench/cost_model.py's
   evaluation; `--quick` fits on every 8th token count, else every 2nd); `a100_repeat_median_percent`
   and `a100_repeat_p90_percent`, how far apart the data's own two timings of one GEMM are.
-- `h100_sxm_tiles_median_ape_percent`, `..._p90_...`, `b200_tiles_*`, and `*_old_*` beside them: the
-  same models on parts never fitted, XLA's measured bf16 GEMM tables (simulator/data/xla-gemm),
-  over the GEMMs above 10 us (`simulator.gemm_transfer`; bench/cost_model.py --transfer).
-- `gpu_cross_check`: for every measured GPU trace in traces/ (bench/gpu_capture.py), the trace
-  predicted from its structure and the catalog part alone (`simulator.validation.cross_check`,
-  nothing fitted to it) and `validate` on it (calibrated on half); empty until a GPU trace is
-  shipped (the output says so).
+- `h100_sxm_tiles_median_ape_percent`, `..._p90_...`, `b200_tiles_*`, `h200_tiles_*`, and `*_old_*`
+  beside them: the same models on parts never fitted, XLA's measured bf16 GEMM tables
+  (simulator/data/xla-gemm) and the project's H200 grid (simulator/data/h200-gemm), over the GEMMs
+  above 10 us (`simulator.gemm_transfer`; bench/cost_model.py --transfer).
+- `gpu_cross_check`: for every measured one-at-a-time GPU trace under traces/ (traces/gpu-h200:
+  bench/gpu_capture.py's folders and the serving batch-1 capture), the trace predicted from its
+  structure and the catalog part alone (`simulator.validation.cross_check`, nothing fitted to it)
+  and `validate` on it (calibrated on half); empty where no GPU trace is shipped (the output says
+  so).
 
 Last line: one JSON object {"bench": "simulator", ...}.
 
