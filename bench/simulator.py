@@ -270,7 +270,7 @@ def unseen_gemm_errors(thin: int) -> dict[str, float | int]:
     figures (that bench prints them per op family, token count and fold)."""
     from simulator.calibrate import load_vidur
     from simulator.gemm_fit import gemm_rows, holdout_predictions, repeat_spread_percent, summary, unseen_keys
-    from simulator.gemm_transfer import calibration_keys, transfer_errors, transfer_keys
+    from simulator.gemm_transfer import TRANSFER_PARTS, calibration_keys, transfer_errors, transfer_keys
 
     table = load_vidur()
     report = summary(holdout_predictions(table, thin=thin))
@@ -286,23 +286,22 @@ def unseen_gemm_errors(thin: int) -> dict[str, float | int]:
         **measured,
         **calibrated,
     }
+    names = {"h100-sxm": "H100", "b200": "B200", "h200": "H200"}
+
+    def per_part(keys: dict, what: str) -> str:  # "H100 4.86% / 14.02%, B200 ..." over TRANSFER_PARTS
+        return ", ".join(
+            f"{names.get(part, part)} {keys[f'{key}_{what}_median_ape_percent']}% / {keys[f'{key}_{what}_p90_ape_percent']}%"
+            for part, key in ((part, part.replace("-", "_")) for part in TRANSFER_PARTS)
+        )
+
     print(
         "The same tables used the other way, the tile model calibrated on each part's own GEMMs (solm calibrate) "
-        "and scored on held-out (K, N) shapes, median / p90 APE over every GEMM: "
-        f"H100 {calibrated['h100_sxm_calibrated_heldout_median_ape_percent']}% / "
-        f"{calibrated['h100_sxm_calibrated_heldout_p90_ape_percent']}%, B200 "
-        f"{calibrated['b200_calibrated_heldout_median_ape_percent']}% / "
-        f"{calibrated['b200_calibrated_heldout_p90_ape_percent']}% (the A100 fit carried: H100 "
-        f"{calibrated['h100_sxm_carried_heldout_median_ape_percent']}% / "
-        f"{calibrated['h100_sxm_carried_heldout_p90_ape_percent']}%, B200 "
-        f"{calibrated['b200_carried_heldout_median_ape_percent']}% / {calibrated['b200_carried_heldout_p90_ape_percent']}%)"
+        f"and scored on held-out (K, N) shapes, median / p90 APE over every GEMM: {per_part(calibrated, 'calibrated_heldout')} "
+        f"(the A100 fit carried: {per_part(calibrated, 'carried_heldout')})"
     )
     print(
-        "GEMMs above 10 us on parts never fitted (XLA's H100 SXM and B200 tables), tile model median / p90 APE: "
-        f"H100 {measured['h100_sxm_tiles_median_ape_percent']}% / {measured['h100_sxm_tiles_p90_ape_percent']}%, "
-        f"B200 {measured['b200_tiles_median_ape_percent']}% / {measured['b200_tiles_p90_ape_percent']}% "
-        f"(old model H100 {measured['h100_sxm_old_median_ape_percent']}% / {measured['h100_sxm_old_p90_ape_percent']}%, "
-        f"B200 {measured['b200_old_median_ape_percent']}% / {measured['b200_old_p90_ape_percent']}%)"
+        "GEMMs above 10 us on parts never fitted (XLA's H100 SXM and B200 tables, the project's H200 grid), tile model "
+        f"median / p90 APE: {per_part(measured, 'tiles')} (old model {per_part(measured, 'old')})"
     )
     print(
         f"A100 GEMMs on unseen shapes (tile model fitted on every {thin}th token count): median "
