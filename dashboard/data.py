@@ -18,6 +18,7 @@ import pandas as pd
 
 from profiler.diff import METRICS, TraceDiff
 from profiler.errors import is_utf8, one_line
+from profiler.outdir import project_kind
 from profiler.reader import Trace, TraceError, read_trace
 from profiler.stats import non_dominated
 from profiler.summary import summarize
@@ -40,13 +41,18 @@ COUNTER_COLUMNS = (
 def find_trace_dirs(roots: Sequence[str | Path], depth: int = 2) -> list[Path]:
     """Trace directories under `roots`: a root that is a trace, or folders below it (to `depth`
     levels) that hold any trace file. Folders that only look like traces are kept so the
-    Overview can say why they do not load."""
+    Overview can say why they do not load. A GPU capture folder (`bench/gpu_capture.py`: a
+    meta.json of kind gpu_capture over one trace per system) is not a trace but holds them: its
+    traces are listed as if they stood in its place (was: the folder itself, as an unreadable
+    trace, and none of its traces)."""
     found: list[Path] = []
 
     def walk(p: Path, level: int) -> None:
         if any((p / m).exists() for m in TRACE_MARKERS):
-            found.append(p)
-            return
+            if project_kind(p) != "gpu_capture":
+                found.append(p)
+                return
+            level -= 1  # its traces count at its own level
         if level >= depth:
             return
         try:

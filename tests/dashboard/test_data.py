@@ -8,6 +8,7 @@ import pytest
 from dashboard import data, figures, whatif_data
 from profiler.diff import diff_traces
 from profiler.reader import read_trace
+from tests.dashboard.traces import make_trace
 
 
 def test_find_and_load_keep_going_past_a_corrupt_trace(trace_folder):
@@ -110,3 +111,25 @@ def test_latency_figure_draws_means_of_consecutive_requests_past_max_bars():
     assert "mean of 3" in fig.layout.title.text
     small = figures.latency_figure(df.head(5))
     assert list(small.data[0].x) == ["0", "1", "2", "3", "4"] and "mean" not in small.layout.title.text
+
+
+def test_a_gpu_capture_folder_is_found_as_its_traces(tmp_path):
+    """bench/gpu_capture.py's folder (meta.json of kind gpu_capture over one trace per system, and
+    reference/ traces below): its traces are rows, at the folder's own depth, not the folder
+    itself as an unreadable trace (the shipped traces/gpu-h200 showed two error rows and none of
+    their eight traces)."""
+    import json
+
+    cap = tmp_path / "gpu" / "llama"
+    make_trace(cap / "sequential", e2e_s=[0.1])
+    make_trace(cap / "pasta", e2e_s=[0.1], system="pasta", threads=[2])
+    make_trace(cap / "reference" / "pasta", e2e_s=[0.1], system="pasta", threads=[2])
+    (cap / "meta.json").write_text(json.dumps({"kind": "gpu_capture", "systems": {}}))
+    found = [p.relative_to(tmp_path.resolve()).as_posix() for p in data.find_trace_dirs([tmp_path], depth=2)]
+    assert found == ["gpu/llama/pasta", "gpu/llama/sequential"]  # reference/ is one level deeper
+    found = [p.relative_to(cap.resolve()).as_posix() for p in data.find_trace_dirs([cap], depth=2)]
+    assert found == ["pasta", "reference/pasta", "sequential"]
+    lean, errors = data.load_traces(data.find_trace_dirs([tmp_path], depth=2))
+    assert errors.empty and len(lean) == 2
+    (cap / "meta.json").write_text(json.dumps({"kind": "measured"}))  # a trace's meta: the folder is a row
+    assert [p.name for p in data.find_trace_dirs([tmp_path], depth=2)] == ["llama"]
