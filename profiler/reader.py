@@ -149,6 +149,15 @@ def read_meta(path: Path) -> dict:
         raise TraceError(f"{path}: no meta.json (not a solm trace directory)")
     meta = load_json_file(meta_file)
     version = meta.get("schema_version")
+    if meta.get("kind") == "gpu_capture" and version is None:  # bench/gpu_capture.py's folder of traces
+        try:
+            inner = sorted(c.name for c in path.iterdir() if (c / "meta.json").is_file() and c.name != "reference")
+        except OSError:
+            inner = []
+        raise TraceError(
+            f"{path}: a GPU capture folder (bench/gpu_capture.py), not a trace; its traces are its "
+            f"subfolders ({', '.join(inner) or 'none'})"
+        )
     if version != SCHEMA_VERSION:
         raise TraceError(f"{path}: schema version {version!r}, this solm reads version {SCHEMA_VERSION}")
     missing = [k for k in META_REQUIRED if k not in meta]

@@ -296,3 +296,22 @@ def test_a_null_in_a_float_column_reads_as_nan(t):
     i = tab.column_names.index("quality_score")
     pq.write_table(tab.set_column(i, "quality_score", pa.nulls(tab.num_rows, pa.float64())), f)
     assert read_trace(t).requests["quality_score"].isna().all()
+
+
+def test_a_gpu_capture_folder_is_named_with_its_traces(tmp_path):
+    """bench/gpu_capture.py's folder is not a trace: reading it says so and names the traces it
+    holds (was: "schema version None, this solm reads version 1"); its reference/ is left out."""
+    import json
+
+    for name in ("tip", "pasta", "reference"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "meta.json").write_text("{}")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "meta.json").write_text(json.dumps({"kind": "gpu_capture", "systems": {}}))
+    with pytest.raises(
+        TraceError, match=r"a GPU capture folder \(bench/gpu_capture.py\), not a trace; .*\(pasta, tip\)$"
+    ):
+        read_trace(tmp_path)
+    (tmp_path / "meta.json").write_text(json.dumps({"kind": "gpu_capture", "schema_version": 7}))
+    with pytest.raises(TraceError, match="schema version 7"):  # a versioned meta.json is judged as a trace's
+        read_trace(tmp_path)
