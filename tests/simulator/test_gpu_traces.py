@@ -49,3 +49,30 @@ def test_a_gpu_trace_validates_against_itself() -> None:
     report = validate(GPU / "serving-llama-3-8b" / "batch1")
     assert report["hardware"] == "h200" and report["check_requests"] == 8
     assert 0 <= report["request_latency_mape_percent"] < 50
+
+
+def _pass_shapes():
+    spec = importlib.util.spec_from_file_location("pass_shapes", ROOT / "bench" / "pass_shapes.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_new_attention_shapes_are_the_slow_gpu_serving_passes(capsys) -> None:
+    """bench/pass_shapes.py: every pass counted once, as new the first time its (rows, key span)
+    appears; on the H200 load run the new shapes' passes are the slow ones (about 3x), on the
+    shipped CPU trace they are not."""
+    shapes = _pass_shapes()
+    gpu = GPU / "serving-llama-3-8b" / "rate-4"
+    steps = read_trace(gpu).steps
+    passes = steps.groupby("start_s").agg(rows=("batch_query_tokens", "first"), keys=("attention_kv_tokens", "first"))
+    distinct = {(r, round(k / r)) for r, k in zip(passes["rows"], passes["keys"])}
+    f = shapes.shape_figures(gpu)
+    assert f["new"]["passes"] == len(distinct) and f["new"]["passes"] + f["seen"]["passes"] == len(passes)
+    assert f["new"]["median_ms"] > 2.5 * f["seen"]["median_ms"]
+    cpu = shapes.shape_figures(ROOT / "traces" / "sequential-reverse_words")
+    assert cpu["time"] == "duration_s" and abs(cpu["new"]["median_ms"] / cpu["seen"]["median_ms"] - 1) < 0.25
+    assert shapes.main([str(gpu)]) == 0 and '"bench": "pass_shapes"' in capsys.readouterr().out
+    assert shapes.main([str(GPU / "llama-3-8b")]) == 2  # a capture folder, not a trace: one line
+    assert "a GPU capture folder" in capsys.readouterr().err
