@@ -61,6 +61,18 @@ def test_disaggregate_without_two_counts_of_at_least_one_is_refused(text):
         parse_disaggregate(text)
 
 
+def test_a_long_disaggregate_value_is_cut_in_its_error_line(capsys):
+    """A 5,000-digit --disaggregate is one usage line quoting 60 characters of it, as every other
+    flag's error does (was: the value echoed whole, a 5,000-character line)."""
+    from solm.cli import main
+
+    argv = ["simulate", "no-trace", "--hardware", "h100-sxm", "--disaggregate", "1:" + "9" * 5000]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < 200, err[:300]
+    assert err.startswith("solm simulate: error: --disaggregate takes P:D") and "... (5004 characters)" in err
+
+
 def test_the_deployment_flags_reach_the_config():
     """Each flag lands in its own field; no --router is round_robin.
 
