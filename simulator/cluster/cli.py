@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from profiler.errors import UsageError
+from profiler.errors import UsageError, quoted
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -72,7 +72,8 @@ def parse_disaggregate(text: str | None) -> tuple[int, int] | None:
     except ValueError:
         pd = None
     if not sep or pd is None or min(pd) < 1:
-        raise UsageError(f"--disaggregate takes P:D (prefill and decode replicas, each >= 1), got {text!r}")
+        # the value cut to 60 characters (was: a 5,000-digit value echoed whole, one 5,000-character line)
+        raise UsageError(f"--disaggregate takes P:D (prefill and decode replicas, each >= 1), got {quoted(text)}")
     return pd
 
 
