@@ -4,7 +4,6 @@ quality NaN for random weights; structure replayed from the shipped tiny models;
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -17,16 +16,14 @@ pytest.importorskip("transformers", reason="transformers not installed (pip inst
 
 from profiler.reader import read_trace  # noqa: E402
 from profiler.validate import validate  # noqa: E402
+from tests.benches import load_bench  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_capture.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("gpu_capture", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("gpu_capture")
 
 
 def test_gpu_capture_tiny_arch_on_cpu(tmp_path, capsys):

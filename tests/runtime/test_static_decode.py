@@ -49,15 +49,10 @@ def test_decode_efficiency_bench_on_cpu(capsys):
     """bench/decode_efficiency.py's CPU path: both paths timed, their tokens compared (the whole
     continuation and its equal prefix), the inductor flag recorded; JSON last."""
     import json
-    import sys
-    from pathlib import Path
 
-    bench = str(Path(__file__).resolve().parents[2] / "bench")
-    sys.path.insert(0, bench)
-    try:
-        import decode_efficiency
-    finally:
-        sys.path.remove(bench)
+    from tests.benches import load_bench
+
+    decode_efficiency = load_bench("decode_efficiency")
     args = ["--arch", "tiny-llama", "--device", "cpu", "--context", "12", "--passes", "4", "--warmup", "1"]
     assert decode_efficiency.main([*args, "--modes", "engine,static", "--coordinate-descent"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from simulator.gemm_transfer import XLA_DIR
 from simulator.hardware import get_hardware
 from simulator.models import get_model
 from solm.cli import main
+from tests.benches import load_bench
 from tests.paths import check_not_a_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,11 +204,7 @@ def test_gemm_fit_is_not_a_set_field(capsys):
 
 def test_gemm_profile_writes_a_table_calibrate_reads(tmp_path):
     """bench/gemm_profile.py's CPU path: every GEMM of the grid timed, in the format read back."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import gemm_profile
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    gemm_profile = load_bench("gemm_profile")
     out = tmp_path / "cpu.csv"
     args = ["--m", "1,8", "--n", "64,128", "--k", "64,96", "--dtype", "bfloat16", "--device", "cpu"]
     assert gemm_profile.main([*args, "--iters", "2", "--trials", "2", "--out", str(out)]) == 0
@@ -225,11 +221,7 @@ def test_gemm_profile_writes_a_table_calibrate_reads(tmp_path):
 
 def test_gemm_profile_cycles_weights_past_the_l2():
     """The graph timer's weight copies: together at least twice the L2, one per call at most."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from gemm_profile import weight_copies
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    weight_copies = load_bench("gemm_profile").weight_copies
     mib = 1 << 20
     assert weight_copies(32 * mib, 50 * mib, 20) == 4  # 4 x 32 >= 100 > 3 x 32
     assert weight_copies(100 * mib, 50 * mib, 20) == 1  # one alone is twice the L2

@@ -4,7 +4,6 @@ the shipped-model references or load runs, and a calibrated validation runs on o
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,18 +11,11 @@ import pytest
 
 from profiler.reader import read_trace
 from simulator.validation import validate
+from tests.benches import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "traces" / "gpu-h200"
 SYSTEMS = ("sequential", "pasta", "tip", "planned_diffusion")
-
-
-def _bench_simulator():
-    spec = importlib.util.spec_from_file_location("bench_simulator", ROOT / "bench" / "simulator.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("arch", ["llama-3-8b", "smollm2-135m"])
@@ -40,7 +32,7 @@ def test_gpu_capture_folders_hold_every_system_on_the_h200(arch: str) -> None:
 
 
 def test_the_cross_check_finds_the_nested_gpu_traces() -> None:
-    found = {str(p.relative_to(GPU)) for p in _bench_simulator().measured_traces("cuda")}
+    found = {str(p.relative_to(GPU)) for p in load_bench("simulator").measured_traces("cuda")}
     expected = {f"{arch}/{s}" for arch in ("llama-3-8b", "smollm2-135m") for s in SYSTEMS}
     assert found == expected | {"serving-llama-3-8b/batch1"}  # no reference/, no rate-N load runs
 
@@ -51,19 +43,11 @@ def test_a_gpu_trace_validates_against_itself() -> None:
     assert 0 <= report["request_latency_mape_percent"] < 50
 
 
-def _pass_shapes():
-    spec = importlib.util.spec_from_file_location("pass_shapes", ROOT / "bench" / "pass_shapes.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_new_attention_shapes_are_the_slow_gpu_serving_passes(capsys) -> None:
     """bench/pass_shapes.py: every pass counted once, as new the first time its (rows, key span)
     appears; on the H200 load run the new shapes' passes are the slow ones (about 3x), on the
     shipped CPU trace they are not."""
-    shapes = _pass_shapes()
+    shapes = load_bench("pass_shapes")
     gpu = GPU / "serving-llama-3-8b" / "rate-4"
     steps = read_trace(gpu).steps
     passes = steps.groupby("start_s").agg(rows=("batch_query_tokens", "first"), keys=("attention_kv_tokens", "first"))
