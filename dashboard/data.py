@@ -49,7 +49,8 @@ def find_trace_dirs(roots: Sequence[str | Path], depth: int = 2) -> list[Path]:
 
     def walk(p: Path, level: int) -> None:
         if any((p / m).exists() for m in TRACE_MARKERS):
-            if project_kind(p) != "gpu_capture":
+            # a capture folder holds no tables of its own: only then is its meta.json read
+            if (p / "requests.parquet").exists() or project_kind(p) != "gpu_capture":
                 found.append(p)
                 return
             level -= 1  # its traces count at its own level
