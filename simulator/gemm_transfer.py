@@ -57,15 +57,20 @@ def table_paths(part: str) -> list[Path]:
     return [MEASURED_DIR / name for name in MEASURED_PARTS[part]]
 
 
-def load_part(part: str) -> pd.DataFrame:
-    """One of `TRANSFER_PARTS` as rows of M, K, N and time_s (XLA's tables through `load_xla`, the
-    project's own through `read_gemm_table`, the reader `solm calibrate` uses)."""
-    if part in XLA_PARTS:
-        return load_xla(part)
+def gemm_table(part: str) -> pd.DataFrame:
+    """One of `TRANSFER_PARTS`'s tables pooled, as `solm calibrate` reads them (`read_gemm_table`:
+    rows of num_tokens, K, N, time_s)."""
     from simulator.gemm_calibration import read_gemm_table
 
-    rows = pd.concat([read_gemm_table(path) for path in table_paths(part)], ignore_index=True)
-    return rows.rename(columns={"num_tokens": "M"})[["M", "K", "N", "time_s"]]
+    return pd.concat([read_gemm_table(path) for path in table_paths(part)], ignore_index=True)
+
+
+def load_part(part: str) -> pd.DataFrame:
+    """One of `TRANSFER_PARTS` as rows of M, K, N and time_s (XLA's tables through `load_xla`, the
+    project's own through `gemm_table`)."""
+    if part in XLA_PARTS:
+        return load_xla(part)
+    return gemm_table(part).rename(columns={"num_tokens": "M"})[["M", "K", "N", "time_s"]]
 
 
 def _tile_kernels(rows: pd.DataFrame, hw: HardwareSpec, params: CostParams) -> list[KernelTimes]:
@@ -158,12 +163,11 @@ def calibration_keys(parts: tuple[str, ...] = TRANSFER_PARTS) -> dict[str, float
     (`simulator.gemm_calibration.calibrate`, two-fold over seeded halves of its (K, N) shapes),
     its held-out median and p90 APE over every GEMM beside the carried A100 fit's on the same rows,
     e.g. `h100_sxm_calibrated_heldout_median_ape_percent` (about 20 s per part)."""
-    from simulator.gemm_calibration import calibrate, read_gemm_table
+    from simulator.gemm_calibration import calibrate
 
     keys = {}
     for part in parts:
-        rows = pd.concat([read_gemm_table(path) for path in table_paths(part)], ignore_index=True)
-        held = calibrate(rows, HARDWARE[part]).heldout
+        held = calibrate(gemm_table(part), HARDWARE[part]).heldout
         name = part.replace("-", "_")
         for which, label in (("fitted", "calibrated"), ("carried", "carried")):
             for stat in ("median", "p90"):
