@@ -113,6 +113,20 @@ def cut(text: str, most: int = 60) -> str:
     return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"
 
 
+def shorten_words(line: str, longest_line: int = 400, longest_word: int = 60, most: int = 1000) -> str:
+    """An error line kept readable however long the value it names: past `longest_line`
+    characters, each word (a run without spaces) over `longest_word` keeps its head and tail with
+    its length between (a 5,000-character flag value, a path of 3,000), so the words around it (a
+    list of valid names) survive; a line still over `most` is cut there. A shorter line is as given."""
+    if len(line) <= longest_line:
+        return line
+    half = longest_word // 2
+    words = [
+        w if len(w) <= longest_word else f"{w[:half]}...{w[-half:]} ({len(w)} characters)" for w in line.split(" ")
+    ]
+    return cut(" ".join(words), most)
+
+
 def quoted(value: object, most: int = 60) -> str:
     """`repr(value)` for an error line, cut after `most` characters."""
     return cut(repr(value), most)

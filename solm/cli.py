@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from profiler.errors import SolmError, UsageError, cut, is_utf8, one_line
+from profiler.errors import SolmError, UsageError, cut, is_utf8, one_line, shorten_words
 from profiler.services import received_signal
 from solm.commands import COMMANDS
 
@@ -116,9 +116,11 @@ def is_user_path_error(e: BaseException, args: argparse.Namespace) -> bool:
 
 
 def _message(e: BaseException) -> str:
+    """The error's one line; a runaway word in it (a value of 5,000 characters echoed by the check
+    that refused it, a path of 3,000) cut to its head and tail (`shorten_words`)."""
     if isinstance(e, OSError) and e.filename is not None and e.strerror:
-        return one_line(f"{os.fsdecode(e.filename)}: {e.strerror}")
-    return one_line(str(e) or type(e).__name__)
+        return shorten_words(one_line(f"{os.fsdecode(e.filename)}: {e.strerror}"))
+    return shorten_words(one_line(str(e) or type(e).__name__))
 
 
 def _check_utf8(args: argparse.Namespace) -> None:
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
         if os.environ.get("SOLM_DEBUG") == "1":
             traceback.print_exc()
-        first = (str(e).splitlines() or [""])[0]
+        first = shorten_words(one_line((str(e).splitlines() or [""])[0]))
         print(
             f"solm {args.command}: internal error (a bug): {type(e).__name__}: {first}; "
             "rerun with SOLM_DEBUG=1 for the traceback",

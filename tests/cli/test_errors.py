@@ -77,3 +77,46 @@ def test_error_types():
     assert not issubclass(KVPoolFull, MemoryError)
     assert str(UnknownName("unknown model 'x'")) == "unknown model 'x'"  # not quoted like a KeyError
     assert isinstance(UnknownName("x"), KeyError)
+
+
+def test_shorten_words_keeps_a_short_line_and_cuts_only_the_runaway_word():
+    from profiler.errors import shorten_words
+
+    short = "unknown router 'zz'; valid names: kv_aware, least_outstanding, round_robin"
+    assert shorten_words(short) == short
+    value = "'" + "x" * 5000 + "'"
+    line = shorten_words(f"unknown router {value}; valid names: kv_aware, least_outstanding, round_robin")
+    assert line.startswith("unknown router '" + "x" * 29 + "...")
+    assert "(5003 characters) valid names: kv_aware, least_outstanding, round_robin" in line
+    assert len(line) < 200
+    # a line of many short words past `most` is cut there
+    many = " ".join(["word"] * 600)
+    assert len(shorten_words(many)) < 1100 and shorten_words(many).endswith(f"({len(many)} characters)")
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        UnknownName("unknown router '" + "r" * 4000 + "'; valid names: kv_aware, round_robin"),
+        FileNotFoundError(2, "No such file or directory", "/tmp/" + "p" * 3000),
+        KeyError("slot " + "9" * 4000 + " is not allocated"),
+    ],
+)
+def test_a_value_of_thousands_of_characters_is_not_echoed_whole(exc, monkeypatch, capsys):
+    """Every error line (bad input and bug alike) names a runaway value by its head, tail and length
+    (was: `solm simulate --router <3,000 characters>` echoed all of them, one 3,094-character line)."""
+    _fail_with(monkeypatch, exc)
+    code = main(["inspect", "x" if not isinstance(exc, FileNotFoundError) else exc.filename])
+    err = capsys.readouterr().err
+    assert code in (1, 2) and err.count("\n") == 1 and len(err) < 300, err
+    assert "characters)" in err
+
+
+def test_long_router_value_end_to_end(capsys):
+    assert (
+        main(["simulate", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--replicas", "2", "--router", "q" * 3000])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("solm simulate: error: unknown router 'qqq") and len(err) < 300
+    assert "valid names: kv_aware, least_outstanding, round_robin" in err
