@@ -7,6 +7,7 @@ shipped traces and checkpoint, a notes file of the user's), with a timeout, and 
   traceback      a traceback, or exit 1 ("internal error (a bug)"), or any other exit status
   data_lost      a file the case must not touch (inputs, the user's files) changed or vanished
   hang           still running at the timeout (killed with its process group)
+  long_line      exit 2 and one line, but over MAX_LINE characters (a value echoed whole)
   wrong_result   exit 0 where an error was due, or a success whose figures are wrong
 Why: the regression tests (tests/cli/test_data_loss.py, test_bad_input.py) call `main()` in
 process; this drives the real command line, with real FIFOs, /dev/zero and concurrent writers.
@@ -15,7 +16,7 @@ process; this drives the real command line, with real FIFOs, /dev/zero and concu
     python bench/abuse.py --quick    # the same cases (they take about a minute or two)
 
 Output: {"bench": "abuse", "cases", "clean_errors", "correct", "tracebacks", "data_lost", "hangs",
-"wrong_results"}; exit 1 if any case is not clean_error or correct.
+"wrong_results", "long_lines"}; exit 1 if any case is not clean_error or correct.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ PD = ROOT / "traces" / "planned_diffusion-word_facts"
 XLA_H100 = ROOT / "simulator" / "data" / "xla-gemm" / "h100-sxm.csv"
 CKPT = ROOT / "checkpoints" / "sequential-tiny"
 LOCK = ".solm.lock"
+MAX_LINE = 400  # an error line longer than this echoes a runaway value (profiler.errors.shorten_words)
+LONG_VALUE = "v" * 3000
 
 
 @dataclass
@@ -108,9 +111,9 @@ def classify(case: Case, base: Path, before: dict, r: subprocess.CompletedProces
         if r.returncode == 0:
             return "wrong_result"
         lines = r.stderr.strip().splitlines()
-        return (
-            "clean_error" if len(lines) == 1 and lines[0].startswith(f"solm {case.argv[0]}: error: ") else "traceback"
-        )
+        if len(lines) != 1 or not lines[0].startswith(f"solm {case.argv[0]}: error: "):
+            return "traceback"
+        return "clean_error" if len(lines[0]) <= MAX_LINE else "long_line"
     if r.returncode != 0 or (case.check and not case.check(base, r)):
         return "wrong_result"
     return "correct"
@@ -257,6 +260,7 @@ def cases() -> list[Case]:
         *hostile_input_cases(),
         *wrong_result_cases(),
         *runtime_sweep_cases(),
+        *long_value_cases(),
     ]
 
 
@@ -460,6 +464,30 @@ def hostile_input_cases() -> list[Case]:
     ]
 
 
+def long_value_cases() -> list[Case]:
+    """A value of 3,000 characters for each flag whose check once echoed it whole (a 3,000-character
+    error line): names, numbers, choices and paths."""
+    sim = ["simulate", "--model", "llama-3-8b", "--hardware", "h100-sxm"]
+    flags = [
+        ([*sim, "--replicas", "2", "--router"], "simulate --router"),
+        ([*sim, "--pp-schedule"], "simulate --pp-schedule"),
+        ([*sim, "--gemm-calibration"], "simulate --gemm-calibration"),
+        ([*sim, "--out"], "simulate --out"),
+        (["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--tp"], "cost --tp"),
+        (["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--kv-tokens"], "cost --kv-tokens"),
+        (["cost", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--calibrate-from"], "cost --calibrate-from"),
+        ([*CAPTURE, "--out", "c", "--system"], "capture --system"),
+        ([*CAPTURE, "--out", "c", "--task"], "capture --task"),
+        ([*CAPTURE, "--out", "c", "--device"], "capture --device"),
+        ([*CAPTURE, "--out", "c", "--knob"], "capture --knob"),
+        ([*CAPTURE, "--out"], "capture --out"),
+        (["train", "--out", "c", "--system"], "train --system"),
+        (["validate", "t", "--calibrate-from"], "validate --calibrate-from"),
+        (["diff", "t", "pd", "--html"], "diff --html"),
+    ]
+    return [Case(f"{name} <3,000 characters>", [*argv, LONG_VALUE]) for argv, name in flags]
+
+
 def wrong_result_cases() -> list[Case]:
     """Silent wrong results: non-finite or tiny settings, and damaged traces that must not pass as valid."""
     cyc = _graph(lambda g: g["links"].append({"source": g["nodes"][-1]["id"], "target": g["nodes"][0]["id"]}))
@@ -641,6 +669,7 @@ def main() -> int:
         "data_lost": counts["data_lost"],
         "hangs": counts["hang"],
         "wrong_results": counts["wrong_result"],
+        "long_lines": counts["long_line"],
     }
     print(json.dumps(figures))
     return 0 if counts["clean_error"] + counts["correct"] == len(all_cases) else 1
