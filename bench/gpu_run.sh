@@ -10,10 +10,12 @@
 # machine the traces come back to: they need no GPU); sequential serving under Poisson load beside
 # a batch-1 calibration, and solm validate --calibrate-from on the load runs. Each step has its own
 # time limit, and one failing step does not stop the others; everything lands under $OUT with a log
-# per step. STEPS picks the steps (default all: gemm,capture,decode,small,serving).
+# per step. STEPS picks the steps (default all: gemm,capture,decode,small,serving,shapes); shapes:
+# why some serving passes cost three times others (below).
 #
 #   GPU:        bash bench/gpu_run.sh       (OUT=out/gpu-run; on an H200 about 6 minutes: 243 s
-#               without the serving step, which took 102 s; traces/gpu-h200 holds what it wrote)
+#               without the serving step, which took 102 s; traces/gpu-h200 holds what it wrote;
+#               the shapes step, added after, serves one load 3 times: about 1.5 minutes more)
 #   CPU check:  DEVICE=cpu ARCH=tiny-llama SMALL=tiny-qwen2 N=1 MAX_TOKENS=6 CONTEXT=32 PASSES=8 \
 #               GEMM_ARGS="--m 1,8 --n 64,128 --k 64,128 --iters 2 --trials 2" BETWEEN_M=2,4 \
 #               GEMM_BETWEEN_ARGS="--n 64 --k 64 --iters 2 --trials 2" SERVE_B1_N=4 SERVE_N=6 \
@@ -36,12 +38,13 @@ GEMM_ARGS=${GEMM_ARGS:-}    # bench/gemm_profile.py grid flags (default: its LLM
 BETWEEN_M=${BETWEEN_M:-2,4,8,24,32,48,96,192,320,384,448,640,768,896,1280,1536,1792,2560,3072,3584,5120,6144}
 GEMM_BETWEEN_ARGS=${GEMM_BETWEEN_ARGS:-}  # e.g. --n/--k for the CPU check (default: the grid's (K, N) shapes)
 VALIDATE=${VALIDATE:-1}     # 0: leave solm validate to the machine the traces are brought back to
-STEPS=${STEPS:-gemm,capture,decode,small,serving}  # which steps run (a rerun can take fewer)
+STEPS=${STEPS:-gemm,capture,decode,small,serving,shapes}  # which steps run (a rerun can take fewer)
 DECODE_ARGS=${DECODE_ARGS:-}  # more bench/decode_efficiency.py flags (e.g. --coordinate-descent --modes ...)
 SERVE_B1_N=${SERVE_B1_N:-16}  # serving: batch-1 calibration requests (dev split), then under load
 SERVE_N=${SERVE_N:-32}        # requests per load run (test split) at each of SERVE_RATES requests/s
 SERVE_RATES=${SERVE_RATES:-4,16,64}
 SERVE_KV_MIB=${SERVE_KV_MIB:-512}  # the load runs' KV pool (the capture's 8 MiB default holds 64 tokens of an 8B)
+SHAPES_RATE=${SHAPES_RATE:-64}     # shapes: the load of the three variants (64 req/s had the most slow passes)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
 status=0
@@ -85,6 +88,25 @@ if want serving; then
       --n "$SERVE_N" --split test --max-tokens "$MAX_TOKENS" --rate "$rate" --kv-budget-mib "$SERVE_KV_MIB" \
       --counters-hz 20 --out "$serve/rate-$rate" --force --json
   done
+fi
+# per-shape pass cost: on the H200 a serving pass took about 21 ms or about 60 ms at the same batch,
+# the slow ones those meeting a (query rows, key span) pair for the first time (bench/pass_shapes.py,
+# traces/gpu-h200/README.md). Three variants of one load, one after another on this machine: the
+# runtime as it is (mask attention over every slot handed out: the key span grows with the pool);
+# the same with the CUDA caching allocator's expandable segments (if new shapes pay for cudaMalloc
+# of new block sizes, this removes most of it); and gather attention (each request's own slots: the
+# attention's shapes follow the requests, not the pool). pass_shapes prints new / seen per variant.
+shapes="$OUT/shapes-$ARCH"
+if want shapes; then
+  for variant in mask expandable gather; do
+    attention=mask; alloc=(env -u PYTORCH_CUDA_ALLOC_CONF)
+    [ "$variant" = gather ] && attention=gather
+    [ "$variant" = expandable ] && alloc=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+    step "shapes-$variant" "${alloc[@]}" "$PY" -m solm capture --system sequential --model "arch:$ARCH" \
+      --device "$DEVICE" --n "$SERVE_N" --split test --max-tokens "$MAX_TOKENS" --rate "$SHAPES_RATE" \
+      --kv-budget-mib "$SERVE_KV_MIB" --attention "$attention" --counters-hz 20 --out "$shapes/$variant" --force --json
+  done
+  step shapes-compare "$PY" bench/pass_shapes.py "$shapes"/mask "$shapes"/expandable "$shapes"/gather
 fi
 if [ "$VALIDATE" = 1 ] && [ -f "$serve/batch1/requests.parquet" ]; then
   step serving-validate "$PY" -m solm validate --calibrate-from "$serve/batch1" "$serve"/rate-*/

@@ -39,6 +39,7 @@ from torch import nn
 
 from profiler.errors import UnknownName
 from runtime.kv import PagedKVModel, PagedKVStore, attention_mask, attention_row_sum
+from runtime.model import Group, grouped_attention
 
 if TYPE_CHECKING:
     from runtime.hf_tokenizer import HFTokenizer
@@ -96,6 +97,8 @@ class HFConfigView:
 class HFCausalLM(PagedKVModel, nn.Module):
     """Wraps an HF `*ForCausalLM`; same attributes and primitive as `TinyLM`."""
 
+    supports_groups = True  # a server's per-request gather (attention="gather"), as TinyLM
+
     tokenizer: HFTokenizer | None = (
         None  # a GGUF model's own (runtime.gguf sets it; hf_tokenizer.tokenizer_for reads it)
     )
@@ -142,10 +145,11 @@ class HFCausalLM(PagedKVModel, nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         slots: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,  # None with groups
         kv: PagedKVStore,
         attn_sum: list[torch.Tensor] | None,
         attn_rows: torch.Tensor | None = None,
+        groups: list[Group] | None = None,
     ) -> torch.Tensor:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # same rotate-half for all
 
@@ -159,7 +163,11 @@ class HFCausalLM(PagedKVModel, nn.Module):
         kv.write(layer, slots, k[0].transpose(0, 1), v[0].transpose(0, 1))  # (N, Hkv, D)
         K, V = kv.keys_values(layer)  # (Hkv, S, D) views
         K, V = K[None].to(q.dtype), V[None].to(q.dtype)
-        if attn_sum is None:
+        if groups is not None:  # each request's rows over its own gathered slots
+            y = grouped_attention(q, K, V, groups, attn_sum, attn_rows, scale=attn.scaling)
+        elif mask is None:
+            raise ValueError("a pass without groups needs its mask")
+        elif attn_sum is None:
             y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
         else:  # explicit softmax so the weights can be returned (H2O needs them)
             rep = q.shape[1] // K.shape[1]
@@ -174,20 +182,22 @@ class HFCausalLM(PagedKVModel, nn.Module):
         tokens: torch.Tensor,
         positions: torch.Tensor,
         slots: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,  # None with groups
         kv,
         attn_sum: list[torch.Tensor] | None = None,
         attn_rows: torch.Tensor | None = None,
+        groups: list[Group] | None = None,
     ) -> torch.Tensor:
-        """The decoder itself, on device tensors, with a ready (1, 1, N, S) bool mask and no check
-        and no host synchronisation (`runtime.static_decode` compiles it; `forward` checks first).
-        `kv` needs `write(layer, slots, k, v)` and `keys_values(layer)`."""
+        """The decoder itself, on device tensors, with a ready (1, 1, N, S) bool mask (None with
+        `groups`: each group's rows attend to its own slots) and no check and no host
+        synchronisation (`runtime.static_decode` compiles it; `forward` checks first). `kv` needs
+        `write(layer, slots, k, v)` and `keys_values(layer)`."""
         body = self.hf.model
         x = body.embed_tokens(tokens[None])  # (1, N, d); Gemma's embedding scales by sqrt(d) itself
         cos, sin = body.rotary_emb(x, positions[None])  # (1, N, D)
         for i, layer in enumerate(body.layers):
             x = x + self._attention(
-                layer.self_attn, i, layer.input_layernorm(x), cos, sin, slots, mask, kv, attn_sum, attn_rows
+                layer.self_attn, i, layer.input_layernorm(x), cos, sin, slots, mask, kv, attn_sum, attn_rows, groups
             )
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         h = body.norm(x)[0]  # (N, d)
@@ -200,26 +210,32 @@ class HFCausalLM(PagedKVModel, nn.Module):
         tokens: torch.Tensor,  # (N,) long
         positions: torch.Tensor,  # (N,) long
         slots: torch.Tensor,  # (N,) long
-        visibility: torch.Tensor,  # (N, S) bool
+        visibility: torch.Tensor | None,  # (N, S) bool; None with `groups`
         kv: PagedKVStore,
         return_attention: bool = False,
         attention_rows: torch.Tensor | None = None,
+        groups: list[Group] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits (N, V) as float32 (V = `logits_vocab` when set); with `return_attention`, also the
         attention each slot received, summed over layers, heads and query rows (those
-        `attention_rows` (N,) bool selects, if given): (S,)."""
+        `attention_rows` (N,) bool selects, if given): (S,). With `groups` (a server's per-request
+        gather) `visibility` is None: each group's rows attend to its own gathered slots under its
+        own mask (`runtime.model.grouped_attention`), as `TinyLM.forward`."""
         dev = self.device
         tokens, positions, slots = tokens.to(dev), positions.to(dev), slots.to(dev)
         N = tokens.shape[0]
         kv.check_slots(slots.tolist())  # the one device->host copy of the pass
-        mask = attention_mask(visibility, N, kv, dev)  # (1, 1, N, S): keys are every slot of the store
+        # (1, 1, N, S): keys are every slot of the store
+        if groups is None and visibility is None:
+            raise ValueError("a pass without groups needs its visibility")
+        mask = attention_mask(visibility, N, kv, dev) if visibility is not None and groups is None else None
         S = kv.num_slots
         attn_sum: list[torch.Tensor] | None = [] if return_attention else None
         rows = None if attention_rows is None else attention_rows.to(dev)
-        logits = self.forward_unchecked(tokens, positions, slots, mask, kv, attn_sum, rows)
+        logits = self.forward_unchecked(tokens, positions, slots, mask, kv, attn_sum, rows, groups)
         if not return_attention:
             return logits
-        per_slot = torch.zeros(max(S, visibility.shape[1]), device=dev)
+        per_slot = torch.zeros(S if visibility is None else max(S, visibility.shape[1]), device=dev)
         assert attn_sum is not None  # a list whenever return_attention
         per_slot[:S] = torch.stack(attn_sum).sum(0)[0]
         return logits, per_slot

@@ -147,21 +147,24 @@ def grouped_attention(
     groups: list[Group],
     attn_out: list[torch.Tensor] | None,
     attn_rows: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Attention of q (1, H, N, D) over K, V (1, Hkv, S, D), each group's rows over its own gathered
     slots only; with `attn_out`, the attention each slot received (1, S) from the rows `attn_rows`
-    (N,) bool selects (None: every row) is appended."""
+    (N,) bool selects (None: every row) is appended. `scale` multiplies the scores (None: 1 /
+    sqrt(D); a transformers model's own `scaling`, e.g. Gemma's query_pre_attn_scalar)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     ys, per_slot = [], None
     if attn_out is not None:
         per_slot = q.new_zeros((1, K.shape[2]))
     for g in groups:
         qg, Kg, Vg = q[:, :, g.start : g.stop], K[:, :, g.cols], V[:, :, g.cols]  # (1, H, R, D), (1, Hkv, M, D)
         if per_slot is None or not g.attention:
-            ys.append(F.scaled_dot_product_attention(qg, Kg, Vg, attn_mask=g.mask, enable_gqa=True))
+            ys.append(F.scaled_dot_product_attention(qg, Kg, Vg, attn_mask=g.mask, scale=scale, enable_gqa=True))
             continue
         rep = q.shape[1] // K.shape[1]
         Kr, Vr = Kg.repeat_interleave(rep, dim=1), Vg.repeat_interleave(rep, dim=1)
-        w = ((qg @ Kr.transpose(-1, -2)) / math.sqrt(q.shape[-1])).masked_fill(~g.mask, float("-inf")).softmax(-1)
+        w = ((qg @ Kr.transpose(-1, -2)) * scale).masked_fill(~g.mask, float("-inf")).softmax(-1)
         rows = None if attn_rows is None else attn_rows[g.start : g.stop]
         per_slot[0].index_add_(0, g.cols, attention_row_sum(w, rows)[0])
         ys.append(w @ Vr)
