@@ -225,9 +225,9 @@ class HFCausalLM(PagedKVModel, nn.Module):
         tokens, positions, slots = tokens.to(dev), positions.to(dev), slots.to(dev)
         N = tokens.shape[0]
         kv.check_slots(slots.tolist())  # the one device->host copy of the pass
-        # (1, 1, N, S): keys are every slot of the store
         if groups is None and visibility is None:
             raise ValueError("a pass without groups needs its visibility")
+        # (1, 1, N, S): keys are every slot of the store
         mask = attention_mask(visibility, N, kv, dev) if visibility is not None and groups is None else None
         S = kv.num_slots
         attn_sum: list[torch.Tensor] | None = [] if return_attention else None
