@@ -15,7 +15,7 @@
 #
 #   GPU:        bash bench/gpu_run.sh       (OUT=out/gpu-run; on an H200 about 6 minutes: 243 s
 #               without the serving step, which took 102 s; traces/gpu-h200 holds what it wrote;
-#               the shapes step, added after, serves one load 3 times: about 1.5 minutes more)
+#               the shapes step, added after, serves one load 4 times: about 2 minutes more)
 #   CPU check:  DEVICE=cpu ARCH=tiny-llama SMALL=tiny-qwen2 N=1 MAX_TOKENS=6 CONTEXT=32 PASSES=8 \
 #               GEMM_ARGS="--m 1,8 --n 64,128 --k 64,128 --iters 2 --trials 2" BETWEEN_M=2,4 \
 #               GEMM_BETWEEN_ARGS="--n 64 --k 64 --iters 2 --trials 2" SERVE_B1_N=4 SERVE_N=6 \
@@ -91,22 +91,29 @@ if want serving; then
 fi
 # per-shape pass cost: on the H200 a serving pass took about 21 ms or about 60 ms at the same batch,
 # the slow ones those meeting a (query rows, key span) pair for the first time (bench/pass_shapes.py,
-# traces/gpu-h200/README.md). Three variants of one load, one after another on this machine: the
-# runtime as it is (mask attention over every slot handed out: the key span grows with the pool);
-# the same with the CUDA caching allocator's expandable segments (if new shapes pay for cudaMalloc
-# of new block sizes, this removes most of it); and gather attention (each request's own slots: the
+# traces/gpu-h200/README.md; only passes of more than one row: a new span at one row cost nothing).
+# Four variants of one load, one after another on this machine: the runtime as it is (mask
+# attention over every slot handed out: the key span grows with the pool); the same with the CUDA
+# caching allocator's expandable segments (if new shapes pay for cudaMalloc of new block sizes,
+# this removes most of it); the same with PyTorch's cuDNN attention backend off (if SDPA builds a
+# cuDNN plan per new shape, this removes it); and gather attention (each request's own slots: the
 # attention's shapes follow the requests, not the pool). pass_shapes prints new / seen per variant.
 shapes="$OUT/shapes-$ARCH"
+# `python -m solm` with torch's cuDNN scaled-dot-product attention switched off first (a no-op where
+# this torch has no such switch)
+NO_CUDNN=(-c "import runpy, sys, torch; getattr(torch.backends.cuda, 'enable_cudnn_sdp', lambda on: None)(False); \
+sys.argv = ['solm', *sys.argv[1:]]; runpy.run_module('solm', run_name='__main__', alter_sys=True)")
 if want shapes; then
-  for variant in mask expandable gather; do
-    attention=mask; alloc=(env -u PYTORCH_CUDA_ALLOC_CONF)
+  for variant in mask expandable no-cudnn gather; do
+    attention=mask; alloc=(env -u PYTORCH_CUDA_ALLOC_CONF); solm=(-m solm)
     [ "$variant" = gather ] && attention=gather
     [ "$variant" = expandable ] && alloc=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
-    step "shapes-$variant" "${alloc[@]}" "$PY" -m solm capture --system sequential --model "arch:$ARCH" \
+    [ "$variant" = no-cudnn ] && solm=("${NO_CUDNN[@]}")
+    step "shapes-$variant" "${alloc[@]}" "$PY" "${solm[@]}" capture --system sequential --model "arch:$ARCH" \
       --device "$DEVICE" --n "$SERVE_N" --split test --max-tokens "$MAX_TOKENS" --rate "$SHAPES_RATE" \
       --kv-budget-mib "$SERVE_KV_MIB" --attention "$attention" --counters-hz 20 --out "$shapes/$variant" --force --json
   done
-  step shapes-compare "$PY" bench/pass_shapes.py "$shapes"/mask "$shapes"/expandable "$shapes"/gather
+  step shapes-compare "$PY" bench/pass_shapes.py "$shapes"/mask "$shapes"/expandable "$shapes"/no-cudnn "$shapes"/gather
 fi
 if [ "$VALIDATE" = 1 ] && [ -f "$serve/batch1/requests.parquet" ]; then
   step serving-validate "$PY" -m solm validate --calibrate-from "$serve/batch1" "$serve"/rate-*/

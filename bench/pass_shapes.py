@@ -4,7 +4,9 @@ What: for each trace, every forward pass (one row per batched pass) with its que
 span (the slots its mask attention scored per row: `steps.attention_kv_tokens` / rows), marked
 "new" the first time the run meets that (rows, span) pair and "seen" after; printed: the passes of
 each kind and their median and p90 forward time (`steps.forward_s`, or the pass's duration where
-the trace has no forward column).
+the trace has no forward column); then the new ones by what was new: the row count, the span
+(rows seen before), neither (a new pair of a row count and a span each met before), and one row
+against more.
 
 Why: on the H200 (traces/gpu-h200) the serving runtime's passes took either about 21 ms or about
 60 ms at the same batch size; a per-shape cost (a kernel choice, plan or allocation made the first
@@ -44,11 +46,18 @@ def shape_figures(path: str | Path) -> dict:
     if not len(passes):
         raise UsageError(f"{path}: no forward passes")
     span = np.round(passes["keys"].to_numpy(float) / passes["rows"].to_numpy(float))
+    rows = passes["rows"].to_numpy(float)
     seen: set[tuple[float, float]] = set()
+    seen_rows: set[float] = set()
+    seen_spans: set[float] = set()
     new = np.zeros(len(passes), bool)
-    for i, key in enumerate(zip(passes["rows"].to_numpy(float), span)):
-        new[i] = key not in seen
+    new_rows = np.zeros(len(passes), bool)
+    new_span = np.zeros(len(passes), bool)
+    for i, key in enumerate(zip(rows, span)):
+        new[i], new_rows[i], new_span[i] = key not in seen, key[0] not in seen_rows, key[1] not in seen_spans
         seen.add(key)
+        seen_rows.add(key[0])
+        seen_spans.add(key[1])
     time = passes["time"].to_numpy(float)
 
     def kind(mask: np.ndarray) -> dict:
@@ -61,7 +70,20 @@ def shape_figures(path: str | Path) -> dict:
             "p90_ms": round(float(np.percentile(t, 90)) * 1e3, 2),
         }
 
-    return {"time": time_col, "new": kind(new), "seen": kind(~new)}
+    # which dimension is new: a pass with a new pair may have met its rows and its span before, apart
+    one_row = rows == 1
+    return {
+        "time": time_col,
+        "new": kind(new),
+        "seen": kind(~new),
+        "by_what_is_new": {
+            "rows_new": kind(new_rows),
+            "span_new_rows_seen": kind(new_span & ~new_rows),
+            "pair_new_rows_and_span_seen": kind(new & ~new_rows & ~new_span),
+            "new_pair_one_row": kind(new & one_row),
+            "new_pair_more_rows": kind(new & ~one_row),
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
                 + (f" median {k['median_ms']:7.2f} ms, p90 {k['p90_ms']:7.2f} ms" if k["passes"] else "")
             )
         print(f"{t} ({f['time']}): " + "; ".join(parts))
+        for which, k in f["by_what_is_new"].items():
+            if k["passes"]:
+                print(
+                    f"    {which:28s} {k['passes']:4d} passes median {k['median_ms']:7.2f} ms, p90 {k['p90_ms']:7.2f} ms"
+                )
     print(json.dumps({"bench": "pass_shapes", "traces": out}))
     return 0
 

@@ -58,5 +58,13 @@ def test_new_attention_shapes_are_the_slow_gpu_serving_passes(capsys) -> None:
     cpu = shapes.shape_figures(ROOT / "traces" / "sequential-reverse_words")
     assert cpu["time"] == "duration_s" and abs(cpu["new"]["median_ms"] / cpu["seen"]["median_ms"] - 1) < 0.25
     assert shapes.main([str(gpu)]) == 0 and '"bench": "pass_shapes"' in capsys.readouterr().out
+    # what was new: the breakdown partitions the new passes (by row count, and by one row or more)
+    by = f["by_what_is_new"]
+    assert by["new_pair_one_row"]["passes"] + by["new_pair_more_rows"]["passes"] == f["new"]["passes"]
+    parts = ("rows_new", "span_new_rows_seen", "pair_new_rows_and_span_seen")
+    assert sum(by[k]["passes"] for k in parts) == f["new"]["passes"]
+    # at batch 1 a decode pass (one row) meeting a new key span is not slow; a new multi-row shape is
+    b1 = shapes.shape_figures(GPU / "serving-llama-3-8b" / "batch1")["by_what_is_new"]
+    assert b1["new_pair_more_rows"]["median_ms"] > 2.5 * b1["new_pair_one_row"]["median_ms"]
     assert shapes.main([str(GPU / "llama-3-8b")]) == 2  # a capture folder, not a trace: one line
     assert "a GPU capture folder" in capsys.readouterr().err
