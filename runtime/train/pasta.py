@@ -190,7 +190,10 @@ class PastaRecipe(Recipe):
         ref = copy.deepcopy(model).eval()
         for p in ref.parameters():
             p.requires_grad_(False)
-        self.extra["pairs"] = stats
+        # a dict of this recipe's own: `for_stage`'s copies share the module RECIPE's `extra`, so
+        # writing into it told every later recipe of the process (an sft run's checkpoint info too)
+        # of these pairs
+        self.extra = {**self.extra, "pairs": stats}
 
         def sample(rng: random.Random, n: int) -> list[TrainSeq]:
             chosen = [rng.choice(pairs) for _ in range(max(1, n // 2))]

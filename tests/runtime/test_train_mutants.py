@@ -311,6 +311,17 @@ def test_preference_batches_hold_chosen_then_rejected(tok, tiny_model, monkeypat
     assert r.extra["pairs"] == {"pairs": 2}
 
 
+def test_preference_statistics_stay_with_their_recipe(tok, tiny_model, monkeypatch):
+    """Was: `prepare` wrote the pairs' statistics into the `extra` dict that every `for_stage` copy
+    shares with the module's RECIPE, so a later sft run in the same process recorded them too."""
+    monkeypatch.setattr(pasta, "preference_pairs", lambda *a: ([(TrainSeq([1], [0], [IGNORE]),) * 2], {"pairs": 1}))
+    before = dict(pasta.RECIPE.extra)
+    r = pasta.RECIPE.for_stage("preference")
+    r.prepare(tiny_model, tok, 0, progress=False)
+    assert r.extra["pairs"] == {"pairs": 1}
+    assert pasta.RECIPE.extra == before and "pairs" not in pasta.RECIPE.for_stage("sft").extra
+
+
 def test_candidate_engines_greedy_then_structure_then_samples(tiny_model, tok):
     r = dataclasses.replace(pasta.RECIPE, structure_samples=2, samples_per_prompt=2)
     kinds = [type(pasta._candidate_engine(r, tiny_model, tok, 0, 0, k)).__name__ for k in range(5)]
