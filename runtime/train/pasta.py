@@ -98,7 +98,8 @@ def to_seq(tok: Tokenizer, prompt: list[int], answer: list[int], weight: float =
 
 def pack(seqs: list[TrainSeq]) -> list[TrainSeq]:
     """Pack sequences into rows no longer than the longest one (first fit, longest first), each a
-    block of a block-diagonal mask with its own positions: the same loss with less padding."""
+    block of a block-diagonal mask with its own positions and loss weights: the same loss with less
+    padding."""
     limit = max(len(s.ids) for s in seqs)
     rows: list[list[TrainSeq]] = []
     for s in sorted(seqs, key=lambda s: -len(s.ids)):
@@ -120,6 +121,10 @@ def pack(seqs: list[TrainSeq]) -> list[TrainSeq]:
                 [p for x in r for p in x.positions],
                 [t for x in r for t in x.targets],
                 mask,
+                # per-position loss weights kept (1 where a sequence has none); None when no one has any
+                None
+                if all(x.weights is None for x in r)
+                else [w for x in r for w in (x.weights if x.weights is not None else [1.0] * len(x.ids))],
             )
         )
     return out

@@ -311,6 +311,16 @@ def test_preference_batches_hold_chosen_then_rejected(tok, tiny_model, monkeypat
     assert r.extra["pairs"] == {"pairs": 2}
 
 
+def test_pack_keeps_each_sequences_loss_weights():
+    """Was: packing dropped `weights` (every packed position then weighed 1)."""
+    a = TrainSeq([1, 2, 3], [0, 1, 2], [2, 3, IGNORE], weights=[0.5, 2.0, 1.0])
+    b = TrainSeq([4, 5], [0, 1], [5, IGNORE])
+    c = TrainSeq([6] * 5, list(range(5)), [6] * 4 + [IGNORE])  # the longest sets the row length
+    alone, row = pasta.pack([a, b, c])
+    assert alone.ids == c.ids and alone.weights is None
+    assert row.ids == [1, 2, 3, 4, 5] and row.weights == [0.5, 2.0, 1.0, 1.0, 1.0]
+
+
 def test_preference_statistics_stay_with_their_recipe(tok, tiny_model, monkeypatch):
     """Was: `prepare` wrote the pairs' statistics into the `extra` dict that every `for_stage` copy
     shares with the module's RECIPE, so a later sft run in the same process recorded them too."""
