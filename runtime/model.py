@@ -156,7 +156,7 @@ def grouped_attention(
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     ys, per_slot = [], None
     if attn_out is not None:
-        per_slot = q.new_zeros((1, K.shape[2]))
+        per_slot = q.new_zeros((1, K.shape[2]), dtype=torch.float32)  # summed in fp32 under bf16 too
     for g in groups:
         qg, Kg, Vg = q[:, :, g.start : g.stop], K[:, :, g.cols], V[:, :, g.cols]  # (1, H, R, D), (1, Hkv, M, D)
         if per_slot is None or not g.attention:
@@ -166,7 +166,7 @@ def grouped_attention(
         Kr, Vr = Kg.repeat_interleave(rep, dim=1), Vg.repeat_interleave(rep, dim=1)
         w = ((qg @ Kr.transpose(-1, -2)) * scale).masked_fill(~g.mask, float("-inf")).softmax(-1)
         rows = None if attn_rows is None else attn_rows[g.start : g.stop]
-        per_slot[0].index_add_(0, g.cols, attention_row_sum(w, rows)[0])
+        per_slot[0].index_add_(0, g.cols, attention_row_sum(w.float(), rows)[0])
         ys.append(w @ Vr)
     if attn_out is not None and per_slot is not None:  # one is set with the other
         attn_out.append(per_slot)

@@ -60,6 +60,21 @@ def test_gather_gives_the_masks_logits_and_attention(arch):
         assert scored == [len(inp.ids) * len(inp.cols) for inp in inputs]  # its own slots, not the pool
 
 
+def test_gather_sums_bf16_attention_in_fp32():
+    """A bf16 model (the GPU's dtype): the per-slot attention H2O reads is summed in fp32 on both
+    paths, and the gathered logits and sums agree with the mask's."""
+    model = build_arch("tiny-llama", seed=1, dtype=torch.bfloat16)
+    store = model.new_kv_store(page_size=2)
+    prefill, _ = _two_requests(store)
+    for inp in prefill:
+        inp.attention = True
+    masked, attn_masked, _ = forward_batch(model, store, prefill, "mask")
+    gathered, attn_gathered, _ = forward_batch(model, store, prefill, "gather")
+    assert attn_gathered.dtype == torch.float32
+    torch.testing.assert_close(gathered, masked, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(attn_gathered, attn_masked[: attn_gathered.shape[0]], atol=1e-2, rtol=1e-2)
+
+
 def test_gather_uses_the_models_own_score_scale():
     """Gemma scales scores by query_pre_attn_scalar ** -0.5, not head_dim ** -0.5: gathered logits
     match the mask's only with the module's own `scaling` (caught by changing it)."""
