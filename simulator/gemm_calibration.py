@@ -269,7 +269,7 @@ def calibrate(rows: pd.DataFrame, hardware: HardwareSpec, source: str = "", seed
     if in_sample["median"] >= MAX_FIT_MEDIAN_APE:  # was: times 1e6x too slow fitted to the bounds and written
         raise UsageError(
             f"{source or 'the tables'}: the tile model fitted within its bounds misses these GEMMs by a median "
-            f"{in_sample['median']:.0f}% (at most {MAX_FIT_MEDIAN_APE:.0f}%); these times are not from "
+            f"{in_sample['median']:.0f}% (a usable fit misses by under {MAX_FIT_MEDIAN_APE:.0f}%); these times are not from "
             f"{hardware.name} (or not in the unit their column names)"
         )
     return GemmCalibration(
