@@ -44,7 +44,7 @@ SERVE_B1_N=${SERVE_B1_N:-16}  # serving: batch-1 calibration requests (dev split
 SERVE_N=${SERVE_N:-32}        # requests per load run (test split) at each of SERVE_RATES requests/s
 SERVE_RATES=${SERVE_RATES:-4,16,64}
 SERVE_KV_MIB=${SERVE_KV_MIB:-512}  # the load runs' KV pool (the capture's 8 MiB default holds 64 tokens of an 8B)
-SHAPES_RATE=${SHAPES_RATE:-64}     # shapes: the load of the three variants (64 req/s had the most slow passes)
+SHAPES_RATE=${SHAPES_RATE:-64}     # shapes: the load of the four variants (64 req/s had the most slow passes)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
 status=0
