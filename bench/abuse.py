@@ -67,11 +67,13 @@ def digest(root: Path) -> dict[str, str]:
 
 
 def run_solm(argv: list[str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess | None:
+    """`python -m solm ARGV` in `cwd`; None when it ran past `timeout_s` (its process group killed)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SOLM_DEBUG": "0"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "solm", *argv],
         cwd=cwd,
         env=env,
+        stdin=subprocess.DEVNULL,
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -98,6 +100,15 @@ def folder(base: Path) -> Path:
     return base
 
 
+def refusal(command: str, stderr: str) -> str:
+    """How a refusal (exit 2) reads: "one_line" (the one line `solm <command>: error: ...` of at most
+    MAX_LINE characters bad input must give), "long_line" (that line, longer) or "not_one_line"."""
+    lines = stderr.strip().splitlines()
+    if len(lines) != 1 or not lines[0].startswith(f"solm {command}: error: "):
+        return "not_one_line"
+    return "one_line" if len(lines[0]) <= MAX_LINE else "long_line"
+
+
 def classify(case: Case, base: Path, before: dict, r: subprocess.CompletedProcess | None) -> str:
     after = digest(base)
     lost = [k for k, v in before.items() if after.get(k) != v]
@@ -110,10 +121,7 @@ def classify(case: Case, base: Path, before: dict, r: subprocess.CompletedProces
     if case.expect == "error":
         if r.returncode == 0:
             return "wrong_result"
-        lines = r.stderr.strip().splitlines()
-        if len(lines) != 1 or not lines[0].startswith(f"solm {case.argv[0]}: error: "):
-            return "traceback"
-        return "clean_error" if len(lines[0]) <= MAX_LINE else "long_line"
+        return {"one_line": "clean_error", "long_line": "long_line"}.get(refusal(case.argv[0], r.stderr), "traceback")
     if r.returncode != 0 or (case.check and not case.check(base, r)):
         return "wrong_result"
     return "correct"

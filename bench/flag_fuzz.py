@@ -5,7 +5,8 @@ fuzzed without editing this file (`train` only with `--command train`: slow). Ea
 FLAG VALUE` in a fresh temp folder, where BASE is a small valid invocation of that command (a shipped
 trace, a catalog part, a tiny model), and is classified:
   ok          exit 0, or exit 2 with one stderr line `solm <command>: error: ...` of at most 400
-              characters (a refusal that names the value without echoing 3,000 characters of it)
+              characters (a refusal that names the value without echoing 3,000 characters of it;
+              bench/abuse.py's `refusal` rule, and its `run_solm` runs each case)
   bug         exit 1 ("internal error (a bug)"), a traceback, or any other exit status
   multi_line  exit 2 with more than one stderr line
   long_line   exit 2 with a line over 400 characters
@@ -27,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,11 +38,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# last on the path, so that bench/simulator.py and bench/runtime.py never shadow solm's packages
+sys.path.append(str(ROOT / "bench"))
+
+from abuse import refusal, run_solm  # noqa: E402  (the abuse bench's runner and its one-line rule)
 
 from solm.cli import build_parser  # noqa: E402
 
 TRACE = str(ROOT / "traces" / "pasta-smollm2")
-MAX_LINE = 400
 VALUES = ("v" * 3000, "nan", "inf", "-1", "-inf", "0", "1e400", "1e-400", "0x10", "1_000", " 5", "5 ", "٣")
 QUICK_VALUES = VALUES[:4]
 # A small valid invocation of each command; "OUT" becomes a path in the case's own folder. `train`
@@ -98,37 +100,17 @@ def argv_of(command: str, flag: str, value: str, folder: Path) -> list[str]:
 def classify(command: str, proc: subprocess.CompletedProcess | None) -> str:
     if proc is None:
         return "hang"
-    lines = proc.stderr.strip().splitlines()
     if "Traceback" in proc.stderr or proc.returncode not in (0, 2):
         return "bug"
     if proc.returncode == 0:
         return "ok"
-    if len(lines) != 1 or not lines[0].startswith(f"solm {command}: error: "):
-        return "multi_line"
-    return "ok" if len(lines[0]) <= MAX_LINE else "long_line"
+    return {"one_line": "ok", "long_line": "long_line"}.get(refusal(command, proc.stderr), "multi_line")
 
 
 def run_case(command: str, flag: str, value: str, timeout_s: float) -> tuple[str, str]:
     """(outcome, the last stderr line cut to 160 characters)."""
     with tempfile.TemporaryDirectory(prefix="solm-fuzz-") as tmp:
-        argv = argv_of(command, flag, value, Path(tmp))
-        p = subprocess.Popen(
-            [sys.executable, "-m", "solm", *argv],
-            cwd=tmp,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            start_new_session=True,
-        )
-        try:
-            out, err = p.communicate(timeout=timeout_s)
-            proc: subprocess.CompletedProcess | None = subprocess.CompletedProcess(p.args, p.returncode, out, err)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-            proc = None
+        proc = run_solm(argv_of(command, flag, value, Path(tmp)), Path(tmp), timeout_s)
     last = (proc.stderr.strip().splitlines() or [""])[-1][:160] if proc is not None else "timeout"
     return classify(command, proc), last
 
