@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import numbers
+import os
 import sys
 from collections.abc import Callable
 
@@ -125,6 +126,15 @@ def shorten_words(line: str, longest_line: int = 400, longest_word: int = 60, mo
         w if len(w) <= longest_word else f"{w[:half]}...{w[-half:]} ({len(w)} characters)" for w in line.split(" ")
     ]
     return cut(" ".join(words), most)
+
+
+def error_line(e: BaseException) -> str:
+    """An error as the one line a command prints after `solm <command>: error: `: an OSError as
+    "path: reason", anything else as its text (its type's name when it has none); control
+    characters escaped and a runaway word shortened (`one_line`, `shorten_words`)."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        return shorten_words(one_line(f"{os.fsdecode(e.filename)}: {e.strerror}"))
+    return shorten_words(one_line(str(e) or type(e).__name__))
 
 
 def quoted(value: object, most: int = 60) -> str:

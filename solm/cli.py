@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from profiler.errors import SolmError, UsageError, cut, is_utf8, one_line, shorten_words
+from profiler.errors import SolmError, UsageError, cut, error_line, is_utf8, one_line, shorten_words
 from profiler.services import received_signal
 from solm.commands import COMMANDS
 
@@ -115,14 +115,6 @@ def is_user_path_error(e: BaseException, args: argparse.Namespace) -> bool:
     )
 
 
-def _message(e: BaseException) -> str:
-    """The error's one line; a runaway word in it (a value of 5,000 characters echoed by the check
-    that refused it, a path of 3,000) cut to its head and tail (`shorten_words`)."""
-    if isinstance(e, OSError) and e.filename is not None and e.strerror:
-        return shorten_words(one_line(f"{os.fsdecode(e.filename)}: {e.strerror}"))
-    return shorten_words(one_line(str(e) or type(e).__name__))
-
-
 def _check_utf8(args: argparse.Namespace) -> None:
     """An argument that is not UTF-8 (a file name of other bytes) is refused up front: pyarrow, the
     JSON line and the summaries all take paths as UTF-8 text and failed on it with a traceback."""
@@ -196,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"solm {args.command}: stopped by signal {sig}", file=sys.stderr)
             return 128 + sig
         if isinstance(e, SolmError) or is_user_path_error(e, args):
-            print(f"solm {args.command}: error: {_message(e)}", file=sys.stderr)
+            print(f"solm {args.command}: error: {error_line(e)}", file=sys.stderr)
             return EXIT_USAGE
         if os.environ.get("SOLM_DEBUG") == "1":
             traceback.print_exc()

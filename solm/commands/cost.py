@@ -52,7 +52,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from profiler.errors import UsageError, one_line, quoted, shorten_words
+from profiler.errors import UsageError, error_line, quoted
 from simulator.cost import LAYER_OPS, CostModel
 from simulator.hardware import HARDWARE, get_hardware
 from simulator.models import MODELS, get_model
@@ -434,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
         check_flags(args)
         result = predict_comm(args) if args.comm else predict(args)
     except UsageError as error:
-        print(f"{PROG}: error: {shorten_words(one_line(str(error)))}", file=sys.stderr)
+        print(f"{PROG}: error: {error_line(error)}", file=sys.stderr)  # the line solm.cli prints
         return 2
     if not args.json:
         if args.comm:
