@@ -15,7 +15,7 @@
 #
 #   GPU:        bash bench/gpu_run.sh       (OUT=out/gpu-run; on an H200 about 6 minutes: 243 s
 #               without the serving step, which took 102 s; traces/gpu-h200 holds what it wrote;
-#               the shapes step, added after, serves one load 4 times: about 2 minutes more)
+#               the shapes step, added after, serves one load and runs the rows sweep 4 times each)
 #   CPU check:  DEVICE=cpu ARCH=tiny-llama SMALL=tiny-qwen2 N=1 MAX_TOKENS=6 CONTEXT=32 PASSES=8 \
 #               GEMM_ARGS="--m 1,8 --n 64,128 --k 64,128 --iters 2 --trials 2" BETWEEN_M=2,4 \
 #               GEMM_BETWEEN_ARGS="--n 64 --k 64 --iters 2 --trials 2" SERVE_B1_N=4 SERVE_N=6 \
@@ -45,6 +45,8 @@ SERVE_N=${SERVE_N:-32}        # requests per load run (test split) at each of SE
 SERVE_RATES=${SERVE_RATES:-4,16,64}
 SERVE_KV_MIB=${SERVE_KV_MIB:-512}  # the load runs' KV pool (the capture's 8 MiB default holds 64 tokens of an 8B)
 SHAPES_RATE=${SHAPES_RATE:-64}     # shapes: the load of the four variants (64 req/s had the most slow passes)
+SWEEP_PROFILE_A=${SWEEP_PROFILE_A:-5x384}  # shapes: two (rows x slots) shapes the rows sweep does not run,
+SWEEP_PROFILE_B=${SWEEP_PROFILE_B:-7x200}  # each profiled on its first and second pass
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
 status=0
@@ -92,26 +94,32 @@ fi
 # per-shape pass cost: on the H200 a serving pass took about 21 ms or about 60 ms at the same batch,
 # the slow ones those meeting a (query rows, key span) pair for the first time (bench/pass_shapes.py,
 # traces/gpu-h200/README.md; only passes of more than one row: a new span at one row cost nothing).
-# Four variants of one load, one after another on this machine: the runtime as it is (mask
-# attention over every slot handed out: the key span grows with the pool); the same with the CUDA
-# caching allocator's expandable segments (if new shapes pay for cudaMalloc of new block sizes,
-# this removes most of it); the same with PyTorch's cuDNN attention backend off (if SDPA builds a
-# cuDNN plan per new shape, this removes it); and gather attention (each request's own slots: the
-# attention's shapes follow the requests, not the pool). pass_shapes prints new / seen per variant.
+# Four variants, one after another on this machine: the runtime as it is (mask attention over
+# every slot handed out: the key span grows with the pool); the same with the CUDA caching
+# allocator's expandable segments (if new shapes pay for cudaMalloc of new block sizes, this
+# removes most of it); the same with PyTorch's cuDNN attention backend off (if SDPA builds a cuDNN
+# plan per new shape, this removes it); and gather attention (each request's own slots: the
+# attention's shapes follow the requests, not the pool). Per variant: the load served
+# (pass_shapes prints new / seen per variant), and the rows sweep (runtime/rows_sweep.py: 50
+# shapes of 1-32 decode rows over pools of 64-1024 slots, each shape's first pass beside its
+# median, `first_pass` in its JSON) with torch.profiler on the first and second pass of two shapes
+# the sweep did not run (`profiles`: the operators the first pass spends its extra time in).
 shapes="$OUT/shapes-$ARCH"
-# `python -m solm` with torch's cuDNN scaled-dot-product attention switched off first (a no-op where
-# this torch has no such switch)
+# `python MODULE ...` with torch's cuDNN scaled-dot-product attention switched off first (a no-op
+# where this torch has no such switch)
 NO_CUDNN=(-c "import runpy, sys, torch; getattr(torch.backends.cuda, 'enable_cudnn_sdp', lambda on: None)(False); \
-sys.argv = ['solm', *sys.argv[1:]]; runpy.run_module('solm', run_name='__main__', alter_sys=True)")
+sys.argv = sys.argv[1:]; runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
 if want shapes; then
   for variant in mask expandable no-cudnn gather; do
-    attention=mask; alloc=(env -u PYTORCH_CUDA_ALLOC_CONF); solm=(-m solm)
+    attention=mask; alloc=(env -u PYTORCH_CUDA_ALLOC_CONF); run=(-m)
     [ "$variant" = gather ] && attention=gather
     [ "$variant" = expandable ] && alloc=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
-    [ "$variant" = no-cudnn ] && solm=("${NO_CUDNN[@]}")
-    step "shapes-$variant" "${alloc[@]}" "$PY" "${solm[@]}" capture --system sequential --model "arch:$ARCH" \
+    [ "$variant" = no-cudnn ] && run=("${NO_CUDNN[@]}")
+    step "shapes-$variant" "${alloc[@]}" "$PY" "${run[@]}" solm capture --system sequential --model "arch:$ARCH" \
       --device "$DEVICE" --n "$SERVE_N" --split test --max-tokens "$MAX_TOKENS" --rate "$SHAPES_RATE" \
       --kv-budget-mib "$SERVE_KV_MIB" --attention "$attention" --counters-hz 20 --out "$shapes/$variant" --force --json
+    step "sweep-$variant" "${alloc[@]}" "$PY" "${run[@]}" runtime.rows_sweep --model "arch:$ARCH" --device "$DEVICE" \
+      --attention "$attention" --profile "$SWEEP_PROFILE_A" --profile "$SWEEP_PROFILE_B" --json
   done
   step shapes-compare "$PY" bench/pass_shapes.py "$shapes"/mask "$shapes"/expandable "$shapes"/no-cudnn "$shapes"/gather
 fi

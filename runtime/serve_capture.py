@@ -243,7 +243,8 @@ def rows_sweep_meta(model, page_size: int, attention: str) -> dict:
     from runtime.rows_sweep import REPS, idle_sweep, rows_sweep
 
     return {
-        "what": "batched decode passes of R requests over a pool of S slots: forward only, median of reps",
+        "what": "batched decode passes of R requests over a pool of S slots: forward only, median of reps "
+        "(first_s: the shape's first pass)",
         "reps": REPS,
         "attention": attention,
         "passes": rows_sweep(model, page_size, attention),

@@ -68,10 +68,62 @@ def test_rows_sweep_times_each_shape_after_its_warmup_and_keeps_the_median(fake)
     w = rs.WARMUP
     assert [c for _, c in f.log] == [(1, 64)] * (w + 3) + [(2, 64)] * 4 + [(1, 128)] * 4 + [(2, 128)] * 4
     ends = [w + 3, w + 7, w + 11, w + 15]  # the call number of each shape's last pass
+    firsts = [1, w + 4, w + 8, w + 12]  # ... and of its first
     assert out == [
-        {"rows": r, "slots": 100 * e, "keys": 10 * e, "duration_s": float((e - 1) ** 2)}  # median of calls e-2, e-1, e
-        for (r, _), e in zip([(1, 64), (2, 64), (1, 128), (2, 128)], ends)
+        {  # median of calls e-2, e-1, e; the first pass's own time beside it
+            "rows": r,
+            "slots": 100 * e,
+            "keys": 10 * e,
+            "duration_s": float((e - 1) ** 2),
+            "first_s": float(f**2),
+        }
+        for (r, _), e, f in zip([(1, 64), (2, 64), (1, 128), (2, 128)], ends, firsts)
     ]
+
+
+def test_first_pass_ratios_leave_out_the_process_first_shape():
+    """first_s / duration_s and first_s - duration_s over every shape but the first; medians and max."""
+    from runtime.rows_sweep import first_pass_ratios
+
+    sweep = [
+        {"duration_s": 1.0, "first_s": 100.0},  # the process's first pass: left out
+        {"duration_s": 1.0, "first_s": 3.0},
+        {"duration_s": 2.0, "first_s": 2.0},
+        {"duration_s": 4.0, "first_s": 6.0},
+    ]
+    assert first_pass_ratios(sweep) == {
+        "shapes": 3,
+        "first_over_median_median": 1.5,
+        "first_over_median_max": 3.0,
+        "first_extra_s_median": 2.0,
+    }
+    assert first_pass_ratios(sweep[:1]) == {"shapes": 0}
+
+
+def test_shape_profile_names_the_operators_of_a_new_shape_and_its_repeat(tiny_model):
+    """Both passes profiled on the real forward: the pool's span and keys as the sweep counts them,
+    operators ranked by self CPU time (a matrix product among the first), none by device on a CPU."""
+    from runtime.rows_sweep import shape_profile
+
+    out = shape_profile(tiny_model, 3, 64, page_size=16, top=4)
+    assert out["rows"] == 3 and out["slots_asked"] == 64 and out["keys"] == 3 * out["slots"]
+    for name in ("new", "seen"):
+        ops = out[name]["by_self_cpu"]
+        assert out[name]["duration_s"] > 0 and len(ops) == 4 and out[name]["by_self_device"] == []
+        assert [o["self_cpu_s"] for o in ops] == sorted((o["self_cpu_s"] for o in ops), reverse=True)
+        assert any(o["name"] in ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul") for o in ops)
+        assert all(o["calls"] >= 1 for o in ops)
+
+
+@pytest.mark.parametrize("text", ["5", "5x", "x384", "0x384", "5x0", "-1x3", "axb", "5x384x2"])
+def test_profile_shape_arg_refuses_what_is_not_two_positive_counts(text):
+    import argparse
+
+    from runtime.rows_sweep import profile_shape_arg
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        profile_shape_arg(text)
+    assert profile_shape_arg("5x384") == (5, 384) and profile_shape_arg("1X1") == (1, 1)
 
 
 def test_idle_sweep_times_a_pass_back_to_back_and_one_after_each_sleep(fake):
@@ -132,7 +184,9 @@ def test_the_cli_prints_the_sweep_and_the_idle_ratios(monkeypatch, capsys):
     def sweep(model, attention, reps):
         asked.update(model=model, attention=attention, reps=reps)
         return [
-            {"rows": r, "slots": s, "keys": 0, "duration_s": r * 1e-3 + s * 1e-6} for s in rs.SLOTS for r in rs.ROWS
+            {"rows": r, "slots": s, "keys": 0, "duration_s": r * 1e-3 + s * 1e-6, "first_s": (r * 1e-3 + s * 1e-6) * r}
+            for s in rs.SLOTS
+            for r in rs.ROWS
         ]
 
     def idle(model, attention):
@@ -149,11 +203,34 @@ def test_the_cli_prints_the_sweep_and_the_idle_ratios(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert asked == {"model": "m", "attention": "gather", "reps": 3, "threads": 3}
     assert lines[1].split() == ["rows", *map(str, rs.SLOTS)]
-    for line, r in zip(lines[2:], rs.ROWS, strict=True):
+    n = len(rs.ROWS)
+    for line, r in zip(lines[2 : 2 + n], rs.ROWS, strict=True):
         assert [float(x) for x in line.split()] == pytest.approx([r, *(r + s * 1e-3 for s in rs.SLOTS)], abs=1e-3)
+    assert lines[2 + n].startswith("first pass of each shape / its median")
+    for line, r in zip(lines[3 + n :], rs.ROWS, strict=True):  # first_s / duration_s: r in the fake
+        assert [float(x) for x in line.split()] == pytest.approx([r] * (1 + len(rs.SLOTS)))
     rs.main(["--model", "m", "--idle"])
     lines = capsys.readouterr().out.splitlines()
     for line, (r, s) in zip(lines[2:], rs.IDLE_SHAPES, strict=True):
         assert [float(x) for x in line.split()] == pytest.approx(
             [r, s, *(1 + i / 2 for i in rs.IDLE_SLEEPS_S)], abs=1e-3
         )
+
+
+def test_the_cli_json_carries_the_sweep_its_first_pass_ratios_and_the_profiles(capsys):
+    """`--json --profile RxS` on a real shipped preset: one JSON object; a bad --profile is a usage error."""
+    import json
+
+    import runtime.rows_sweep as rs
+
+    rs.main(["--model", "tip-tiny", "--reps", "1", "--profile", "5x40", "--json"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["model"] == "tip-tiny" and report["device"] == "cpu" and report["reps"] == 1
+    assert [(p["rows"]) for p in report["sweep"]] == list(rs.ROWS) * len(rs.SLOTS)
+    assert all(p["first_s"] > 0 and p["duration_s"] > 0 for p in report["sweep"])
+    assert report["first_pass"] == rs.first_pass_ratios(report["sweep"])
+    (prof,) = report["profiles"]
+    assert prof["rows"] == 5 and prof["slots_asked"] == 40 and prof["new"]["by_self_cpu"]
+    with pytest.raises(SystemExit) as e:
+        rs.main(["--profile", "5"])
+    assert e.value.code == 2
