@@ -15,7 +15,8 @@
 #
 #   GPU:        bash bench/gpu_run.sh       (OUT=out/gpu-run; on an H200 about 6 minutes: 243 s
 #               without the serving step, which took 102 s; traces/gpu-h200 holds what it wrote;
-#               the shapes step, added after, serves one load and runs the rows sweep 4 times each)
+#               the shapes step, added after, serves one load and runs the rows sweep per variant:
+#               about 1 minute a variant)
 #   CPU check:  DEVICE=cpu ARCH=tiny-llama SMALL=tiny-qwen2 N=1 MAX_TOKENS=6 CONTEXT=32 PASSES=8 \
 #               GEMM_ARGS="--m 1,8 --n 64,128 --k 64,128 --iters 2 --trials 2" BETWEEN_M=2,4 \
 #               GEMM_BETWEEN_ARGS="--n 64 --k 64 --iters 2 --trials 2" SERVE_B1_N=4 SERVE_N=6 \
@@ -44,9 +45,11 @@ SERVE_B1_N=${SERVE_B1_N:-16}  # serving: batch-1 calibration requests (dev split
 SERVE_N=${SERVE_N:-32}        # requests per load run (test split) at each of SERVE_RATES requests/s
 SERVE_RATES=${SERVE_RATES:-4,16,64}
 SERVE_KV_MIB=${SERVE_KV_MIB:-512}  # the load runs' KV pool (the capture's 8 MiB default holds 64 tokens of an 8B)
-SHAPES_RATE=${SHAPES_RATE:-64}     # shapes: the load of the four variants (64 req/s had the most slow passes)
+SHAPES_RATE=${SHAPES_RATE:-64}     # shapes: the load of every variant (64 req/s had the most slow passes)
 SWEEP_PROFILE_A=${SWEEP_PROFILE_A:-5x384}  # shapes: two (rows x slots) shapes the rows sweep does not run,
 SWEEP_PROFILE_B=${SWEEP_PROFILE_B:-7x200}  # each profiled on its first and second pass
+SWEEP_REPS=${SWEEP_REPS:-5}                # shapes: the rows sweep's timed passes per shape
+SHAPES_VARIANTS=${SHAPES_VARIANTS:-auto,expandable,gather,no-cudnn,bucket,efficient}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
 status=0
@@ -94,34 +97,38 @@ fi
 # per-shape pass cost: on the H200 a serving pass took about 21 ms or about 60 ms at the same batch,
 # the slow ones those meeting a (query rows, key span) pair for the first time (bench/pass_shapes.py,
 # traces/gpu-h200/README.md; only passes of more than one row: a new span at one row cost nothing).
-# Four variants, one after another on this machine: the runtime as it is (mask attention over
-# every slot handed out: the key span grows with the pool); the same with the CUDA caching
-# allocator's expandable segments (if new shapes pay for cudaMalloc of new block sizes, this
-# removes most of it); the same with PyTorch's cuDNN attention backend off (if SDPA builds a cuDNN
-# plan per new shape, this removes it); and gather attention (each request's own slots: the
-# attention's shapes follow the requests, not the pool). Per variant: the load served
-# (pass_shapes prints new / seen per variant), and the rows sweep (runtime/rows_sweep.py: 50
-# shapes of 1-32 decode rows over pools of 64-1024 slots, each shape's first pass beside its
-# median, `first_pass` in its JSON) with torch.profiler on the first and second pass of two shapes
-# the sweep did not run (`profiles`: the operators the first pass spends its extra time in).
+# Variants (SHAPES_VARIANTS), one after another on this machine: `auto`, the runtime as it is
+# (mask attention over every slot handed out: the key span grows with the pool); `expandable`, the
+# same with the CUDA caching allocator's expandable segments (if new shapes paid for cudaMalloc of
+# new block sizes, this would remove most of it); `gather` attention (each request's own slots:
+# the attention's shapes follow the requests, not the pool); and the attention strategies of
+# runtime/attention.py (SOLM_SDPA): `no-cudnn`, `bucket` (rows and key span padded to powers of
+# two: few shapes), `efficient`, `math`. Per variant: the load served (pass_shapes prints new /
+# seen per variant), and the rows sweep (runtime/rows_sweep.py: 50 shapes of 1-32 decode rows
+# over pools of 64-1024 slots, each shape's first pass beside its median, `first_pass` in its
+# JSON) with torch.profiler on the first and second pass of two shapes the sweep did not run
+# (`profiles`: the operators the first pass spends its extra time in). Found on the first run
+# (traces/gpu-h200/README.md): cuDNN's attention builds a plan per new shape.
 shapes="$OUT/shapes-$ARCH"
-# `python MODULE ...` with torch's cuDNN scaled-dot-product attention switched off first (a no-op
-# where this torch has no such switch)
-NO_CUDNN=(-c "import runpy, sys, torch; getattr(torch.backends.cuda, 'enable_cudnn_sdp', lambda on: None)(False); \
-sys.argv = sys.argv[1:]; runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
 if want shapes; then
-  for variant in mask expandable no-cudnn gather; do
-    attention=mask; alloc=(env -u PYTORCH_CUDA_ALLOC_CONF); run=(-m)
-    [ "$variant" = gather ] && attention=gather
-    [ "$variant" = expandable ] && alloc=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
-    [ "$variant" = no-cudnn ] && run=("${NO_CUDNN[@]}")
-    step "shapes-$variant" "${alloc[@]}" "$PY" "${run[@]}" solm capture --system sequential --model "arch:$ARCH" \
+  compare=()
+  for variant in ${SHAPES_VARIANTS//,/ }; do
+    attention=mask; sdpa=auto; alloc=(env -u PYTORCH_CUDA_ALLOC_CONF)
+    case $variant in
+      gather) attention=gather ;;
+      expandable) alloc=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
+      auto) ;;
+      *) sdpa=$variant ;;
+    esac
+    step "shapes-$variant" "${alloc[@]}" SOLM_SDPA="$sdpa" "$PY" -m solm capture --system sequential --model "arch:$ARCH" \
       --device "$DEVICE" --n "$SERVE_N" --split test --max-tokens "$MAX_TOKENS" --rate "$SHAPES_RATE" \
       --kv-budget-mib "$SERVE_KV_MIB" --attention "$attention" --counters-hz 20 --out "$shapes/$variant" --force --json
-    step "sweep-$variant" "${alloc[@]}" "$PY" "${run[@]}" runtime.rows_sweep --model "arch:$ARCH" --device "$DEVICE" \
-      --attention "$attention" --profile "$SWEEP_PROFILE_A" --profile "$SWEEP_PROFILE_B" --json
+    step "sweep-$variant" "${alloc[@]}" SOLM_SDPA="$sdpa" "$PY" -m runtime.rows_sweep --model "arch:$ARCH" \
+      --device "$DEVICE" --attention "$attention" --reps "$SWEEP_REPS" --profile "$SWEEP_PROFILE_A" \
+      --profile "$SWEEP_PROFILE_B" --json
+    compare+=("$shapes/$variant")
   done
-  step shapes-compare "$PY" bench/pass_shapes.py "$shapes"/mask "$shapes"/expandable "$shapes"/no-cudnn "$shapes"/gather
+  step shapes-compare "$PY" bench/pass_shapes.py "${compare[@]}"
 fi
 if [ "$VALIDATE" = 1 ] && [ -f "$serve/batch1/requests.parquet" ]; then
   step serving-validate "$PY" -m solm validate --calibrate-from "$serve/batch1" "$serve"/rate-*/

@@ -78,10 +78,13 @@ class CaptureConfig:
 
 
 def device_meta(device: str, sampler: CounterSampler) -> dict:
+    from runtime.attention import sdpa_strategy
+
     info = {
         "type": "cuda" if device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "cuda": torch.version.cuda or "",
+        "sdpa": sdpa_strategy(),  # how masked attention ran (SOLM_SDPA, runtime/attention.py)
         **sampler.meta(),
     }
     if info["type"] == "cuda":

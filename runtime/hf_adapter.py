@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from profiler.errors import UnknownName
+from runtime.attention import masked_sdpa
 from runtime.kv import PagedKVModel, PagedKVStore, attention_mask, attention_row_sum
 from runtime.model import Group, grouped_attention
 
@@ -168,7 +168,7 @@ class HFCausalLM(PagedKVModel, nn.Module):
         elif mask is None:
             raise ValueError("a pass without groups needs its mask")
         elif attn_sum is None:
-            y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
+            y = masked_sdpa(q, K, V, mask, attn.scaling)
         else:  # explicit softmax so the weights can be returned (H2O needs them)
             rep = q.shape[1] // K.shape[1]
             Kr, Vr = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)

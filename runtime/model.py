@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from profiler.errors import UnknownName, UsageError
+from runtime.attention import masked_sdpa
 from runtime.kv import PagedKVModel, PagedKVStore, attention_mask, attention_row_sum
 
 
@@ -160,7 +161,7 @@ def grouped_attention(
     for g in groups:
         qg, Kg, Vg = q[:, :, g.start : g.stop], K[:, :, g.cols], V[:, :, g.cols]  # (1, H, R, D), (1, Hkv, M, D)
         if per_slot is None or not g.attention:
-            ys.append(F.scaled_dot_product_attention(qg, Kg, Vg, attn_mask=g.mask, scale=scale, enable_gqa=True))
+            ys.append(masked_sdpa(qg, Kg, Vg, g.mask, scale))
             continue
         rep = q.shape[1] // K.shape[1]
         Kr, Vr = Kg.repeat_interleave(rep, dim=1), Vg.repeat_interleave(rep, dim=1)
@@ -207,7 +208,7 @@ class Block(nn.Module):
         if groups is not None:
             y = grouped_attention(q, K, V, groups, attn_out, attn_rows)
         elif attn_out is None:
-            y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, enable_gqa=True)
+            y = masked_sdpa(q, K, V, mask)
         else:  # explicit softmax so the weights can be returned (H2O needs them)
             rep = H // Hkv
             Kr, Vr = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)

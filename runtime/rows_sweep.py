@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import json
 
+    from runtime.attention import sdpa_strategy
     from runtime.checkpoint import load_model
 
     ap = argparse.ArgumentParser(description="time the serving forward over rows x pool sizes (median ms)")
@@ -263,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         if device.startswith("cuda"):
             device = torch.cuda.get_device_name(model.embed.weight.device)
         report = {"model": args.model, "device": device, "attention": args.attention, "reps": args.reps}
+        report["sdpa"] = sdpa_strategy()  # how the masked attention ran (SOLM_SDPA, runtime/attention.py)
         report.update(sweep=out, first_pass=first_pass_ratios(out), profiles=profiles)
         print(json.dumps(report))
         return

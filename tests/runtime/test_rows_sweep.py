@@ -226,6 +226,7 @@ def test_the_cli_json_carries_the_sweep_its_first_pass_ratios_and_the_profiles(c
     rs.main(["--model", "tip-tiny", "--reps", "1", "--profile", "5x40", "--json"])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["model"] == "tip-tiny" and report["device"] == "cpu" and report["reps"] == 1
+    assert report["sdpa"] == "auto"
     assert [(p["rows"]) for p in report["sweep"]] == list(rs.ROWS) * len(rs.SLOTS)
     assert all(p["first_s"] > 0 and p["duration_s"] > 0 for p in report["sweep"])
     assert report["first_pass"] == rs.first_pass_ratios(report["sweep"])

@@ -1,0 +1,90 @@
+"""The one masked scaled-dot-product attention every model's paged forward calls, and how it runs.
+
+What: `masked_sdpa(q, K, V, mask, scale)` is `F.scaled_dot_product_attention` over q (1, H, N, D)
+and K, V (1, Hkv, S, D) under a bool mask (1, 1, N, S), grouped-query heads included. How PyTorch
+runs it is chosen by `SOLM_SDPA` (read once, at the first call; default `auto`):
+
+    auto        PyTorch's own choice (on an H100/H200 with a mask: cuDNN's fused attention)
+    bucket      the same, with the query rows and the key span padded up to powers of two (padded
+                keys masked out, padded rows discarded), so a pass meets one of few shapes
+    efficient   K, V expanded to every query head and the memory-efficient kernel asked for
+                (math where it refuses)
+    no-cudnn    any backend but cuDNN's (with a mask and grouped heads: the math path)
+    math        the unfused reference: matrix products and a softmax
+
+Why: on the H200 (traces/gpu-h200/README.md) the first pass of every new (rows, key span) shape
+spent about 70 ms of host time in `aten::_cudnn_attention_forward`, building cuDNN's plan for the
+shape, against 1.5 ms once built; a serving run meets a new shape on most passes (its batch and
+its pool change all the time). Each strategy is the same function of its inputs (to rounding);
+`python -m runtime.rows_sweep --device cuda --json` with `SOLM_SDPA` set measures each one's
+passes and first passes (`first_pass`). On a CPU every strategy runs the same kernels' kind, and
+`auto` costs least.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from profiler.errors import UsageError
+
+SDPA_STRATEGIES = ("auto", "bucket", "efficient", "no-cudnn", "math")
+SDPA_ENV = "SOLM_SDPA"
+_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+_strategy: str | None = None  # resolved from the environment on first use (a constant to torch.compile)
+
+
+def set_sdpa_strategy(name: str | None) -> str:
+    """Use `name` from now on (None: read `SOLM_SDPA` again, default auto); a UsageError names the
+    valid ones. Returns the strategy in force."""
+    global _strategy
+    if name is None:
+        name = os.environ.get(SDPA_ENV, "auto").strip() or "auto"
+    if name not in SDPA_STRATEGIES:
+        raise UsageError(f"{SDPA_ENV}={name!r} is not an attention strategy; valid: {', '.join(SDPA_STRATEGIES)}")
+    _strategy = name
+    return name
+
+
+def sdpa_strategy() -> str:
+    """The strategy in force: `SOLM_SDPA` as first read (default auto), or what `set_sdpa_strategy` set."""
+    return _strategy if _strategy is not None else set_sdpa_strategy(None)
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def masked_sdpa(
+    q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """Attention of q (1, H, N, D) over K, V (1, Hkv, S, D) under mask (1, 1, N, S) bool (True:
+    may attend; every row sees at least one key): (1, H, N, D), run as `SOLM_SDPA` says."""
+    strategy = sdpa_strategy()
+    if strategy == "auto":
+        return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=scale, enable_gqa=True)
+    if strategy == "bucket":
+        N, S = q.shape[2], K.shape[2]
+        Nb, Sb = next_power_of_two(N), next_power_of_two(S)
+        if Sb > S:  # padded keys: zeros no row may see
+            K, V = F.pad(K, (0, 0, 0, Sb - S)), F.pad(V, (0, 0, 0, Sb - S))
+            mask = F.pad(mask, (0, Sb - S), value=False)
+        if Nb > N:  # padded rows: zeros that see every key (finite), dropped after
+            q = F.pad(q, (0, 0, 0, Nb - N))
+            mask = F.pad(mask, (0, 0, 0, Nb - N), value=True)
+        y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=scale, enable_gqa=True)
+        return y[:, :, :N]
+    if strategy == "efficient":
+        rep = q.shape[1] // K.shape[1]
+        if rep > 1:
+            K, V = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=scale)
+    backends = _NO_CUDNN if strategy == "no-cudnn" else [SDPBackend.MATH]
+    with sdpa_kernel(backends):
+        return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=scale, enable_gqa=True)

@@ -1,0 +1,98 @@
+"""Every attention strategy (`SOLM_SDPA`, runtime/attention.py) is the same function of its inputs:
+PyTorch's own choice, shapes padded to powers of two, the memory-efficient kernel over expanded
+heads, any backend but cuDNN's, and the math reference; a bad name is a usage error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import runtime.attention as attention
+from profiler.errors import UsageError
+from runtime.attention import SDPA_STRATEGIES, masked_sdpa, next_power_of_two, set_sdpa_strategy
+
+
+@pytest.fixture
+def strategy():
+    """Set a strategy for one test; the environment's is read again after."""
+    yield set_sdpa_strategy
+    set_sdpa_strategy(None)
+
+
+def inputs(n: int, s: int, heads: int = 4, kv_heads: int = 2, d: int = 8, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, heads, n, d, generator=g)
+    K, V = torch.randn(1, kv_heads, s, d, generator=g), torch.randn(1, kv_heads, s, d, generator=g)
+    mask = torch.rand(1, 1, n, s, generator=g) < 0.4
+    mask[..., 0] = True  # every row sees a key
+    return q, K, V, mask
+
+
+def reference(q, K, V, mask, scale=None):
+    """Softmax attention written out: grouped heads repeated, masked scores to -inf."""
+    rep = q.shape[1] // K.shape[1]
+    Kr, Vr = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    w = ((q @ Kr.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
+    return w @ Vr
+
+
+@pytest.mark.parametrize("name", SDPA_STRATEGIES)
+@pytest.mark.parametrize(("n", "s", "kv_heads"), [(5, 37, 2), (1, 16, 4), (8, 64, 1), (3, 100, 2)])
+def test_every_strategy_is_the_same_attention(strategy, name, n, s, kv_heads):
+    strategy(name)
+    q, K, V, mask = inputs(n, s, kv_heads=kv_heads)
+    for scale in (None, 0.3):
+        got = masked_sdpa(q, K, V, mask, scale)
+        assert got.shape == q.shape
+        torch.testing.assert_close(got, reference(q, K, V, mask, scale), atol=1e-5, rtol=1e-5)
+
+
+def test_bucket_pads_rows_and_keys_to_powers_of_two(strategy, monkeypatch):
+    """The kernel sees 8 rows over 64 keys for 5 rows over 37; padded keys unseen, padded rows dropped."""
+    seen = []
+    sdpa = attention.F.scaled_dot_product_attention
+
+    def spy(q, K, V, attn_mask, **kw):
+        seen.append((q.shape[2], K.shape[2], tuple(attn_mask.shape), bool(attn_mask[..., :5, 37:].any())))
+        seen.append(bool(attn_mask[..., 5:, :].all()))
+        return sdpa(q, K, V, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    strategy("bucket")
+    q, K, V, mask = inputs(5, 37)
+    assert masked_sdpa(q, K, V, mask).shape == (1, 4, 5, 8)
+    assert seen == [(8, 64, (1, 1, 8, 64), False), True]
+
+
+def test_next_power_of_two():
+    assert [next_power_of_two(n) for n in (1, 2, 3, 4, 5, 16, 17, 1000, 1024)] == [1, 2, 4, 4, 8, 16, 32, 1024, 1024]
+
+
+def test_the_strategy_is_read_from_the_environment_once_and_a_bad_one_is_a_usage_error(strategy, monkeypatch):
+    monkeypatch.setenv("SOLM_SDPA", "math")
+    assert strategy(None) == "math" and attention.sdpa_strategy() == "math"
+    monkeypatch.setenv("SOLM_SDPA", "bucket")
+    assert attention.sdpa_strategy() == "math"  # read once
+    monkeypatch.setenv("SOLM_SDPA", "")
+    assert strategy(None) == "auto"
+    monkeypatch.setenv("SOLM_SDPA", "cudnn-please")
+    with pytest.raises(UsageError, match="SOLM_SDPA='cudnn-please' is not an attention strategy; valid: auto, bucket"):
+        strategy(None)
+
+
+@pytest.mark.parametrize("name", ["bucket", "efficient", "math"])
+def test_the_paged_forward_gives_the_same_logits_under_each_strategy(strategy, tiny_model, name):
+    """TinyLM's paged forward (mask and per-request gather) as under PyTorch's own choice."""
+    from runtime.rows_sweep import decode_context, decode_rows
+    from runtime.server import forward_batch
+
+    out = {}
+    for s in ("auto", name):
+        strategy(s)
+        for how in ("mask", "gather"):
+            kv, context = decode_context(tiny_model, 16, 3, 50)
+            logits, _, _ = forward_batch(tiny_model, kv, decode_rows(kv, context), how)
+            out[s, how] = logits
+    for how in ("mask", "gather"):
+        torch.testing.assert_close(out[name, how], out["auto", how], atol=1e-4, rtol=1e-4)
