@@ -1,6 +1,7 @@
 """Forward time of a serving trace's passes by whether their attention shape is new to the run.
 
-What: for each trace, every forward pass (one row per batched pass) with its query rows and key
+What: for each trace, its passes, their summed time (`total_s`) and how its attention ran (`sdpa`,
+runtime/attention.py); every forward pass (one row per batched pass) with its query rows and key
 span (the slots its mask attention scored per row: `steps.attention_kv_tokens` / rows), marked
 "new" the first time the run meets that (rows, span) pair and "seen" after; printed: the passes of
 each kind and their median and p90 forward time (`steps.forward_s`, or the pass's duration where
@@ -31,11 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from profiler.errors import UsageError  # noqa: E402
 from profiler.reader import TraceError, read_trace  # noqa: E402
+from simulator.load_validation import trace_sdpa  # noqa: E402
 
 
 def shape_figures(path: str | Path) -> dict:
     """The figures above for one trace (UsageError for a trace without passes)."""
-    steps = read_trace(path).steps
+    trace = read_trace(path)
+    steps = trace.steps
     time_col = "forward_s" if "forward_s" in steps and steps["forward_s"].notna().all() else "duration_s"
     passes = (
         steps.groupby("start_s", sort=True)
@@ -74,6 +77,9 @@ def shape_figures(path: str | Path) -> dict:
     one_row = rows == 1
     return {
         "time": time_col,
+        "passes": int(len(time)),
+        "total_s": round(float(time.sum()), 3),  # the run's forward (or pass) time, all passes
+        "sdpa": trace_sdpa(trace.meta),
         "new": kind(new),
         "seen": kind(~new),
         "by_what_is_new": {
@@ -105,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{which} {k['passes']:4d} passes"
                 + (f" median {k['median_ms']:7.2f} ms, p90 {k['p90_ms']:7.2f} ms" if k["passes"] else "")
             )
-        print(f"{t} ({f['time']}): " + "; ".join(parts))
+        print(
+            f"{t} ({f['time']}, attention {f['sdpa']}): {f['passes']} passes, {f['total_s']:.3f} s; " + "; ".join(parts)
+        )
         for which, k in f["by_what_is_new"].items():
             if k["passes"]:
                 print(

@@ -2,8 +2,9 @@
 
 What: `masked_sdpa(q, K, V, mask, scale)` is `F.scaled_dot_product_attention` over q (1, H, N, D)
 and K, V (1, Hkv, S, D) under a bool mask (1, 1, N, S), grouped-query heads included. How PyTorch
-runs it is chosen by `SOLM_SDPA` (read once, at the first call; default `auto`):
+runs it is chosen by `SOLM_SDPA` (read once, at the first call; default `default`):
 
+    default     `efficient` on a CUDA device outside torch.compile, `auto` elsewhere
     auto        PyTorch's own choice (on an H100/H200 with a mask: cuDNN's fused attention)
     bucket      the same, with the query rows and the key span padded up to powers of two (padded
                 keys masked out, padded rows discarded), so a pass meets one of few shapes
@@ -12,13 +13,17 @@ runs it is chosen by `SOLM_SDPA` (read once, at the first call; default `auto`):
     no-cudnn    any backend but cuDNN's (with a mask and grouped heads: the math path)
     math        the unfused reference: matrix products and a softmax
 
-Why: on the H200 (traces/gpu-h200/README.md) the first pass of every new (rows, key span) shape
-spent about 70 ms of host time in `aten::_cudnn_attention_forward`, building cuDNN's plan for the
-shape, against 1.5 ms once built; a serving run meets a new shape on most passes (its batch and
-its pool change all the time). Each strategy is the same function of its inputs (to rounding);
-`python -m runtime.rows_sweep --device cuda --json` with `SOLM_SDPA` set measures each one's
-passes and first passes (`first_pass`). On a CPU every strategy runs the same kernels' kind, and
-`auto` costs least.
+Why: on the H200 (traces/gpu-h200/README.md, runs 4-6) the first pass of every new (rows, key
+span) shape spent about 70 ms of host time in `aten::_cudnn_attention_forward`, building cuDNN's
+plan for the shape, against 1.5 ms once built, and a serving run meets a new shape on most of its
+passes (its batch and its pool change all the time). `efficient` has no per-shape cost (a new
+shape's first pass 1.01x its median, against 2.72x under `auto`) and served the same 64 req/s
+load in 0.58-0.71x the forward time of `auto` on three machines; `bucket`'s passes are the
+fastest once its few shapes are planned, but a short run still meets most of them for the first
+time. Under torch.compile (runtime/static_decode.py) shapes are fixed, so a plan is built once:
+`default` leaves it to PyTorch there. On a CPU there is no plan to build and `auto` costs least.
+Each strategy is the same function of its inputs (to rounding); `python -m runtime.rows_sweep
+--device cuda --json` with `SOLM_SDPA` set measures one's passes and first passes.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from profiler.errors import UsageError
 
-SDPA_STRATEGIES = ("auto", "bucket", "efficient", "no-cudnn", "math")
+SDPA_STRATEGIES = ("default", "auto", "bucket", "efficient", "no-cudnn", "math")
 SDPA_ENV = "SOLM_SDPA"
 _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -40,11 +45,11 @@ _strategy: str | None = None  # resolved from the environment on first use (a co
 
 
 def set_sdpa_strategy(name: str | None) -> str:
-    """Use `name` from now on (None: read `SOLM_SDPA` again, default auto); a UsageError names the
+    """Use `name` from now on (None: read `SOLM_SDPA` again, default `default`); a UsageError names the
     valid ones. Returns the strategy in force."""
     global _strategy
     if name is None:
-        name = os.environ.get(SDPA_ENV, "auto").strip() or "auto"
+        name = os.environ.get(SDPA_ENV, "default").strip() or "default"
     if name not in SDPA_STRATEGIES:
         raise UsageError(f"{SDPA_ENV}={name!r} is not an attention strategy; valid: {', '.join(SDPA_STRATEGIES)}")
     _strategy = name
@@ -52,8 +57,16 @@ def set_sdpa_strategy(name: str | None) -> str:
 
 
 def sdpa_strategy() -> str:
-    """The strategy in force: `SOLM_SDPA` as first read (default auto), or what `set_sdpa_strategy` set."""
+    """The strategy in force: `SOLM_SDPA` as first read (default `default`), or what `set_sdpa_strategy` set."""
     return _strategy if _strategy is not None else set_sdpa_strategy(None)
+
+
+def effective_strategy(strategy: str, cuda: bool, compiling: bool = False) -> str:
+    """What `strategy` runs as on a CUDA device or not, inside torch.compile or not (`default`
+    resolved; every other strategy is itself)."""
+    if strategy != "default":
+        return strategy
+    return "efficient" if cuda and not compiling else "auto"
 
 
 def next_power_of_two(n: int) -> int:
@@ -65,7 +78,7 @@ def masked_sdpa(
 ) -> torch.Tensor:
     """Attention of q (1, H, N, D) over K, V (1, Hkv, S, D) under mask (1, 1, N, S) bool (True:
     may attend; every row sees at least one key): (1, H, N, D), run as `SOLM_SDPA` says."""
-    strategy = sdpa_strategy()
+    strategy = effective_strategy(sdpa_strategy(), q.is_cuda, torch.compiler.is_compiling())
     if strategy == "auto":
         return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=scale, enable_gqa=True)
     if strategy == "bucket":

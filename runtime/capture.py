@@ -78,13 +78,14 @@ class CaptureConfig:
 
 
 def device_meta(device: str, sampler: CounterSampler) -> dict:
-    from runtime.attention import sdpa_strategy
+    from runtime.attention import effective_strategy, sdpa_strategy
 
     info = {
         "type": "cuda" if device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "cuda": torch.version.cuda or "",
-        "sdpa": sdpa_strategy(),  # how masked attention ran (SOLM_SDPA, runtime/attention.py)
+        # how the eager passes' masked attention ran (SOLM_SDPA resolved for the device, runtime/attention.py)
+        "sdpa": effective_strategy(sdpa_strategy(), device.startswith("cuda")),
         **sampler.meta(),
     }
     if info["type"] == "cuda":

@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import json
 
-    from runtime.attention import sdpa_strategy
+    from runtime.attention import effective_strategy, sdpa_strategy
     from runtime.checkpoint import load_model
 
     ap = argparse.ArgumentParser(description="time the serving forward over rows x pool sizes (median ms)")
@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> None:
         if device.startswith("cuda"):
             device = torch.cuda.get_device_name(model.embed.weight.device)
         report = {"model": args.model, "device": device, "attention": args.attention, "reps": args.reps}
-        report["sdpa"] = sdpa_strategy()  # how the masked attention ran (SOLM_SDPA, runtime/attention.py)
+        # how the masked attention ran (SOLM_SDPA resolved for the device, runtime/attention.py)
+        report["sdpa"] = effective_strategy(sdpa_strategy(), model.embed.weight.device.type == "cuda")
         report.update(sweep=out, first_pass=first_pass_ratios(out), profiles=profiles)
         print(json.dumps(report))
         return

@@ -355,6 +355,14 @@ def validate_load(
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(calib.meta)
     cost = calibrate_batch1(calib, hw, model, forward_fit=forward_fit)
     levels = [validate_one(t, cost, hw, model, **overrides) for t in traces]
+    warnings = []
+    for t, level in zip(traces, levels):
+        level["sdpa"] = trace_sdpa(t.meta)
+        if level["sdpa"] != trace_sdpa(calib.meta):
+            warnings.append(
+                f"{t.path} ran attention as {level['sdpa']!r}, the calibration as {trace_sdpa(calib.meta)!r} "
+                "(SOLM_SDPA, runtime/attention.py): its passes cost what the calibration's did not measure"
+            )
     return {
         "calibrate_from": str(calib.path),
         "system": calib.system,
@@ -367,5 +375,13 @@ def validate_load(
         "host_per_row_s": cost.per_row_s,
         "rows_sweep_passes": int(len(sweep_passes(calib.meta))),
         "cost_params": cost.source,
+        "sdpa": trace_sdpa(calib.meta),
         "levels": levels,
+        "warnings": warnings,
     }
+
+
+def trace_sdpa(meta: dict) -> str:
+    """How a trace's masked attention ran (`meta.device.sdpa`); traces captured before it was
+    recorded ran PyTorch's own choice (`auto`)."""
+    return str((meta.get("device") or {}).get("sdpa") or "auto")

@@ -20,6 +20,7 @@ settings; prints the errors of TTFT, TPOT, E2E and throughput per load level.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from profiler.errors import UsageError
 from profiler.outdir import check_given_once
@@ -103,6 +104,8 @@ def run_load(args: argparse.Namespace) -> int:
                 f"{_pct(e.get('throughput_ape_percent'))}          {_pct(e.get('ttft_mape_percent'))} "
                 f"{_pct(e.get('e2e_mape_percent'))}"
             )
+    for w in v["warnings"]:
+        print(f"solm validate: warning: {w}", file=sys.stderr)
     print(json_line(v))
     return 0
 

@@ -65,6 +65,41 @@ def test_bucket_pads_rows_and_keys_to_powers_of_two(strategy, monkeypatch):
     assert seen == [(8, 64, (1, 1, 8, 64), False), True]
 
 
+def test_default_is_the_efficient_kernel_on_a_gpu_outside_torch_compile_and_pytorchs_choice_elsewhere():
+    from runtime.attention import effective_strategy
+
+    assert effective_strategy("default", cuda=True) == "efficient"
+    assert effective_strategy("default", cuda=True, compiling=True) == "auto"
+    assert effective_strategy("default", cuda=False) == "auto"
+    for name in SDPA_STRATEGIES[1:]:  # every other strategy is itself, anywhere
+        assert {effective_strategy(name, c, k) for c in (False, True) for k in (False, True)} == {name}
+
+
+def test_default_on_a_cpu_calls_pytorch_with_grouped_heads_unexpanded(strategy, monkeypatch):
+    calls = []
+    sdpa = attention.F.scaled_dot_product_attention
+
+    def spy(q, K, V, **kw):
+        calls.append((K.shape[1], kw.get("enable_gqa")))
+        return sdpa(q, K, V, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    q, K, V, mask = inputs(5, 37)
+    for name, expected in (("default", (2, True)), ("efficient", (4, None))):
+        strategy(name)
+        masked_sdpa(q, K, V, mask)
+        assert calls.pop() == expected
+
+
+def test_a_capture_records_the_strategy_it_ran(strategy):
+    from profiler.counters import CounterSampler
+    from runtime.capture import device_meta
+
+    for name, recorded in (("default", "auto"), ("bucket", "bucket")):  # default on a CPU: PyTorch's choice
+        strategy(name)
+        assert device_meta("cpu", CounterSampler(1.0, origin=0.0, use_nvml=False))["sdpa"] == recorded
+
+
 def test_next_power_of_two():
     assert [next_power_of_two(n) for n in (1, 2, 3, 4, 5, 16, 17, 1000, 1024)] == [1, 2, 4, 4, 8, 16, 32, 1024, 1024]
 
@@ -75,9 +110,13 @@ def test_the_strategy_is_read_from_the_environment_once_and_a_bad_one_is_a_usage
     monkeypatch.setenv("SOLM_SDPA", "bucket")
     assert attention.sdpa_strategy() == "math"  # read once
     monkeypatch.setenv("SOLM_SDPA", "")
-    assert strategy(None) == "auto"
+    assert strategy(None) == "default"
+    monkeypatch.delenv("SOLM_SDPA")
+    assert strategy(None) == "default"
     monkeypatch.setenv("SOLM_SDPA", "cudnn-please")
-    with pytest.raises(UsageError, match="SOLM_SDPA='cudnn-please' is not an attention strategy; valid: auto, bucket"):
+    with pytest.raises(
+        UsageError, match="SOLM_SDPA='cudnn-please' is not an attention strategy; valid: default, auto, bucket"
+    ):
         strategy(None)
 
 

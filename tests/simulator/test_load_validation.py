@@ -787,3 +787,24 @@ def test_sweep_passes_are_fit_rows_of_one_stream_per_row():
     ]
     assert sweep_passes({"rows_sweep": {"passes": passes}}).tolist() == [[4, 256, 0.002, 4], [16, 1024, 0.003, 16]]
     assert sweep_passes({}).shape == sweep_passes({"rows_sweep": {"passes": []}}).shape == (0, 4)
+
+
+def test_a_load_run_whose_attention_ran_otherwise_than_the_calibration_is_flagged(tmp_path, capsys):
+    """Each level names how its attention ran (meta.device.sdpa; a trace without it ran PyTorch's
+    own choice, `auto`); one that differs from the calibration's gets a warning, printed by solm
+    validate on stderr."""
+    reqs, prompts = _requests(6, "seq")
+    batch1 = write_toy_trace(tmp_path / "b1", reqs, prompts, timed_by=TRUTH, system="seq")
+    same = serving_trace(tmp_path / "same", "seq", rate=20.0)
+    other = serving_trace(tmp_path / "other", "seq", rate=20.0)
+    meta = json.loads((other / "meta.json").read_text())
+    meta.setdefault("device", {})["sdpa"] = "efficient"
+    (other / "meta.json").write_text(json.dumps(meta))
+    v = validate_load([same, other], batch1)
+    assert v["sdpa"] == "auto" and [lv["sdpa"] for lv in v["levels"]] == ["auto", "efficient"]
+    (warning,) = v["warnings"]
+    assert str(other) in warning and "'efficient'" in warning and "'auto'" in warning
+    assert validate_load([same], batch1)["warnings"] == []
+    assert main(["validate", "--calibrate-from", str(batch1), str(same), str(other)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"solm validate: warning: {warning}"]
