@@ -55,6 +55,7 @@ class Case:
     check: Callable[[Path, subprocess.CompletedProcess], bool] | None = None
     timeout_s: float = 60.0
     concurrent: list[str] = field(default_factory=list)  # a writer started first, running alongside
+    env: dict[str, str] = field(default_factory=dict)  # environment variables set for solm (e.g. SOLM_SDPA)
 
 
 def digest(root: Path) -> dict[str, str]:
@@ -66,9 +67,12 @@ def digest(root: Path) -> dict[str, str]:
     return out
 
 
-def run_solm(argv: list[str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess | None:
-    """`python -m solm ARGV` in `cwd`; None when it ran past `timeout_s` (its process group killed)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SOLM_DEBUG": "0"}
+def run_solm(
+    argv: list[str], cwd: Path, timeout_s: float, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess | None:
+    """`python -m solm ARGV` in `cwd` (with `extra_env` set); None when it ran past `timeout_s`
+    (its process group killed)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SOLM_DEBUG": "0", **(extra_env or {})}
     proc = subprocess.Popen(
         [sys.executable, "-m", "solm", *argv],
         cwd=cwd,
@@ -146,7 +150,7 @@ def run_case(case: Case) -> tuple[str, str]:
                 start_new_session=True,
             )
             wait_for_lock(base / case.concurrent[case.concurrent.index("--out") + 1], first)
-        r = run_solm(case.argv, base, case.timeout_s)
+        r = run_solm(case.argv, base, case.timeout_s, case.env)
         if first is not None:  # the race happened only if the first was still writing: then stop it
             raced = first.poll() is None
             if raced:
@@ -396,6 +400,15 @@ def hostile_input_cases() -> list[Case]:
         Case("--set hbm_capacity_bytes=1e400", [*SIM, "--set", "hbm_capacity_bytes=1e400"]),
         Case("capture --temperature nan", [*CAPTURE, "--temperature", "nan", "--out", "c"]),
         Case("capture --device bogus", [*CAPTURE, "--device", "bogus", "--out", "c"]),
+        Case("SOLM_SDPA=bogus capture", [*CAPTURE, "--out", "c"], env={"SOLM_SDPA": "bogus"}),
+        Case("SOLM_SDPA=<3,000 characters> capture", [*CAPTURE, "--out", "c"], env={"SOLM_SDPA": LONG_VALUE}),
+        Case(
+            "SOLM_SDPA=math capture records it",
+            [*CAPTURE, "--out", "c"],
+            env={"SOLM_SDPA": "math"},
+            expect="ok",
+            check=lambda b, r: json.loads((b / "c" / "meta.json").read_text())["device"]["sdpa"] == "math",
+        ),
         Case("capture --n 1000000000", ["capture", "--n", "1000000000", "--out", "c"], timeout_s=60),
         Case("capture --threads -1", [*CAPTURE, "--threads", "-1", "--out", "c"]),
         Case(
