@@ -17,7 +17,7 @@
 #               without the serving step, which took 102 s; traces/gpu-h200 holds what it wrote;
 #               the shapes step, added after, serves one load and runs the rows sweep per variant:
 #               about 1 minute a variant)
-#   CPU check:  DEVICE=cpu ARCH=tiny-llama SMALL=tiny-qwen2 N=1 MAX_TOKENS=6 CONTEXT=32 PASSES=8 \
+#   CPU check:  DEVICE=cpu ARCH=tiny-llama SMALL=tiny-qwen2 N=2 MAX_TOKENS=6 CONTEXT=32 PASSES=8 \
 #               GEMM_ARGS="--m 1,8 --n 64,128 --k 64,128 --iters 2 --trials 2" BETWEEN_M=2,4 \
 #               GEMM_BETWEEN_ARGS="--n 64 --k 64 --iters 2 --trials 2" SERVE_B1_N=4 SERVE_N=6 \
 #               SERVE_RATES=20,80 SERVE_KV_MIB=8 \
