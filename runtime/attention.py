@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from profiler.errors import UsageError
+from runtime.options import SDPA_STRATEGIES
 
-SDPA_STRATEGIES = ("default", "auto", "bucket", "efficient", "no-cudnn", "math")
 SDPA_ENV = "SOLM_SDPA"
 _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 

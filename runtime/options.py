@@ -22,6 +22,9 @@ ENGINES: dict[str, str] = {
 # (median of an even n: the faster middle run, since the recorded run must be one that ran)
 KEEP = {"min": lambda n: 0, "median": lambda n: (n - 1) // 2}
 
+# how the masked attention runs (runtime/attention.py, SOLM_SDPA or --sdpa); the first is the default
+SDPA_STRATEGIES: tuple[str, ...] = ("default", "auto", "bucket", "efficient", "no-cudnn", "math")
+
 
 def systems() -> list[str]:
     return available(ENGINES)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from profiler.errors import UsageError, one_line, parse_json
 from profiler.outdir import claim_out_dir
-from runtime.options import KEEP, systems  # the engines and torch load in run(), not for the parser
+from runtime.options import KEEP, SDPA_STRATEGIES, systems  # the engines and torch load in run(), not for the parser
 from runtime.tasks.base import MAX_EXAMPLES
 from solm.commands import check_limits
 from solm.jsonline import json_line
@@ -63,6 +63,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "of runs the faster middle one: a recorded run is one that ran, not an average)",
     )
     p.add_argument("--counters-hz", type=float, default=20.0, help="counter sampling rate")
+    p.add_argument(
+        "--sdpa",
+        default=None,
+        choices=list(SDPA_STRATEGIES),
+        help="how the masked attention runs (runtime/attention.py; default: $SOLM_SDPA, else `default`: "
+        "the memory-efficient kernel on a GPU, PyTorch's own choice elsewhere); recorded in meta.device.sdpa",
+    )
     p.add_argument(
         "--knob",
         action="append",
@@ -177,6 +184,9 @@ def run(args: argparse.Namespace) -> int:
     check_args(args)
     import torch
 
+    from runtime.attention import set_sdpa_strategy
+
+    set_sdpa_strategy(args.sdpa)  # None: SOLM_SDPA, else default (a bad SOLM_SDPA is a usage error here)
     torch.set_num_threads(args.threads)
     cfg = _capture_config(args)
     from runtime.checkpoint import model_path

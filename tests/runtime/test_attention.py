@@ -4,6 +4,8 @@ heads, any backend but cuDNN's, and the math reference; a bad name is a usage er
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -135,3 +137,19 @@ def test_the_paged_forward_gives_the_same_logits_under_each_strategy(strategy, t
             out[s, how] = logits
     for how in ("mask", "gather"):
         torch.testing.assert_close(out[name, how], out["auto", how], atol=1e-4, rtol=1e-4)
+
+
+def test_solm_capture_sdpa_flag_overrides_the_environment_and_is_recorded(strategy, tmp_path, monkeypatch, capsys):
+    from solm.cli import main
+
+    monkeypatch.setenv("SOLM_SDPA", "bucket")
+    argv = ["capture", "--model", "tiny-2l", "--n", "1", "--max-tokens", "3"]
+    assert main([*argv, "--sdpa", "math", "--out", str(tmp_path / "flag")]) == 0
+    assert json.loads((tmp_path / "flag" / "meta.json").read_text())["device"]["sdpa"] == "math"
+    assert main([*argv, "--out", str(tmp_path / "env")]) == 0  # no flag: SOLM_SDPA again
+    assert json.loads((tmp_path / "env" / "meta.json").read_text())["device"]["sdpa"] == "bucket"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--sdpa", "cudnn", "--out", str(tmp_path / "bad")])
+    assert e.value.code == 2 and "invalid choice: 'cudnn'" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
