@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from profiler.errors import TraceError
+    from profiler.errors import TraceError, one_line, shorten_words
     from profiler.reader import read_trace
     from profiler.summary import summarize
     from profiler.validate import not_valid, problems
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         s["problems"] = issues
     if issues and args.json:  # the JSON line lists them; stderr names the first, as any refusal does
         line = not_valid(args.trace, issues, " in the JSON line's problems")
-        print(f"solm inspect: error: {line}", file=sys.stderr)
+        print(f"solm inspect: error: {shorten_words(one_line(line))}", file=sys.stderr)
     if not args.json:
         state = "complete" if s["complete"] else "INCOMPLETE (run cut short; finished requests only)"
         print(

@@ -3,12 +3,16 @@ the traceback only with SOLM_DEBUG=1), by the project's own error types, not by 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import solm.commands.inspect as inspect_cmd
 from profiler.errors import KVPoolFull, SolmError, TraceError, UnknownName, UsageError
 from profiler.reader import TraceError as ReaderTraceError
 from solm.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _fail_with(monkeypatch, exc: BaseException) -> None:
@@ -120,3 +124,26 @@ def test_long_router_value_end_to_end(capsys):
     err = capsys.readouterr().err
     assert err.startswith("solm simulate: error: unknown router 'qqq") and len(err) < 300
     assert "valid names: kv_aware, least_outstanding, round_robin" in err
+
+
+def test_inspect_validate_json_names_a_long_path_in_one_short_line(tmp_path, capsys):
+    """`inspect --validate --json` on a damaged trace under a 3,000-character path: exit 2, the
+    problems in the JSON line, and the stderr line shortened like every other error line."""
+    import json
+    import shutil
+
+    import pandas as pd
+
+    deep = tmp_path
+    for i in range(15):
+        deep = deep / (f"{i:02d}" + "d" * 198)
+    shutil.copytree(ROOT / "traces" / "sequential-reverse_words", deep / "t")
+    requests = pd.read_parquet(deep / "t" / "requests.parquet")
+    requests.loc[0, "ttft_s"] = -1.0  # a problem the validator names, not the reader
+    requests.to_parquet(deep / "t" / "requests.parquet", index=False)
+    assert len(str(deep / "t")) > 3000
+    assert main(["inspect", str(deep / "t"), "--validate", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out.strip().splitlines()[-1])["problems"]
+    (line,) = err.strip().splitlines()
+    assert line.startswith("solm inspect: error: ") and "not a valid trace" in line and len(line) < 400
