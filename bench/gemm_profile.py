@@ -12,7 +12,8 @@ calls, then `--trials` trials of `--iters` calls; a GEMM's time is the median tr
             layer's weights differ (one copy when it alone is that large)
     wall    (the CPU's; on CUDA on request) the iters calls back to back on one matrix between two
             device synchronisations, by the host's clock: launch cost and L2 reuse included
-The CSV has the columns m, n, k, time_s, dtype, device, trials, timer (one row per GEMM).
+The CSV has the columns m, n, k, time_s, dtype, device, trials, timer (one row per GEMM), and
+with `--kernels` the kernels one call runs (the library's choice of tile and split-K, by name).
 Why: `solm calibrate GEMMS.csv --hardware PART --out CAL.json` fits the simulator's GEMM tile
 model to a part's own times; this is the shortest way to get them. It needs only PyTorch, so it
 runs on a GPU machine that has nothing else of solm installed (copy this one file there).
@@ -82,6 +83,37 @@ def time_gemm(torch, m: int, n: int, k: int, dtype, device: str, iters: int, tri
     return statistics.median(runs)
 
 
+def kernel_names(torch, m: int, n: int, k: int, dtype, device: str) -> str:
+    """The kernels one call of the GEMM runs, as the profiler names them, in launch order, joined
+    by "+" (on a GPU the library's choice: cuBLAS's nvjet/sm90 and cutlass kernels name their tile
+    shape, and a split-K reduction shows as a kernel of its own): what `--kernels` records. On a
+    CPU there is no device kernel; the operators run are named instead (aten::mm)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    a = torch.randn(m, k, dtype=dtype, device=device)
+    b = torch.randn(k, n, dtype=dtype, device=device)
+    torch.matmul(a, b)  # the library's choice made and cached before the profiled call
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as prof:
+        torch.matmul(a, b)
+        if cuda:
+            torch.cuda.synchronize(device)
+    return "+".join(device_kernels(prof.events(), cuda))
+
+
+def device_kernels(events, cuda: bool) -> list[str]:
+    """Kernel names from profiler events: on a GPU the events that ran on the device (their
+    `device_type` is CUDA), in order, each once; elsewhere the matrix-product operators."""
+    names: list[str] = []
+    for e in sorted(events, key=lambda e: e.time_range.start):
+        on_device = str(getattr(e, "device_type", "")).endswith("CUDA")
+        keep = on_device if cuda else e.name in ("aten::mm", "aten::addmm", "aten::bmm")
+        if keep and e.name not in names:
+            names.append(e.name)
+    return names
+
+
 def weight_copies(b_bytes: int, l2_bytes: int, iters: int) -> int:
     """Copies of the weight matrix to cycle over so that together they are at least twice the L2
     (so no call finds its weights there), at most one per call, at least one."""
@@ -136,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         help="graph: CUDA-graph replays timed by CUDA events, weights from memory (CUDA's default); "
         "wall: a loop of calls by the host clock (the CPU's; see the module docstring)",
     )
+    parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also record the kernels one call runs (a `kernels` column: the library's tile and split-K "
+        "choice per GEMM, from torch.profiler)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -176,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                     "timer": timer,
                 }
             )
+            if args.kernels:
+                rows[-1]["kernels"] = kernel_names(torch, m, n, k, dtype, device)
     tmp = out.with_name(f".{out.name}.tmp")
     with tmp.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))

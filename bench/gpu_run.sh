@@ -16,7 +16,8 @@
 #   GPU:        bash bench/gpu_run.sh       (OUT=out/gpu-run; on an H200 about 6 minutes: 243 s
 #               without the serving step, which took 102 s; traces/gpu-h200 holds what it wrote;
 #               the shapes step, added after, serves one load and runs the rows sweep per variant:
-#               about 1 minute a variant)
+#               about 1 minute a variant. All steps and variants together outlast one 10-minute
+#               device call: name STEPS and SHAPES_VARIANTS for the question at hand)
 #   CPU check:  DEVICE=cpu ARCH=tiny-llama SMALL=tiny-qwen2 N=2 MAX_TOKENS=6 CONTEXT=32 PASSES=8 \
 #               GEMM_ARGS="--m 1,8 --n 64,128 --k 64,128 --iters 2 --trials 2" BETWEEN_M=2,4 \
 #               GEMM_BETWEEN_ARGS="--n 64 --k 64 --iters 2 --trials 2" SERVE_B1_N=4 SERVE_N=6 \
@@ -64,13 +65,15 @@ step() {  # step NAME CMD...: run with a time limit, log to $OUT/NAME.log, keep 
   [ $rc -eq 0 ] || status=1
 }
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
-# the part's own GEMM times first (the cheapest step, and data no fit has seen): the default grid,
+# the part's own GEMM times first (the cheapest step, and data no fit has seen), each with the
+# kernels cuBLAS ran for it (--kernels: its tile and split-K choice by name, what the A100 data
+# could not show and what the tile model's errors at 64-1024 tokens come down to): the default grid,
 # then the same (K, N) shapes at token counts between the grid's (a held-out set for solm calibrate's
 # fit and for the carried A100 fit); the tile model calibrated on the grid (docs/cost_model.md)
 if want gemm; then
-  step gemm_profile "$PY" bench/gemm_profile.py --device "$DEVICE" $GEMM_ARGS --out "$OUT/gemms.csv" --force
+  step gemm_profile "$PY" bench/gemm_profile.py --device "$DEVICE" $GEMM_ARGS --kernels --out "$OUT/gemms.csv" --force
   step gemm_profile_between "$PY" bench/gemm_profile.py --device "$DEVICE" --m "$BETWEEN_M" $GEMM_BETWEEN_ARGS \
-    --out "$OUT/gemms-between.csv" --force
+    --kernels --out "$OUT/gemms-between.csv" --force
   step gemm_calibrate "$PY" -m solm calibrate "$OUT/gemms.csv" --hardware "$HARDWARE" \
     --out "$OUT/gemm-calibration.json" --force
 fi

@@ -219,6 +219,41 @@ def test_gemm_profile_writes_a_table_calibrate_reads(tmp_path):
     assert not (tmp_path / "graph.csv").exists()
 
 
+def test_gemm_profile_kernels_column_names_what_each_gemm_ran(tmp_path):
+    """`--kernels`: one more column, the operators one call ran on the CPU (aten::mm), which
+    `solm calibrate`'s reader ignores; no column without the flag."""
+    gemm_profile = load_bench("gemm_profile")
+    args = ["--m", "1,8", "--n", "64,128", "--k", "64,96", "--device", "cpu", "--iters", "1", "--trials", "1"]
+    assert gemm_profile.main([*args, "--kernels", "--out", str(tmp_path / "k.csv")]) == 0
+    table = pd.read_csv(tmp_path / "k.csv")
+    assert len(table) == 8 and set(table["kernels"]) == {"aten::mm"}
+    assert len(read_gemm_table(tmp_path / "k.csv")) == 8
+    assert gemm_profile.main([*args, "--out", str(tmp_path / "plain.csv")]) == 0
+    assert "kernels" not in pd.read_csv(tmp_path / "plain.csv").columns
+
+
+def test_device_kernels_keeps_what_ran_on_the_gpu_in_launch_order_once_each():
+    from types import SimpleNamespace
+
+    device_kernels = load_bench("gemm_profile").device_kernels
+
+    def event(name, start, device):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start), device_type=f"DeviceType.{device}")
+
+    events = [
+        event("splitKreduce_kernel", 30, "CUDA"),
+        event("aten::mm", 0, "CPU"),
+        event("cudaLaunchKernel", 5, "CPU"),
+        event("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_splitK_TNT", 20, "CUDA"),
+        event("splitKreduce_kernel", 40, "CUDA"),
+    ]
+    assert device_kernels(events, cuda=True) == [
+        "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_splitK_TNT",
+        "splitKreduce_kernel",
+    ]
+    assert device_kernels(events, cuda=False) == ["aten::mm"]
+
+
 def test_gemm_profile_cycles_weights_past_the_l2():
     """The graph timer's weight copies: together at least twice the L2, one per call at most."""
     weight_copies = load_bench("gemm_profile").weight_copies
