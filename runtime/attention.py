@@ -14,13 +14,13 @@ runs it is chosen by `SOLM_SDPA` (read once, at the first call; default `default
     math        the unfused reference: matrix products and a softmax
 
 Why: on the H200 (traces/gpu-h200/README.md, runs 4-6) the first pass of every new (rows, key
-span) shape spent about 70 ms of host time in `aten::_cudnn_attention_forward`, building cuDNN's
-plan for the shape, against 1.5 ms once built, and a serving run meets a new shape on most of its
+span) shape spent 42-76 ms of host time in `aten::_cudnn_attention_forward`, building cuDNN's
+plan for the shape, against 1.2-2.2 ms once built, and a serving run meets a new shape on most of its
 passes (its batch and its pool change all the time). `efficient` has no per-shape cost (a new
 shape's first pass 1.01x its median, against 2.72x under `auto`) and served the same 64 req/s
-load in 0.58-0.71x the forward time of `auto` on three machines; `bucket`'s passes are the
-fastest once its few shapes are planned, but a short run still meets most of them for the first
-time. Under torch.compile (runtime/static_decode.py) shapes are fixed, so a plan is built once:
+load in 0.59-0.71x the forward time of `auto` (three loads on two machines); `bucket`'s passes
+are the fastest once its few shapes are planned, but a short run still meets most of them for
+the first time. Under torch.compile (runtime/static_decode.py) shapes are fixed, so a plan is built once:
 `default` leaves it to PyTorch there. On a CPU there is no plan to build and `auto` costs least.
 Each strategy is the same function of its inputs (to rounding); `python -m runtime.rows_sweep
 --device cuda --json` with `SOLM_SDPA` set measures one's passes and first passes.
