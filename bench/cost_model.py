@@ -46,8 +46,13 @@ scored on the (K, N) shapes its fit did not see, beside the carried A100 fit.
 A100 row, the shape closest to the measured time (an oracle, per row or per shape and token
 band), and a learned preference per shape fitted on half of the dev split and scored on the other.
 
+`--kernels TABLE --hardware PART` checks the tile model's pick against the library's on a part's
+own table with kernel names (`bench/gemm_profile.py --kernels`; simulator/kernel_names.py reads
+the tile from each name): per token count, the library's most common tile, the model's, and how
+often they agree. No shipped table has names yet: the next GPU run's gemm step records them.
+
     .venv/bin/python bench/cost_model.py [--quick | --transfer [--half dev|test] | --calibration | --steps | --choice |
-                                          --dev [--fix NAME=VALUE] [--min NAME=VALUE]]
+                                          --dev [--fix NAME=VALUE] [--min NAME=VALUE] | --kernels TABLE --hardware PART]
 """
 
 from __future__ import annotations
@@ -491,6 +496,42 @@ def holdout(quick: bool) -> dict:
     }
 
 
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}%"
+
+
+def kernels(path: str, part: str) -> dict:
+    """The tile model's pick against the library's, per token count, on a part's own GEMM table
+    with kernel names (`bench/gemm_profile.py --kernels`; simulator/kernel_names.py)."""
+    import pandas as pd
+
+    from profiler.errors import UsageError
+    from simulator.hardware import get_hardware
+    from simulator.kernel_names import library_vs_model
+
+    table = pd.read_csv(path)
+    missing = [c for c in ("m", "n", "k", "time_s", "kernels") if c not in table.columns]
+    if missing:
+        raise UsageError(f"{path}: needs the columns of bench/gemm_profile.py --kernels; missing {', '.join(missing)}")
+    rows = table.rename(columns={"m": "M", "n": "N", "k": "K"})
+    report = library_vs_model(rows, get_hardware(part))
+    print(
+        f"{path} on {part}: {report['named']} of {report['gemms']} GEMMs ran a kernel whose name gives its tile "
+        "(tokens x N); per token count, the library's most common tile, the tile model's, and how often they agree"
+    )
+    for t in report["per_tokens"]:
+        print(
+            f"  {t['tokens']:6d} tokens ({t['gemms']:3d})  library {t['library']:>9s} (split-K {t['library_split_share']:.0%})"
+            f"  model {t['model']:>9s}  agree {t['agree_share']:.0%}"
+        )
+    if report["per_tokens"]:
+        print(
+            f"  agree on {report['agree_share']:.0%} of GEMMs; the model's median APE where its tile is the library's "
+            f"{_pct(report['agree_median_ape_percent'])}, where it is not {_pct(report['disagree_median_ape_percent'])}"
+        )
+    return {"bench": "cost_model_kernels", "table": path, "hardware": part, **report}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fit on every 8th token count")
@@ -518,6 +559,13 @@ def main() -> None:
         help="only XLA's tables used the other way: the tile model calibrated on each part's own GEMMs (solm calibrate)",
     )
     parser.add_argument(
+        "--kernels",
+        metavar="TABLE",
+        help="only the tile model's pick against the library's, on a GEMM table with kernel names "
+        "(bench/gemm_profile.py --kernels; with --hardware)",
+    )
+    parser.add_argument("--hardware", help="with --kernels: the catalog part the table was timed on")
+    parser.add_argument(
         "--half",
         choices=("dev", "test"),
         help="with --transfer: score one seeded half of each measured table (choose on dev, report test)",
@@ -530,7 +578,18 @@ def main() -> None:
         parser.error("--half goes with --transfer")
     if (args.fix or args.min) and not args.dev:
         parser.error("--fix and --min go with --dev")
-    if args.steps:
+    if args.kernels is not None and (modes or args.quick or not args.hardware):
+        parser.error("--kernels TABLE goes with --hardware PART alone")
+    if args.hardware and args.kernels is None:
+        parser.error("--hardware goes with --kernels")
+    if args.kernels is not None:
+        from profiler.errors import SolmError, error_line
+
+        try:
+            figures = kernels(args.kernels, args.hardware)
+        except (SolmError, OSError, ValueError) as e:  # a bad table or part: one line, exit 2
+            parser.error(error_line(e))
+    elif args.steps:
         figures = steps()
     elif args.choice:
         figures = choice()
