@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from profiler.errors import UsageError  # noqa: E402
 from profiler.reader import TraceError, read_trace  # noqa: E402
-from simulator.load_validation import trace_sdpa  # noqa: E402
+from profiler.summary import attention_strategy  # noqa: E402
 
 
 def shape_figures(path: str | Path) -> dict:
@@ -79,7 +79,7 @@ def shape_figures(path: str | Path) -> dict:
         "time": time_col,
         "passes": int(len(time)),
         "total_s": round(float(time.sum()), 3),  # the run's forward (or pass) time, all passes
-        "sdpa": trace_sdpa(trace.meta),
+        "sdpa": attention_strategy(trace.meta),
         "new": kind(new),
         "seen": kind(~new),
         "by_what_is_new": {

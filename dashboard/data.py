@@ -21,7 +21,7 @@ from profiler.errors import is_utf8, one_line
 from profiler.outdir import project_kind
 from profiler.reader import Trace, TraceError, read_trace
 from profiler.stats import non_dominated
-from profiler.summary import summarize
+from profiler.summary import attention_strategy, summarize
 from profiler.validate import graphs_problems, not_valid
 
 TRACE_MARKERS = ("meta.json", "requests.parquet", "steps.parquet", "graph.json")
@@ -211,6 +211,7 @@ def overview_table(traces: list[Trace], errors: pd.DataFrame) -> pd.DataFrame:
                 "knobs": knobs_label(t.meta),
                 "model": s["model"],
                 "device": hardware_label(t),
+                "attention": attention_strategy(t.meta) if t.kind == "measured" else "",
                 "date": str(t.meta.get("created_at", ""))[:19].replace("T", " "),
                 "requests": s["requests"],
                 "quality": s["quality_mean"],
@@ -231,6 +232,7 @@ def overview_table(traces: list[Trace], errors: pd.DataFrame) -> pd.DataFrame:
         "knobs",
         "model",
         "device",
+        "attention",
         "date",
         "requests",
         "quality",

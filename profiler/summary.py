@@ -44,3 +44,10 @@ def summarize(trace: Trace) -> dict:
         "mean_live_kv_tokens": _f(steps["live_kv_tokens"].mean()) if len(steps) else None,
         "nvml": bool(trace.meta.get("nvml", False)),
     }
+
+
+def attention_strategy(meta: dict) -> str:
+    """How a measured trace's masked attention ran (`meta.device.sdpa`, runtime/attention.py);
+    traces captured before it was recorded ran PyTorch's own choice (`auto`)."""
+    device = meta.get("device")
+    return str((device.get("sdpa") if isinstance(device, dict) else None) or "auto")

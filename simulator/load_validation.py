@@ -47,6 +47,7 @@ import numpy as np
 
 from profiler.errors import TraceError, UsageError, parse_json
 from profiler.reader import Trace
+from profiler.summary import attention_strategy
 from profiler.validate import read_valid_trace
 from simulator.hardware import HardwareSpec, get_hardware
 from simulator.load_calibration import HostCost, calibrate_batch1, pass_arrays, sweep_passes
@@ -357,10 +358,10 @@ def validate_load(
     levels = [validate_one(t, cost, hw, model, **overrides) for t in traces]
     warnings = []
     for t, level in zip(traces, levels):
-        level["sdpa"] = trace_sdpa(t.meta)
-        if level["sdpa"] != trace_sdpa(calib.meta):
+        level["sdpa"] = attention_strategy(t.meta)
+        if level["sdpa"] != attention_strategy(calib.meta):
             warnings.append(
-                f"{t.path} ran attention as {level['sdpa']!r}, the calibration as {trace_sdpa(calib.meta)!r} "
+                f"{t.path} ran attention as {level['sdpa']!r}, the calibration as {attention_strategy(calib.meta)!r} "
                 "(SOLM_SDPA, runtime/attention.py): its passes cost what the calibration's did not measure"
             )
     return {
@@ -375,13 +376,7 @@ def validate_load(
         "host_per_row_s": cost.per_row_s,
         "rows_sweep_passes": int(len(sweep_passes(calib.meta))),
         "cost_params": cost.source,
-        "sdpa": trace_sdpa(calib.meta),
+        "sdpa": attention_strategy(calib.meta),
         "levels": levels,
         "warnings": warnings,
     }
-
-
-def trace_sdpa(meta: dict) -> str:
-    """How a trace's masked attention ran (`meta.device.sdpa`); traces captured before it was
-    recorded ran PyTorch's own choice (`auto`)."""
-    return str((meta.get("device") or {}).get("sdpa") or "auto")

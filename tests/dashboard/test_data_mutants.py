@@ -208,3 +208,14 @@ def test_diff_tables_show_each_side_and_each_graph_change(trace_folder):
     assert length["a_tokens"] < length["b_tokens"]
     detail = rows.loc[(rows["change"] == "length") & (rows["chunk"] == "main:0"), "detail"].tolist()
     assert detail == [f"{length['a_tokens']} -> {length['b_tokens']} tokens"]
+
+
+def test_overview_names_how_a_measured_traces_attention_ran(trace):
+    """The attention strategy a measured trace recorded (runtime/attention.py), `auto` for one
+    captured before it was recorded; a simulated trace ran no attention kernel."""
+    plain = dataclasses.replace(trace, meta={**trace.meta, "device": {"name": "cpu-x"}})
+    efficient = dataclasses.replace(trace, meta={**trace.meta, "device": {"name": "gpu", "sdpa": "efficient"}})
+    simulated = dataclasses.replace(trace, meta={**trace.meta, "kind": "simulated"})
+    rows = data.overview_table([plain, efficient, simulated], data.pd.DataFrame())
+    assert rows["attention"].tolist() == ["auto", "efficient", ""]
+    assert rows.columns.tolist().index("attention") == rows.columns.tolist().index("device") + 1
