@@ -522,7 +522,7 @@ def kernels(path: str, part: str) -> dict:
     for t in report["per_tokens"]:
         print(
             f"  {t['tokens']:6d} tokens ({t['gemms']:3d})  library {t['library']:>9s} (split-K {t['library_split_share']:.0%})"
-            f"  model {t['model']:>9s}  agree {t['agree_share']:.0%}"
+            f"  model {t['model']:>9s} (split-K {t['model_split_share']:.0%})  agree {t['agree_share']:.0%}"
         )
     if report["per_tokens"]:
         print(

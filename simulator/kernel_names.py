@@ -65,7 +65,8 @@ def model_tile(label: str) -> tuple[int, int]:
 def library_vs_model(table, hardware) -> dict:
     """Per GEMM of `table` (columns M, K, N, time_s, kernels; `hardware` a HardwareSpec): the
     library's tile read from its kernel names, the tile model's pick and prediction; per token
-    count, the library's most common tile, the model's, and how often they agree; the model's
+    count, the library's most common tile, the model's, how often each splits K, and how often
+    the tiles agree; the model's
     median APE where its tile is the library's and where it is not. Rows whose kernels name no
     tile are counted and left out."""
     import numpy as np
@@ -108,6 +109,7 @@ def library_vs_model(table, hardware) -> dict:
                 "library": g["library"].mode().iloc[0],
                 "library_split_share": round(float(g["library_split"].mean()), 3),
                 "model": g["model"].mode().iloc[0],
+                "model_split_share": round(float(g["model_split"].mean()), 3),
                 "agree_share": round(float(g["agree"].mean()), 3),
             }
         )

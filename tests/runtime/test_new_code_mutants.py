@@ -163,6 +163,7 @@ def test_library_vs_model_takes_the_common_tile_split_share_and_both_tile_dimens
                 "library": "8x64",
                 "library_split_share": 0.333,
                 "model": "8x64",
+                "model_split_share": 0.0,  # the fake model never splits K
                 "agree_share": 0.667,
             }
         ],

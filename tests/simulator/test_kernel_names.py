@@ -77,6 +77,10 @@ def test_library_vs_model_counts_agreement_per_token_count():
     ]
     assert one["model"] == "{}x{}".format(*picks[0]) and big["model"] == "{}x{}".format(*picks[1])
     assert big["library"] == "256x128" and big["agree_share"] == float(picks[1] == (256, 128))
+    splits = [
+        gemm_kernel(m, 4096.0, n, hw, default_params(hw).gemm).split > 1 for m, n in ((1.0, 4096.0), (1.0, 14336.0))
+    ]
+    assert one["model_split_share"] == sum(splits) / 2 and big["library_split_share"] == 0.0
     assert 0 <= report["agree_share"] <= 1
 
 
