@@ -183,23 +183,6 @@ def test_library_vs_model_needs_a_part_with_a_tile_model_and_a_named_kernel(fake
 # runtime/rows_sweep.py
 
 
-def test_first_pass_ratios_leave_out_shapes_without_a_duration():
-    """A later shape whose median is 0 s has no ratio: left out, not a division by zero."""
-    from runtime.rows_sweep import first_pass_ratios
-
-    sweep = [
-        {"duration_s": 1.0, "first_s": 9.0},
-        {"duration_s": 0.0, "first_s": 0.5},
-        {"duration_s": 2.0, "first_s": 4.0},
-    ]
-    assert first_pass_ratios(sweep) == {
-        "shapes": 1,
-        "first_over_median_median": 2.0,
-        "first_over_median_max": 2.0,
-        "first_extra_s_median": 2.0,
-    }
-
-
 class FakeProfile:
     """torch.profiler.profile's stand-in: the activities asked for, fixed operator totals (us)."""
 

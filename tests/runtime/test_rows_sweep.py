@@ -82,7 +82,8 @@ def test_rows_sweep_times_each_shape_after_its_warmup_and_keeps_the_median(fake)
 
 
 def test_first_pass_ratios_leave_out_the_process_first_shape():
-    """first_s / duration_s and first_s - duration_s over every shape but the first; medians and max."""
+    """first_s / duration_s and first_s - duration_s over every shape but the first (and any of 0 s);
+    medians and max."""
     from runtime.rows_sweep import first_pass_ratios
 
     sweep = [
@@ -98,6 +99,8 @@ def test_first_pass_ratios_leave_out_the_process_first_shape():
         "first_extra_s_median": 2.0,
     }
     assert first_pass_ratios(sweep[:1]) == {"shapes": 0}
+    # a later shape whose median is 0 s has no ratio: left out, not a division by zero
+    assert first_pass_ratios([*sweep, {"duration_s": 0.0, "first_s": 0.5}]) == first_pass_ratios(sweep)
 
 
 def test_shape_profile_names_the_operators_of_a_new_shape_and_its_repeat(tiny_model):
