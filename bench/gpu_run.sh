@@ -100,17 +100,18 @@ fi
 # per-shape pass cost: on the H200 a serving pass took about 21 ms or about 60 ms at the same batch,
 # the slow ones those meeting a (query rows, key span) pair for the first time (bench/pass_shapes.py,
 # traces/gpu-h200/README.md; only passes of more than one row: a new span at one row cost nothing).
-# Variants (SHAPES_VARIANTS), one after another on this machine: `auto`, the runtime as it is
-# (mask attention over every slot handed out: the key span grows with the pool); `expandable`, the
+# Variants (SHAPES_VARIANTS), one after another on this machine: `auto`, PyTorch's own attention
+# choice, as the runtime ran before runs 4-6 (mask attention over every slot handed out: the key
+# span grows with the pool; on an H200, cuDNN's); `expandable`, the
 # same with the CUDA caching allocator's expandable segments (if new shapes paid for cudaMalloc of
 # new block sizes, this would remove most of it); `gather` attention (each request's own slots:
 # the attention's shapes follow the requests, not the pool); and the attention strategies of
 # runtime/attention.py (SOLM_SDPA): `no-cudnn`, `bucket` (rows and key span padded to powers of
-# two: few shapes), `efficient`, `math`. Per variant: the load served (pass_shapes prints new /
+# two: few shapes), `efficient`, `math`, `default` (the runtime's: `efficient` on a GPU). Per variant: the load served (pass_shapes prints new /
 # seen per variant), and the rows sweep (runtime/rows_sweep.py: 50 shapes of 1-32 decode rows
 # over pools of 64-1024 slots, each shape's first pass beside its median, `first_pass` in its
 # JSON) with torch.profiler on the first and second pass of two shapes the sweep did not run
-# (`profiles`: the operators the first pass spends its extra time in). Found on the first run
+# (`profiles`: the operators the first pass spends its extra time in). Found by runs 4-6
 # (traces/gpu-h200/README.md): cuDNN's attention builds a plan per new shape.
 shapes="$OUT/shapes-$ARCH"
 if want shapes; then
