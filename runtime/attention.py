@@ -8,8 +8,8 @@ runs it is chosen by `SOLM_SDPA` (read once, at the first call; default `default
     auto        PyTorch's own choice (on an H100/H200 with a mask: cuDNN's fused attention)
     bucket      the same, with the query rows and the key span padded up to powers of two (padded
                 keys masked out, padded rows discarded), so a pass meets one of few shapes
-    efficient   K, V expanded to every query head and the memory-efficient kernel asked for
-                (math where it refuses)
+    efficient   the memory-efficient kernel (math where it refuses), each K, V head's query
+                heads folded into its query rows (the kernel takes no grouped heads)
     no-cudnn    any backend but cuDNN's (with a mask and grouped heads: the math path)
     math        the unfused reference: matrix products and a softmax
 
@@ -93,11 +93,31 @@ def masked_sdpa(
         y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=scale, enable_gqa=True)
         return y[:, :, :N]
     if strategy == "efficient":
-        rep = q.shape[1] // K.shape[1]
-        if rep > 1:
-            K, V = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
-        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-            return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=scale)
+        return _efficient(q, K, V, mask, scale)
     backends = _NO_CUDNN if strategy == "no-cudnn" else [SDPBackend.MATH]
     with sdpa_kernel(backends):
         return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
+def _efficient(
+    q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """The memory-efficient kernel, which takes no grouped heads: the `rep` query heads of each
+    K, V head are folded into its query rows (q (B, H, N, D) as (B, Hkv, rep N, D), the mask's
+    rows repeated to match), so K and V, a view of the whole pool, are never copied; a mask with
+    a head dimension of its own expands K and V instead. The output is unfolded back."""
+    B, H, N, D = q.shape
+    Hkv = K.shape[1]
+    rep = H // Hkv
+    backends = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    if rep > 1 and mask.shape[1] == 1:
+        S = mask.shape[-1]
+        qf = q.reshape(B, Hkv, rep * N, D)  # query head h = kv * rep + r, as repeat_interleave pairs them
+        mf = mask[:, :, None].expand(mask.shape[0], 1, rep, N, S).reshape(mask.shape[0], 1, rep * N, S)
+        with sdpa_kernel(backends):
+            y = F.scaled_dot_product_attention(qf, K, V, attn_mask=mf, scale=scale)
+        return y.reshape(B, H, N, D)
+    if rep > 1:
+        K, V = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
+    with sdpa_kernel(backends):
+        return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=scale)

@@ -1,5 +1,5 @@
 """Every attention strategy (`SOLM_SDPA`, runtime/attention.py) is the same function of its inputs:
-PyTorch's own choice, shapes padded to powers of two, the memory-efficient kernel over expanded
+PyTorch's own choice, shapes padded to powers of two, the memory-efficient kernel over folded
 heads, any backend but cuDNN's, and the math reference; a bad name is a usage error."""
 
 from __future__ import annotations
@@ -77,20 +77,45 @@ def test_default_is_the_efficient_kernel_on_a_gpu_outside_torch_compile_and_pyto
         assert {effective_strategy(name, c, k) for c in (False, True) for k in (False, True)} == {name}
 
 
-def test_default_on_a_cpu_calls_pytorch_with_grouped_heads_unexpanded(strategy, monkeypatch):
+def test_no_strategy_copies_the_pools_keys_per_query_head(strategy, monkeypatch):
+    """`default` on a CPU hands PyTorch the grouped heads as they are; `efficient` (whose kernel
+    takes no grouped heads) folds each K, V head's 2 query heads into 2 x 5 query rows, so K and V,
+    a view of the whole pool, are never expanded; only a mask with heads of its own expands them."""
     calls = []
     sdpa = attention.F.scaled_dot_product_attention
 
-    def spy(q, K, V, **kw):
-        calls.append((K.shape[1], kw.get("enable_gqa")))
-        return sdpa(q, K, V, **kw)
+    def spy(q, K, V, attn_mask, **kw):
+        calls.append((q.shape[1:3], K.shape[1], tuple(attn_mask.shape), kw.get("enable_gqa")))
+        return sdpa(q, K, V, attn_mask=attn_mask, **kw)
 
     monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
     q, K, V, mask = inputs(5, 37)
-    for name, expected in (("default", (2, True)), ("efficient", (4, None))):
+    for name, expected in (
+        ("default", ((4, 5), 2, (1, 1, 5, 37), True)),
+        ("efficient", ((2, 10), 2, (1, 1, 10, 37), None)),
+    ):
         strategy(name)
         masked_sdpa(q, K, V, mask)
         assert calls.pop() == expected
+    per_head = mask.expand(1, 4, 5, 37).clone()  # a mask with a head dimension: K, V expanded
+    got = masked_sdpa(q, K, V, per_head)
+    assert calls.pop() == ((4, 5), 4, (1, 4, 5, 37), None)
+    torch.testing.assert_close(got, reference(q, K, V, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_efficient_folds_the_heads_of_a_batch_of_sequences(strategy):
+    """Training's dense forward runs B sequences with a (B, 1, T, T) mask: the folded heads are
+    the same attention for each."""
+    strategy("efficient")
+    g = torch.Generator().manual_seed(1)
+    q, K, V = (
+        torch.randn(3, 6, 7, 8, generator=g),
+        torch.randn(3, 2, 7, 8, generator=g),
+        torch.randn(3, 2, 7, 8, generator=g),
+    )
+    mask = torch.rand(3, 1, 7, 7, generator=g) < 0.5
+    mask[..., 0] = True
+    torch.testing.assert_close(masked_sdpa(q, K, V, mask), reference(q, K, V, mask), atol=1e-5, rtol=1e-5)
 
 
 def test_a_capture_records_the_strategy_it_ran(strategy):
