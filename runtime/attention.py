@@ -84,8 +84,8 @@ def masked_sdpa(
     if strategy == "bucket":
         N, S = q.shape[2], K.shape[2]
         Nb, Sb = next_power_of_two(N), next_power_of_two(S)
-        if Sb > S:  # padded keys: zeros no row may see
-            K, V = F.pad(K, (0, 0, 0, Sb - S)), F.pad(V, (0, 0, 0, Sb - S))
+        if Sb > S:  # padded keys no row may see: the pool's own slots past S where it has them
+            K, V = _extended(K, Sb), _extended(V, Sb)
             mask = F.pad(mask, (0, Sb - S), value=False)
         if Nb > N:  # padded rows: zeros that see every key (finite), dropped after
             q = F.pad(q, (0, 0, 0, Nb - N))
@@ -121,3 +121,17 @@ def _efficient(
         K, V = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
     with sdpa_kernel(backends):
         return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=scale)
+
+
+def _extended(X: torch.Tensor, span: int) -> torch.Tensor:
+    """X (B, Hkv, S, D) extended to `span` keys. When X is a view of a paged pool's first S slots
+    (`PagedKVStore.keys_values`: each head's rows lie `capacity` slots apart, capacity >= span),
+    the same view over `span` of them, no copy: the slots past S hold zeros or a freed page's
+    keys, as the free pages within S do, and the padded mask hides them. Else X padded with zeros
+    (a copy)."""
+    S, D = X.shape[2], X.shape[3]
+    _, head_stride, slot_stride, dim_stride = X.stride()
+    capacity = head_stride // D if (dim_stride == 1 and slot_stride == D) else S
+    if span <= capacity:
+        return X.as_strided((*X.shape[:2], span, D), X.stride(), X.storage_offset())
+    return F.pad(X, (0, 0, 0, span - S))

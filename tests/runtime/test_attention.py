@@ -178,3 +178,31 @@ def test_solm_capture_sdpa_flag_overrides_the_environment_and_is_recorded(strate
         main([*argv, "--sdpa", "cudnn", "--out", str(tmp_path / "bad")])
     assert e.value.code == 2 and "invalid choice: 'cudnn'" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_bucket_extends_a_pool_view_over_the_pools_own_slots_and_pads_anything_else(strategy, monkeypatch):
+    """K, V as `PagedKVStore.keys_values` gives them (the first 37 of 64 slots of each head's
+    rows): `bucket` attends over 64 of the pool's slots without a copy (the same storage), the
+    slots past 37 hidden; a pool too small for the bucket, or a K of its own, is padded (a copy).
+    Both give the reference attention."""
+    seen = []
+    sdpa = attention.F.scaled_dot_product_attention
+
+    def spy(q, K, V, attn_mask, **kw):
+        seen.append((K.shape[2], K.untyped_storage().data_ptr()))
+        return sdpa(q, K, V, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    strategy("bucket")
+    q, K, V, mask = inputs(5, 37)
+    for capacity, shared in ((64, True), (48, False)):
+        kpool, vpool = torch.zeros(2, capacity, 8), torch.zeros(2, capacity, 8)  # slots past 37: zeroed, masked
+        kpool[:, :37], vpool[:, :37] = K[0], V[0]
+        Kv, Vv = kpool[None, :, :37], vpool[None, :, :37]  # views, as keys_values gives them
+        got = masked_sdpa(q, Kv, Vv, mask)
+        torch.testing.assert_close(got, reference(q, K, V, mask), atol=1e-5, rtol=1e-5)
+        span, ptr = seen.pop()
+        assert span == 64 and (ptr == kpool.untyped_storage().data_ptr()) == shared
+    masked_sdpa(q, K, V, mask)  # a K of its own (contiguous, 37 slots): padded
+    span, ptr = seen.pop()
+    assert span == 64 and ptr != K.untyped_storage().data_ptr()
