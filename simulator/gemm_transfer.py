@@ -73,15 +73,15 @@ def load_part(part: str) -> pd.DataFrame:
     return gemm_table(part).rename(columns={"num_tokens": "M"})[["M", "K", "N", "time_s"]]
 
 
-def _tile_kernels(rows: pd.DataFrame, hw: HardwareSpec, params: CostParams) -> list[KernelTimes]:
-    """The tile model's kernel for every row."""
+def tile_kernels(rows: pd.DataFrame, hw: HardwareSpec, params: CostParams) -> list[KernelTimes]:
+    """The tile model's kernel for every row (columns M, K, N)."""
     assert params.gemm is not None, "GPU params carry the tile model"
     return [gemm_kernel(r.M, r.K, r.N, hw, params.gemm) for r in rows.itertuples()]
 
 
 def predictions(rows: pd.DataFrame, hw: HardwareSpec, params: CostParams) -> dict[str, np.ndarray]:
     """Seconds each model predicts for every row: tile model, old per-family roofline, datasheet."""
-    tiles = np.array([float(kernel.time_s) for kernel in _tile_kernels(rows, hw, params)])
+    tiles = np.array([float(kernel.time_s) for kernel in tile_kernels(rows, hw, params)])
     flops = (2.0 * rows["M"] * rows["K"] * rows["N"]).to_numpy(float)
     hbm = (2.0 * (rows["M"] * rows["K"] + rows["K"] * rows["N"] + rows["M"] * rows["N"])).to_numpy(float)
     work = (flops, hbm, np.ones(len(rows)))
@@ -94,7 +94,7 @@ def per_gemm(part: str) -> pd.DataFrame:
     """One part's table with the tile model's prediction and chosen kernel for every GEMM:
     columns M, K, N, time_s, tiles_s, error_percent (signed), tile, split."""
     rows, hw = load_part(part), HARDWARE[part]
-    kernels = _tile_kernels(rows, hw, default_params(hw))
+    kernels = tile_kernels(rows, hw, default_params(hw))
     predicted = np.array([float(k.time_s) for k in kernels])
     return rows.assign(
         tiles_s=predicted,

@@ -66,23 +66,22 @@ def library_vs_model(table, hardware) -> dict:
     """Per GEMM of `table` (columns M, K, N, time_s, kernels; `hardware` a HardwareSpec): the
     library's tile read from its kernel names, the tile model's pick and prediction; per token
     count, the library's most common tile, the model's, how often each splits K, and how often
-    the tiles agree; the model's
-    median APE where its tile is the library's and where it is not. Rows whose kernels name no
-    tile are counted and left out."""
+    the tiles agree; the model's median APE where its tile is the library's and where it is not.
+    Rows whose kernels name no tile are counted and left out."""
     import numpy as np
 
     from simulator.cost import default_params
-    from simulator.gemm import gemm_kernel
+    from simulator.gemm_transfer import tile_kernels
 
-    params = default_params(hardware).gemm
-    if params is None:
+    params = default_params(hardware)
+    if params.gemm is None:
         raise ValueError(f"{hardware.name} has no GEMM tile model (a GPU part has)")
+    tiles = [library_tile(k) for k in table["kernels"]]
+    named = table[[t is not None for t in tiles]].reset_index(drop=True)
     rows = []
-    for r in table.itertuples():
-        lib = library_tile(r.kernels)
-        if lib is None:
-            continue
-        k = gemm_kernel(float(r.M), float(r.K), float(r.N), hardware, params)
+    for r, lib, k in zip(
+        named.itertuples(), [t for t in tiles if t is not None], tile_kernels(named, hardware, params)
+    ):
         tm, tn = model_tile(k.tile[0])
         rows.append(
             {

@@ -356,12 +356,12 @@ def validate_load(
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware or trace_hardware(calib.meta)
     cost = calibrate_batch1(calib, hw, model, forward_fit=forward_fit)
     levels = [validate_one(t, cost, hw, model, **overrides) for t in traces]
-    warnings = []
+    calib_sdpa, warnings = attention_strategy(calib.meta), []
     for t, level in zip(traces, levels):
         level["sdpa"] = attention_strategy(t.meta)
-        if level["sdpa"] != attention_strategy(calib.meta):
+        if level["sdpa"] != calib_sdpa:
             warnings.append(
-                f"{t.path} ran attention as {level['sdpa']!r}, the calibration as {attention_strategy(calib.meta)!r} "
+                f"{t.path} ran attention as {level['sdpa']!r}, the calibration as {calib_sdpa!r} "
                 "(SOLM_SDPA, runtime/attention.py): its passes cost what the calibration's did not measure"
             )
     return {
@@ -376,7 +376,7 @@ def validate_load(
         "host_per_row_s": cost.per_row_s,
         "rows_sweep_passes": int(len(sweep_passes(calib.meta))),
         "cost_params": cost.source,
-        "sdpa": attention_strategy(calib.meta),
+        "sdpa": calib_sdpa,
         "levels": levels,
         "warnings": warnings,
     }

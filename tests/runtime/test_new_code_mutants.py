@@ -124,14 +124,14 @@ def test_the_first_gemm_kernel_named_gives_the_tile():
 @pytest.fixture
 def fake_gemm_model(monkeypatch):
     """The tile model's pick by N (8x64 everywhere: a 2-CTA cluster at N=4096), 20 us each."""
-    import simulator.gemm
+    import simulator.gemm_transfer
 
     labels = {4096: "8x64x64c2", 8192: "8x64x64", 14336: "8x64x64"}
 
     def gemm_kernel(m, k, n, hw, params):
         return SimpleNamespace(tile=[labels[int(n)]], split=1.0, time_s=20e-6)
 
-    monkeypatch.setattr(simulator.gemm, "gemm_kernel", gemm_kernel)
+    monkeypatch.setattr(simulator.gemm_transfer, "gemm_kernel", gemm_kernel)  # what tile_kernels calls
 
 
 def test_library_vs_model_takes_the_common_tile_split_share_and_both_tile_dimensions(fake_gemm_model):
