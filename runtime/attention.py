@@ -28,6 +28,7 @@ Each strategy is the same function of its inputs (to rounding); `python -m runti
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -35,6 +36,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from profiler.errors import UsageError
+from runtime.kv import attention_row_sum
 from runtime.options import SDPA_STRATEGIES
 
 SDPA_ENV = "SOLM_SDPA"
@@ -97,6 +99,27 @@ def masked_sdpa(
     backends = _NO_CUDNN if strategy == "no-cudnn" else [SDPBackend.MATH]
     with sdpa_kernel(backends):
         return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
+def weighted_attention(
+    q: torch.Tensor,
+    K: torch.Tensor,
+    V: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float | None = None,
+    rows: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The explicit-softmax attention whose weights H2O reads (TIP's eviction): q (B, H, N, D)
+    over K, V (B, Hkv, S, D) under mask (B, 1|H, N, S) bool. Returns the output (B, H, N, D) and
+    the attention each key received, summed over heads and the query rows `rows` (N,) bool
+    selects (None: every row), in fp32 under bf16 too: (B, S). The scores are multiplied by
+    `scale` (None: 1 / sqrt(D)), as `masked_sdpa` scales them. The one copy every model's paged
+    forward calls (the tiny model's, the transformers adapter's, the grouped per-request one)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    rep = q.shape[1] // K.shape[1]
+    Kr, Vr = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
+    w = ((q @ Kr.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
+    return w @ Vr, attention_row_sum(w.float(), rows)
 
 
 def _efficient(

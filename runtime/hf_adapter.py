@@ -37,8 +37,8 @@ import torch
 from torch import nn
 
 from profiler.errors import UnknownName
-from runtime.attention import masked_sdpa
-from runtime.kv import PagedKVModel, PagedKVStore, attention_mask, attention_row_sum
+from runtime.attention import masked_sdpa, weighted_attention
+from runtime.kv import PagedKVModel, PagedKVStore, attention_mask
 from runtime.model import Group, grouped_attention
 
 if TYPE_CHECKING:
@@ -170,11 +170,8 @@ class HFCausalLM(PagedKVModel, nn.Module):
         elif attn_sum is None:
             y = masked_sdpa(q, K, V, mask, attn.scaling)
         else:  # explicit softmax so the weights can be returned (H2O needs them)
-            rep = q.shape[1] // K.shape[1]
-            Kr, Vr = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
-            w = ((q @ Kr.transpose(-1, -2)) * attn.scaling).masked_fill(~mask, float("-inf")).softmax(-1)
-            attn_sum.append(attention_row_sum(w.float(), attn_rows))  # (1, M)
-            y = w @ Vr
+            y, received = weighted_attention(q, K, V, mask, attn.scaling, attn_rows)
+            attn_sum.append(received)  # (1, M)
         return attn.o_proj(y.transpose(1, 2).reshape(1, N, -1))  # (1, N, d)
 
     def forward_unchecked(

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from profiler.errors import UnknownName, UsageError
-from runtime.attention import masked_sdpa
-from runtime.kv import PagedKVModel, PagedKVStore, attention_mask, attention_row_sum
+from runtime.attention import masked_sdpa, weighted_attention
+from runtime.kv import PagedKVModel, PagedKVStore, attention_mask
 
 
 @dataclass
@@ -163,12 +163,10 @@ def grouped_attention(
         if per_slot is None or not g.attention:
             ys.append(masked_sdpa(qg, Kg, Vg, g.mask, scale))
             continue
-        rep = q.shape[1] // K.shape[1]
-        Kr, Vr = Kg.repeat_interleave(rep, dim=1), Vg.repeat_interleave(rep, dim=1)
-        w = ((qg @ Kr.transpose(-1, -2)) * scale).masked_fill(~g.mask, float("-inf")).softmax(-1)
         rows = None if attn_rows is None else attn_rows[g.start : g.stop]
-        per_slot[0].index_add_(0, g.cols, attention_row_sum(w.float(), rows)[0])
-        ys.append(w @ Vr)
+        y, received = weighted_attention(qg, Kg, Vg, g.mask, scale, rows)
+        per_slot[0].index_add_(0, g.cols, received[0])
+        ys.append(y)
     if attn_out is not None and per_slot is not None:  # one is set with the other
         attn_out.append(per_slot)
     return torch.cat(ys, dim=2)
@@ -210,12 +208,8 @@ class Block(nn.Module):
         elif attn_out is None:
             y = masked_sdpa(q, K, V, mask)
         else:  # explicit softmax so the weights can be returned (H2O needs them)
-            rep = H // Hkv
-            Kr, Vr = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
-            scores = (q @ Kr.transpose(-1, -2)) / math.sqrt(D)  # (B, H, T, M)
-            w = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-            attn_out.append(attention_row_sum(w, attn_rows))  # (B, M): attention each key received
-            y = w @ Vr
+            y, received = weighted_attention(q, K, V, mask, None, attn_rows)
+            attn_out.append(received)  # (B, M): attention each key received
         x = x + self.wo(y.transpose(1, 2).reshape(B, T, H * D))
         gate, up = self.w_gate_up(self.post_attention_layernorm(x)).chunk(2, dim=-1)
         return x + self.w_down(F.silu(gate) * up)

@@ -206,3 +206,56 @@ def test_bucket_extends_a_pool_view_over_the_pools_own_slots_and_pads_anything_e
     masked_sdpa(q, K, V, mask)  # a K of its own (contiguous, 37 slots): padded
     span, ptr = seen.pop()
     assert span == 64 and ptr != K.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize(("n", "s", "kv_heads"), [(5, 37, 2), (1, 16, 4), (8, 64, 1)])
+def test_weighted_attention_is_the_same_attention_and_sums_what_each_key_received(n, s, kv_heads):
+    """H2O's explicit softmax: the output of every strategy, and per key the weights summed over
+    heads and the selected rows (fp32 under bf16 too)."""
+    q, K, V, mask = inputs(n, s, kv_heads=kv_heads)
+    rows = torch.arange(n) % 2 == 0
+    for scale in (None, 0.3):
+        y, received = attention.weighted_attention(q, K, V, mask, scale, rows)
+        torch.testing.assert_close(y, reference(q, K, V, mask, scale), atol=1e-5, rtol=1e-5)
+        rep = q.shape[1] // K.shape[1]
+        scale_ = q.shape[-1] ** -0.5 if scale is None else scale
+        w = (
+            ((q @ K.repeat_interleave(rep, dim=1).transpose(-1, -2)) * scale_)
+            .masked_fill(~mask, float("-inf"))
+            .softmax(-1)
+        )
+        expected = w[0][:, rows].sum(dim=(0, 1))[None]
+        assert received.shape == (1, s)
+        torch.testing.assert_close(received, expected, atol=1e-5, rtol=1e-5)
+        assert float(received.sum()) == pytest.approx(
+            q.shape[1] * int(rows.sum()), rel=1e-5
+        )  # each row's weights sum to 1
+        assert not received[~mask[0, 0][rows].any(0)[None]].any()  # a key no selected row may see received nothing
+    _, every = attention.weighted_attention(q, K, V, mask)
+    assert float(every.sum()) == pytest.approx(q.shape[1] * n, rel=1e-5)
+    _, half = attention.weighted_attention(q.bfloat16(), K.bfloat16(), V.bfloat16(), mask)
+    assert half.dtype == torch.float32
+
+
+def test_tinylm_h2o_attention_is_its_fused_attention(tiny_model):
+    """The same Block with and without the weights H2O reads: the same hidden states."""
+    from runtime.model import rope_angles
+
+    block, cfg = tiny_model.layers[0], tiny_model.cfg
+    g = torch.Generator().manual_seed(3)
+    T = 6
+    x = torch.randn(1, T, cfg.d_model, generator=g)
+    cos, sin = rope_angles(torch.arange(T)[None], cfg.head_dim, cfg.rope_theta)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+
+    def kv_fn(layer, k, v):  # no pool: the pass's own keys
+        return k, v
+
+    with torch.no_grad():
+        fused = block(x, cos, sin, mask, kv_fn)
+        received: list[torch.Tensor] = []
+        weighted = block(x, cos, sin, mask, kv_fn, attn_out=received)
+    torch.testing.assert_close(weighted, fused, atol=1e-5, rtol=1e-5)
+    assert received[0].shape == (1, T)
+    assert float(received[0].sum()) == pytest.approx(cfg.n_heads * T, rel=1e-5)
+    assert float(received[0][0, 0]) > float(received[0][0, -1])  # every row sees the first key, one the last
