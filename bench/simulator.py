@@ -23,7 +23,9 @@ What it measures:
 - `h100_sxm_tiles_median_ape_percent`, `..._p90_...`, `b200_tiles_*`, `h200_tiles_*`, and `*_old_*`
   beside them: the same models on parts never fitted, XLA's measured bf16 GEMM tables
   (simulator/data/xla-gemm) and the project's H200 grid (simulator/data/h200-gemm), over the GEMMs
-  above 10 us (`simulator.gemm_transfer`; bench/cost_model.py --transfer).
+  above 10 us, and as `*_above_20us_*` over those above 20 us, where the XLA tables' fixed cost of
+  about 5 us is a quarter of the time or less (`simulator.gemm_transfer`; bench/cost_model.py
+  --transfer).
 - `gpu_cross_check`: for every measured one-at-a-time GPU trace under traces/ (traces/gpu-h200:
   bench/gpu_capture.py's folders and the serving batch-1 capture), the trace predicted from its
   structure and the catalog part alone (`simulator.validation.cross_check`, nothing fitted to it)

@@ -16,11 +16,12 @@ stream-K and recovers the whole tail. The memory
 time is the kernel's HBM bytes (operands not reused from L2, plus outputs and split-K partials)
 at `memory_eff` of the HBM bandwidth. Every full wave carries the same bytes per tile, so the
 waves' compute and memory times are summed first and overlapped once, as a p-norm
-(`overlap_p`: large p is max(compute, memory), 1 is their sum); plus `launch_overheads` launches
-per kernel. The tile shape and split-K come from the architecture family's usual kernels
-(`TILES`): the fastest, or with `choice_q` > 0 a power mean (exponent -q) over the tile shapes,
-each at its best split-K, which stays close to the fastest but admits that library heuristics
-do not always pick it. The pipeline fill is paid once per batch of resident CTAs on an SM.
+(`overlap_p`: large p is max(compute, memory), 1 is their sum), or for a warp-specialized kernel
+(Hopper's: producer warps load with TMA while consumer warps compute) as max(compute, memory +
+its pipeline fill); plus `launch_overheads` launches per kernel. The tile shape and split-K
+come from the architecture family's usual kernels (`TILES`): the fastest, or with `choice_q` > 0
+a power mean (exponent -q) over the tile shapes, each at its best split-K, which stays close to
+the fastest but admits that library heuristics do not always pick it. The pipeline fill is paid once per batch of resident CTAs on an SM.
 
 Why: a smooth roofline with one fill curve cannot express wave quantization (a GEMM of 109 tiles
 on 108 SMs takes two waves), which is where the old model's errors on mid-size token counts
@@ -62,6 +63,10 @@ class Tile:
     its own shorter-side slab and 1/cluster of the longer side's (label suffix `c2`).
     `persistent`: the kernel keeps its CTAs resident and walks the tiles, each tile's prologue and
     epilogue hidden behind the others' main loops, so an SM pays `fill_iters` once per kernel.
+    `warp_specialized`: producer warps stream the operands in with asynchronous copies (TMA) while
+    consumer warps compute, so the kernel's HBM traffic hides under its compute or the reverse,
+    all but its pipeline fill (the first loads and the last stores, with no stream to hide under):
+    its time is max(compute, memory + fill) instead of the `overlap_p` norm of both.
     """
 
     tm: int
@@ -71,6 +76,7 @@ class Tile:
     operand_share: int = 1
     cluster: int = 1
     persistent: bool = False
+    warp_specialized: bool = False
 
     @property
     def label(self) -> str:
@@ -122,11 +128,11 @@ TILES: dict[str, tuple[Tile, ...]] = {
         *_SMALL_M,
     ),
     "hopper": (
-        Tile(128, 256, 64, cluster=2, persistent=True),
-        Tile(256, 128, 64, cluster=2, persistent=True),
-        Tile(128, 128, 64, cluster=2, persistent=True),
-        Tile(64, 256, 64, cluster=2, persistent=True),
-        Tile(64, 128, 64, 2, cluster=2, persistent=True),
+        Tile(128, 256, 64, cluster=2, persistent=True, warp_specialized=True),
+        Tile(256, 128, 64, cluster=2, persistent=True, warp_specialized=True),
+        Tile(128, 128, 64, cluster=2, persistent=True, warp_specialized=True),
+        Tile(64, 256, 64, cluster=2, persistent=True, warp_specialized=True),
+        Tile(64, 128, 64, 2, cluster=2, persistent=True, warp_specialized=True),
         *_SMALL_M,
     ),
     "blackwell": (
@@ -233,6 +239,7 @@ class _Candidates:
     tk: np.ndarray
     ctas_per_sm: np.ndarray
     persistent: np.ndarray  # bool
+    warp_specialized: np.ndarray  # bool
     feed_bytes_per_k: np.ndarray
 
     @classmethod
@@ -260,6 +267,7 @@ class _Candidates:
             tk=column([t.tk for t in chosen]),
             ctas_per_sm=column([t.ctas_per_sm for t in chosen]),
             persistent=column([t.persistent for t in chosen], bool),
+            warp_specialized=column([t.warp_specialized for t in chosen], bool),
             feed_bytes_per_k=column([t.feed_bytes_per_k for t in chosen]),
         )
 
@@ -317,7 +325,10 @@ def _kernels(
     # Every full wave streams the same share of the bytes per tile, so summing the waves'
     # overlapped times equals overlapping the sums (up to the last wave), and the sum stays
     # monotone in M: the overlap is taken once, over the kernel.
-    time = _pnorm(compute, memory, p.overlap_p)
+    # A warp-specialized kernel's loads run beside its math (max), all but its pipeline fill (the
+    # first loads and the last stores, with no stream to hide under); others overlap them partly.
+    exposed = fills * p.fill_iters * iter_s
+    time = np.where(c.warp_specialized, np.maximum(compute, memory + exposed), _pnorm(compute, memory, p.overlap_p))
     # Split-K reduces its partials in a second kernel, or (IN_KERNEL_SPLIT_K) inside the GEMM one.
     launches = np.where((split == 1) | (hw.arch in IN_KERNEL_SPLIT_K), 1.0, 2.0)
     time = time + launches * p.launch_overheads * hw.launch_overhead_s

@@ -110,6 +110,28 @@ def test_persistent_kernel_pays_the_pipeline_fill_once() -> None:
     assert iterations(persistent, 4) == pytest.approx(iterations(plain, 4), rel=1e-12)
 
 
+def test_a_warp_specialized_kernel_hides_memory_under_compute_but_not_its_fill() -> None:
+    """max(compute, memory + fill) for a warp-specialized kernel (its loads run beside its math;
+    the first loads and the last stores have nothing to hide under), the `overlap_p` norm of
+    compute and memory otherwise; exact on 4 SMs with launches free, memory- and compute-bound."""
+    params = GemmParams(fill_iters=3.0, choice_q=0.0, overlap_p=2.0)
+    plain, special = Tile(128, 128, 32, persistent=True), Tile(128, 128, 32, persistent=True, warp_specialized=True)
+    for bandwidth in (2e9, 1.3e11, 1e13):  # memory-bound, about equal, compute-bound
+        part = override("a100-80g", name="four-sm", num_sms=4, hbm_bytes_per_s=bandwidth, launch_overhead_s=0.0)
+        one = gemm_kernel(128, 4096, 512, part, params, tiles=(plain,), splits=(1,))
+        compute, memory = float(one.compute_s), float(one.memory_s)
+        iter_s = compute / (4096 / 32 + params.fill_iters)  # one wave of 4 tiles, one fill (persistent)
+        fill = params.fill_iters * iter_s
+        assert float(one.time_s) == pytest.approx((compute**2 + memory**2) ** 0.5, rel=1e-12)
+        got = gemm_kernel(128, 4096, 512, part, params, tiles=(special,), splits=(1,))
+        assert (float(got.compute_s), float(got.memory_s)) == pytest.approx((compute, memory), rel=1e-12)
+        assert float(got.time_s) == pytest.approx(max(compute, memory + fill), rel=1e-12)
+        if 0.5 < memory / compute < 2:  # comparable: hiding one under the other wins
+            assert float(got.time_s) < 0.8 * float(one.time_s)
+    assert all(t.warp_specialized for t in TILES["hopper"] if t.tm >= 64)  # wgmma kernels, TMA producers
+    assert not any(t.warp_specialized for arch in ("ampere", "cdna3") for t in TILES[arch])
+
+
 def test_split_k_reduces_in_kernel_on_hopper_and_later() -> None:
     """Ampere's split-K launches a second, reduction kernel; Hopper's and Blackwell's do not."""
     params = GemmParams(choice_q=0.0)

@@ -12,6 +12,7 @@ import pytest
 
 from simulator.gemm_transfer import (
     KERNEL_MIN_S,
+    LONG_KERNEL_MIN_S,
     MEASURED_DIR,
     MEASURED_PARTS,
     TRANSFER_PARTS,
@@ -64,12 +65,17 @@ def test_tile_model_beats_the_old_model_and_the_roofline_on_unfitted_parts() -> 
         assert np.isfinite([tiles["p90"], tiles["signed_median"]]).all()
     keys = transfer_keys(report)
     assert keys["h100_sxm_tiles_median_ape_percent"] == report["h100-sxm"]["tiles"]["kernel"]["median"]
+    assert keys["h200_old_above_20us_p90_ape_percent"] == report["h200"]["old"]["long"]["p90"]
     assert set(keys) == {
-        f"{p}_{m}_{s}_ape_percent"
+        f"{p}_{m}_{band}{s}_ape_percent"
         for p in ("h100_sxm", "b200", "h200")
         for m in ("tiles", "old")
+        for band in ("", "above_20us_")
         for s in ("median", "p90")
     }
+    for part, models in report.items():  # the bands nest: every GEMM, above 10 us, above 20 us
+        counts = [models["tiles"][band]["n"] for band in ("all", "kernel", "long")]
+        assert counts[0] > counts[1] > counts[2] > 0, (part, counts)
 
 
 def test_per_gemm_rows_agree_with_the_summary() -> None:
@@ -78,3 +84,5 @@ def test_per_gemm_rows_agree_with_the_summary() -> None:
     assert len(table) == 125 and table["tile"].str.contains("2sm").any()
     kernel = table[table["time_s"] > KERNEL_MIN_S]
     assert round(float(kernel["error_percent"].abs().median()), 2) == report["b200"]["tiles"]["kernel"]["median"]
+    long = table[table["time_s"] > LONG_KERNEL_MIN_S]
+    assert round(float(long["error_percent"].abs().median()), 2) == report["b200"]["tiles"]["long"]["median"]
