@@ -21,7 +21,8 @@ waves' compute and memory times are summed first and overlapped once, as a p-nor
 its pipeline fill); plus `launch_overheads` launches per kernel. The tile shape and split-K
 come from the architecture family's usual kernels (`TILES`): the fastest, or with `choice_q` > 0
 a power mean (exponent -q) over the tile shapes, each at its best split-K, which stays close to
-the fastest but admits that library heuristics do not always pick it. The pipeline fill is paid once per batch of resident CTAs on an SM.
+the fastest but admits that library heuristics do not always pick it. The pipeline fill is paid
+once per batch of resident CTAs on an SM.
 
 Why: a smooth roofline with one fill curve cannot express wave quantization (a GEMM of 109 tiles
 on 108 SMs takes two waves), which is where the old model's errors on mid-size token counts
