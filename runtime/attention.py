@@ -71,6 +71,12 @@ def effective_strategy(strategy: str, cuda: bool, compiling: bool = False) -> st
     return "efficient" if cuda and not compiling else "auto"
 
 
+def strategy_in_force(cuda: bool, compiling: bool = False) -> str:
+    """What a pass's masked attention runs as now (`sdpa_strategy` resolved for the device and
+    torch.compile by `effective_strategy`): what `masked_sdpa` runs and a capture records."""
+    return effective_strategy(sdpa_strategy(), cuda, compiling)
+
+
 def next_power_of_two(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
@@ -80,7 +86,7 @@ def masked_sdpa(
 ) -> torch.Tensor:
     """Attention of q (1, H, N, D) over K, V (1, Hkv, S, D) under mask (1, 1, N, S) bool (True:
     may attend; every row sees at least one key): (1, H, N, D), run as `SOLM_SDPA` says."""
-    strategy = effective_strategy(sdpa_strategy(), q.is_cuda, torch.compiler.is_compiling())
+    strategy = strategy_in_force(q.is_cuda, torch.compiler.is_compiling())
     if strategy == "auto":
         return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=scale, enable_gqa=True)
     if strategy == "bucket":

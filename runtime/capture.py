@@ -78,14 +78,14 @@ class CaptureConfig:
 
 
 def device_meta(device: str, sampler: CounterSampler) -> dict:
-    from runtime.attention import effective_strategy, sdpa_strategy
+    from runtime.attention import strategy_in_force
 
     info = {
         "type": "cuda" if device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "cuda": torch.version.cuda or "",
         # how the eager passes' masked attention ran (SOLM_SDPA resolved for the device, runtime/attention.py)
-        "sdpa": effective_strategy(sdpa_strategy(), device.startswith("cuda")),
+        "sdpa": strategy_in_force(device.startswith("cuda")),
         **sampler.meta(),
     }
     if info["type"] == "cuda":

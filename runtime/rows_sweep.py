@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import json
 
-    from runtime.attention import effective_strategy, sdpa_strategy
+    from runtime.attention import strategy_in_force
     from runtime.checkpoint import load_model
 
     ap = argparse.ArgumentParser(description="time the serving forward over rows x pool sizes (median ms)")
@@ -260,12 +260,11 @@ def main(argv: list[str] | None = None) -> None:
     out = rows_sweep(model, attention=args.attention, reps=args.reps)
     profiles = [shape_profile(model, r, s, attention=args.attention) for r, s in args.profile]
     if args.json:
-        device = str(model.embed.weight.device)
-        if device.startswith("cuda"):
-            device = torch.cuda.get_device_name(model.embed.weight.device)
+        where = model.embed.weight.device
+        cuda = where.type == "cuda"
+        device = torch.cuda.get_device_name(where) if cuda else str(where)
         report = {"model": args.model, "device": device, "attention": args.attention, "reps": args.reps}
-        # how the masked attention ran (SOLM_SDPA resolved for the device, runtime/attention.py)
-        report["sdpa"] = effective_strategy(sdpa_strategy(), model.embed.weight.device.type == "cuda")
+        report["sdpa"] = strategy_in_force(cuda)  # how the masked attention ran (runtime/attention.py)
         report.update(sweep=out, first_pass=first_pass_ratios(out), profiles=profiles)
         print(json.dumps(report))
         return
